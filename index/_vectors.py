@@ -1,0 +1,242 @@
+"""Exact inner-product search over unit vectors keyed by int64 ids.
+
+:class:`VectorIndex` wraps ``faiss.IndexIDMap2(faiss.IndexFlatIP(dim))``. ``IndexFlatIP``
+is FAISS's brute-force index: every query is compared with every stored vector, so
+results are exact (FAISS wiki, "Faiss indexes": https://github.com/facebookresearch/faiss/wiki/Faiss-indexes).
+All vectors pass through :func:`index.normalize`, so the inner-product score is the
+cosine similarity, in ``[-1, 1]``. ``IndexIDMap2`` maps the caller's ids to FAISS's
+sequential positions and supports ``remove_ids``.
+
+Threads: any thread may call any method. FAISS CPU indexes are safe for concurrent
+searches but not for a search concurrent with ``add``/``remove_ids`` (FAISS wiki,
+"Threads and asynchronous calls":
+https://github.com/facebookresearch/faiss/wiki/Threads-and-asynchronous-calls), so a
+readers-writer lock lets searches, ``len``, ``in`` and :meth:`VectorIndex.ids` share the
+index while ``add`` and ``remove`` run alone. Writers are preferred so a stream of
+searches cannot starve a commit or a forget.
+
+The index holds plaintext-derived vectors and is never written to disk; it refuses
+pickling.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+import faiss
+import numpy as np
+import numpy.typing as npt
+
+from index._embedder import normalize
+from index.errors import InvalidVectorError
+
+__all__ = ["VectorIndex"]
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+class _ReadWriteLock:
+    """Many readers or one writer; a waiting writer blocks new readers."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                while self._writer or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+def _as_ids(ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """Validate ids and return them as a ``(n,) int64`` C-contiguous array.
+
+    Raises:
+        ValueError: ``ids`` is not 1-D, not integer, holds ``-1`` (FAISS's "no result"
+            marker), or holds a value outside int64.
+    """
+    raw = np.asarray(ids)
+    if raw.ndim != 1:
+        raise ValueError(f"ids must be 1-D, got ndim {raw.ndim}")
+    if raw.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if raw.dtype == np.bool_ or not np.issubdtype(raw.dtype, np.integer):
+        raise ValueError(f"ids must be integers, got dtype {raw.dtype}")
+    if np.issubdtype(raw.dtype, np.unsignedinteger) and int(raw.max()) > _INT64_MAX:
+        raise ValueError("ids must fit in int64")
+    out = np.ascontiguousarray(raw, dtype=np.int64)
+    if np.any(out == -1):
+        raise ValueError("id -1 is reserved (FAISS uses it to pad missing results)")
+    return out
+
+
+def _selector(ids: npt.NDArray[np.int64]) -> faiss.IDSelectorBatch:
+    """Wrap ``(n,) int64`` ids in a FAISS batch selector (FAISS copies them into a hash set)."""
+    return faiss.IDSelectorBatch(len(ids), faiss.swig_ptr(ids))
+
+
+class VectorIndex:
+    """Exact cosine search over unit vectors with int64 ids, held only in memory.
+
+    Args:
+        dim: Vector length ``d``; every added or queried vector must have it.
+
+    Raises:
+        ValueError: ``dim < 1``.
+    """
+
+    def __init__(self, dim: int) -> None:
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        self._dim = dim
+        self._index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        self._members: set[int] = set()
+        self._lock = _ReadWriteLock()
+
+    @property
+    def dim(self) -> int:
+        """Vector length ``d`` fixed at construction."""
+        return self._dim
+
+    def add(self, ids: npt.ArrayLike, vectors: npt.ArrayLike) -> None:
+        """Insert vectors, replacing any already held under the same ids.
+
+        Re-adding an id removes its old vector first, so adding the same
+        ``(id, vector)`` twice leaves one entry. The batch is validated in full before
+        the index changes.
+
+        Args:
+            ids: ``(n,)`` integers (stored as int64), distinct, none equal to ``-1``.
+            vectors: ``(n, dim)`` real numbers (a ``(dim,)`` vector is allowed when
+                ``n == 1``); each row is scaled to unit norm by :func:`index.normalize`.
+
+        Raises:
+            ValueError: ``ids`` is invalid (see above), has duplicates, or its length
+                differs from the number of vectors.
+            DimensionMismatchError: The vectors' length is not :attr:`dim`.
+            InvalidVectorError: A vector is non-finite or zero, or ndim not in (1, 2).
+        """
+        id_arr = _as_ids(ids)
+        vecs = normalize(vectors, self._dim)
+        if len(id_arr) != len(vecs):
+            raise ValueError(f"got {len(id_arr)} ids for {len(vecs)} vectors")
+        if len(np.unique(id_arr)) != len(id_arr):
+            raise ValueError("ids must be distinct within one add")
+        if len(id_arr) == 0:
+            return
+        new = [int(i) for i in id_arr]
+        with self._lock.write():
+            present = [i for i in new if i in self._members]
+            if present:
+                self._index.remove_ids(_selector(np.asarray(present, dtype=np.int64)))
+            self._index.add_with_ids(vecs, id_arr)
+            self._members.update(new)
+
+    def remove(self, ids: npt.ArrayLike) -> int:
+        """Delete the vectors held under ``ids``; absent ids are ignored.
+
+        Args:
+            ids: ``(n,)`` integers.
+
+        Returns:
+            The number of vectors removed.
+
+        Raises:
+            ValueError: ``ids`` is not 1-D integers within int64, or holds ``-1``.
+        """
+        id_arr = _as_ids(ids)
+        if len(id_arr) == 0:
+            return 0
+        with self._lock.write():
+            removed = int(self._index.remove_ids(_selector(id_arr)))
+            self._members.difference_update(int(i) for i in id_arr)
+            return removed
+
+    def search(self, query: npt.ArrayLike, k: int) -> list[tuple[int, float]]:
+        """Find the ``k`` stored vectors with the highest cosine similarity to ``query``.
+
+        Args:
+            query: ``(dim,)`` (or ``(1, dim)``) real numbers; normalised here.
+            k: Maximum number of results, ``>= 1``; larger than :func:`len` is fine.
+
+        Returns:
+            Up to ``min(k, len(self))`` pairs ``(id, score)``, best first, where
+            ``score`` is the cosine similarity in ``[-1, 1]`` (float32 precision).
+
+        Raises:
+            ValueError: ``k < 1``.
+            DimensionMismatchError: The query's length is not :attr:`dim`.
+            InvalidVectorError: The query is non-finite or zero, or is not one vector.
+        """
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        q = normalize(query, self._dim)
+        if len(q) != 1:
+            raise InvalidVectorError(f"query must be one vector, got {len(q)}")
+        with self._lock.read():
+            size = int(self._index.ntotal)
+            if size == 0:
+                return []
+            scores, found = self._index.search(q, min(k, size))
+        return [
+            (int(i), float(s)) for i, s in zip(found[0], scores[0], strict=True) if int(i) != -1
+        ]
+
+    def ids(self) -> npt.NDArray[np.int64]:
+        """All ids held, for audits of drift between the index and the store.
+
+        Returns:
+            ``(len(self),) int64``, ascending.
+        """
+        with self._lock.read():
+            held: npt.NDArray[np.int64] = faiss.vector_to_array(self._index.id_map)
+        return np.sort(held.astype(np.int64, copy=False))
+
+    def __len__(self) -> int:
+        """Number of vectors held."""
+        with self._lock.read():
+            return int(self._index.ntotal)
+
+    def __contains__(self, id_: object) -> bool:
+        """Whether a vector is held under ``id_`` (an ``int``; anything else is absent)."""
+        if not isinstance(id_, (int, np.integer)) or isinstance(id_, bool):
+            return False
+        with self._lock.read():
+            return int(id_) in self._members
+
+    def __repr__(self) -> str:
+        return f"VectorIndex(dim={self._dim}, size={len(self)})"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("VectorIndex holds plaintext-derived vectors and cannot be pickled")

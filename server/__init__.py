@@ -1,0 +1,22 @@
+"""The Lethe server: gRPC services, validation, auth, the record store on
+LMDB, lifecycle rules and the CLI.
+
+``server`` knows records and rules but never sees a raw key (``shredder``
+holds them) and leaves vectors to ``index``.
+"""
+
+from server._app import LetheServer, ServerConfig
+from server._auth import new_token, principal_record, token_digest
+from server._store import Store, StoreLockedError
+from server.errors import LetheError
+
+__all__ = [
+    "LetheError",
+    "LetheServer",
+    "ServerConfig",
+    "Store",
+    "StoreLockedError",
+    "new_token",
+    "principal_record",
+    "token_digest",
+]

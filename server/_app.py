@@ -1,0 +1,210 @@
+"""Assembling and running one Lethe server.
+
+:class:`LetheServer` opens the store, finishes interrupted deletions, forgets
+records whose keys are gone, loads the embedder, and serves the gRPC services
+plus ``grpc.health.v1.Health`` and server reflection, with the sweeper and the
+metrics endpoint beside them. gRPC receive and send limits are set explicitly
+to 16 MiB (API.md, "Views and sizes").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from index import load_embedder
+from lethe.v1 import (
+    lifecycle_pb2,
+    lifecycle_pb2_grpc,
+    retrieval_pb2,
+    retrieval_pb2_grpc,
+    threads_pb2,
+    threads_pb2_grpc,
+)
+from server._auth import AuthInterceptor
+from server._lifecycle import Lifecycle, Sweeper
+from server._metrics import Metrics
+from server._search import Retriever
+from server._services import LifecycleService, RetrievalService, ThreadsService, abort
+from server._store import Store
+from server.errors import LetheError
+
+_log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+DEFAULT_PENDING_TTL = 72 * 3600.0
+
+
+@dataclass
+class ServerConfig:
+    """Settings of ``lethe serve`` (API.md, "Command line").
+
+    Attributes:
+        listen: ``HOST:PORT``; port 0 picks a free port.
+        metrics_listen: ``HOST:PORT`` of ``/metrics``, or None for no listener.
+        pending_ttl: default pending lifetime, seconds.
+        sweep_interval: seconds between expiry sweeps; 0 disables the sweeper.
+    """
+
+    data_dir: Path = Path("./lethe-data")
+    listen: str = "127.0.0.1:50051"
+    metrics_listen: str | None = "127.0.0.1:9464"
+    kek_file: Path | None = None
+    embedder: str = "wordllama"
+    pending_ttl: float = DEFAULT_PENDING_TTL
+    sweep_interval: float = 5.0
+    max_workers: int = 16
+
+
+class _MetricsInterceptor(grpc.ServerInterceptor):
+    """Times every RPC into ``lethe_rpc_duration_seconds{method,code}``."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+        method = handler_call_details.method
+        histogram = self._metrics.rpc_duration
+
+        def timed(request: Any, context: grpc.ServicerContext) -> Any:
+            start = time.perf_counter()
+            code = "OK"
+            try:
+                return inner(request, context)
+            except Exception:
+                code = _code_name(context)
+                raise
+            finally:
+                histogram.labels(method, code).observe(time.perf_counter() - start)
+
+        return grpc.unary_unary_rpc_method_handler(
+            timed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+def _code_name(context: grpc.ServicerContext) -> str:
+    code = context.code()  # type: ignore[attr-defined]
+    return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+
+
+def _abort(context: grpc.ServicerContext, error: LetheError) -> None:
+    abort(context, error)
+
+
+class LetheServer:
+    """One serving process for one data directory.
+
+    Call :meth:`start`, then :meth:`stop` (also on SIGTERM, from the CLI).
+
+    Raises:
+        server._store.StoreLockedError, shredder.EnvironmentConfigError: from
+            opening the store (see :class:`server._store.Store`).
+    """
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.store = Store(config.data_dir, kek_file=config.kek_file)
+        self.retriever = Retriever(self.store, load_embedder(config.embedder))
+        self.lifecycle = Lifecycle(self.store, self.retriever, self.metrics)
+        self.port = 0
+        self._grpc: grpc.Server | None = None
+        self._sweeper: Sweeper | None = None
+        self._metrics_server: Any = None
+
+    def start(self) -> int:
+        """Recover, then serve. Returns the bound gRPC port."""
+        resumed = self.lifecycle.resume_outstanding()
+        reconciled = self.lifecycle.reconcile_keys()
+        if resumed or reconciled:
+            _log.info("recovered: %d deletions resumed, %d keyless records forgotten",
+                      resumed, reconciled)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.config.max_workers,
+                                       thread_name_prefix="lethe-rpc"),
+            interceptors=[
+                _MetricsInterceptor(self.metrics),
+                AuthInterceptor(self.store.get_principal, _abort),
+            ],
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        threads_pb2_grpc.add_ThreadsServicer_to_server(
+            ThreadsService(self.store, self.retriever, self.config.pending_ttl), server
+        )
+        retrieval_pb2_grpc.add_RetrievalServicer_to_server(RetrievalService(self.retriever), server)
+        lifecycle_pb2_grpc.add_LifecycleServicer_to_server(
+            LifecycleService(self.store, self.retriever, self.lifecycle), server
+        )
+        health_servicer = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        names = [
+            threads_pb2.DESCRIPTOR.services_by_name["Threads"].full_name,
+            retrieval_pb2.DESCRIPTOR.services_by_name["Retrieval"].full_name,
+            lifecycle_pb2.DESCRIPTOR.services_by_name["Lifecycle"].full_name,
+            health.SERVICE_NAME,
+            reflection.SERVICE_NAME,
+        ]
+        reflection.enable_server_reflection(names, server)
+        self.port = server.add_insecure_port(self.config.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        server.start()
+        for name in names[:3]:
+            health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._grpc = server
+        if self.config.sweep_interval > 0:
+            self._sweeper = Sweeper(self.lifecycle, self.config.sweep_interval)
+            self._sweeper.start()
+        if self.config.metrics_listen:
+            self._start_metrics(self.config.metrics_listen)
+        return self.port
+
+    def _start_metrics(self, listen: str) -> None:
+        from prometheus_client import start_http_server
+
+        host, _, port = listen.rpartition(":")
+        self._metrics_server, _ = start_http_server(
+            int(port), addr=host or "127.0.0.1", registry=self.metrics.registry
+        )
+
+    def wait(self) -> None:
+        if self._grpc is not None:
+            self._grpc.wait_for_termination()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting calls, let running ones finish (``grace`` seconds),
+        stop the sweeper and close the store."""
+        if self._grpc is not None:
+            self._grpc.stop(grace).wait()
+            self._grpc = None
+        if self._sweeper is not None:
+            self._sweeper.stop()
+            self._sweeper = None
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server = None
+        self.store.close()

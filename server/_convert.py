@@ -1,0 +1,80 @@
+"""Records to protobuf messages (the only module that builds response protos
+from store objects)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import timestamp_pb2
+
+from lethe.v1 import common_pb2, threads_pb2
+from server._records import COMMITTED, PENDING, SEALED
+from server._store import ThreadView, TurnView
+
+_STATES = {PENDING: common_pb2.PENDING, COMMITTED: common_pb2.COMMITTED, SEALED: common_pb2.SEALED}
+STATE_NAMES = {v: k for k, v in _STATES.items()}
+
+
+def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
+    """A Timestamp from float seconds since the epoch (microsecond precision)."""
+    ts = timestamp_pb2.Timestamp()
+    micros = round(seconds * 1_000_000)
+    ts.seconds, rem = divmod(micros, 1_000_000)
+    ts.nanos = rem * 1000
+    return ts
+
+
+def thread_proto(view: ThreadView) -> threads_pb2.Thread:
+    meta = view.meta
+    return threads_pb2.Thread(
+        name=f"owners/{meta.owner}/threads/{meta.thread}",
+        kind=threads_pb2.Thread.Kind.Value(meta.kind),
+        title=view.title,
+        create_time=timestamp(meta.create_time),
+        update_time=timestamp(meta.update_time),
+        last_seq=meta.last_seq,
+    )
+
+
+def turn_proto(view: TurnView) -> threads_pb2.Turn:
+    meta = view.meta
+    turn = threads_pb2.Turn(
+        name=meta.name,
+        seq=meta.seq,
+        role=meta.role,  # type: ignore[arg-type]
+        speaker=view.speaker,
+        text=view.text,
+        time=timestamp(meta.time),
+        state=_STATES[meta.state],
+        version=meta.version,
+        create_time=timestamp(meta.create_time),
+        tainted=meta.tainted,
+        context_manifest=meta.context_manifest,
+        context_refs=[common_pb2.SourceRef(name=n, version=v) for n, v in meta.context_refs],
+    )
+    if meta.state == PENDING and meta.expire_time:
+        turn.expire_time.CopyFrom(timestamp(meta.expire_time))
+    if view.embedding is not None:
+        turn.embedding.extend(view.embedding.tolist())
+    return turn
+
+
+def receipt_proto(entry: dict[str, Any]) -> common_pb2.DeletionReceipt:
+    """A DeletionReceipt from a deletion-log entry (ids and counts only)."""
+    receipt = common_pb2.DeletionReceipt(
+        name=f"owners/{entry['owner']}/deletions/{entry['id']}",
+        targets=entry["targets"],
+        cascaded=int(entry.get("cascaded", 0)),
+        tainted=int(entry.get("tainted", 0)),
+        rebuilds_requested=int(entry.get("rebuilds_requested", 0)),
+        request_time=timestamp(entry["request_time"]),
+        reason=entry["reason"],
+        deleted=int(entry["deleted"]),
+    )
+    for dest, status in entry["destinations"].items():
+        d = receipt.destinations.add(name=dest, done=bool(status["done"]))
+        if status["done"]:
+            d.complete_time.CopyFrom(timestamp(status["time"]))
+    if entry["complete_time"]:
+        receipt.complete_time.CopyFrom(timestamp(entry["complete_time"]))
+    return receipt

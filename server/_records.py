@@ -1,0 +1,120 @@
+"""Non-content metadata of records as stored in the data environment.
+
+Only ids, states, versions, times, key references and lineage names live
+here, JSON-encoded; every client-supplied string except ids (text, speaker,
+title) and every vector is sealed by ``shredder`` and stored separately in the
+``payloads`` database. Times are float seconds since the Unix epoch (UTC).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Storage states (lethe.v1.State value names).
+PENDING = "PENDING"
+COMMITTED = "COMMITTED"
+SEALED = "SEALED"
+
+# Payload types: the last byte of a ``payloads`` key, and the payload_type of
+# the associated data each ciphertext is bound to.
+PAYLOAD_TEXT = "text"
+PAYLOAD_SPEAKER = "speaker"
+PAYLOAD_EMBEDDING = "embedding"
+PAYLOAD_TITLE = "title"
+PAYLOAD_CODES = {PAYLOAD_TEXT: b"t", PAYLOAD_SPEAKER: b"s", PAYLOAD_EMBEDDING: b"e"}
+
+
+@dataclass(slots=True)
+class ThreadMeta:
+    """A thread's metadata; ``title_key`` is the key id of its sealed title."""
+
+    owner: str
+    thread: str
+    kind: str
+    create_time: float
+    update_time: float
+    last_seq: int = 0
+    title_key: str = ""
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ThreadMeta:
+        return cls(**json.loads(raw))
+
+
+@dataclass(slots=True)
+class TurnMeta:
+    """A turn's metadata (one row per turn; turns are immutable, version 1).
+
+    ``rid`` is the internal 64-bit record number used as the FAISS id.
+    ``key_id`` names the turn's record key in the thread's ring.
+    ``expire_time`` is 0 when not pending. ``deleted`` is set by step 1 of a
+    forget (the tombstone transaction) and the row is purged in step 4.
+    """
+
+    rid: int
+    owner: str
+    thread: str
+    seq: int
+    role: int
+    state: str
+    version: int
+    time: float
+    create_time: float
+    expire_time: float
+    key_id: str
+    has_speaker: bool = False
+    has_embedding: bool = False
+    tainted: bool = False
+    deleted: bool = False
+    context_manifest: str = ""
+    context_refs: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"owners/{self.owner}/threads/{self.thread}/turns/{self.seq}"
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> TurnMeta:
+        data: dict[str, Any] = json.loads(raw)
+        data["context_refs"] = [tuple(ref) for ref in data.get("context_refs", [])]
+        return cls(**data)
+
+
+def rid_key(rid: int) -> bytes:
+    """8-byte big-endian key of a record number (sorts numerically)."""
+    return struct.pack(">Q", rid)
+
+
+def rid_from_key(key: bytes) -> int:
+    return int(struct.unpack(">Q", key[:8])[0])
+
+
+def thread_key(owner: str, thread: str) -> bytes:
+    """``owner 0x00 thread``: ids never contain 0x00, so prefixes cannot collide."""
+    return f"{owner}\x00{thread}".encode()
+
+
+def owner_prefix(owner: str) -> bytes:
+    return f"{owner}\x00".encode()
+
+
+def seq_key(owner: str, thread: str, seq: int) -> bytes:
+    return thread_key(owner, thread) + b"\x00" + struct.pack(">Q", seq)
+
+
+def payload_key(rid: int, payload_type: str) -> bytes:
+    return rid_key(rid) + PAYLOAD_CODES[payload_type]
+
+
+def expiry_key(expire_time: float, rid: int) -> bytes:
+    """Key of the pending-expiry queue: microseconds (8 bytes BE) then rid."""
+    return struct.pack(">Q", max(0, int(expire_time * 1_000_000))) + rid_key(rid)

@@ -1,0 +1,1008 @@
+"""The record store: the LMDB data environment, its keystore, and the rules of
+appending, committing and forgetting turns.
+
+Layout of a data directory ``DIR``::
+
+    DIR/data/       the data environment (ciphertext and non-content metadata)
+    DIR/keystore/   the keystore environment (wrapped keys), never backed up
+    DIR/lethe.lock  held (flock) by the one server process using DIR
+
+Named databases of the data environment (all keys are ids or numbers, never
+content):
+
+==============  =============================================  ==================================
+database        key                                            value
+==============  =============================================  ==================================
+meta            ascii name                                     store id, next record number
+owners          owner                                          JSON {dim, create_time}
+threads         owner 0x00 thread                              ThreadMeta JSON
+turns           rid (8 bytes BE)                               TurnMeta JSON
+seqs            owner 0x00 thread 0x00 seq (8 bytes BE)        rid
+owner_records   owner 0x00 rid                                 empty
+payloads        rid + payload code (t, s, e)                   ciphertext (see shredder)
+titles          owner 0x00 thread                              ciphertext of the title
+expiry          expire time µs (8 BE) + rid                    empty: the pending-expiry queue
+tombstones      resource name                                  JSON {time, reason, deletion}
+deletions       owner 0x00 deletion id                         deletion-log entry JSON (ids only)
+requests        owner 0x00 thread 0x00 request id              JSON list of rids (idempotency)
+tokens          SHA-256 digest of the bearer token             JSON principal
+==============  =============================================  ==================================
+
+Thread rules: every write goes through :class:`server._writer.Writer` (one
+thread); read methods open their own read transactions and are safe from any
+thread. Forgetting follows ARCHITECTURE.md "Lineage and deletion": (1) one
+transaction writes tombstones and a deletion-log entry, (2) the caller removes
+index entries, (3) keys are destroyed in the keystore and synced, (4) the
+ciphertext rows are purged and the log entry is marked complete. A crash
+between steps is resumed at start-up from the log (:meth:`Store.resume_deletions`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+import numpy.typing as npt
+
+from server._names import new_id
+from server._records import (
+    COMMITTED,
+    PAYLOAD_EMBEDDING,
+    PAYLOAD_SPEAKER,
+    PAYLOAD_TEXT,
+    PAYLOAD_TITLE,
+    PENDING,
+    ThreadMeta,
+    TurnMeta,
+    expiry_key,
+    owner_prefix,
+    payload_key,
+    rid_from_key,
+    rid_key,
+    seq_key,
+    thread_key,
+)
+from server._visibility import check_readable, effective_state
+from server._writer import Writer, WriteOp
+from server.errors import (
+    AlreadyExists,
+    DataLoss,
+    InvalidArgument,
+    LetheError,
+    NotFound,
+    RecordDeleted,
+)
+from shredder import (
+    AssociatedData,
+    EnvironmentConfigError,
+    IntegrityError,
+    KekRing,
+    KeyNotFoundError,
+    Keystore,
+    RingRef,
+    check_kek_placement,
+    default_kek_path,
+    open_durable_env,
+)
+
+KEK_ENV = "LETHE_KEK"
+DATA_MAP_SIZE = 64 << 30  # bytes of address space; the file grows as needed
+KEYSTORE_MAP_SIZE = 8 << 30
+_DBS = (
+    "meta",
+    "owners",
+    "threads",
+    "turns",
+    "seqs",
+    "owner_records",
+    "payloads",
+    "titles",
+    "expiry",
+    "tombstones",
+    "deletions",
+    "requests",
+    "tokens",
+)
+DESTINATIONS = ("lmdb", "index", "keystore", "cache")
+
+
+class StoreLockedError(LetheError):
+    """Another process holds the data directory."""
+
+
+@dataclass(slots=True)
+class TurnDraft:
+    """A validated turn to append.
+
+    Attributes:
+        embedding: ``(d,) float32`` finite vector, or None to let the server embed.
+        pending_ttl: seconds a pending turn lives (ignored when ``commit``).
+        time: when it was said, seconds since the epoch, or None for now.
+    """
+
+    role: int
+    speaker: str
+    text: str
+    time: float | None
+    embedding: npt.NDArray[np.float32] | None
+    context_manifest: str
+    context_refs: list[tuple[str, int]]
+    commit: bool
+    pending_ttl: float
+
+
+@dataclass(slots=True)
+class TurnView:
+    """A readable turn: metadata plus decrypted content."""
+
+    meta: TurnMeta
+    text: str
+    speaker: str
+    embedding: npt.NDArray[np.float32] | None = None
+
+
+@dataclass(slots=True)
+class ThreadView:
+    meta: ThreadMeta
+    title: str
+
+
+@dataclass(slots=True)
+class DeletionPlan:
+    """What a forget resolved to (step 1's output), ids only."""
+
+    entry: dict[str, Any]
+    rids: list[int]
+    pending_threads: set[str] = field(default_factory=set)
+
+
+def _now() -> float:
+    return time.time()
+
+
+def data_paths(data_dir: Path) -> tuple[Path, Path]:
+    """``(data environment dir, keystore dir)`` of a data directory."""
+    return data_dir / "data", data_dir / "keystore"
+
+
+def load_kek(data_dir: Path, store_id: str, kek_file: Path | None, *, create: bool) -> KekRing:
+    """Load the KEK ring for a store.
+
+    ``LETHE_KEK`` (tests) wins; otherwise ``kek_file`` or the default path in
+    the user's config directory, never inside the data directory.
+
+    Raises:
+        EnvironmentConfigError: KEK inside ``data_dir``, missing (when not
+            creating), unreadable or too permissive.
+    """
+    env_value = os.environ.get(KEK_ENV)
+    if env_value:
+        return KekRing.from_env(env_value)
+    path = kek_file if kek_file is not None else default_kek_path(store_id)
+    check_kek_placement(path, [data_dir])
+    return KekRing.load_or_create(path, create=create)
+
+
+class Store:
+    """The data environment, the keystore and the writer for one data directory.
+
+    Args:
+        data_dir: The data directory (created if missing).
+        kek_file: The KEK file; default in the user's config directory.
+        lock: Take the exclusive directory lock (a serving process must).
+
+    Raises:
+        StoreLockedError: another process holds ``data_dir``.
+        EnvironmentConfigError: LMDB flags or KEK placement are unsafe, or the
+            data environment belongs to another keystore.
+    """
+
+    def __init__(self, data_dir: Path, *, kek_file: Path | None = None, lock: bool = True) -> None:
+        self.data_dir = data_dir.resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd: int | None = None
+        if lock:
+            self._lock_fd = _acquire_lock(self.data_dir / "lethe.lock")
+        data_path, ks_path = data_paths(self.data_dir)
+        first_start = Keystore.read_store_id(ks_path) is None
+        store_id = Keystore.init_store_id(ks_path)
+        self.kek = load_kek(self.data_dir, store_id, kek_file, create=first_start)
+        self.keystore = Keystore(ks_path, self.kek, map_size=KEYSTORE_MAP_SIZE)
+        data_path.mkdir(parents=True, exist_ok=True)
+        self.env = open_durable_env(data_path, map_size=DATA_MAP_SIZE, max_dbs=len(_DBS) + 2)
+        with self.env.begin(write=True) as txn:
+            self.db = {name: self.env.open_db(name.encode(), txn=txn) for name in _DBS}
+            stored = txn.get(b"store_id", db=self.db["meta"])
+            if stored is None:
+                txn.put(b"store_id", store_id.encode(), db=self.db["meta"])
+                txn.put(b"next_rid", b"1", db=self.db["meta"])
+            elif stored.decode() != store_id:
+                raise EnvironmentConfigError(
+                    "the data environment belongs to another keystore; restore only "
+                    "beside the keystore it was backed up from"
+                )
+        self.store_id = store_id
+        self.writer = Writer(self.env, self.keystore)
+
+    def close(self) -> None:
+        """Stop the writer (finishing queued writes) and close both environments."""
+        self.writer.close()
+        self.env.close()
+        self.keystore.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # ------------------------------------------------------------------ crypto
+
+    def _seal(self, txn: lmdb.Transaction, ring: RingRef, key_id: str, ad: AssociatedData,
+              plaintext: bytes) -> bytes:
+        del txn
+        return self.keystore.seal(ring, key_id, ad, plaintext)
+
+    def _open(self, ring: RingRef, key_id: str, ad: AssociatedData, ciphertext: bytes,
+              name: str) -> bytes:
+        try:
+            return self.keystore.open(ring, key_id, ad, ciphertext)
+        except KeyNotFoundError:
+            raise RecordDeleted(f"{name} was deleted") from None
+        except IntegrityError:
+            raise DataLoss(f"stored ciphertext of {name} failed authentication") from None
+
+    def open_turn_payload(self, meta: TurnMeta, payload_type: str, ciphertext: bytes) -> bytes:
+        """Decrypt one payload of a turn.
+
+        Raises:
+            RecordDeleted: its record key was destroyed.
+            DataLoss: the ciphertext fails authentication while its key exists.
+        """
+        ad = AssociatedData(meta.owner, meta.name, meta.version, payload_type)
+        return self._open(RingRef(meta.owner, meta.thread), meta.key_id, ad, ciphertext, meta.name)
+
+    # ------------------------------------------------------------------ owners / tokens
+
+    def owner_dim(self, owner: str) -> int | None:
+        """The owner's fixed vector dimension, or None before its first vector."""
+        with self.env.begin() as txn:
+            raw = txn.get(owner.encode(), db=self.db["owners"])
+        if raw is None:
+            return None
+        dim = json.loads(raw).get("dim")
+        return int(dim) if dim else None
+
+    def put_token(self, digest: bytes, principal: dict[str, Any]) -> None:
+        """Store a token digest (used by ``lethe token create``, any process)."""
+        with self.env.begin(write=True) as txn:
+            txn.put(digest, json.dumps(principal).encode(), db=self.db["tokens"])
+
+    def get_principal(self, digest: bytes) -> dict[str, Any] | None:
+        with self.env.begin() as txn:
+            raw = txn.get(digest, db=self.db["tokens"])
+        return None if raw is None else dict(json.loads(raw))
+
+    # ------------------------------------------------------------------ threads
+
+    def create_thread(self, owner: str, thread: str, title: str) -> ThreadView:
+        """Create a thread (and its ring key).
+
+        Raises:
+            AlreadyExists: a live thread has that id.
+        """
+        now = _now()
+        ring = RingRef(owner, thread)
+        title_key = "title-" + secrets.token_hex(8)
+        name = f"owners/{owner}/threads/{thread}"
+
+        def apply(txn: lmdb.Transaction) -> ThreadView:
+            key = thread_key(owner, thread)
+            if txn.get(key, db=self.db["threads"]) is not None:
+                raise AlreadyExists(f"{name} already exists")
+            txn.delete(name.encode(), db=self.db["tombstones"])
+            if txn.get(owner.encode(), db=self.db["owners"]) is None:
+                owner_rec = {"dim": 0, "create_time": now}
+                txn.put(owner.encode(), json.dumps(owner_rec).encode(), db=self.db["owners"])
+            txn.delete(f"owners/{owner}".encode(), db=self.db["tombstones"])
+            meta = ThreadMeta(owner, thread, "CONVERSATION", now, now, 0, title_key)
+            txn.put(key, meta.encode(), db=self.db["threads"])
+            ad = AssociatedData(owner, name, 1, PAYLOAD_TITLE)
+            txn.put(key, self._seal(txn, ring, title_key, ad, title.encode()), db=self.db["titles"])
+            return ThreadView(meta, title)
+
+        return self.writer.run(WriteOp(apply, create_keys=[(ring, title_key)]))
+
+    def _thread_view(self, meta: ThreadMeta, ciphertext: bytes | None) -> ThreadView:
+        title = ""
+        if ciphertext is not None:
+            name = f"owners/{meta.owner}/threads/{meta.thread}"
+            ad = AssociatedData(meta.owner, name, 1, PAYLOAD_TITLE)
+            ring = RingRef(meta.owner, meta.thread)
+            title = self._open(ring, meta.title_key, ad, ciphertext, name).decode()
+        return ThreadView(meta, title)
+
+    def get_thread(self, owner: str, thread: str) -> ThreadView:
+        """Read a thread.
+
+        Raises:
+            RecordDeleted: it was forgotten.
+            NotFound: it never existed.
+        """
+        key = thread_key(owner, thread)
+        with self.env.begin() as txn:
+            raw = txn.get(key, db=self.db["threads"])
+            ct = txn.get(key, db=self.db["titles"])
+            if raw is None:
+                self._raise_missing(txn, f"owners/{owner}/threads/{thread}")
+        return self._thread_view(ThreadMeta.decode(raw), ct)
+
+    def list_threads(self, owner: str, after: str, limit: int) -> tuple[list[ThreadView], str]:
+        """Threads of ``owner`` ordered by id, starting after id ``after``.
+
+        Returns:
+            (threads, next id to resume after or "" at the end).
+        """
+        prefix = owner_prefix(owner)
+        start = prefix + after.encode() + b"\x01" if after else prefix
+        rows: list[tuple[ThreadMeta, bytes | None]] = []
+        more = False
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db["threads"])
+            if cur.set_range(start):
+                for key, raw in cur:
+                    if not key.startswith(prefix):
+                        break
+                    if len(rows) == limit:
+                        more = True
+                        break
+                    rows.append((ThreadMeta.decode(raw), txn.get(key, db=self.db["titles"])))
+        views = [self._thread_view(meta, ct) for meta, ct in rows]
+        return views, (views[-1].meta.thread if more and views else "")
+
+    def _raise_missing(self, txn: lmdb.Transaction, name: str) -> None:
+        if txn.get(name.encode(), db=self.db["tombstones"]) is not None:
+            raise RecordDeleted(f"{name} was deleted")
+        raise NotFound(f"{name} not found")
+
+    # ------------------------------------------------------------------ turns
+
+    def find_request(self, owner: str, thread: str, request_id: str) -> list[int] | None:
+        """Rids recorded for an idempotent AppendTurns, or None."""
+        key = thread_key(owner, thread) + b"\x00" + request_id.encode()
+        with self.env.begin() as txn:
+            raw = txn.get(key, db=self.db["requests"])
+        return None if raw is None else [int(r) for r in json.loads(raw)]
+
+    def append_turns(
+        self, owner: str, thread: str, drafts: Sequence[TurnDraft], request_id: str
+    ) -> tuple[list[TurnMeta], bool]:
+        """Append turns at the end of a thread in one transaction.
+
+        Drafts must already carry their embeddings (or None when the owner has
+        no embedder and the client sent none).
+
+        Returns:
+            (the stored turns' metadata, True if this was a retry of
+            ``request_id`` that appended nothing).
+
+        Raises:
+            NotFound / RecordDeleted: the thread does not exist / was forgotten.
+            InvalidArgument: an embedding's dimension differs from the owner's
+                (reason ``DIMENSION_MISMATCH``).
+        """
+        now = _now()
+        ring = RingRef(owner, thread)
+        key_ids = [secrets.token_hex(8) for _ in drafts]
+        tkey = thread_key(owner, thread)
+        req_key = tkey + b"\x00" + request_id.encode() if request_id else b""
+
+        def apply(txn: lmdb.Transaction) -> tuple[list[TurnMeta], bool]:
+            if req_key:
+                prior = txn.get(req_key, db=self.db["requests"])
+                if prior is not None:
+                    return self._metas(txn, [int(r) for r in json.loads(prior)]), True
+            raw = txn.get(tkey, db=self.db["threads"])
+            if raw is None:
+                self._raise_missing(txn, f"owners/{owner}/threads/{thread}")
+            tmeta = ThreadMeta.decode(raw)
+            self._check_dims(txn, owner, drafts, now)
+            next_rid = int(txn.get(b"next_rid", db=self.db["meta"]))
+            metas: list[TurnMeta] = []
+            for i, draft in enumerate(drafts):
+                rid = next_rid + i
+                seq = tmeta.last_seq + 1 + i
+                state = COMMITTED if draft.commit else PENDING
+                meta = TurnMeta(
+                    rid=rid,
+                    owner=owner,
+                    thread=thread,
+                    seq=seq,
+                    role=draft.role,
+                    state=state,
+                    version=1,
+                    time=draft.time if draft.time is not None else now,
+                    create_time=now,
+                    expire_time=0.0 if draft.commit else now + draft.pending_ttl,
+                    key_id=key_ids[i],
+                    has_speaker=bool(draft.speaker),
+                    has_embedding=draft.embedding is not None,
+                    context_manifest=draft.context_manifest,
+                    context_refs=list(draft.context_refs),
+                )
+                self._write_turn(txn, meta, draft)
+                metas.append(meta)
+            txn.put(b"next_rid", str(next_rid + len(drafts)).encode(), db=self.db["meta"])
+            tmeta.last_seq += len(drafts)
+            tmeta.update_time = now
+            txn.put(tkey, tmeta.encode(), db=self.db["threads"])
+            if req_key:
+                rids = json.dumps([m.rid for m in metas]).encode()
+                txn.put(req_key, rids, db=self.db["requests"])
+            return metas, False
+
+        metas, retried = self.writer.run(
+            WriteOp(apply, create_keys=[(ring, kid) for kid in key_ids])
+        )
+        if retried:  # the keys made for this attempt hold nothing: destroy them
+            self.writer.run(WriteOp(_noop, destroy_keys=[(ring, kid) for kid in key_ids]))
+        return metas, retried
+
+    def _check_dims(
+        self, txn: lmdb.Transaction, owner: str, drafts: Sequence[TurnDraft], now: float
+    ) -> None:
+        dims = {d.embedding.shape[0] for d in drafts if d.embedding is not None}
+        if not dims:
+            return
+        raw = txn.get(owner.encode(), db=self.db["owners"])
+        rec: dict[str, Any] = json.loads(raw) if raw else {"dim": 0, "create_time": now}
+        have = int(rec.get("dim") or 0)
+        expected = have or min(dims)
+        for i, draft in enumerate(drafts):
+            if draft.embedding is not None and draft.embedding.shape[0] != expected:
+                raise InvalidArgument(
+                    f"turns[{i}].embedding",
+                    f"dimension {draft.embedding.shape[0]} differs from the owner's {expected}",
+                    reason="DIMENSION_MISMATCH",
+                )
+        if not have:
+            rec["dim"] = expected
+            txn.put(owner.encode(), json.dumps(rec).encode(), db=self.db["owners"])
+
+    def _write_turn(self, txn: lmdb.Transaction, meta: TurnMeta, draft: TurnDraft) -> None:
+        ring = RingRef(meta.owner, meta.thread)
+        rk = rid_key(meta.rid)
+        payloads: list[tuple[str, bytes]] = [(PAYLOAD_TEXT, draft.text.encode())]
+        if draft.speaker:
+            payloads.append((PAYLOAD_SPEAKER, draft.speaker.encode()))
+        if draft.embedding is not None:
+            payloads.append((PAYLOAD_EMBEDDING, draft.embedding.astype("<f4").tobytes()))
+        for ptype, plain in payloads:
+            ad = AssociatedData(meta.owner, meta.name, meta.version, ptype)
+            ct = self._seal(txn, ring, meta.key_id, ad, plain)
+            txn.put(payload_key(meta.rid, ptype), ct, db=self.db["payloads"])
+        txn.put(rk, meta.encode(), db=self.db["turns"])
+        txn.put(seq_key(meta.owner, meta.thread, meta.seq), rk, db=self.db["seqs"])
+        txn.put(owner_prefix(meta.owner) + rk, b"", db=self.db["owner_records"])
+        if meta.state == PENDING:
+            txn.put(expiry_key(meta.expire_time, meta.rid), b"", db=self.db["expiry"])
+
+    def _metas(self, txn: lmdb.Transaction, rids: Sequence[int]) -> list[TurnMeta]:
+        out = []
+        for rid in rids:
+            raw = txn.get(rid_key(rid), db=self.db["turns"])
+            if raw is not None:
+                out.append(TurnMeta.decode(raw))
+        return out
+
+    def metas(self, rids: Sequence[int]) -> list[TurnMeta]:
+        """Current metadata of ``rids`` in one read transaction (missing ones skipped)."""
+        with self.env.begin() as txn:
+            return self._metas(txn, rids)
+
+    def payloads(self, rids: Sequence[int], payload_type: str) -> dict[int, bytes]:
+        """Ciphertexts of one payload type for ``rids`` in one read transaction."""
+        out: dict[int, bytes] = {}
+        with self.env.begin() as txn:
+            for rid in rids:
+                ct = txn.get(payload_key(rid, payload_type), db=self.db["payloads"])
+                if ct is not None:
+                    out[rid] = ct
+        return out
+
+    def fetch(
+        self, rids: Sequence[int], payload_types: Sequence[str]
+    ) -> dict[int, tuple[TurnMeta, dict[str, bytes]]]:
+        """Metadata and ciphertexts of ``rids`` in ONE read transaction (the
+        recheck of search hits); rids without a row are absent from the result."""
+        out: dict[int, tuple[TurnMeta, dict[str, bytes]]] = {}
+        with self.env.begin() as txn:
+            for rid in rids:
+                raw = txn.get(rid_key(rid), db=self.db["turns"])
+                if raw is None:
+                    continue
+                cts = {}
+                for ptype in payload_types:
+                    ct = txn.get(payload_key(rid, ptype), db=self.db["payloads"])
+                    if ct is not None:
+                        cts[ptype] = ct
+                out[rid] = (TurnMeta.decode(raw), cts)
+        return out
+
+    def turn_view(self, meta: TurnMeta, cts: dict[str, bytes], with_embedding: bool) -> TurnView:
+        """Decrypt a turn's payloads (``cts`` maps payload type to ciphertext).
+
+        Raises:
+            RecordDeleted: its key was destroyed. DataLoss: a ciphertext is corrupt
+                or missing while the record is live.
+        """
+        if PAYLOAD_TEXT not in cts:
+            raise RecordDeleted(f"{meta.name} was deleted")
+        text = self.open_turn_payload(meta, PAYLOAD_TEXT, cts[PAYLOAD_TEXT]).decode()
+        speaker = ""
+        if meta.has_speaker and PAYLOAD_SPEAKER in cts:
+            speaker = self.open_turn_payload(meta, PAYLOAD_SPEAKER, cts[PAYLOAD_SPEAKER]).decode()
+        emb = None
+        if with_embedding and meta.has_embedding and PAYLOAD_EMBEDDING in cts:
+            raw = self.open_turn_payload(meta, PAYLOAD_EMBEDDING, cts[PAYLOAD_EMBEDDING])
+            emb = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        return TurnView(meta, text, speaker, emb)
+
+    def _read_payloads(self, txn: lmdb.Transaction, rid: int, with_embedding: bool) -> dict[
+        str, bytes
+    ]:
+        types = [PAYLOAD_TEXT, PAYLOAD_SPEAKER] + ([PAYLOAD_EMBEDDING] if with_embedding else [])
+        out = {}
+        for ptype in types:
+            ct = txn.get(payload_key(rid, ptype), db=self.db["payloads"])
+            if ct is not None:
+                out[ptype] = ct
+        return out
+
+    def get_turn(self, owner: str, thread: str, seq: int, with_embedding: bool) -> TurnView:
+        """Read one turn through the visibility rules.
+
+        Raises:
+            NotFound: never existed. RecordDeleted: deleted or expired.
+            FailedPrecondition: sealed. DataLoss: ciphertext fails authentication.
+        """
+        name = f"owners/{owner}/threads/{thread}/turns/{seq}"
+        with self.env.begin() as txn:
+            rk = txn.get(seq_key(owner, thread, seq), db=self.db["seqs"])
+            raw = None if rk is None else txn.get(rk, db=self.db["turns"])
+            if raw is None:
+                self._raise_missing(txn, name)
+            meta = TurnMeta.decode(raw)
+            check_readable(meta, _now())
+            cts = self._read_payloads(txn, meta.rid, with_embedding)
+        return self.turn_view(meta, cts, with_embedding)
+
+    def list_turns(
+        self, owner: str, thread: str, after_seq: int, limit: int, *, states: set[str],
+        include_tainted: bool, with_embedding: bool,
+    ) -> tuple[list[TurnView], int]:
+        """Turns of a thread in seq order after ``after_seq``.
+
+        Returns:
+            (turns, the seq to resume after, or 0 at the end).
+
+        Raises:
+            NotFound / RecordDeleted: the thread.
+        """
+        from server._visibility import listable
+
+        now = _now()
+        prefix = thread_key(owner, thread) + b"\x00"
+        rows: list[tuple[TurnMeta, dict[str, bytes]]] = []
+        more = False
+        with self.env.begin() as txn:
+            if txn.get(thread_key(owner, thread), db=self.db["threads"]) is None:
+                self._raise_missing(txn, f"owners/{owner}/threads/{thread}")
+            cur = txn.cursor(db=self.db["seqs"])
+            if cur.set_range(seq_key(owner, thread, after_seq + 1)):
+                for key, rk in cur:
+                    if not key.startswith(prefix):
+                        break
+                    raw = txn.get(rk, db=self.db["turns"])
+                    if raw is None:
+                        continue
+                    meta = TurnMeta.decode(raw)
+                    if not listable(meta, now, states, include_tainted):
+                        continue
+                    if len(rows) == limit:
+                        more = True
+                        break
+                    rows.append((meta, self._read_payloads(txn, meta.rid, with_embedding)))
+        views = []
+        for meta, cts in rows:
+            try:
+                views.append(self.turn_view(meta, cts, with_embedding))
+            except RecordDeleted:  # key shredded under us: it is gone
+                continue
+        return views, (rows[-1][0].seq if more and rows else 0)
+
+    def owner_turns(self, owner: str) -> Iterator[TurnMeta]:
+        """Every stored turn of an owner (one read transaction, materialised)."""
+        prefix = owner_prefix(owner)
+        metas: list[TurnMeta] = []
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db["owner_records"])
+            if cur.set_range(prefix):
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(prefix):
+                        break
+                    raw = txn.get(key[len(prefix):], db=self.db["turns"])
+                    if raw is not None:
+                        metas.append(TurnMeta.decode(raw))
+        return iter(metas)
+
+    def thread_turns(self, owner: str, thread: str) -> list[TurnMeta]:
+        """Every stored turn of a thread in seq order."""
+        prefix = thread_key(owner, thread) + b"\x00"
+        metas: list[TurnMeta] = []
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db["seqs"])
+            if cur.set_range(prefix):
+                for key, rk in cur:
+                    if not key.startswith(prefix):
+                        break
+                    raw = txn.get(rk, db=self.db["turns"])
+                    if raw is not None:
+                        metas.append(TurnMeta.decode(raw))
+        return metas
+
+    def embeddings(self, metas: Sequence[TurnMeta]) -> tuple[list[int], npt.NDArray[np.float32]]:
+        """Decrypt the stored vectors of ``metas``.
+
+        Returns:
+            (rids, ``(n, d) float32`` vectors); records whose key is gone are skipped.
+        """
+        cts = self.payloads([m.rid for m in metas], PAYLOAD_EMBEDDING)
+        rids: list[int] = []
+        vecs: list[npt.NDArray[np.float32]] = []
+        for meta in metas:
+            ct = cts.get(meta.rid)
+            if ct is None:
+                continue
+            try:
+                raw = self.open_turn_payload(meta, PAYLOAD_EMBEDDING, ct)
+            except RecordDeleted:
+                continue
+            rids.append(meta.rid)
+            vecs.append(np.frombuffer(raw, dtype="<f4"))
+        if not vecs:
+            return [], np.zeros((0, 0), dtype=np.float32)
+        return rids, np.vstack(vecs).astype(np.float32)
+
+    # ------------------------------------------------------------------ commit
+
+    def commit_turns(self, targets: Sequence[tuple[str, str, int]]) -> list[TurnMeta]:
+        """Make pending turns ``COMMITTED`` (idempotent for committed ones).
+
+        Args:
+            targets: (owner, thread, seq) triples.
+
+        Returns:
+            The turns' metadata after the commit, in request order.
+
+        Raises:
+            NotFound / RecordDeleted: a turn never existed / is deleted or expired.
+            FailedPrecondition: a turn is sealed.
+        """
+
+        def apply(txn: lmdb.Transaction) -> list[TurnMeta]:
+            now = _now()
+            out = []
+            for owner, thread, seq in targets:
+                name = f"owners/{owner}/threads/{thread}/turns/{seq}"
+                rk = txn.get(seq_key(owner, thread, seq), db=self.db["seqs"])
+                raw = None if rk is None else txn.get(rk, db=self.db["turns"])
+                if raw is None:
+                    self._raise_missing(txn, name)
+                meta = TurnMeta.decode(raw)
+                check_readable(meta, now)
+                if meta.state == PENDING:
+                    txn.delete(expiry_key(meta.expire_time, meta.rid), db=self.db["expiry"])
+                    meta.state = COMMITTED
+                    meta.expire_time = 0.0
+                    txn.put(rid_key(meta.rid), meta.encode(), db=self.db["turns"])
+                out.append(meta)
+            return out
+
+        return self.writer.run(WriteOp(apply))
+
+    # ------------------------------------------------------------------ forget
+
+    def plan_forget(
+        self,
+        owner: str,
+        turns: Sequence[tuple[str, int]],
+        threads: Sequence[str],
+        whole_owner: bool,
+        reason: str,
+        request_time: float,
+    ) -> DeletionPlan:
+        """Step 1 of a forget: tombstones and the deletion-log entry, one transaction.
+
+        Args:
+            turns: (thread, seq) of single turns. threads: thread ids.
+            whole_owner: forget every thread of the owner.
+
+        Raises:
+            NotFound: a named turn or thread never existed (nothing is deleted).
+        """
+        deletion_id = new_id()
+
+        def apply(txn: lmdb.Transaction) -> DeletionPlan:
+            now = _now()
+            targets: list[str] = []
+            rids: list[int] = []
+            record_keys: list[tuple[str, str, str]] = []
+            rings: list[str] = []
+            pending_threads: set[str] = set()
+            thread_ids = list(threads)
+            if whole_owner:
+                targets.append(f"owners/{owner}")
+                cur = txn.cursor(db=self.db["threads"])
+                prefix = owner_prefix(owner)
+                if cur.set_range(prefix):
+                    for key in cur.iternext(keys=True, values=False):
+                        if not key.startswith(prefix):
+                            break
+                        thread_ids.append(key[len(prefix):].decode())
+            for thread in dict.fromkeys(thread_ids):
+                name = f"owners/{owner}/threads/{thread}"
+                if txn.get(thread_key(owner, thread), db=self.db["threads"]) is None:
+                    self._raise_missing(txn, name)
+                if not whole_owner:
+                    targets.append(name)
+                    rings.append(thread)
+                self._tombstone(txn, name, now, deletion_id, reason)
+                for meta in self._thread_metas(txn, owner, thread):
+                    rids.append(meta.rid)
+                    if meta.state == PENDING:
+                        pending_threads.add(thread)
+                    self._mark_deleted(txn, meta, now, deletion_id, reason)
+            done_threads = set(thread_ids)
+            for thread, seq in turns:
+                if thread in done_threads:
+                    continue
+                name = f"owners/{owner}/threads/{thread}/turns/{seq}"
+                rk = txn.get(seq_key(owner, thread, seq), db=self.db["seqs"])
+                raw = None if rk is None else txn.get(rk, db=self.db["turns"])
+                if raw is None:
+                    self._raise_missing(txn, name)
+                meta = TurnMeta.decode(raw)
+                targets.append(name)
+                if meta.deleted:
+                    continue
+                rids.append(meta.rid)
+                record_keys.append((owner, thread, meta.key_id))
+                if meta.state == PENDING:
+                    pending_threads.add(thread)
+                self._mark_deleted(txn, meta, now, deletion_id, reason)
+            if whole_owner:
+                self._tombstone(txn, f"owners/{owner}", now, deletion_id, reason)
+            entry: dict[str, Any] = {
+                "id": deletion_id,
+                "owner": owner,
+                "targets": targets,
+                "rids": rids,
+                "threads": sorted(done_threads),
+                "record_keys": record_keys,
+                "rings": rings,
+                "whole_owner": whole_owner,
+                "reason": reason,
+                "deleted": len(rids),
+                "request_time": request_time,
+                "complete_time": 0.0,
+                "destinations": {d: {"done": False, "time": 0.0} for d in DESTINATIONS},
+            }
+            txn.put(_deletion_key(owner, deletion_id), json.dumps(entry).encode(),
+                    db=self.db["deletions"])
+            return DeletionPlan(entry, rids, pending_threads)
+
+        return self.writer.run(WriteOp(apply))
+
+    def _thread_metas(self, txn: lmdb.Transaction, owner: str, thread: str) -> list[TurnMeta]:
+        prefix = thread_key(owner, thread) + b"\x00"
+        out = []
+        cur = txn.cursor(db=self.db["seqs"])
+        if cur.set_range(prefix):
+            for key, rk in cur:
+                if not key.startswith(prefix):
+                    break
+                raw = txn.get(rk, db=self.db["turns"])
+                if raw is not None:
+                    meta = TurnMeta.decode(raw)
+                    if not meta.deleted:
+                        out.append(meta)
+        return out
+
+    def _tombstone(self, txn: lmdb.Transaction, name: str, now: float, deletion_id: str,
+                   reason: str) -> None:
+        stone = {"time": now, "reason": reason, "deletion": deletion_id}
+        txn.put(name.encode(), json.dumps(stone).encode(), db=self.db["tombstones"])
+
+    def _mark_deleted(self, txn: lmdb.Transaction, meta: TurnMeta, now: float, deletion_id: str,
+                      reason: str) -> None:
+        if meta.state == PENDING:
+            txn.delete(expiry_key(meta.expire_time, meta.rid), db=self.db["expiry"])
+        meta.deleted = True
+        txn.put(rid_key(meta.rid), meta.encode(), db=self.db["turns"])
+        self._tombstone(txn, meta.name, now, deletion_id, reason)
+
+    def finish_forget(self, entry: dict[str, Any], index_done_time: float) -> dict[str, Any]:
+        """Steps 3 and 4: destroy the keys (synced), purge the rows, close the log entry.
+
+        Args:
+            entry: the log entry from :meth:`plan_forget` (or from the log on resume).
+            index_done_time: when the index entries were removed (seconds).
+
+        Returns:
+            The completed log entry.
+        """
+        owner = entry["owner"]
+        whole_owner = bool(entry["whole_owner"])
+        rings = [RingRef(owner, t) for t in entry["rings"]]
+        keys = [(RingRef(o, t), k) for o, t, k in entry["record_keys"]]
+
+        def apply(txn: lmdb.Transaction) -> dict[str, Any]:
+            now = _now()
+            for rid in entry["rids"]:
+                self._purge_turn(txn, rid)
+            for thread in entry["threads"]:
+                tkey = thread_key(owner, thread)
+                txn.delete(tkey, db=self.db["threads"])
+                txn.delete(tkey, db=self.db["titles"])
+                _delete_prefix(txn, self.db["requests"], tkey + b"\x00")
+            if whole_owner:
+                txn.delete(owner.encode(), db=self.db["owners"])
+            dests = entry["destinations"]
+            dests["index"] = {"done": True, "time": index_done_time}
+            dests["cache"] = {"done": True, "time": index_done_time}
+            dests["keystore"] = {"done": True, "time": now}
+            dests["lmdb"] = {"done": True, "time": now}
+            entry["complete_time"] = now
+            txn.put(_deletion_key(owner, entry["id"]), json.dumps(entry).encode(),
+                    db=self.db["deletions"])
+            return entry
+
+        return self.writer.run(
+            WriteOp(
+                apply,
+                destroy_keys=keys,
+                destroy_rings=rings,
+                destroy_owners=[owner] if whole_owner else [],
+            )
+        )
+
+    def _purge_turn(self, txn: lmdb.Transaction, rid: int) -> None:
+        rk = rid_key(rid)
+        raw = txn.get(rk, db=self.db["turns"])
+        if raw is None:
+            return
+        meta = TurnMeta.decode(raw)
+        for code in (b"t", b"s", b"e"):
+            txn.delete(rk + code, db=self.db["payloads"])
+        txn.delete(rk, db=self.db["turns"])
+        txn.delete(seq_key(meta.owner, meta.thread, meta.seq), db=self.db["seqs"])
+        txn.delete(owner_prefix(meta.owner) + rk, db=self.db["owner_records"])
+        if meta.expire_time:
+            txn.delete(expiry_key(meta.expire_time, meta.rid), db=self.db["expiry"])
+
+    def outstanding_deletions(self) -> list[dict[str, Any]]:
+        """Deletion-log entries with a destination not yet done."""
+        out = []
+        with self.env.begin() as txn:
+            for _, raw in txn.cursor(db=self.db["deletions"]):
+                entry = json.loads(raw)
+                if not entry["complete_time"]:
+                    out.append(entry)
+        return out
+
+    def deletion(self, owner: str, deletion_id: str) -> dict[str, Any] | None:
+        with self.env.begin() as txn:
+            raw = txn.get(_deletion_key(owner, deletion_id), db=self.db["deletions"])
+        return None if raw is None else dict(json.loads(raw))
+
+    def expired(self, now: float, limit: int = 1000) -> list[TurnMeta]:
+        """Pending turns whose ``expire_time`` ≤ ``now`` (seconds), oldest first."""
+        end = struct_time_key(now)
+        rids: list[int] = []
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db["expiry"])
+            if cur.first():
+                for key in cur.iternext(keys=True, values=False):
+                    if key[:8] > end or len(rids) >= limit:
+                        break
+                    rids.append(rid_from_key(key[8:]))
+            return [m for m in self._metas(txn, rids) if not m.deleted]
+
+    def records_without_key(self) -> list[TurnMeta]:
+        """Live turns whose record key no longer exists (after a restore, say)."""
+        out = []
+        with self.env.begin() as txn:
+            for _, raw in txn.cursor(db=self.db["turns"]):
+                meta = TurnMeta.decode(raw)
+                if not meta.deleted and not self.keystore.has_record_key(
+                    RingRef(meta.owner, meta.thread), meta.key_id
+                ):
+                    out.append(meta)
+        return out
+
+    def threads_without_key(self) -> list[ThreadMeta]:
+        """Threads whose ring was destroyed (their title key is gone)."""
+        out = []
+        with self.env.begin() as txn:
+            for _, raw in txn.cursor(db=self.db["threads"]):
+                meta = ThreadMeta.decode(raw)
+                if not self.keystore.has_record_key(RingRef(meta.owner, meta.thread),
+                                                    meta.title_key):
+                    out.append(meta)
+        return out
+
+    def pending_stats(self, now: float) -> tuple[int, float]:
+        """(number of pending turns, age in seconds of the oldest)."""
+        count = 0
+        oldest = now
+        with self.env.begin() as txn:
+            count = txn.stat(self.db["expiry"])["entries"]
+            cur = txn.cursor(db=self.db["expiry"])
+            for key in cur.iternext(keys=True, values=False):
+                meta_raw = txn.get(key[8:], db=self.db["turns"])
+                if meta_raw is not None:
+                    oldest = min(oldest, TurnMeta.decode(meta_raw).create_time)
+                break
+        return count, max(0.0, now - oldest)
+
+    def live_rids(self) -> set[int]:
+        """Every non-deleted turn's rid (audit of index drift)."""
+        with self.env.begin() as txn:
+            return {
+                TurnMeta.decode(raw).rid
+                for _, raw in txn.cursor(db=self.db["turns"])
+                if not TurnMeta.decode(raw).deleted
+            }
+
+    def effective(self, meta: TurnMeta) -> str | None:
+        return effective_state(meta, _now())
+
+
+def struct_time_key(t: float) -> bytes:
+    return expiry_key(t, 0)[:8]
+
+
+def _noop(txn: lmdb.Transaction) -> None:
+    del txn
+
+
+def _deletion_key(owner: str, deletion_id: str) -> bytes:
+    return owner_prefix(owner) + deletion_id.encode()
+
+
+def _delete_prefix(txn: lmdb.Transaction, db: Any, prefix: bytes) -> None:
+    cur = txn.cursor(db=db)
+    if not cur.set_range(prefix):
+        return
+    while cur.key().startswith(prefix):
+        if not cur.delete():
+            break
+
+
+def _acquire_lock(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLockedError(
+            f"{path.parent} is in use by another lethe process (one server per data directory)"
+        ) from None
+    return fd

@@ -1,0 +1,77 @@
+"""The one place that decides whether a record may be read, listed or found.
+
+Every read path (get, list, search, index build) calls these functions with
+the record's metadata and the current time; no other module re-implements a
+state, tombstone or expiry check (STYLE.md, "What to avoid"). Expiry is
+checked here on every read, so a late or stopped sweeper can never make an
+expired pending record readable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from server._records import COMMITTED, PENDING, SEALED, TurnMeta
+from server.errors import FailedPrecondition, RecordDeleted
+
+
+def effective_state(meta: TurnMeta, now: float) -> str | None:
+    """The state a reader sees, or None when the record is gone.
+
+    Gone means tombstoned (``deleted``) or pending past its ``expire_time``
+    (seconds since the epoch; a record expires at exactly that instant).
+    """
+    if meta.deleted:
+        return None
+    if meta.state == PENDING and meta.expire_time and now >= meta.expire_time:
+        return None
+    return meta.state
+
+
+def check_readable(meta: TurnMeta, now: float) -> None:
+    """Allow a direct read (GetTurn) or refuse it.
+
+    Raises:
+        RecordDeleted: deleted or expired.
+        FailedPrecondition: sealed (reason ``SEALED``); no content is returned.
+    """
+    state = effective_state(meta, now)
+    if state is None:
+        raise RecordDeleted(f"{meta.name} was deleted")
+    if state == SEALED:
+        raise FailedPrecondition(f"{meta.name} is sealed", reason="SEALED", subject=meta.name)
+
+
+def listable(
+    meta: TurnMeta, now: float, states: Collection[str], include_tainted: bool
+) -> bool:
+    """Whether ListTurns returns the record (sealed never; ``states`` filter)."""
+    state = effective_state(meta, now)
+    if state is None or state == SEALED or state not in states:
+        return False
+    return include_tainted or not meta.tainted
+
+
+def searchable(meta: TurnMeta, now: float, owner: str, pending_thread: str | None) -> bool:
+    """Whether a search hit may be returned.
+
+    General search sees only the owner's ``COMMITTED``, live, untainted
+    records; ``pending_thread`` (a thread id, from ``thread`` +
+    ``include_pending``) adds that thread's pending records.
+    """
+    if meta.owner != owner or meta.tainted:
+        return False
+    state = effective_state(meta, now)
+    if state == COMMITTED:
+        return True
+    return state == PENDING and pending_thread is not None and meta.thread == pending_thread
+
+
+def indexable(meta: TurnMeta, now: float) -> bool:
+    """Whether the record belongs in its owner's general (committed) index."""
+    return meta.has_embedding and not meta.tainted and effective_state(meta, now) == COMMITTED
+
+
+def pending_indexable(meta: TurnMeta, now: float) -> bool:
+    """Whether the record belongs in its thread's in-memory pending index."""
+    return meta.has_embedding and not meta.tainted and effective_state(meta, now) == PENDING

@@ -1,0 +1,167 @@
+"""The single writer thread and its group commit.
+
+LMDB write transactions are bound to the thread that began them, and one
+environment has one writer at a time, so every write to the data environment
+and to the keystore runs on the one thread this module owns. Callers on any
+thread ``submit`` a :class:`WriteOp` and wait on its future; the writer takes
+every op already queued (up to ``max_batch``) and runs them as one group:
+
+1. one keystore transaction, synced, creating every record key the group
+   needs (keys exist before any ciphertext that refers to them);
+2. one keystore transaction, synced, destroying every key the group
+   destroys (crypto-shredding);
+3. one data-environment write transaction in which each op's ``apply`` runs
+   in its own nested transaction, so an op that raises is rolled back alone
+   and its future gets the exception, while the others commit together.
+
+Thread rules: ``submit`` from any thread; ``apply`` callables run only on the
+writer thread; ``close`` from the thread that owns the Writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import lmdb
+
+from server.errors import StoreFull
+from shredder import Keystore, RingRef
+
+T = TypeVar("T")
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class WriteOp(Generic[T]):
+    """One unit of work for the writer.
+
+    Attributes:
+        apply: Runs on the writer thread inside a nested write transaction of
+            the data environment; its return value resolves the future.
+        create_keys: (ring, key id) record keys to create before ``apply``.
+        destroy_keys: record keys to destroy (before ``apply``).
+        destroy_rings: rings to destroy with all their record keys.
+        destroy_owners: owners whose every ring is destroyed.
+    """
+
+    apply: Callable[[lmdb.Transaction], T]
+    create_keys: Sequence[tuple[RingRef, str]] = ()
+    destroy_keys: Sequence[tuple[RingRef, str]] = ()
+    destroy_rings: Sequence[RingRef] = ()
+    destroy_owners: Sequence[str] = ()
+    future: Future[T] = field(default_factory=Future)
+
+
+class Writer:
+    """Owns the writer thread; see the module docstring.
+
+    Args:
+        env: The data environment.
+        keystore: The keystore (its write methods are called only here).
+        max_batch: Most ops grouped into one transaction.
+    """
+
+    def __init__(self, env: lmdb.Environment, keystore: Keystore, *, max_batch: int = 256) -> None:
+        self._env = env
+        self._keystore = keystore
+        self._max_batch = max_batch
+        self._queue: queue.SimpleQueue[WriteOp[Any] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="lethe-writer", daemon=True)
+        self._closed = False
+        self.batches = 0
+        self.ops = 0
+        self._thread.start()
+
+    def submit(self, op: WriteOp[T]) -> Future[T]:
+        """Queue ``op``; the future resolves after its group has committed.
+
+        Raises:
+            RuntimeError: the writer is closed.
+        """
+        if self._closed:
+            raise RuntimeError("writer is closed")
+        self._queue.put(op)
+        return op.future
+
+    def run(self, op: WriteOp[T]) -> T:
+        """Submit ``op`` and wait for its result (re-raising its exception)."""
+        return self.submit(op).result()
+
+    def close(self) -> None:
+        """Finish every queued op, then stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch: list[WriteOp[Any]] = [first]
+            while len(batch) < self._max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stopping = True
+                    break
+                batch.append(nxt)
+            self._run_batch(batch)
+
+    def _run_batch(self, batch: list[WriteOp[Any]]) -> None:
+        live = [op for op in batch if op.future.set_running_or_notify_cancel()]
+        try:
+            creates = [ref for op in live for ref in op.create_keys]
+            if creates:
+                self._keystore.create_record_keys(creates)
+            destroy_keys = [ref for op in live for ref in op.destroy_keys]
+            destroy_rings = [ring for op in live for ring in op.destroy_rings]
+            destroy_owners = [owner for op in live for owner in op.destroy_owners]
+            if destroy_keys or destroy_rings or destroy_owners:
+                self._keystore.destroy(
+                    record_keys=destroy_keys, rings=destroy_rings, owners=destroy_owners
+                )
+        except Exception as exc:  # keystore failure fails the whole group
+            _log.error("keystore write failed: %s", type(exc).__name__)
+            for op in live:
+                op.future.set_exception(_storage_error(exc))
+            return
+        results: list[tuple[WriteOp[Any], bool, Any]] = []
+        try:
+            with self._env.begin(write=True) as parent:
+                for op in live:
+                    try:
+                        with self._env.begin(write=True, parent=parent) as child:
+                            value = op.apply(child)
+                        results.append((op, True, value))
+                    except Exception as exc:
+                        results.append((op, False, exc))
+        except Exception as exc:
+            _log.error("data transaction failed: %s", type(exc).__name__)
+            for op in live:
+                op.future.set_exception(_storage_error(exc))
+            return
+        self.batches += 1
+        self.ops += len(live)
+        for op, ok, value in results:
+            if ok:
+                op.future.set_result(value)
+            else:
+                op.future.set_exception(value)
+
+
+def _storage_error(exc: Exception) -> Exception:
+    if isinstance(exc, lmdb.MapFullError):
+        return StoreFull("the store cannot grow (LMDB map full)")
+    return exc

@@ -1,0 +1,221 @@
+"""The ``lethe`` command line (API.md, "Command line").
+
+``lethe serve``, ``lethe token create``, ``lethe backup``, ``lethe restore``
+and ``lethe demo``. Errors are printed as one line on stderr with exit
+status 2 (usage or configuration) or 1 (a failed check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from server._auth import new_token, principal_record, token_digest
+from server._names import ID_RE
+from server._store import Store, StoreLockedError, data_paths
+from shredder import (
+    EnvironmentConfigError,
+    Keystore,
+    ShredderError,
+    backup_environment,
+    check_kek_placement,
+    default_kek_path,
+    restore_environment,
+)
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``72h``, ``30m``, ``10s``, ``1d``, ``500ms`` or ``1h30m`` → seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: malformed or zero.
+    """
+    parts = _DURATION_RE.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r} (examples: 72h, 30m, 1h30m)")
+    seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("duration must be positive")
+    return seconds
+
+
+def _owner(value: str) -> str:
+    if not ID_RE.fullmatch(value):
+        raise argparse.ArgumentTypeError("owner ids match [a-z0-9][a-z0-9-]{0,62}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lethe", description="Lethe memory store")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the gRPC API")
+    serve.add_argument("--data", type=Path, default=Path("./lethe-data"))
+    serve.add_argument("--listen", default="127.0.0.1:50051")
+    serve.add_argument("--metrics-listen", default="127.0.0.1:9464",
+                       help="HOST:PORT for /metrics, or 'off'")
+    serve.add_argument("--kek-file", type=Path, default=None)
+    serve.add_argument("--embedder", choices=["wordllama", "none"], default="wordllama")
+    serve.add_argument("--pending-ttl", type=parse_duration, default=parse_duration("72h"))
+    serve.add_argument("--sweep-interval", type=parse_duration, default=parse_duration("5s"))
+
+    token = sub.add_parser("token", help="manage bearer tokens")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    create = token_sub.add_parser("create", help="print a new bearer token")
+    create.add_argument("--data", type=Path, default=Path("./lethe-data"))
+    who = create.add_mutually_exclusive_group(required=True)
+    who.add_argument("--owner", type=_owner, action="append", dest="owners")
+    who.add_argument("--admin", action="store_true")
+    create.add_argument("--kek-file", type=Path, default=None)
+
+    backup = sub.add_parser("backup", help="consistent compacted copy of the data environment")
+    backup.add_argument("--data", type=Path, default=Path("./lethe-data"))
+    backup.add_argument("--out", type=Path, required=True)
+    backup.add_argument("--kek-file", type=Path, default=None)
+
+    restore = sub.add_parser("restore", help="restore a data backup beside the keystore")
+    restore.add_argument("--backup", type=Path, required=True)
+    restore.add_argument("--data", type=Path, default=Path("./lethe-data"))
+    restore.add_argument("--kek-file", type=Path, default=None)
+
+    demo = sub.add_parser("demo", help="ingest LoCoMo, measure recall, forget, back up, restore")
+    demo.add_argument("--data", type=Path, default=Path("./lethe-data"))
+    demo.add_argument("--locomo", type=Path, default=None,
+                      help="path of locomo10.json (default ../shared/data/locomo/locomo10.json)")
+    demo.add_argument("--out", type=Path, default=Path("demo-results.json"))
+    demo.add_argument("--conversations", type=int, default=0,
+                      help="use only the first N conversations (0 = all)")
+    demo.add_argument("--kek-file", type=Path, default=None)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from server._app import LetheServer, ServerConfig
+
+    config = ServerConfig(
+        data_dir=args.data,
+        listen=args.listen,
+        metrics_listen=None if args.metrics_listen == "off" else args.metrics_listen,
+        kek_file=args.kek_file,
+        embedder=args.embedder,
+        pending_ttl=args.pending_ttl,
+        sweep_interval=args.sweep_interval,
+    )
+    server = LetheServer(config)
+    port = server.start()
+    print(f"lethe serving {args.data.resolve()} on {args.listen.rpartition(':')[0]}:{port}",
+          flush=True)
+    stopped = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        del frame
+        print(f"lethe: signal {signum}, shutting down", file=sys.stderr, flush=True)
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stopped.wait()
+    server.stop(grace=5.0)
+    return 0
+
+
+def _token_create(args: argparse.Namespace) -> int:
+    store = Store(args.data, kek_file=args.kek_file, lock=False)
+    try:
+        token = new_token()
+        store.put_token(token_digest(token), principal_record(args.owners or [], args.admin))
+    finally:
+        store.close()
+    print(token)
+    return 0
+
+
+def _kek_path(data: Path, kek_file: Path | None) -> Path | None:
+    store_id = Keystore.read_store_id(data_paths(data.resolve())[1])
+    if kek_file is not None:
+        return kek_file
+    return default_kek_path(store_id) if store_id else None
+
+
+def _backup(args: argparse.Namespace) -> int:
+    data_env, ks_path = data_paths(args.data.resolve())
+    store_id = Keystore.read_store_id(ks_path)
+    if store_id is None or not (data_env / "data.mdb").exists():
+        raise EnvironmentConfigError(f"{args.data} holds no lethe store")
+    kek = _kek_path(args.data, args.kek_file)
+    if kek is not None:
+        check_kek_placement(kek, [args.out])
+    if args.out.resolve().is_relative_to(args.data.resolve()):
+        raise EnvironmentConfigError("the backup directory must be outside the data directory")
+    manifest = backup_environment(data_env, args.out, store_id)
+    print(f"backup of {args.data} written to {args.out} ({manifest.bytes} bytes, "
+          f"sha256 {manifest.sha256[:16]}…); keystore and KEK not included")
+    return 0
+
+
+def _restore(args: argparse.Namespace) -> int:
+    from index import load_embedder
+    from server._lifecycle import Lifecycle
+    from server._metrics import Metrics
+    from server._search import Retriever
+
+    data_env, ks_path = data_paths(args.data.resolve())
+    store_id = Keystore.read_store_id(ks_path)
+    if store_id is None:
+        raise EnvironmentConfigError(f"{args.data} has no keystore to restore beside")
+    from server._store import _acquire_lock
+
+    import os
+
+    fd = _acquire_lock(args.data.resolve() / "lethe.lock")
+    try:
+        restore_environment(args.backup, data_env, store_id)
+    finally:
+        os.close(fd)
+    store = Store(args.data, kek_file=args.kek_file)
+    try:
+        lifecycle = Lifecycle(store, Retriever(store, load_embedder("none")), Metrics())
+        resumed = lifecycle.resume_outstanding()
+        forgotten = lifecycle.reconcile_keys()
+    finally:
+        store.close()
+    print(f"restored {args.backup} into {args.data}: {forgotten} records whose keys were "
+          f"destroyed since the backup are forgotten; {resumed} deletions resumed")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``lethe`` console script."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "token":
+            return _token_create(args)
+        if args.command == "backup":
+            return _backup(args)
+        if args.command == "restore":
+            return _restore(args)
+        if args.command == "demo":
+            from server._demo import run_demo
+
+            return run_demo(args)
+    except (EnvironmentConfigError, StoreLockedError, ShredderError) as exc:
+        print(f"lethe: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Domain errors of the server and their mapping to gRPC status.
+
+Every error a client can see is a ``LetheError``: it knows its gRPC status
+code, its ``ErrorInfo`` reason (domain ``lethe``; the values of
+``lethe.v1.errors.ErrorReason``) and, where it applies, the offending field
+(``BadRequest``) or source (``PreconditionFailure``). The one boundary that
+turns them into ``google.rpc.Status`` is :func:`to_rpc_status`; anything else
+that escapes a handler becomes ``INTERNAL`` with no internals in the message.
+
+Exception tree::
+
+    LetheError
+    ├── Unauthenticated        UNAUTHENTICATED      MISSING_TOKEN | INVALID_TOKEN
+    ├── PermissionDenied       PERMISSION_DENIED    OWNER_NOT_ALLOWED
+    ├── InvalidArgument        INVALID_ARGUMENT     BAD_FIELD | DIMENSION_MISMATCH
+    ├── NotFound               NOT_FOUND            NOT_FOUND
+    │   └── RecordDeleted      NOT_FOUND            RECORD_DELETED
+    ├── FailedPrecondition     FAILED_PRECONDITION  SEALED | SOURCE_* | ...
+    ├── AlreadyExists          ALREADY_EXISTS       ALREADY_EXISTS | SLOT_CONFLICT
+    ├── Aborted                ABORTED              VERSION_MISMATCH
+    ├── StoreFull              RESOURCE_EXHAUSTED   STORE_FULL
+    ├── DataLoss               DATA_LOSS            INTEGRITY
+    └── Unimplemented          UNIMPLEMENTED        (no reason)
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+DOMAIN = "lethe"
+
+
+class LetheError(Exception):
+    """An error a client may see, with its gRPC code and ErrorInfo reason.
+
+    Args:
+        message: Human-readable text; never content of a record.
+        reason: An ``ErrorReason`` value name, or "" for none.
+    """
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    default_reason: str = ""
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = self.default_reason if reason is None else reason
+
+    def details(self) -> list[any_pb2.Any]:
+        """The ``google.rpc`` detail messages beyond ErrorInfo."""
+        return []
+
+
+class Unauthenticated(LetheError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+    default_reason = "INVALID_TOKEN"
+
+
+class PermissionDenied(LetheError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+    default_reason = "OWNER_NOT_ALLOWED"
+
+
+class InvalidArgument(LetheError):
+    """A request field is malformed; ``field`` is its path (``turns[3].text``)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    default_reason = "BAD_FIELD"
+
+    def __init__(self, field: str, description: str, *, reason: str | None = None) -> None:
+        super().__init__(f"{field}: {description}", reason=reason)
+        self.field = field
+        self.description = description
+
+    def details(self) -> list[any_pb2.Any]:
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=self.field, description=self.description
+                )
+            ]
+        )
+        packed = any_pb2.Any()
+        packed.Pack(bad)
+        return [packed]
+
+
+class NotFound(LetheError):
+    code = grpc.StatusCode.NOT_FOUND
+    default_reason = "NOT_FOUND"
+
+
+class RecordDeleted(NotFound):
+    """The record existed and was deleted or has expired (a tombstone)."""
+
+    default_reason = "RECORD_DELETED"
+
+
+class FailedPrecondition(LetheError):
+    """A lifecycle rule refuses the call; ``subject`` names the offending record."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, message: str, *, reason: str, subject: str = "") -> None:
+        super().__init__(message, reason=reason)
+        self.subject = subject
+
+    def details(self) -> list[any_pb2.Any]:
+        if not self.subject:
+            return []
+        failure = error_details_pb2.PreconditionFailure(
+            violations=[
+                error_details_pb2.PreconditionFailure.Violation(
+                    type=self.reason, subject=self.subject, description=self.message
+                )
+            ]
+        )
+        packed = any_pb2.Any()
+        packed.Pack(failure)
+        return [packed]
+
+
+class AlreadyExists(LetheError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+    default_reason = "ALREADY_EXISTS"
+
+
+class Aborted(LetheError):
+    code = grpc.StatusCode.ABORTED
+    default_reason = "VERSION_MISMATCH"
+
+
+class StoreFull(LetheError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    default_reason = "STORE_FULL"
+
+
+class DataLoss(LetheError):
+    code = grpc.StatusCode.DATA_LOSS
+    default_reason = "INTEGRITY"
+
+
+class Unimplemented(LetheError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+    default_reason = ""
+
+
+def to_rpc_status(error: BaseException) -> status_pb2.Status:
+    """Turn any exception into the ``google.rpc.Status`` a client receives.
+
+    A ``LetheError`` keeps its code, message, ErrorInfo reason and details;
+    anything else becomes ``INTERNAL`` with a fixed message, so internals
+    (paths, keys, content) never leave the server.
+    """
+    if not isinstance(error, LetheError):
+        return status_pb2.Status(code=code_pb2.INTERNAL, message="internal error")
+    details: list[any_pb2.Any] = []
+    if error.reason:
+        info = any_pb2.Any()
+        info.Pack(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN))
+        details.append(info)
+    details.extend(error.details())
+    return status_pb2.Status(
+        code=error.code.value[0], message=error.message, details=details
+    )

@@ -1,0 +1,51 @@
+"""Keys and ciphertext for Lethe: key hierarchy, AEAD sealing and crypto-shredding.
+
+`shredder` knows keys and ciphertext but nothing of conversations. Callers seal, open and
+destroy; they never hold a raw key. Key hierarchy, every key 32 random bytes::
+
+    KEK ring (versioned; a file outside the data and backup paths, or an env var for tests)
+     └─ ring key     one per thread, plus one per owner (derivatives spanning threads)
+         └─ record key   one per record version
+
+Byte layouts are documented in `shredder._aead` (ciphertext, wrapped keys, associated data),
+`shredder._keystore` (keystore databases) and `shredder._kek` (KEK file).
+"""
+
+from shredder._aead import AssociatedData, RingRef
+from shredder._backup import (
+    BackupManifest,
+    backup_environment,
+    read_manifest,
+    restore_environment,
+)
+from shredder._kek import KekRing, check_kek_placement, default_kek_path
+from shredder._keystore import Keystore
+from shredder._lmdbenv import open_durable_env
+from shredder.errors import (
+    CryptoError,
+    EnvironmentConfigError,
+    IntegrityError,
+    KeyExistsError,
+    KeyNotFoundError,
+    ShredderError,
+)
+
+__all__ = [
+    "AssociatedData",
+    "BackupManifest",
+    "CryptoError",
+    "EnvironmentConfigError",
+    "IntegrityError",
+    "KekRing",
+    "KeyExistsError",
+    "KeyNotFoundError",
+    "Keystore",
+    "RingRef",
+    "ShredderError",
+    "backup_environment",
+    "check_kek_placement",
+    "default_kek_path",
+    "open_durable_env",
+    "read_manifest",
+    "restore_environment",
+]

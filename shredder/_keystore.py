@@ -1,0 +1,650 @@
+"""The keystore: wrapped ring keys and record keys in their own LMDB environment.
+
+The keystore is a separate environment (directory) from the data environment, so a copy of the
+data never carries keys and destroying a key never needs the data. It holds three named
+databases:
+
+``meta``
+    ``b"format"`` -> ``b"lethe-keystore/1"``; ``b"store_id"`` -> 32 ASCII hex characters
+    (a random UUID4), readable without the KEK.
+
+``rings`` — one entry per ring key. LMDB key (the *ring prefix*)::
+
+    thread ring:  owner (1-63 bytes) | 0x00 | b"T" | thread (1-63 bytes) | 0x00
+    owner ring:   owner (1-63 bytes) | 0x00 | b"O" | 0x00
+
+  Value, 81 bytes::
+
+    offset  size  field
+    0       4     ring-key generation, unsigned big-endian (1 for a new ring)
+    4       77    the ring key wrapped under a KEK version (layout in `shredder._aead`;
+                  its 4-byte version field is the KEK version)
+
+``records`` — one entry per record key. LMDB key::
+
+    ring prefix (as above) | key id (1-256 bytes of UTF-8, no 0x00)
+
+  Value, 77 bytes: the record key wrapped under its ring key (its 4-byte version field is the
+  ring-key generation).
+
+Owner and thread ids match ``[a-z0-9][a-z0-9-]{0,62}`` and never contain 0x00, so every ring
+prefix ends at its first 0x00 after the ring kind, owner ``a``'s prefix ``a\\x00`` is never a
+prefix of owner ``ab``'s keys, and a thread ring's prefix is never a prefix of another
+thread's. Range deletes of an owner (prefix ``owner | 0x00``) and of a ring (its ring prefix)
+are cursor prefix scans.
+
+Associated data of wrapped keys (encoded as in `shredder._aead`):
+
+- ring key: ``"lethe-wrap/1", "ring", owner, ring kind ("T"/"O"), thread or "", KEK version,
+  ring-key generation``;
+- record key: ``"lethe-wrap/1", "record", owner, ring kind, thread or "", key id, ring-key
+  generation``.
+
+Thread rules: write methods (`create_record_keys`, `destroy`, `rewrap_record_keys`, `close`)
+must be called from one thread at a time — the server calls them only from its single writer
+thread, since an LMDB write transaction is bound to the thread that began it. Read methods
+(`seal`, `open`, `has_record_key`, `list_record_keys`, `key_count`, `kek_version_in_use`) are
+safe from any number of threads concurrently and never wait for the writer.
+
+Unwrapped ring keys are cached in memory (bounded LRU guarded by a lock) for the hot path that
+decrypts search hits; record keys are unwrapped per call and never cached. Destroying a ring
+evicts its cached key, and a reader that raced with the destroy cannot put it back (the cache
+has an epoch that every destroy advances).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import lmdb
+
+from shredder._aead import (
+    WRAPPED_KEY_SIZE,
+    AssociatedData,
+    RingRef,
+    _encode_fields,
+    _Key,
+    _open_payload,
+    _seal_payload,
+    _unwrap_key,
+    _wrap_key,
+    _wrapped_version,
+)
+from shredder._kek import KekRing
+from shredder._lmdbenv import open_durable_env
+from shredder.errors import (
+    EnvironmentConfigError,
+    IntegrityError,
+    KeyExistsError,
+    KeyNotFoundError,
+)
+
+__all__ = ["Keystore"]
+
+_FORMAT = b"lethe-keystore/1"
+_META = b"meta"
+_RINGS = b"rings"
+_RECORDS = b"records"
+_MAX_DBS = 3
+_SEP = b"\x00"
+_THREAD_RING = b"T"
+_OWNER_RING = b"O"
+_WRAP_TAG = "lethe-wrap/1"
+_MAX_KEY_ID_BYTES = 256
+_RING_VALUE_SIZE = 4 + WRAPPED_KEY_SIZE
+_CACHE_SIZE = 65536
+_FIRST_GENERATION = 1
+
+# Paths of keystores open in this process, to avoid opening one LMDB environment twice (which
+# LMDB does not support within a process) and to answer read_store_id while it is open.
+_open_lock = threading.Lock()
+_open_stores: dict[Path, str] = {}
+
+
+def _ring_prefix(ring: RingRef) -> bytes:
+    owner = ring.owner.encode("ascii")
+    if ring.thread is None:
+        return owner + _SEP + _OWNER_RING + _SEP
+    return owner + _SEP + _THREAD_RING + ring.thread.encode("ascii") + _SEP
+
+
+def _owner_prefix(owner: str) -> bytes:
+    return RingRef(owner).owner.encode("ascii") + _SEP
+
+
+def _key_id_bytes(key_id: str) -> bytes:
+    if not isinstance(key_id, str) or not key_id:
+        raise ValueError("key id must be a non-empty str")
+    raw = key_id.encode("utf-8")
+    if _SEP in raw or len(raw) > _MAX_KEY_ID_BYTES:
+        raise ValueError(f"key id must be 1-{_MAX_KEY_ID_BYTES} UTF-8 bytes without NUL")
+    return raw
+
+
+def _record_lmdb_key(ring: RingRef, key_id: str) -> bytes:
+    return _ring_prefix(ring) + _key_id_bytes(key_id)
+
+
+def _decode_ring_prefix(raw: bytes) -> tuple[RingRef, int]:
+    """Decode the ring prefix at the start of an LMDB key.
+
+    Returns:
+        The ring and the length of its prefix in bytes.
+    """
+    owner_end = raw.index(_SEP)
+    owner = raw[:owner_end].decode("ascii")
+    kind = raw[owner_end + 1 : owner_end + 2]
+    if kind == _OWNER_RING:
+        return RingRef(owner), owner_end + 3
+    thread_end = raw.index(_SEP, owner_end + 2)
+    return RingRef(owner, raw[owner_end + 2 : thread_end].decode("ascii")), thread_end + 1
+
+
+def _ring_fields(ring: RingRef) -> tuple[str, str, str]:
+    kind = "O" if ring.thread is None else "T"
+    return ring.owner, kind, ring.thread or ""
+
+
+def _ring_ad(ring: RingRef, kek_version: int, generation: int) -> bytes:
+    return _encode_fields(_WRAP_TAG, "ring", *_ring_fields(ring), kek_version, generation)
+
+
+def _ring_ad_builder(ring: RingRef, generation: int) -> Callable[[int], bytes]:
+    def build(kek_version: int) -> bytes:
+        return _ring_ad(ring, kek_version, generation)
+
+    return build
+
+
+def _record_ad(ring: RingRef, key_id: str, generation: int) -> bytes:
+    return _encode_fields(_WRAP_TAG, "record", *_ring_fields(ring), key_id, generation)
+
+
+class Keystore:
+    """Wrapped keys in their own LMDB environment at `path` (a directory).
+
+    Callers seal, open and destroy; they never see a raw key.
+
+    Thread rules: write methods (`create_record_keys`, `destroy`, `rewrap_record_keys`,
+    `close`) must be called from one thread at a time (the server calls them only from its
+    single writer thread); read methods (`seal`, `open`, `has_record_key`,
+    `list_record_keys`, `key_count`, `kek_version_in_use`) are safe from any thread
+    concurrently. Only one `Keystore` per directory may be open in a process.
+    """
+
+    def __init__(self, path: Path, kek: KekRing, *, map_size: int = 1 << 30) -> None:
+        """Open or create the keystore.
+
+        Args:
+            path: The keystore's directory.
+            kek: The KEK ring that wraps ring keys.
+            map_size: Maximum size of the keystore, in bytes.
+
+        Raises:
+            EnvironmentConfigError: If the environment cannot be opened with durable flags,
+                holds another format, or is already open in this process.
+        """
+        self._path = Path(path).resolve()
+        self._kek = kek
+        with _open_lock:
+            if self._path in _open_stores:
+                raise EnvironmentConfigError(f"keystore {self._path} is already open")
+            self._env = open_durable_env(self._path, map_size=map_size, max_dbs=_MAX_DBS)
+            try:
+                self._store_id = _init_meta(self._env)
+                with self._env.begin(write=True) as txn:
+                    self._rings = self._env.open_db(_RINGS, txn=txn)
+                    self._records = self._env.open_db(_RECORDS, txn=txn)
+            except BaseException:
+                self._env.close()
+                raise
+            _open_stores[self._path] = self._store_id
+        self._cache_lock = threading.Lock()
+        self._cache: OrderedDict[tuple[bytes, bytes], _Key] = OrderedDict()
+        self._epoch = 0
+        self._closed = False
+
+    # ----------------------------------------------------------------- store id
+
+    @staticmethod
+    def read_store_id(path: Path) -> str | None:
+        """Return the keystore's id without needing the KEK.
+
+        Args:
+            path: The keystore's directory.
+
+        Returns:
+            The store id (32 hex characters), or None if no keystore exists at `path` yet.
+
+        Raises:
+            EnvironmentConfigError: If the environment exists but cannot be opened or is not
+                a keystore.
+        """
+        resolved = Path(path).resolve()
+        with _open_lock:
+            if resolved in _open_stores:
+                return _open_stores[resolved]
+            if not (resolved / "data.mdb").exists():
+                return None
+            env = open_durable_env(resolved, map_size=1 << 20, max_dbs=_MAX_DBS, readonly=True)
+            try:
+                try:
+                    meta = env.open_db(_META, create=False)
+                except lmdb.NotFoundError:
+                    return None
+                with env.begin(db=meta) as txn:
+                    raw = txn.get(b"store_id")
+                    fmt = txn.get(b"format")
+            finally:
+                env.close()
+        if raw is None:
+            return None
+        if fmt != _FORMAT:
+            raise EnvironmentConfigError(f"{resolved} is not a {_FORMAT.decode()} keystore")
+        return raw.decode("ascii")
+
+    @staticmethod
+    def init_store_id(path: Path) -> str:
+        """Create the keystore environment if needed and return its id.
+
+        Args:
+            path: The keystore's directory.
+
+        Returns:
+            The store id; a new random UUID4 in hex on first creation.
+
+        Raises:
+            EnvironmentConfigError: If the environment cannot be opened or created with
+                durable flags, or holds another format.
+        """
+        resolved = Path(path).resolve()
+        with _open_lock:
+            if resolved in _open_stores:
+                return _open_stores[resolved]
+            env = open_durable_env(resolved, map_size=1 << 20, max_dbs=_MAX_DBS)
+            try:
+                return _init_meta(env)
+            finally:
+                env.close()
+
+    @property
+    def store_id(self) -> str:
+        """The keystore's random id (32 hex characters), stable for its lifetime."""
+        return self._store_id
+
+    @property
+    def path(self) -> Path:
+        """The keystore's directory, resolved."""
+        return self._path
+
+    def close(self) -> None:
+        """Close the environment and drop every cached key. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._cache_lock:
+            self._epoch += 1
+            self._cache.clear()
+        self._env.close()
+        with _open_lock:
+            _open_stores.pop(self._path, None)
+
+    def __enter__(self) -> Keystore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Keystore {self._path} store_id={self._store_id}>"
+
+    # ----------------------------------------------------------------- writes
+
+    def create_record_keys(self, refs: Sequence[tuple[RingRef, str]]) -> None:
+        """Create one new random record key per ``(ring, key_id)`` in one synced transaction.
+
+        A ring that does not exist yet (never created, or destroyed) gets a new random ring
+        key wrapped under the current KEK version first. Either every key is created or none.
+
+        Args:
+            refs: ``(ring, key_id)`` pairs; key ids are 1-256 UTF-8 bytes without NUL.
+
+        Raises:
+            KeyExistsError: If a key id already exists in its ring or repeats within `refs`.
+            ValueError: If a key id is malformed.
+            CryptoError: If an existing ring key cannot be unwrapped (wrong KEK, tampering,
+                KEK version unavailable).
+        """
+        new_rings: list[tuple[bytes, bytes, _Key]] = []
+        with self._env.begin(write=True) as txn:
+            ring_keys: dict[bytes, tuple[int, _Key]] = {}
+            for ring, key_id in refs:
+                prefix = _ring_prefix(ring)
+                lmdb_key = prefix + _key_id_bytes(key_id)
+                if prefix not in ring_keys:
+                    value = txn.get(prefix, db=self._rings)
+                    if value is None:
+                        ring_key = _Key.generate()
+                        generation = _FIRST_GENERATION
+                        value = struct.pack(">I", generation) + self._kek._wrap(
+                            _ring_ad_builder(ring, generation), ring_key
+                        )
+                        txn.put(prefix, value, db=self._rings)
+                        new_rings.append((prefix, value, ring_key))
+                        ring_keys[prefix] = (generation, ring_key)
+                    else:
+                        ring_keys[prefix] = self._unwrap_ring(ring, prefix, value, self._epoch)
+                generation, ring_key = ring_keys[prefix]
+                wrapped = _wrap_key(
+                    ring_key, generation, _record_ad(ring, key_id, generation), _Key.generate()
+                )
+                if not txn.put(lmdb_key, wrapped, db=self._records, overwrite=False):
+                    raise KeyExistsError(f"record key {key_id!r} already exists in its ring")
+        for prefix, value, ring_key in new_rings:
+            self._cache_put(prefix, value, ring_key, self._epoch)
+
+    def destroy(
+        self,
+        *,
+        record_keys: Sequence[tuple[RingRef, str]] = (),
+        rings: Sequence[RingRef] = (),
+        owners: Sequence[str] = (),
+    ) -> int:
+        """Delete keys in one write transaction, sync the environment, evict cached keys.
+
+        Destroying what does not exist is not an error. Once this returns, no `open` of a
+        destroyed key succeeds in this process and the deletion is on disk.
+
+        Args:
+            record_keys: ``(ring, key_id)`` record keys to delete.
+            rings: Rings to delete, each with every record key under it.
+            owners: Owner ids whose every ring (thread rings and the owner ring) is to be
+                deleted with every record key under them.
+
+        Returns:
+            The number of keys deleted (ring keys plus record keys).
+
+        Raises:
+            ValueError: If an id is malformed.
+        """
+        record_lmdb_keys = [_record_lmdb_key(ring, key_id) for ring, key_id in record_keys]
+        ring_prefixes = [_ring_prefix(ring) for ring in rings]
+        owner_prefixes = [_owner_prefix(owner) for owner in owners]
+        evict: set[bytes] = set(ring_prefixes)
+        deleted = 0
+        with self._env.begin(write=True) as txn:
+            for lmdb_key in record_lmdb_keys:
+                deleted += bool(txn.delete(lmdb_key, db=self._records))
+            for prefix in ring_prefixes:
+                deleted += bool(txn.delete(prefix, db=self._rings))
+                deleted += _delete_prefix(txn, self._records, prefix)
+            for prefix in owner_prefixes:
+                cursor = txn.cursor(db=self._rings)
+                if cursor.set_range(prefix):
+                    for key in cursor.iternext(keys=True, values=False):
+                        if not key.startswith(prefix):
+                            break
+                        evict.add(bytes(key))
+                deleted += _delete_prefix(txn, self._rings, prefix)
+                deleted += _delete_prefix(txn, self._records, prefix)
+        self._env.sync(True)
+        with self._cache_lock:
+            self._epoch += 1
+            for cached in [c for c in self._cache if c[0] in evict]:
+                del self._cache[cached]
+        return deleted
+
+    def rewrap_record_keys(self, refs: Sequence[tuple[RingRef, str]], to_ring: RingRef) -> None:
+        """Move record keys to another ring in one synced transaction.
+
+        Each record key is unwrapped under its ring's key, wrapped under `to_ring`'s key
+        (creating `to_ring` if it does not exist) with the same key id, and its old entry
+        deleted. Ciphertext sealed under a moved key opens as before, via `to_ring`; the old
+        ring no longer reaches it. Pairs already in `to_ring` are left as they are.
+
+        Args:
+            refs: ``(ring, key_id)`` record keys to move.
+            to_ring: The ring to move them to.
+
+        Raises:
+            KeyNotFoundError: If a listed record key or its ring does not exist.
+            KeyExistsError: If `to_ring` already holds a key with a moved key id.
+            CryptoError: If a ring key or record key fails to unwrap.
+            ValueError: If an id is malformed.
+        """
+        to_prefix = _ring_prefix(to_ring)
+        new_ring: tuple[bytes, _Key] | None = None
+        with self._env.begin(write=True) as txn:
+            value = txn.get(to_prefix, db=self._rings)
+            if value is None:
+                to_key = _Key.generate()
+                to_generation = _FIRST_GENERATION
+                value = struct.pack(">I", to_generation) + self._kek._wrap(
+                    _ring_ad_builder(to_ring, to_generation), to_key
+                )
+                txn.put(to_prefix, value, db=self._rings)
+                new_ring = (value, to_key)
+            else:
+                to_generation, to_key = self._unwrap_ring(to_ring, to_prefix, value, self._epoch)
+            for ring, key_id in refs:
+                prefix = _ring_prefix(ring)
+                if prefix == to_prefix:
+                    continue
+                old_lmdb_key = prefix + _key_id_bytes(key_id)
+                ring_value = txn.get(prefix, db=self._rings)
+                wrapped = txn.get(old_lmdb_key, db=self._records)
+                if ring_value is None or wrapped is None:
+                    raise KeyNotFoundError(f"record key {key_id!r} does not exist in its ring")
+                generation, ring_key = self._unwrap_ring(ring, prefix, ring_value, self._epoch)
+                record_key = _unwrap_key(ring_key, _record_ad(ring, key_id, generation), wrapped)
+                rewrapped = _wrap_key(
+                    to_key, to_generation, _record_ad(to_ring, key_id, to_generation), record_key
+                )
+                if not txn.put(
+                    to_prefix + old_lmdb_key[len(prefix) :],
+                    rewrapped,
+                    db=self._records,
+                    overwrite=False,
+                ):
+                    raise KeyExistsError(f"record key {key_id!r} already exists in target ring")
+                txn.delete(old_lmdb_key, db=self._records)
+        if new_ring is not None:
+            self._cache_put(to_prefix, new_ring[0], new_ring[1], self._epoch)
+
+    # ----------------------------------------------------------------- reads
+
+    def seal(self, ring: RingRef, key_id: str, ad: AssociatedData, plaintext: bytes) -> bytes:
+        """Encrypt a payload under a record key.
+
+        Args:
+            ring: The ring holding the record key.
+            key_id: The record key's id.
+            ad: What the ciphertext is bound to.
+            plaintext: The payload, any length.
+
+        Returns:
+            ``len(plaintext) + 41`` bytes (layout in `shredder._aead`).
+
+        Raises:
+            KeyNotFoundError: If the record key or its ring does not exist.
+            IntegrityError: If a wrapped key fails to authenticate (wrong KEK, tampering).
+            ValueError: If an id is malformed.
+        """
+        return _seal_payload(self._record_key(ring, key_id), ad.encode(), plaintext)
+
+    def open(self, ring: RingRef, key_id: str, ad: AssociatedData, ciphertext: bytes) -> bytes:
+        """Decrypt and authenticate a payload sealed by `seal`.
+
+        Args:
+            ring: The ring holding the record key.
+            key_id: The record key's id.
+            ad: Must equal the associated data the payload was sealed with.
+            ciphertext: Output of `seal`.
+
+        Returns:
+            The plaintext.
+
+        Raises:
+            KeyNotFoundError: If the record key or its ring does not exist (destroyed or
+                never created).
+            IntegrityError: If authentication fails: other associated data, a ciphertext of
+                another record key, tampering, truncation, an unknown format byte, a wrapped
+                key that fails to unwrap (wrong KEK).
+            ValueError: If an id is malformed.
+        """
+        return _open_payload(self._record_key(ring, key_id), ad.encode(), ciphertext)
+
+    def has_record_key(self, ring: RingRef, key_id: str) -> bool:
+        """Return whether the record key and its ring exist (without unwrapping).
+
+        Raises:
+            ValueError: If an id is malformed.
+        """
+        prefix = _ring_prefix(ring)
+        lmdb_key = prefix + _key_id_bytes(key_id)
+        with self._env.begin() as txn:
+            return (
+                txn.get(prefix, db=self._rings) is not None
+                and txn.get(lmdb_key, db=self._records) is not None
+            )
+
+    def list_record_keys(self, owner: str | None = None) -> Iterator[tuple[RingRef, str]]:
+        """List live record keys, in LMDB key order, from one consistent snapshot.
+
+        Args:
+            owner: Only this owner's keys; every owner's if None.
+
+        Returns:
+            An iterator over ``(ring, key_id)``.
+
+        Raises:
+            ValueError: If `owner` is malformed.
+        """
+        prefix = b"" if owner is None else _owner_prefix(owner)
+        found: list[tuple[RingRef, str]] = []
+        with self._env.begin() as txn:
+            cursor = txn.cursor(db=self._records)
+            if cursor.set_range(prefix):
+                for key in cursor.iternext(keys=True, values=False):
+                    if not key.startswith(prefix):
+                        break
+                    ring, size = _decode_ring_prefix(key)
+                    found.append((ring, key[size:].decode("utf-8")))
+        return iter(found)
+
+    def key_count(self) -> int:
+        """Return the number of live wrapped keys: record keys plus ring keys."""
+        with self._env.begin() as txn:
+            return int(txn.stat(self._rings)["entries"] + txn.stat(self._records)["entries"])
+
+    def kek_version_in_use(self) -> set[int]:
+        """Return the KEK versions that wrap live ring keys.
+
+        Raises:
+            IntegrityError: If a stored ring entry is malformed.
+        """
+        versions: set[int] = set()
+        with self._env.begin() as txn:
+            for value in txn.cursor(db=self._rings).iternext(keys=False, values=True):
+                if len(value) != _RING_VALUE_SIZE:
+                    raise IntegrityError("malformed ring entry")
+                versions.add(_wrapped_version(value[4:]))
+        return versions
+
+    # ----------------------------------------------------------------- internals
+
+    def _record_key(self, ring: RingRef, key_id: str) -> _Key:
+        prefix = _ring_prefix(ring)
+        lmdb_key = prefix + _key_id_bytes(key_id)
+        epoch = self._epoch  # read before the snapshot: see _cache_put
+        with self._env.begin() as txn:
+            ring_value = txn.get(prefix, db=self._rings)
+            wrapped = txn.get(lmdb_key, db=self._records)
+        if ring_value is None:
+            raise KeyNotFoundError("ring does not exist")
+        if wrapped is None:
+            raise KeyNotFoundError("record key does not exist")
+        generation, ring_key = self._unwrap_ring(ring, prefix, ring_value, epoch)
+        if _wrapped_version(wrapped) != generation:
+            raise IntegrityError("record key was wrapped under another ring-key generation")
+        return _unwrap_key(ring_key, _record_ad(ring, key_id, generation), wrapped)
+
+    def _unwrap_ring(
+        self, ring: RingRef, prefix: bytes, value: bytes, epoch: int
+    ) -> tuple[int, _Key]:
+        """Return the generation and unwrapped key of a ring entry, via the cache.
+
+        Args:
+            ring: The ring.
+            prefix: Its LMDB key.
+            value: Its stored 81-byte value.
+            epoch: The cache epoch read before the transaction that read `value` began.
+
+        Raises:
+            KeyNotFoundError: If the KEK version that wrapped it is unavailable.
+            IntegrityError: If the entry is malformed or fails to authenticate.
+        """
+        if len(value) != _RING_VALUE_SIZE:
+            raise IntegrityError("malformed ring entry")
+        generation: int = struct.unpack_from(">I", value)[0]
+        cache_key = (prefix, bytes(value))
+        with self._cache_lock:
+            cached = self._cache.get(cache_key)
+            if cached is not None:
+                self._cache.move_to_end(cache_key)
+                return generation, cached
+        ring_key = self._kek._unwrap(_ring_ad_builder(ring, generation), bytes(value[4:]))
+        self._cache_put(prefix, bytes(value), ring_key, epoch)
+        return generation, ring_key
+
+    def _cache_put(self, prefix: bytes, value: bytes, ring_key: _Key, epoch: int) -> None:
+        """Cache an unwrapped ring key unless a destroy happened since `epoch` was read.
+
+        The cache key includes the stored wrapped value, so an entry of a destroyed ring can
+        never serve a ring re-created under the same name. The epoch check keeps a reader
+        whose snapshot predates a destroy from re-inserting the destroyed key after eviction.
+        """
+        with self._cache_lock:
+            if epoch != self._epoch:
+                return
+            self._cache[(prefix, value)] = ring_key
+            self._cache.move_to_end((prefix, value))
+            while len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+
+
+def _delete_prefix(txn: lmdb.Transaction, db: lmdb._Database, prefix: bytes) -> int:
+    """Delete every entry of `db` whose key starts with `prefix`; return how many."""
+    deleted = 0
+    cursor = txn.cursor(db=db)
+    if not cursor.set_range(prefix):
+        return 0
+    while bytes(cursor.key()).startswith(prefix):
+        if not cursor.delete():
+            break
+        deleted += 1
+    return deleted
+
+
+def _init_meta(env: lmdb.Environment) -> str:
+    """Create the meta database if needed and return the store id.
+
+    Raises:
+        EnvironmentConfigError: If the environment holds another format.
+    """
+    with env.begin(write=True) as txn:
+        meta = env.open_db(_META, txn=txn)
+        fmt = txn.get(b"format", db=meta)
+        store_id = txn.get(b"store_id", db=meta)
+        if fmt is None and store_id is None:
+            fmt, store_id = _FORMAT, uuid.uuid4().hex.encode("ascii")
+            txn.put(b"format", fmt, db=meta)
+            txn.put(b"store_id", store_id, db=meta)
+        if fmt != _FORMAT or store_id is None:
+            raise EnvironmentConfigError(f"environment is not a {_FORMAT.decode()} keystore")
+    return store_id.decode("ascii")

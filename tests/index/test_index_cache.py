@@ -1,0 +1,134 @@
+"""Tests for index.IndexCache."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from index import IndexCache, VectorIndex
+
+
+def _index_of(size: int) -> VectorIndex:
+    ix = VectorIndex(4)
+    if size:
+        ix.add(np.arange(size), np.random.default_rng(size).normal(size=(size, 4)))
+    return ix
+
+
+def test_get_or_build_builds_once_under_concurrent_first_use() -> None:
+    cache = IndexCache(capacity=4)
+    calls = 0
+    calls_lock = threading.Lock()
+    start = threading.Barrier(8)
+    results: list[VectorIndex] = []
+
+    def build() -> VectorIndex:
+        nonlocal calls
+        with calls_lock:
+            calls += 1
+        time.sleep(0.05)  # hold the build open while the other threads arrive
+        return _index_of(3)
+
+    def worker() -> None:
+        start.wait()
+        results.append(cache.get_or_build("owner/a", build))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert calls == 1
+    assert len(results) == 8
+    assert all(r is results[0] for r in results)
+    assert cache.get("owner/a") is results[0]
+    assert cache.get_or_build("owner/a", build) is results[0]
+    assert calls == 1
+
+
+def test_lru_evicts_least_recently_used_at_capacity() -> None:
+    cache = IndexCache(capacity=2)
+    a = cache.get_or_build("a", lambda: _index_of(1))
+    cache.get_or_build("b", lambda: _index_of(1))
+    assert cache.get("a") is a  # "b" is now least recently used
+    cache.get_or_build("c", lambda: _index_of(1))
+    assert cache.keys() == ["a", "c"]
+    assert cache.get("b") is None
+    assert len(cache) == 2
+
+
+def test_evicted_index_keeps_working_for_its_holder() -> None:
+    cache = IndexCache(capacity=1)
+    held = cache.get_or_build("a", lambda: _index_of(5))
+    cache.get_or_build("b", lambda: _index_of(1))
+    assert cache.get("a") is None
+    assert held.search(np.ones(4), k=10) != []
+    rebuilt = cache.get_or_build("a", lambda: _index_of(2))
+    assert rebuilt is not held
+    assert len(rebuilt) == 2
+
+
+def test_evict_prefix_drops_owner_and_its_threads() -> None:
+    cache = IndexCache()
+    for key in ["owner/1", "owner/1/thread/a", "owner/1/thread/b", "owner/2"]:
+        cache.get_or_build(key, lambda: _index_of(1))
+    assert cache.evict_prefix("owner/1") == 3
+    assert cache.keys() == ["owner/2"]
+    assert cache.evict_prefix("owner/9") == 0
+
+
+def test_evict_single_key() -> None:
+    cache = IndexCache()
+    cache.get_or_build("k", lambda: _index_of(1))
+    assert cache.evict("k") is True
+    assert cache.evict("k") is False
+    assert cache.get("k") is None
+
+
+def test_total_vectors_sums_cached_indexes() -> None:
+    cache = IndexCache()
+    cache.get_or_build("a", lambda: _index_of(3))
+    cache.get_or_build("b", lambda: _index_of(4))
+    assert cache.total_vectors() == 7
+    cache.evict("a")
+    assert cache.total_vectors() == 4
+
+
+def test_failed_build_caches_nothing_and_next_caller_retries() -> None:
+    cache = IndexCache()
+
+    def broken() -> VectorIndex:
+        raise RuntimeError("store unavailable")
+
+    with pytest.raises(RuntimeError, match="store unavailable"):
+        cache.get_or_build("a", broken)
+    assert cache.get("a") is None
+    assert len(cache.get_or_build("a", lambda: _index_of(2))) == 2
+
+
+def test_eviction_during_build_causes_rebuild() -> None:
+    cache = IndexCache()
+    building = threading.Event()
+    release = threading.Event()
+    sizes = iter([1, 2])
+
+    def build() -> VectorIndex:
+        building.set()
+        release.wait(timeout=10)
+        return _index_of(next(sizes))
+
+    result: list[VectorIndex] = []
+    t = threading.Thread(target=lambda: result.append(cache.get_or_build("owner/1", build)))
+    t.start()
+    assert building.wait(timeout=10)
+    assert cache.evict_prefix("owner/") == 0  # nothing cached yet; the build is marked stale
+    release.set()
+    t.join(timeout=10)
+    assert len(result[0]) == 2  # the second build, started after the eviction
+    assert cache.get("owner/1") is result[0]
+
+
+def test_capacity_below_one_fails() -> None:
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        IndexCache(capacity=0)

@@ -1,0 +1,35 @@
+"""Pins the public names of the ``index`` package."""
+
+import index
+
+
+def test_public_names_are_pinned() -> None:
+    assert sorted(index.__all__) == [
+        "DimensionMismatchError",
+        "Embedder",
+        "IndexCache",
+        "InvalidVectorError",
+        "VectorIndex",
+        "VectorIndexError",
+        "WordLlamaEmbedder",
+        "load_embedder",
+        "normalize",
+    ]
+    for name in index.__all__:
+        assert getattr(index, name).__module__.startswith("index")
+
+
+def test_error_tree() -> None:
+    assert issubclass(index.DimensionMismatchError, index.VectorIndexError)
+    assert issubclass(index.InvalidVectorError, index.VectorIndexError)
+    assert issubclass(index.VectorIndexError, Exception)
+    assert not issubclass(index.VectorIndexError, IndexError)
+
+
+def test_import_does_not_load_wordllama() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, index; print('wordllama' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

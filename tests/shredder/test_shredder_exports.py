@@ -1,0 +1,43 @@
+"""Pins the public names of `shredder`."""
+
+from __future__ import annotations
+
+import shredder
+
+
+def test_public_names_are_pinned() -> None:
+    assert sorted(shredder.__all__) == [
+        "AssociatedData",
+        "BackupManifest",
+        "CryptoError",
+        "EnvironmentConfigError",
+        "IntegrityError",
+        "KekRing",
+        "KeyExistsError",
+        "KeyNotFoundError",
+        "Keystore",
+        "RingRef",
+        "ShredderError",
+        "backup_environment",
+        "check_kek_placement",
+        "default_kek_path",
+        "open_durable_env",
+        "read_manifest",
+        "restore_environment",
+    ]
+
+
+def test_public_names_resolve_and_come_from_the_package() -> None:
+    for name in shredder.__all__:
+        obj = getattr(shredder, name)
+        assert obj.__module__.startswith("shredder"), name
+
+
+def test_exception_tree() -> None:
+    assert issubclass(shredder.CryptoError, shredder.ShredderError)
+    assert issubclass(shredder.KeyNotFoundError, shredder.CryptoError)
+    assert issubclass(shredder.IntegrityError, shredder.CryptoError)
+    assert issubclass(shredder.EnvironmentConfigError, shredder.ShredderError)
+    assert not issubclass(shredder.EnvironmentConfigError, shredder.CryptoError)
+    assert issubclass(shredder.KeyExistsError, shredder.ShredderError)
+    assert issubclass(shredder.KeyExistsError, ValueError)
