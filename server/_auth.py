@@ -26,7 +26,7 @@ import grpc
 
 from server.errors import LetheError, PermissionDenied, Unauthenticated
 
-TOKEN_PREFIX = "lethe_"
+TOKEN_PREFIX = "lethe_"  # noqa: S105 (a prefix, not a secret)
 UNAUTHENTICATED_SERVICES = ("/grpc.health.v1.Health/",)
 
 
@@ -78,7 +78,7 @@ def current_principal() -> Principal | None:
     return _principal.get()
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
+class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
     """Authenticates every call except health; see the module docstring.
 
     Args:
@@ -110,9 +110,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(handler_call_details)
         method: str = handler_call_details.method
         if handler is None or method.startswith(UNAUTHENTICATED_SERVICES):
@@ -122,10 +122,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
 
 def _wrap(
-    handler: grpc.RpcMethodHandler,
+    handler: grpc.RpcMethodHandler[Any, Any],
     authenticate: Callable[[], Principal],
     abort: Callable[[grpc.ServicerContext, LetheError], None],
-) -> grpc.RpcMethodHandler:
+) -> grpc.RpcMethodHandler[Any, Any]:
     def guard(behaviour: Callable[..., Any]) -> Callable[..., Any]:
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             try:
@@ -160,7 +160,7 @@ def _wrap(
             response_serializer=handler.response_serializer,
         )
     return grpc.stream_stream_rpc_method_handler(
-        guard(handler.stream_stream),
+        guard(handler.stream_stream),  # type: ignore[arg-type]
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )

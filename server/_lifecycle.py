@@ -68,8 +68,9 @@ class Lifecycle:
         """Finish every deletion a crash interrupted (start-up; indexes are empty)."""
         entries = self.store.outstanding_deletions()
         for entry in entries:
-            self.retriever.on_forget(entry["owner"], entry["rids"], entry["threads"],
-                                     bool(entry["whole_owner"]))
+            self.retriever.on_forget(
+                entry["owner"], entry["rids"], entry["threads"], bool(entry["whole_owner"])
+            )
             self.store.finish_forget(entry, time.time())
         return len(entries)
 

@@ -20,11 +20,30 @@ SEALED = "SEALED"
 
 # Payload types: the last byte of a ``payloads`` key, and the payload_type of
 # the associated data each ciphertext is bound to.
-PAYLOAD_TEXT = "text"
-PAYLOAD_SPEAKER = "speaker"
+# A turn's content (speaker and text) is one payload so that a search hit
+# costs one AEAD open: 4-byte big-endian speaker length | speaker | text, UTF-8.
+PAYLOAD_CONTENT = "content"
 PAYLOAD_EMBEDDING = "embedding"
 PAYLOAD_TITLE = "title"
-PAYLOAD_CODES = {PAYLOAD_TEXT: b"t", PAYLOAD_SPEAKER: b"s", PAYLOAD_EMBEDDING: b"e"}
+PAYLOAD_CODES = {PAYLOAD_CONTENT: b"c", PAYLOAD_EMBEDDING: b"e"}
+
+
+def pack_content(speaker: str, text: str) -> bytes:
+    """The plaintext of a turn's content payload (layout above)."""
+    spk = speaker.encode()
+    return struct.pack(">I", len(spk)) + spk + text.encode()
+
+
+def unpack_content(raw: bytes) -> tuple[str, str]:
+    """``(speaker, text)`` from :func:`pack_content`'s output.
+
+    Raises:
+        ValueError: malformed (shorter than its length prefix says).
+    """
+    (size,) = struct.unpack_from(">I", raw)
+    if 4 + size > len(raw):
+        raise ValueError("malformed content payload")
+    return raw[4 : 4 + size].decode(), raw[4 + size :].decode()
 
 
 @dataclass(slots=True)
@@ -68,7 +87,6 @@ class TurnMeta:
     create_time: float
     expire_time: float
     key_id: str
-    has_speaker: bool = False
     has_embedding: bool = False
     tainted: bool = False
     deleted: bool = False

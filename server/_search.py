@@ -26,13 +26,15 @@ import numpy as np
 import numpy.typing as npt
 
 from index import Embedder, IndexCache, VectorIndex, normalize
-from server._records import PAYLOAD_SPEAKER, PAYLOAD_TEXT, TurnMeta
+from server._records import PAYLOAD_CONTENT, TurnMeta
 from server._store import Store, TurnView
 from server._visibility import indexable, pending_indexable, searchable
 from server.errors import InvalidArgument, RecordDeleted
 
-OVERFETCH = 2
-MIN_FETCH = 16
+# First fetch: top_k + OVERFETCH candidates; most hits survive the recheck, and
+# every candidate costs a metadata decode, so the margin is small and the
+# fetch grows 4x per round when the recheck drops too many.
+OVERFETCH = 8
 
 
 @dataclass(slots=True)
@@ -92,11 +94,11 @@ class Retriever:
         dim = self.store.owner_dim(owner)
         if query_embedding:
             try:
-                vec = normalize(np.asarray(query_embedding, dtype=np.float32))[0]
+                vec: npt.NDArray[np.float32] = normalize(
+                    np.asarray(query_embedding, dtype=np.float32)
+                )[0]
             except Exception:
-                raise InvalidArgument(
-                    "query_embedding", "must be finite and non-zero"
-                ) from None
+                raise InvalidArgument("query_embedding", "must be finite and non-zero") from None
             if dim is not None and vec.shape[0] != dim:
                 raise InvalidArgument(
                     "query_embedding",
@@ -113,7 +115,7 @@ class Retriever:
         row = self.embed_texts([query_text])[0]
         if row is None or (dim is not None and row.shape[0] != dim):
             return None
-        return row
+        return np.asarray(row, dtype=np.float32)
 
     # ------------------------------------------------------------------ index upkeep
 
@@ -179,8 +181,9 @@ class Retriever:
                 else:
                     pidx.remove(np.asarray([meta.rid], np.int64))
 
-    def on_forget(self, owner: str, rids: Sequence[int], threads: Sequence[str],
-                  whole_owner: bool) -> None:
+    def on_forget(
+        self, owner: str, rids: Sequence[int], threads: Sequence[str], whole_owner: bool
+    ) -> None:
         """Remove forgotten records from every loaded index (step 2 of a forget)."""
         with self._lock(owner):
             if whole_owner:
@@ -192,9 +195,8 @@ class Retriever:
             if not rids:
                 return
             ids = np.asarray(rids, dtype=np.int64)
-            for key in [_owner_key(owner)] + [
-                k for k in self.cache.keys() if k.startswith(f"p/{owner}/")
-            ]:
+            pending_keys = [k for k in self.cache.keys() if k.startswith(f"p/{owner}/")]  # noqa: SIM118
+            for key in [_owner_key(owner), *pending_keys]:
                 idx = self.cache.get(key)
                 if idx is not None:
                     idx.remove(ids)
@@ -238,7 +240,11 @@ class Retriever:
         return hits
 
     def _visible_hits(
-        self, idx: VectorIndex, owner: str, query: npt.NDArray[np.float32], top_k: int,
+        self,
+        idx: VectorIndex,
+        owner: str,
+        query: npt.NDArray[np.float32],
+        top_k: int,
         pending_thread: str | None,
     ) -> list[tuple[int, float, TurnMeta, dict[str, bytes]]]:
         """Search ``idx`` with over-fetch and keep what the recheck lets through.
@@ -246,10 +252,10 @@ class Retriever:
         Each round rechecks every hit in one read transaction; the fetch grows
         4x until ``top_k`` survive or the index is exhausted.
         """
-        k = min(len(idx), max(MIN_FETCH, top_k * OVERFETCH))
+        k = min(len(idx), top_k + OVERFETCH)
         while True:
             raw = idx.search(query, k)
-            rows = self.store.fetch([rid for rid, _ in raw], (PAYLOAD_TEXT, PAYLOAD_SPEAKER))
+            rows = self.store.fetch([rid for rid, _ in raw], (PAYLOAD_CONTENT,))
             now = time.time()
             good = []
             for rid, score in raw:

@@ -15,7 +15,6 @@ import functools
 import json
 import logging
 import re
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -48,7 +47,7 @@ from server._names import (
     parse_thread,
     parse_turn,
 )
-from server._records import COMMITTED, PENDING
+from server._records import COMMITTED, PAYLOAD_CONTENT, PENDING
 from server._search import Retriever
 from server._store import Store, TurnDraft, TurnView
 from server.errors import InvalidArgument, LetheError, Unimplemented
@@ -265,7 +264,10 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         for i, turn in enumerate(request.turns):
             field = f"turns[{i}]"
             if turn.role not in (
-                common_pb2.USER, common_pb2.ASSISTANT, common_pb2.SYSTEM, common_pb2.TOOL
+                common_pb2.USER,
+                common_pb2.ASSISTANT,
+                common_pb2.SYSTEM,
+                common_pb2.TOOL,
             ):
                 raise InvalidArgument(f"{field}.role", "must be USER, ASSISTANT, SYSTEM or TOOL")
             text = check_text(turn.text, f"{field}.text", limit=MAX_TEXT_BYTES, required=True)
@@ -296,8 +298,9 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
                     context_manifest=manifest,
                     context_refs=_source_refs(turn.context_refs, owner, f"{field}.context_refs"),
                     commit=turn.commit,
-                    pending_ttl=_duration(turn.pending_ttl, f"{field}.pending_ttl",
-                                          self.pending_ttl),
+                    pending_ttl=_duration(
+                        turn.pending_ttl, f"{field}.pending_ttl", self.pending_ttl
+                    ),
                 )
             )
         return drafts
@@ -335,7 +338,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         )
 
     def _replay(self, rids: list[int]) -> threads_pb2.AppendTurnsResponse:
-        rows = self.store.fetch(rids, ("text", "speaker"))
+        rows = self.store.fetch(rids, (PAYLOAD_CONTENT,))
         turns = []
         for rid in rids:
             if rid not in rows or rows[rid][0].deleted:
@@ -388,8 +391,23 @@ def _indexed_text(speaker: str, text: str) -> str:
 # ---------------------------------------------------------------------- Retrieval
 
 
+def _later(name: str) -> Callable[..., Any]:
+    """A handler for a method defined in the proto but served by a later release."""
+
+    @rpc
+    def handler(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        raise Unimplemented(f"{name} is not served by this release")
+
+    handler.__name__ = name
+    return handler
+
+
 class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
-    """``lethe.v1.Retrieval`` (Search)."""
+    """``lethe.v1.Retrieval`` (Search; AssembleContext and GetContextManifest
+    answer UNIMPLEMENTED until they are served)."""
+
+    AssembleContext = _later("AssembleContext")
+    GetContextManifest = _later("GetContextManifest")
 
     def __init__(self, retriever: Retriever) -> None:
         self.retriever = retriever
@@ -452,7 +470,13 @@ def _one_owner(names: list[tuple[str, str | ThreadName | TurnName]]) -> str:
 
 
 class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
-    """``lethe.v1.Lifecycle`` (Commit, Forget)."""
+    """``lethe.v1.Lifecycle`` (Commit, Forget; the others answer UNIMPLEMENTED
+    until they are served)."""
+
+    ExtendPending = _later("ExtendPending")
+    GetLineage = _later("GetLineage")
+    ListDeletions = _later("ListDeletions")
+    Audit = _later("Audit")
 
     def __init__(self, store: Store, retriever: Retriever, lifecycle: Lifecycle) -> None:
         self.store = store
@@ -501,10 +525,12 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
             owners.append(thread.owner)
             authorize(thread.owner)
             last = self.store.get_thread(thread.owner, thread.thread).meta.last_seq
-            present = {m.seq for m in self.store.thread_turns(thread.owner, thread.thread)
-                       if not m.deleted}
+            present = {
+                m.seq for m in self.store.thread_turns(thread.owner, thread.thread) if not m.deleted
+            }
             turns.extend(
-                (thread.thread, s) for s in range(rng.from_seq, min(rng.to_seq, last) + 1)
+                (thread.thread, s)
+                for s in range(rng.from_seq, min(rng.to_seq, last) + 1)
                 if s in present
             )
         if not owners:
@@ -520,8 +546,10 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         threads = [t.thread for _, t in parsed if isinstance(t, ThreadName)]
         turns.extend((t.thread, t.seq) for _, t in parsed if isinstance(t, TurnName))
         entry = self.lifecycle.forget(
-            owner, turns=turns, threads=threads, whole_owner=whole_owner,
+            owner,
+            turns=turns,
+            threads=threads,
+            whole_owner=whole_owner,
             reason=reason or "FORGET",
         )
         return receipt_proto(entry)
-

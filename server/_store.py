@@ -19,7 +19,7 @@ threads         owner 0x00 thread                              ThreadMeta JSON
 turns           rid (8 bytes BE)                               TurnMeta JSON
 seqs            owner 0x00 thread 0x00 seq (8 bytes BE)        rid
 owner_records   owner 0x00 rid                                 empty
-payloads        rid + payload code (t, s, e)                   ciphertext (see shredder)
+payloads        rid + payload code (c, e)                      ciphertext (see shredder)
 titles          owner 0x00 thread                              ciphertext of the title
 expiry          expire time µs (8 BE) + rid                    empty: the pending-expiry queue
 tombstones      resource name                                  JSON {time, reason, deletion}
@@ -43,11 +43,12 @@ import fcntl
 import json
 import os
 import secrets
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import lmdb
 import numpy as np
@@ -56,23 +57,24 @@ import numpy.typing as npt
 from server._names import new_id
 from server._records import (
     COMMITTED,
+    PAYLOAD_CONTENT,
     PAYLOAD_EMBEDDING,
-    PAYLOAD_SPEAKER,
-    PAYLOAD_TEXT,
     PAYLOAD_TITLE,
     PENDING,
     ThreadMeta,
     TurnMeta,
     expiry_key,
     owner_prefix,
+    pack_content,
     payload_key,
     rid_from_key,
     rid_key,
     seq_key,
     thread_key,
+    unpack_content,
 )
 from server._visibility import check_readable, effective_state
-from server._writer import Writer, WriteOp
+from server._writer import WriteOp, Writer
 from server.errors import (
     AlreadyExists,
     DataLoss,
@@ -113,6 +115,15 @@ _DBS = (
     "tokens",
 )
 DESTINATIONS = ("lmdb", "index", "keystore", "cache")
+_OPEN: dict[Path, Store] = {}
+_OPEN_GUARD = threading.Lock()
+
+
+def open_store_for(data_dir: Path) -> Store | None:
+    """The Store this process has open on ``data_dir``, if any (LMDB allows one
+    handle per environment and process, so an in-process backup must reuse it)."""
+    with _OPEN_GUARD:
+        return _OPEN.get(data_dir.resolve())
 
 
 class StoreLockedError(LetheError):
@@ -221,7 +232,7 @@ class Store:
         self.env = open_durable_env(data_path, map_size=DATA_MAP_SIZE, max_dbs=len(_DBS) + 2)
         with self.env.begin(write=True) as txn:
             self.db = {name: self.env.open_db(name.encode(), txn=txn) for name in _DBS}
-            stored = txn.get(b"store_id", db=self.db["meta"])
+            stored = _get(txn, b"store_id", db=self.db["meta"])
             if stored is None:
                 txn.put(b"store_id", store_id.encode(), db=self.db["meta"])
                 txn.put(b"next_rid", b"1", db=self.db["meta"])
@@ -232,9 +243,14 @@ class Store:
                 )
         self.store_id = store_id
         self.writer = Writer(self.env, self.keystore)
+        with _OPEN_GUARD:
+            _OPEN[self.data_dir] = self
 
     def close(self) -> None:
         """Stop the writer (finishing queued writes) and close both environments."""
+        with _OPEN_GUARD:
+            if _OPEN.get(self.data_dir) is self:
+                del _OPEN[self.data_dir]
         self.writer.close()
         self.env.close()
         self.keystore.close()
@@ -244,13 +260,20 @@ class Store:
 
     # ------------------------------------------------------------------ crypto
 
-    def _seal(self, txn: lmdb.Transaction, ring: RingRef, key_id: str, ad: AssociatedData,
-              plaintext: bytes) -> bytes:
+    def _seal(
+        self,
+        txn: lmdb.Transaction,
+        ring: RingRef,
+        key_id: str,
+        ad: AssociatedData,
+        plaintext: bytes,
+    ) -> bytes:
         del txn
         return self.keystore.seal(ring, key_id, ad, plaintext)
 
-    def _open(self, ring: RingRef, key_id: str, ad: AssociatedData, ciphertext: bytes,
-              name: str) -> bytes:
+    def _open(
+        self, ring: RingRef, key_id: str, ad: AssociatedData, ciphertext: bytes, name: str
+    ) -> bytes:
         try:
             return self.keystore.open(ring, key_id, ad, ciphertext)
         except KeyNotFoundError:
@@ -273,7 +296,7 @@ class Store:
     def owner_dim(self, owner: str) -> int | None:
         """The owner's fixed vector dimension, or None before its first vector."""
         with self.env.begin() as txn:
-            raw = txn.get(owner.encode(), db=self.db["owners"])
+            raw = _get(txn, owner.encode(), db=self.db["owners"])
         if raw is None:
             return None
         dim = json.loads(raw).get("dim")
@@ -286,7 +309,7 @@ class Store:
 
     def get_principal(self, digest: bytes) -> dict[str, Any] | None:
         with self.env.begin() as txn:
-            raw = txn.get(digest, db=self.db["tokens"])
+            raw = _get(txn, digest, db=self.db["tokens"])
         return None if raw is None else dict(json.loads(raw))
 
     # ------------------------------------------------------------------ threads
@@ -304,10 +327,10 @@ class Store:
 
         def apply(txn: lmdb.Transaction) -> ThreadView:
             key = thread_key(owner, thread)
-            if txn.get(key, db=self.db["threads"]) is not None:
+            if _get(txn, key, db=self.db["threads"]) is not None:
                 raise AlreadyExists(f"{name} already exists")
             txn.delete(name.encode(), db=self.db["tombstones"])
-            if txn.get(owner.encode(), db=self.db["owners"]) is None:
+            if _get(txn, owner.encode(), db=self.db["owners"]) is None:
                 owner_rec = {"dim": 0, "create_time": now}
                 txn.put(owner.encode(), json.dumps(owner_rec).encode(), db=self.db["owners"])
             txn.delete(f"owners/{owner}".encode(), db=self.db["tombstones"])
@@ -337,8 +360,8 @@ class Store:
         """
         key = thread_key(owner, thread)
         with self.env.begin() as txn:
-            raw = txn.get(key, db=self.db["threads"])
-            ct = txn.get(key, db=self.db["titles"])
+            raw = _get(txn, key, db=self.db["threads"])
+            ct = _get(txn, key, db=self.db["titles"])
             if raw is None:
                 self._raise_missing(txn, f"owners/{owner}/threads/{thread}")
         return self._thread_view(ThreadMeta.decode(raw), ct)
@@ -362,12 +385,12 @@ class Store:
                     if len(rows) == limit:
                         more = True
                         break
-                    rows.append((ThreadMeta.decode(raw), txn.get(key, db=self.db["titles"])))
+                    rows.append((ThreadMeta.decode(raw), _get(txn, key, db=self.db["titles"])))
         views = [self._thread_view(meta, ct) for meta, ct in rows]
         return views, (views[-1].meta.thread if more and views else "")
 
-    def _raise_missing(self, txn: lmdb.Transaction, name: str) -> None:
-        if txn.get(name.encode(), db=self.db["tombstones"]) is not None:
+    def _raise_missing(self, txn: lmdb.Transaction, name: str) -> NoReturn:
+        if _get(txn, name.encode(), db=self.db["tombstones"]) is not None:
             raise RecordDeleted(f"{name} was deleted")
         raise NotFound(f"{name} not found")
 
@@ -377,7 +400,7 @@ class Store:
         """Rids recorded for an idempotent AppendTurns, or None."""
         key = thread_key(owner, thread) + b"\x00" + request_id.encode()
         with self.env.begin() as txn:
-            raw = txn.get(key, db=self.db["requests"])
+            raw = _get(txn, key, db=self.db["requests"])
         return None if raw is None else [int(r) for r in json.loads(raw)]
 
     def append_turns(
@@ -405,15 +428,15 @@ class Store:
 
         def apply(txn: lmdb.Transaction) -> tuple[list[TurnMeta], bool]:
             if req_key:
-                prior = txn.get(req_key, db=self.db["requests"])
+                prior = _get(txn, req_key, db=self.db["requests"])
                 if prior is not None:
                     return self._metas(txn, [int(r) for r in json.loads(prior)]), True
-            raw = txn.get(tkey, db=self.db["threads"])
+            raw = _get(txn, tkey, db=self.db["threads"])
             if raw is None:
                 self._raise_missing(txn, f"owners/{owner}/threads/{thread}")
             tmeta = ThreadMeta.decode(raw)
             self._check_dims(txn, owner, drafts, now)
-            next_rid = int(txn.get(b"next_rid", db=self.db["meta"]))
+            next_rid = int(_get(txn, b"next_rid", db=self.db["meta"]) or b"1")
             metas: list[TurnMeta] = []
             for i, draft in enumerate(drafts):
                 rid = next_rid + i
@@ -431,7 +454,6 @@ class Store:
                     create_time=now,
                     expire_time=0.0 if draft.commit else now + draft.pending_ttl,
                     key_id=key_ids[i],
-                    has_speaker=bool(draft.speaker),
                     has_embedding=draft.embedding is not None,
                     context_manifest=draft.context_manifest,
                     context_refs=list(draft.context_refs),
@@ -460,7 +482,7 @@ class Store:
         dims = {d.embedding.shape[0] for d in drafts if d.embedding is not None}
         if not dims:
             return
-        raw = txn.get(owner.encode(), db=self.db["owners"])
+        raw = _get(txn, owner.encode(), db=self.db["owners"])
         rec: dict[str, Any] = json.loads(raw) if raw else {"dim": 0, "create_time": now}
         have = int(rec.get("dim") or 0)
         expected = have or min(dims)
@@ -478,9 +500,7 @@ class Store:
     def _write_turn(self, txn: lmdb.Transaction, meta: TurnMeta, draft: TurnDraft) -> None:
         ring = RingRef(meta.owner, meta.thread)
         rk = rid_key(meta.rid)
-        payloads: list[tuple[str, bytes]] = [(PAYLOAD_TEXT, draft.text.encode())]
-        if draft.speaker:
-            payloads.append((PAYLOAD_SPEAKER, draft.speaker.encode()))
+        payloads = [(PAYLOAD_CONTENT, pack_content(draft.speaker, draft.text))]
         if draft.embedding is not None:
             payloads.append((PAYLOAD_EMBEDDING, draft.embedding.astype("<f4").tobytes()))
         for ptype, plain in payloads:
@@ -496,7 +516,7 @@ class Store:
     def _metas(self, txn: lmdb.Transaction, rids: Sequence[int]) -> list[TurnMeta]:
         out = []
         for rid in rids:
-            raw = txn.get(rid_key(rid), db=self.db["turns"])
+            raw = _get(txn, rid_key(rid), db=self.db["turns"])
             if raw is not None:
                 out.append(TurnMeta.decode(raw))
         return out
@@ -511,7 +531,7 @@ class Store:
         out: dict[int, bytes] = {}
         with self.env.begin() as txn:
             for rid in rids:
-                ct = txn.get(payload_key(rid, payload_type), db=self.db["payloads"])
+                ct = _get(txn, payload_key(rid, payload_type), db=self.db["payloads"])
                 if ct is not None:
                     out[rid] = ct
         return out
@@ -524,12 +544,12 @@ class Store:
         out: dict[int, tuple[TurnMeta, dict[str, bytes]]] = {}
         with self.env.begin() as txn:
             for rid in rids:
-                raw = txn.get(rid_key(rid), db=self.db["turns"])
+                raw = _get(txn, rid_key(rid), db=self.db["turns"])
                 if raw is None:
                     continue
                 cts = {}
                 for ptype in payload_types:
-                    ct = txn.get(payload_key(rid, ptype), db=self.db["payloads"])
+                    ct = _get(txn, payload_key(rid, ptype), db=self.db["payloads"])
                     if ct is not None:
                         cts[ptype] = ct
                 out[rid] = (TurnMeta.decode(raw), cts)
@@ -542,25 +562,27 @@ class Store:
             RecordDeleted: its key was destroyed. DataLoss: a ciphertext is corrupt
                 or missing while the record is live.
         """
-        if PAYLOAD_TEXT not in cts:
+        if PAYLOAD_CONTENT not in cts:
             raise RecordDeleted(f"{meta.name} was deleted")
-        text = self.open_turn_payload(meta, PAYLOAD_TEXT, cts[PAYLOAD_TEXT]).decode()
-        speaker = ""
-        if meta.has_speaker and PAYLOAD_SPEAKER in cts:
-            speaker = self.open_turn_payload(meta, PAYLOAD_SPEAKER, cts[PAYLOAD_SPEAKER]).decode()
+        try:
+            speaker, text = unpack_content(
+                self.open_turn_payload(meta, PAYLOAD_CONTENT, cts[PAYLOAD_CONTENT])
+            )
+        except (ValueError, UnicodeDecodeError):
+            raise DataLoss(f"stored content of {meta.name} is malformed") from None
         emb = None
         if with_embedding and meta.has_embedding and PAYLOAD_EMBEDDING in cts:
             raw = self.open_turn_payload(meta, PAYLOAD_EMBEDDING, cts[PAYLOAD_EMBEDDING])
             emb = np.frombuffer(raw, dtype="<f4").astype(np.float32)
         return TurnView(meta, text, speaker, emb)
 
-    def _read_payloads(self, txn: lmdb.Transaction, rid: int, with_embedding: bool) -> dict[
-        str, bytes
-    ]:
-        types = [PAYLOAD_TEXT, PAYLOAD_SPEAKER] + ([PAYLOAD_EMBEDDING] if with_embedding else [])
+    def _read_payloads(
+        self, txn: lmdb.Transaction, rid: int, with_embedding: bool
+    ) -> dict[str, bytes]:
+        types = [PAYLOAD_CONTENT] + ([PAYLOAD_EMBEDDING] if with_embedding else [])
         out = {}
         for ptype in types:
-            ct = txn.get(payload_key(rid, ptype), db=self.db["payloads"])
+            ct = _get(txn, payload_key(rid, ptype), db=self.db["payloads"])
             if ct is not None:
                 out[ptype] = ct
         return out
@@ -574,8 +596,8 @@ class Store:
         """
         name = f"owners/{owner}/threads/{thread}/turns/{seq}"
         with self.env.begin() as txn:
-            rk = txn.get(seq_key(owner, thread, seq), db=self.db["seqs"])
-            raw = None if rk is None else txn.get(rk, db=self.db["turns"])
+            rk = _get(txn, seq_key(owner, thread, seq), db=self.db["seqs"])
+            raw = None if rk is None else _get(txn, rk, db=self.db["turns"])
             if raw is None:
                 self._raise_missing(txn, name)
             meta = TurnMeta.decode(raw)
@@ -584,8 +606,15 @@ class Store:
         return self.turn_view(meta, cts, with_embedding)
 
     def list_turns(
-        self, owner: str, thread: str, after_seq: int, limit: int, *, states: set[str],
-        include_tainted: bool, with_embedding: bool,
+        self,
+        owner: str,
+        thread: str,
+        after_seq: int,
+        limit: int,
+        *,
+        states: set[str],
+        include_tainted: bool,
+        with_embedding: bool,
     ) -> tuple[list[TurnView], int]:
         """Turns of a thread in seq order after ``after_seq``.
 
@@ -602,14 +631,14 @@ class Store:
         rows: list[tuple[TurnMeta, dict[str, bytes]]] = []
         more = False
         with self.env.begin() as txn:
-            if txn.get(thread_key(owner, thread), db=self.db["threads"]) is None:
+            if _get(txn, thread_key(owner, thread), db=self.db["threads"]) is None:
                 self._raise_missing(txn, f"owners/{owner}/threads/{thread}")
             cur = txn.cursor(db=self.db["seqs"])
             if cur.set_range(seq_key(owner, thread, after_seq + 1)):
                 for key, rk in cur:
                     if not key.startswith(prefix):
                         break
-                    raw = txn.get(rk, db=self.db["turns"])
+                    raw = _get(txn, rk, db=self.db["turns"])
                     if raw is None:
                         continue
                     meta = TurnMeta.decode(raw)
@@ -637,7 +666,7 @@ class Store:
                 for key in cur.iternext(keys=True, values=False):
                     if not key.startswith(prefix):
                         break
-                    raw = txn.get(key[len(prefix):], db=self.db["turns"])
+                    raw = _get(txn, key[len(prefix) :], db=self.db["turns"])
                     if raw is not None:
                         metas.append(TurnMeta.decode(raw))
         return iter(metas)
@@ -652,7 +681,7 @@ class Store:
                 for key, rk in cur:
                     if not key.startswith(prefix):
                         break
-                    raw = txn.get(rk, db=self.db["turns"])
+                    raw = _get(txn, rk, db=self.db["turns"])
                     if raw is not None:
                         metas.append(TurnMeta.decode(raw))
         return metas
@@ -701,8 +730,8 @@ class Store:
             out = []
             for owner, thread, seq in targets:
                 name = f"owners/{owner}/threads/{thread}/turns/{seq}"
-                rk = txn.get(seq_key(owner, thread, seq), db=self.db["seqs"])
-                raw = None if rk is None else txn.get(rk, db=self.db["turns"])
+                rk = _get(txn, seq_key(owner, thread, seq), db=self.db["seqs"])
+                raw = None if rk is None else _get(txn, rk, db=self.db["turns"])
                 if raw is None:
                     self._raise_missing(txn, name)
                 meta = TurnMeta.decode(raw)
@@ -752,13 +781,14 @@ class Store:
                 cur = txn.cursor(db=self.db["threads"])
                 prefix = owner_prefix(owner)
                 if cur.set_range(prefix):
-                    for key in cur.iternext(keys=True, values=False):
+                    for raw_key in cur.iternext(keys=True, values=False):
+                        key = bytes(raw_key)
                         if not key.startswith(prefix):
                             break
-                        thread_ids.append(key[len(prefix):].decode())
+                        thread_ids.append(key[len(prefix) :].decode())
             for thread in dict.fromkeys(thread_ids):
                 name = f"owners/{owner}/threads/{thread}"
-                if txn.get(thread_key(owner, thread), db=self.db["threads"]) is None:
+                if _get(txn, thread_key(owner, thread), db=self.db["threads"]) is None:
                     self._raise_missing(txn, name)
                 if not whole_owner:
                     targets.append(name)
@@ -774,8 +804,8 @@ class Store:
                 if thread in done_threads:
                     continue
                 name = f"owners/{owner}/threads/{thread}/turns/{seq}"
-                rk = txn.get(seq_key(owner, thread, seq), db=self.db["seqs"])
-                raw = None if rk is None else txn.get(rk, db=self.db["turns"])
+                rk = _get(txn, seq_key(owner, thread, seq), db=self.db["seqs"])
+                raw = None if rk is None else _get(txn, rk, db=self.db["turns"])
                 if raw is None:
                     self._raise_missing(txn, name)
                 meta = TurnMeta.decode(raw)
@@ -804,8 +834,11 @@ class Store:
                 "complete_time": 0.0,
                 "destinations": {d: {"done": False, "time": 0.0} for d in DESTINATIONS},
             }
-            txn.put(_deletion_key(owner, deletion_id), json.dumps(entry).encode(),
-                    db=self.db["deletions"])
+            txn.put(
+                _deletion_key(owner, deletion_id),
+                json.dumps(entry).encode(),
+                db=self.db["deletions"],
+            )
             return DeletionPlan(entry, rids, pending_threads)
 
         return self.writer.run(WriteOp(apply))
@@ -816,22 +849,24 @@ class Store:
         cur = txn.cursor(db=self.db["seqs"])
         if cur.set_range(prefix):
             for key, rk in cur:
-                if not key.startswith(prefix):
+                if not bytes(key).startswith(prefix):
                     break
-                raw = txn.get(rk, db=self.db["turns"])
+                raw = _get(txn, bytes(rk), db=self.db["turns"])
                 if raw is not None:
                     meta = TurnMeta.decode(raw)
                     if not meta.deleted:
                         out.append(meta)
         return out
 
-    def _tombstone(self, txn: lmdb.Transaction, name: str, now: float, deletion_id: str,
-                   reason: str) -> None:
+    def _tombstone(
+        self, txn: lmdb.Transaction, name: str, now: float, deletion_id: str, reason: str
+    ) -> None:
         stone = {"time": now, "reason": reason, "deletion": deletion_id}
         txn.put(name.encode(), json.dumps(stone).encode(), db=self.db["tombstones"])
 
-    def _mark_deleted(self, txn: lmdb.Transaction, meta: TurnMeta, now: float, deletion_id: str,
-                      reason: str) -> None:
+    def _mark_deleted(
+        self, txn: lmdb.Transaction, meta: TurnMeta, now: float, deletion_id: str, reason: str
+    ) -> None:
         if meta.state == PENDING:
             txn.delete(expiry_key(meta.expire_time, meta.rid), db=self.db["expiry"])
         meta.deleted = True
@@ -870,8 +905,11 @@ class Store:
             dests["keystore"] = {"done": True, "time": now}
             dests["lmdb"] = {"done": True, "time": now}
             entry["complete_time"] = now
-            txn.put(_deletion_key(owner, entry["id"]), json.dumps(entry).encode(),
-                    db=self.db["deletions"])
+            txn.put(
+                _deletion_key(owner, entry["id"]),
+                json.dumps(entry).encode(),
+                db=self.db["deletions"],
+            )
             return entry
 
         return self.writer.run(
@@ -885,11 +923,11 @@ class Store:
 
     def _purge_turn(self, txn: lmdb.Transaction, rid: int) -> None:
         rk = rid_key(rid)
-        raw = txn.get(rk, db=self.db["turns"])
+        raw = _get(txn, rk, db=self.db["turns"])
         if raw is None:
             return
         meta = TurnMeta.decode(raw)
-        for code in (b"t", b"s", b"e"):
+        for code in (b"c", b"e"):
             txn.delete(rk + code, db=self.db["payloads"])
         txn.delete(rk, db=self.db["turns"])
         txn.delete(seq_key(meta.owner, meta.thread, meta.seq), db=self.db["seqs"])
@@ -909,7 +947,7 @@ class Store:
 
     def deletion(self, owner: str, deletion_id: str) -> dict[str, Any] | None:
         with self.env.begin() as txn:
-            raw = txn.get(_deletion_key(owner, deletion_id), db=self.db["deletions"])
+            raw = _get(txn, _deletion_key(owner, deletion_id), db=self.db["deletions"])
         return None if raw is None else dict(json.loads(raw))
 
     def expired(self, now: float, limit: int = 1000) -> list[TurnMeta]:
@@ -943,8 +981,9 @@ class Store:
         with self.env.begin() as txn:
             for _, raw in txn.cursor(db=self.db["threads"]):
                 meta = ThreadMeta.decode(raw)
-                if not self.keystore.has_record_key(RingRef(meta.owner, meta.thread),
-                                                    meta.title_key):
+                if not self.keystore.has_record_key(
+                    RingRef(meta.owner, meta.thread), meta.title_key
+                ):
                     out.append(meta)
         return out
 
@@ -956,7 +995,7 @@ class Store:
             count = txn.stat(self.db["expiry"])["entries"]
             cur = txn.cursor(db=self.db["expiry"])
             for key in cur.iternext(keys=True, values=False):
-                meta_raw = txn.get(key[8:], db=self.db["turns"])
+                meta_raw = _get(txn, key[8:], db=self.db["turns"])
                 if meta_raw is not None:
                     oldest = min(oldest, TurnMeta.decode(meta_raw).create_time)
                 break
@@ -975,6 +1014,12 @@ class Store:
         return effective_state(meta, _now())
 
 
+def _get(txn: lmdb.Transaction, key: bytes, db: Any) -> bytes | None:
+    """``txn.get`` typed as bytes (py-lmdb returns bytes unless buffers=True)."""
+    value = txn.get(key, db=db)
+    return None if value is None else bytes(value)
+
+
 def struct_time_key(t: float) -> bytes:
     return expiry_key(t, 0)[:8]
 
@@ -991,7 +1036,7 @@ def _delete_prefix(txn: lmdb.Transaction, db: Any, prefix: bytes) -> None:
     cur = txn.cursor(db=db)
     if not cur.set_range(prefix):
         return
-    while cur.key().startswith(prefix):
+    while bytes(cur.key()).startswith(prefix):
         if not cur.delete():
             break
 

@@ -42,9 +42,7 @@ def check_readable(meta: TurnMeta, now: float) -> None:
         raise FailedPrecondition(f"{meta.name} is sealed", reason="SEALED", subject=meta.name)
 
 
-def listable(
-    meta: TurnMeta, now: float, states: Collection[str], include_tainted: bool
-) -> bool:
+def listable(meta: TurnMeta, now: float, states: Collection[str], include_tainted: bool) -> bool:
     """Whether ListTurns returns the record (sealed never; ``states`` filter)."""
     state = effective_state(meta, now)
     if state is None or state == SEALED or state not in states:

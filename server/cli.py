@@ -19,7 +19,7 @@ from types import FrameType
 
 from server._auth import new_token, principal_record, token_digest
 from server._names import ID_RE
-from server._store import Store, StoreLockedError, data_paths
+from server._store import Store, StoreLockedError, data_paths, open_store_for
 from shredder import (
     EnvironmentConfigError,
     Keystore,
@@ -62,8 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the gRPC API")
     serve.add_argument("--data", type=Path, default=Path("./lethe-data"))
     serve.add_argument("--listen", default="127.0.0.1:50051")
-    serve.add_argument("--metrics-listen", default="127.0.0.1:9464",
-                       help="HOST:PORT for /metrics, or 'off'")
+    serve.add_argument(
+        "--metrics-listen", default="127.0.0.1:9464", help="HOST:PORT for /metrics, or 'off'"
+    )
     serve.add_argument("--kek-file", type=Path, default=None)
     serve.add_argument("--embedder", choices=["wordllama", "none"], default="wordllama")
     serve.add_argument("--pending-ttl", type=parse_duration, default=parse_duration("72h"))
@@ -90,11 +91,16 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="ingest LoCoMo, measure recall, forget, back up, restore")
     demo.add_argument("--data", type=Path, default=Path("./lethe-data"))
-    demo.add_argument("--locomo", type=Path, default=None,
-                      help="path of locomo10.json (default ../shared/data/locomo/locomo10.json)")
+    demo.add_argument(
+        "--locomo",
+        type=Path,
+        default=None,
+        help="path of locomo10.json (default ../shared/data/locomo/locomo10.json)",
+    )
     demo.add_argument("--out", type=Path, default=Path("demo-results.json"))
-    demo.add_argument("--conversations", type=int, default=0,
-                      help="use only the first N conversations (0 = all)")
+    demo.add_argument(
+        "--conversations", type=int, default=0, help="use only the first N conversations (0 = all)"
+    )
     demo.add_argument("--kek-file", type=Path, default=None)
     return parser
 
@@ -113,8 +119,10 @@ def _serve(args: argparse.Namespace) -> int:
     )
     server = LetheServer(config)
     port = server.start()
-    print(f"lethe serving {args.data.resolve()} on {args.listen.rpartition(':')[0]}:{port}",
-          flush=True)
+    print(
+        f"lethe serving {args.data.resolve()} on {args.listen.rpartition(':')[0]}:{port}",
+        flush=True,
+    )
     stopped = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -157,9 +165,14 @@ def _backup(args: argparse.Namespace) -> int:
         check_kek_placement(kek, [args.out])
     if args.out.resolve().is_relative_to(args.data.resolve()):
         raise EnvironmentConfigError("the backup directory must be outside the data directory")
-    manifest = backup_environment(data_env, args.out, store_id)
-    print(f"backup of {args.data} written to {args.out} ({manifest.bytes} bytes, "
-          f"sha256 {manifest.sha256[:16]}…); keystore and KEK not included")
+    live = open_store_for(args.data)
+    manifest = backup_environment(
+        data_env, args.out, store_id, env=live.env if live is not None else None
+    )
+    print(
+        f"backup of {args.data} written to {args.out} ({manifest.bytes} bytes, "
+        f"sha256 {manifest.sha256[:16]}…); keystore and KEK not included"
+    )
     return 0
 
 
@@ -173,9 +186,9 @@ def _restore(args: argparse.Namespace) -> int:
     store_id = Keystore.read_store_id(ks_path)
     if store_id is None:
         raise EnvironmentConfigError(f"{args.data} has no keystore to restore beside")
-    from server._store import _acquire_lock
-
     import os
+
+    from server._store import _acquire_lock
 
     fd = _acquire_lock(args.data.resolve() / "lethe.lock")
     try:
@@ -189,14 +202,18 @@ def _restore(args: argparse.Namespace) -> int:
         forgotten = lifecycle.reconcile_keys()
     finally:
         store.close()
-    print(f"restored {args.backup} into {args.data}: {forgotten} records whose keys were "
-          f"destroyed since the backup are forgotten; {resumed} deletions resumed")
+    print(
+        f"restored {args.backup} into {args.data}: {forgotten} records whose keys were "
+        f"destroyed since the backup are forgotten; {resumed} deletions resumed"
+    )
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lethe`` console script."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     args = _parser().parse_args(argv)
     try:
         if args.command == "serve":

@@ -162,6 +162,4 @@ def to_rpc_status(error: BaseException) -> status_pb2.Status:
         info.Pack(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN))
         details.append(info)
     details.extend(error.details())
-    return status_pb2.Status(
-        code=error.code.value[0], message=error.message, details=details
-    )
+    return status_pb2.Status(code=error.code.value[0], message=error.message, details=details)

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import lmdb
+
 from shredder._lmdbenv import open_durable_env
 from shredder.errors import EnvironmentConfigError
 
@@ -58,7 +60,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def backup_environment(env_path: Path, out_dir: Path, store_id: str) -> BackupManifest:
+def backup_environment(
+    env_path: Path, out_dir: Path, store_id: str, *, env: lmdb.Environment | None = None
+) -> BackupManifest:
     """Write a compacted, consistent copy of the LMDB environment at ``env_path``.
 
     Args:
@@ -66,6 +70,8 @@ def backup_environment(env_path: Path, out_dir: Path, store_id: str) -> BackupMa
         out_dir: a new or empty directory.
         store_id: the keystore's id, recorded so a restore can refuse a backup
             of another store.
+        env: the environment, when this process already has it open (LMDB
+            allows one open handle per environment and process).
 
     Raises:
         EnvironmentConfigError: ``out_dir`` is not empty or lies inside ``env_path``.
@@ -76,11 +82,14 @@ def backup_environment(env_path: Path, out_dir: Path, store_id: str) -> BackupMa
     if out_dir.exists() and any(out_dir.iterdir()):
         raise EnvironmentConfigError(f"{out_dir} is not empty")
     out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    env = open_durable_env(env_path, map_size=64 << 30, max_dbs=32, readonly=True)
-    try:
+    if env is not None:
         env.copy(str(out_dir), compact=True)
-    finally:
-        env.close()
+    else:
+        own = open_durable_env(env_path, map_size=64 << 30, max_dbs=32, readonly=True)
+        try:
+            own.copy(str(out_dir), compact=True)
+        finally:
+            own.close()
     data = out_dir / "data.mdb"
     with data.open("rb+") as f:
         os.fsync(f.fileno())

@@ -1,0 +1,254 @@
+"""Helpers shared by the black-box gRPC tests of the server.
+
+Decoding ``google.rpc.Status`` details (ErrorInfo reason, BadRequest field),
+creating threads and appending turns through a :class:`Client` from
+``tests/conftest.py``, and scanning files for planted plaintext.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from lethe.v1 import common_pb2, lifecycle_pb2, retrieval_pb2, threads_pb2
+
+DOMAIN = "lethe"
+
+
+def _status(err: grpc.RpcError) -> Any:
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    assert status is not None, f"no google.rpc.Status details on {err!r}"
+    return status
+
+
+def error_reason(err: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
+    """``(code, ErrorInfo.reason)``; reason is "" when the error carries none."""
+    code = err.code()  # type: ignore[attr-defined]
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    if status is None:
+        return code, ""
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            assert info.domain == DOMAIN, info.domain
+            return code, info.reason
+    return code, ""
+
+
+def bad_fields(err: grpc.RpcError) -> list[str]:
+    """Every ``BadRequest.field_violations[].field`` of the error."""
+    out: list[str] = []
+    for detail in _status(err).details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            out.extend(v.field for v in bad.field_violations)
+    return out
+
+
+def bad_field(err: grpc.RpcError) -> str:
+    """The single field a BAD_FIELD error names."""
+    fields = bad_fields(err)
+    assert len(fields) == 1, fields
+    return fields[0]
+
+
+def call_error(fn: Callable[..., Any], request: Any, md: Sequence[tuple[str, str]] | None) -> Any:
+    """Call an RPC that must fail; returns the ``grpc.RpcError``."""
+    try:
+        kwargs = {} if md is None else {"metadata": md}
+        response = fn(request, **kwargs)
+    except grpc.RpcError as err:
+        return err
+    raise AssertionError(f"expected an error, got {response!r}")
+
+
+def expect_error(
+    fn: Callable[..., Any],
+    request: Any,
+    md: Sequence[tuple[str, str]] | None,
+    code: grpc.StatusCode,
+    reason: str,
+) -> Any:
+    """Call an RPC, assert it fails with ``code`` and ErrorInfo ``reason``."""
+    err = call_error(fn, request, md)
+    assert error_reason(err) == (code, reason), (error_reason(err), err.details())
+    return err
+
+
+def expect_bad_field(fn: Callable[..., Any], request: Any, md: Any, field: str) -> None:
+    """Assert INVALID_ARGUMENT / BAD_FIELD naming ``field``."""
+    err = expect_error(fn, request, md, grpc.StatusCode.INVALID_ARGUMENT, "BAD_FIELD")
+    assert bad_field(err) == field, (bad_fields(err), err.details())
+
+
+def unique(tag: str = "plant") -> str:
+    """A unique lowercase marker word that occurs nowhere by accident."""
+    return f"{tag}{secrets.token_hex(8)}"
+
+
+def owner_name(owner: str) -> str:
+    return f"owners/{owner}"
+
+
+def create_thread(c: Any, owner: str, thread_id: str = "", title: str = "") -> str:
+    """Create a thread; returns its name."""
+    t = c.threads.CreateThread(
+        threads_pb2.CreateThreadRequest(parent=owner_name(owner), thread_id=thread_id, title=title),
+        metadata=c.md,
+    )
+    return str(t.name)
+
+
+def turn_input(
+    text: str,
+    *,
+    commit: bool = False,
+    role: int = common_pb2.USER,
+    speaker: str = "",
+    ttl: float | None = None,
+    embedding: Iterable[float] = (),
+) -> threads_pb2.TurnInput:
+    inp = threads_pb2.TurnInput(
+        role=role, text=text, speaker=speaker, commit=commit, embedding=list(embedding)
+    )
+    if ttl is not None:
+        whole = int(ttl)
+        inp.pending_ttl.CopyFrom(
+            duration_pb2.Duration(seconds=whole, nanos=round((ttl - whole) * 1e9))
+        )
+    return inp
+
+
+def append(
+    c: Any,
+    thread: str,
+    texts: Sequence[str],
+    *,
+    commit: bool = False,
+    speaker: str = "",
+    ttl: float | None = None,
+    request_id: str = "",
+) -> list[threads_pb2.Turn]:
+    """Append one turn per text; returns the stored turns."""
+    resp = c.threads.AppendTurns(
+        threads_pb2.AppendTurnsRequest(
+            parent=thread,
+            turns=[turn_input(t, commit=commit, speaker=speaker, ttl=ttl) for t in texts],
+            request_id=request_id,
+        ),
+        metadata=c.md,
+    )
+    return list(resp.turns)
+
+
+def search(
+    c: Any,
+    owner: str,
+    query: str,
+    *,
+    thread: str = "",
+    include_pending: bool = False,
+    top_k: int = 50,
+) -> list[threads_pb2.Turn]:
+    """Search turns; returns the hit turns best first."""
+    resp = c.retrieval.Search(
+        retrieval_pb2.SearchRequest(
+            parent=owner_name(owner),
+            query_text=query,
+            top_k=top_k,
+            thread=thread,
+            include_pending=include_pending,
+        ),
+        metadata=c.md,
+    )
+    return [h.turn for h in resp.hits]
+
+
+def search_texts(c: Any, owner: str, query: str, **kw: Any) -> list[str]:
+    return [t.text for t in search(c, owner, query, **kw)]
+
+
+def list_texts(c: Any, thread: str) -> list[str]:
+    """Every listed turn text of a thread (all pages)."""
+    out: list[str] = []
+    token = ""
+    while True:
+        resp = c.threads.ListTurns(
+            threads_pb2.ListTurnsRequest(parent=thread, page_token=token), metadata=c.md
+        )
+        out.extend(t.text for t in resp.turns)
+        token = resp.next_page_token
+        if not token:
+            return out
+
+
+def get_turn(c: Any, name: str) -> threads_pb2.Turn:
+    return c.threads.GetTurn(threads_pb2.GetTurnRequest(name=name), metadata=c.md)
+
+
+def forget(c: Any, *names: str, rng: lifecycle_pb2.TurnRange | None = None) -> Any:
+    req = lifecycle_pb2.ForgetRequest(names=list(names))
+    if rng is not None:
+        req.range.CopyFrom(rng)
+    return c.lifecycle.Forget(req, metadata=c.md)
+
+
+def run_cli(argv: Sequence[str]) -> int:
+    """Run ``server.cli.main`` in-process, undoing its ``logging.basicConfig``."""
+    from server import cli
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        return cli.main(list(argv))
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        root.setLevel(level)
+
+
+def open_data_env(data_dir: Path) -> Any:
+    """Open the (stopped) server's data environment with raw ``lmdb``."""
+    import lmdb
+
+    return lmdb.open(str(data_dir / "data"), max_dbs=32, map_size=64 << 30)
+
+
+def rid_of(env: Any, owner: str, thread_id: str, seq: int) -> bytes:
+    """The 8-byte record-number key of a turn, from the ``seqs`` database."""
+    seqs = env.open_db(b"seqs")
+    with env.begin() as txn:
+        rk = txn.get(f"{owner}\x00{thread_id}\x00".encode() + struct.pack(">Q", seq), db=seqs)
+    assert rk is not None, (owner, thread_id, seq)
+    return bytes(rk)
+
+
+def files_containing(root: Path, needles: Iterable[str]) -> list[tuple[str, str]]:
+    """(file, needle) for every regular file under ``root`` holding a needle
+    in UTF-8 or UTF-16 (LE/BE) encoding."""
+    patterns = []
+    for needle in needles:
+        for enc in ("utf-8", "utf-16-le", "utf-16-be"):
+            patterns.append((needle, needle.encode(enc)))
+    hits = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        for needle, raw in patterns:
+            if raw in data:
+                hits.append((str(path), needle))
+    return hits

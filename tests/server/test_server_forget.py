@@ -1,0 +1,235 @@
+"""Forget over gRPC: turns, ranges, threads and owners; tombstones, receipts
+and what stays untouched."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from _helpers import (
+    append,
+    create_thread,
+    expect_error,
+    forget,
+    get_turn,
+    list_texts,
+    search_texts,
+    unique,
+)
+
+from lethe.v1 import lifecycle_pb2, threads_pb2
+
+DESTINATIONS = {"lmdb", "index", "keystore", "cache"}
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
+
+
+def _assert_receipt(receipt, owner: str, targets: list[str], deleted: int, *planted: str) -> None:
+    assert receipt.name.startswith(f"owners/{owner}/deletions/")
+    assert len(receipt.name) > len(f"owners/{owner}/deletions/")
+    assert list(receipt.targets) == targets
+    assert receipt.deleted == deleted
+    assert {d.name for d in receipt.destinations} == DESTINATIONS
+    assert len(receipt.destinations) == 4
+    for dest in receipt.destinations:
+        assert dest.done, dest.name
+        assert dest.HasField("complete_time"), dest.name
+    assert receipt.HasField("request_time")
+    assert receipt.HasField("complete_time")
+    assert receipt.complete_time.ToNanoseconds() >= receipt.request_time.ToNanoseconds()
+    raw = receipt.SerializeToString()
+    text_form = str(receipt)
+    for secret in planted:
+        assert secret.encode() not in raw
+        assert secret not in text_form
+
+
+def test_forget_turn_removes_it_from_search_get_and_list(lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice")
+    gone, kept = f"forget me {unique()}", f"keep me {unique()}"
+    t_gone, t_kept = append(c, thread, [gone, kept], commit=True, speaker=unique("spk"))
+    assert gone in search_texts(c, "alice", gone)
+    receipt = forget(c, t_gone.name)
+    _assert_receipt(receipt, "alice", [t_gone.name], 1, gone, t_gone.speaker)
+    assert receipt.reason == "FORGET"
+    expect_error(c.threads.GetTurn, threads_pb2.GetTurnRequest(name=t_gone.name), c.md,
+                 NOT_FOUND, "RECORD_DELETED")
+    assert list_texts(c, thread) == [kept]
+    found = search_texts(c, "alice", gone)
+    assert gone not in found
+    assert kept in found
+    assert get_turn(c, t_kept.name).text == kept
+
+
+def test_forget_pending_turn_removes_it_from_pending_search(lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice")
+    text = f"pending forget {unique()}"
+    (turn,) = append(c, thread, [text])
+    assert search_texts(c, "alice", text, thread=thread, include_pending=True) == [text]
+    forget(c, turn.name)
+    assert search_texts(c, "alice", text, thread=thread, include_pending=True) == []
+    expect_error(c.threads.GetTurn, threads_pb2.GetTurnRequest(name=turn.name), c.md,
+                 NOT_FOUND, "RECORD_DELETED")
+
+
+def test_get_never_existing_turn_is_not_found_not_deleted(lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice")
+    append(c, thread, ["only one"])
+    expect_error(c.threads.GetTurn, threads_pb2.GetTurnRequest(name=f"{thread}/turns/2"), c.md,
+                 NOT_FOUND, "NOT_FOUND")
+    expect_error(c.threads.GetTurn,
+                 threads_pb2.GetTurnRequest(name="owners/alice/threads/nope/turns/1"), c.md,
+                 NOT_FOUND, "NOT_FOUND")
+    expect_error(c.threads.GetThread, threads_pb2.GetThreadRequest(name="owners/alice/threads/no"),
+                 c.md, NOT_FOUND, "NOT_FOUND")
+
+
+def test_forget_never_existing_turn_is_not_found_and_deletes_nothing(lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice")
+    (turn,) = append(c, thread, ["stay"], commit=True)
+    req = lifecycle_pb2.ForgetRequest(names=[turn.name, f"{thread}/turns/9"])
+    expect_error(c.lifecycle.Forget, req, c.md, NOT_FOUND, "NOT_FOUND")
+    assert get_turn(c, turn.name).text == "stay"
+
+
+def test_forget_thread_removes_all_its_turns_and_the_thread(lethe) -> None:
+    c = lethe.client("alice")
+    title = unique("title")
+    thread = create_thread(c, "alice", title=title)
+    other = create_thread(c, "alice")
+    texts = [f"thread text {unique()}" for _ in range(3)]
+    turns = append(c, thread, texts[:2], commit=True) + append(c, thread, texts[2:])
+    survivor = f"other thread {unique()}"
+    (s_turn,) = append(c, other, [survivor], commit=True)
+
+    receipt = forget(c, thread)
+    _assert_receipt(receipt, "alice", [thread], 3, *texts, title)
+
+    expect_error(c.threads.GetThread, threads_pb2.GetThreadRequest(name=thread), c.md,
+                 NOT_FOUND, "RECORD_DELETED")
+    for turn in turns:
+        expect_error(c.threads.GetTurn, threads_pb2.GetTurnRequest(name=turn.name), c.md,
+                     NOT_FOUND, "RECORD_DELETED")
+    expect_error(c.threads.ListTurns, threads_pb2.ListTurnsRequest(parent=thread), c.md,
+                 NOT_FOUND, "RECORD_DELETED")
+    for text in texts:
+        assert text not in search_texts(c, "alice", text)
+    listed = c.threads.ListThreads(
+        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=c.md
+    )
+    assert [t.name for t in listed.threads] == [other]
+    # The other thread is untouched.
+    assert survivor in search_texts(c, "alice", survivor)
+    assert get_turn(c, s_turn.name).text == survivor
+
+
+def test_forget_thread_with_pending_turns_hides_them_from_pending_search(lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice")
+    text = f"pending in forgotten thread {unique()}"
+    append(c, thread, [text])
+    assert search_texts(c, "alice", text, thread=thread, include_pending=True) == [text]
+    forget(c, thread)
+    # The thread is gone: naming it in search either finds nothing or is refused.
+    try:
+        found = search_texts(c, "alice", text, thread=thread, include_pending=True)
+    except grpc.RpcError as err:
+        assert err.code() == NOT_FOUND
+    else:
+        assert found == []
+
+
+def test_forget_owner_removes_everything_of_that_owner_only(lethe) -> None:
+    alice = lethe.client("alice")
+    bob = lethe.client("bob")
+    a_threads = [create_thread(alice, "alice", title=unique("t")) for _ in range(2)]
+    a_texts = [f"alice says {unique()}" for _ in range(2)]
+    a_turns = [append(alice, t, [x], commit=True)[0] for t, x in zip(a_threads, a_texts, strict=True)]
+    b_thread = create_thread(bob, "bob")
+    b_text = f"bob says {unique()}"
+    (b_turn,) = append(bob, b_thread, [b_text], commit=True)
+
+    receipt = forget(alice, "owners/alice")
+    _assert_receipt(receipt, "alice", ["owners/alice"], 2, *a_texts)
+
+    for thread in a_threads:
+        expect_error(alice.threads.GetThread, threads_pb2.GetThreadRequest(name=thread),
+                     alice.md, NOT_FOUND, "RECORD_DELETED")
+    for turn in a_turns:
+        expect_error(alice.threads.GetTurn, threads_pb2.GetTurnRequest(name=turn.name),
+                     alice.md, NOT_FOUND, "RECORD_DELETED")
+    for text in a_texts:
+        assert search_texts(alice, "alice", text) == []
+    listed = alice.threads.ListThreads(
+        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=alice.md
+    )
+    assert list(listed.threads) == []
+    # Bob is untouched.
+    assert search_texts(bob, "bob", b_text) == [b_text]
+    assert get_turn(bob, b_turn.name).text == b_text
+
+
+def test_forget_turn_range_deletes_exactly_that_range(lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice")
+    texts = [f"turn {i} {unique()}" for i in range(1, 7)]
+    turns = append(c, thread, texts, commit=True)
+    receipt = forget(c, rng=lifecycle_pb2.TurnRange(thread=thread, from_seq=2, to_seq=4))
+    expected_targets = [t.name for t in turns[1:4]]
+    assert sorted(receipt.targets) == sorted(expected_targets)
+    assert receipt.deleted == 3
+    assert list_texts(c, thread) == [texts[0], texts[4], texts[5]]
+    for i, turn in enumerate(turns, start=1):
+        if 2 <= i <= 4:
+            expect_error(c.threads.GetTurn, threads_pb2.GetTurnRequest(name=turn.name), c.md,
+                         NOT_FOUND, "RECORD_DELETED")
+            assert texts[i - 1] not in search_texts(c, "alice", texts[i - 1])
+        else:
+            assert get_turn(c, turn.name).text == texts[i - 1]
+            assert texts[i - 1] in search_texts(c, "alice", texts[i - 1])
+
+
+def test_forget_turn_range_past_the_end_stops_at_last_seq(lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice")
+    texts = [f"turn {i} {unique()}" for i in range(3)]
+    turns = append(c, thread, texts, commit=True)
+    receipt = forget(c, rng=lifecycle_pb2.TurnRange(thread=thread, from_seq=3, to_seq=99))
+    assert list(receipt.targets) == [turns[2].name]
+    assert list_texts(c, thread) == texts[:2]
+
+
+def test_forget_twice_keeps_record_deleted(lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice")
+    (turn,) = append(c, thread, ["twice"], commit=True)
+    forget(c, turn.name)
+    try:
+        forget(c, turn.name)
+    except grpc.RpcError as err:
+        assert err.code() == NOT_FOUND
+    expect_error(c.threads.GetTurn, threads_pb2.GetTurnRequest(name=turn.name), c.md,
+                 NOT_FOUND, "RECORD_DELETED")
+
+
+def test_appending_to_forgotten_thread_is_refused(lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice")
+    append(c, thread, ["x"])
+    forget(c, thread)
+    req = threads_pb2.AppendTurnsRequest(parent=thread, turns=[threads_pb2.TurnInput(role=1, text="y")])
+    expect_error(c.threads.AppendTurns, req, c.md, NOT_FOUND, "RECORD_DELETED")
+
+
+@pytest.mark.parametrize("seq", [1, 2])
+def test_thread_last_seq_keeps_numbers_of_forgotten_turns(lethe, seq: int) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice")
+    turns = append(c, thread, ["a", "b"], commit=True)
+    forget(c, turns[seq - 1].name)
+    (new,) = append(c, thread, ["c"], commit=True)
+    assert new.seq == 3
+    t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=c.md)
+    assert t.last_seq == 3
