@@ -1,0 +1,242 @@
+"""Retrieval hot-path, write and delete benchmark against floors measured in the same run.
+
+Starts ``lethe serve`` as a separate process (so client and server do not share
+a GIL), ingests the LoCoMo conversations (``--copies N`` appends each session N
+times per owner to grow every owner's index), then measures from this process:
+
+- ``Search`` over gRPC (top_k 10, default mode) on every LoCoMo question;
+- floor 1: an empty gRPC call (``grpc.health.v1.Health/Check``) on the same channel;
+- floor 2: raw in-process FAISS (``IndexFlatIP``, 1 thread) over the same vectors
+  with the same query vectors, plus the cost of embedding the query;
+- ``AppendTurns`` throughput (turns/s, batches of ``--batch``) and ``Forget``
+  latency of one turn and of one thread.
+
+Prints medians, p99 and ratios, and writes them to ``--out`` (JSON). Usage::
+
+    .venv/bin/python bench/bench_search.py [--copies 1] [--conversations 10]
+
+The machines are shared and noisy: compare ratios within one run, not
+absolute figures across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import faiss
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from index import WordLlamaEmbedder
+from lethe.v1 import (
+    common_pb2,
+    lifecycle_pb2,
+    lifecycle_pb2_grpc,
+    retrieval_pb2,
+    retrieval_pb2_grpc,
+    threads_pb2,
+    threads_pb2_grpc,
+)
+from server._demo import Conversation, load_locomo, sample_conversation
+from shredder import KekRing
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ms(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q) * 1e3)
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(_ms(values, 50), 4), "p99_ms": round(_ms(values, 99), 4)}
+
+
+class _Stubs:
+    def __init__(self, port: int, token: str) -> None:
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.md = (("authorization", f"Bearer {token}"),)
+        self.threads = threads_pb2_grpc.ThreadsStub(self.channel)
+        self.retrieval = retrieval_pb2_grpc.RetrievalStub(self.channel)
+        self.lifecycle = lifecycle_pb2_grpc.LifecycleStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+
+def _ingest(
+    stubs: _Stubs, convs: list[Conversation], copies: int, batch: int
+) -> tuple[float, int]:
+    """Append every session ``copies`` times per owner (committed). Returns (s, turns)."""
+    total = 0
+    start = time.perf_counter()
+    for conv in convs:
+        for copy in range(copies):
+            for n, turns in conv.sessions.items():
+                thread = stubs.threads.CreateThread(
+                    threads_pb2.CreateThreadRequest(
+                        parent=f"owners/{conv.owner}", thread_id=f"s{n}-c{copy}"
+                    ),
+                    metadata=stubs.md,
+                )
+                for i in range(0, len(turns), batch):
+                    chunk = turns[i : i + batch]
+                    stubs.threads.AppendTurns(
+                        threads_pb2.AppendTurnsRequest(
+                            parent=thread.name,
+                            turns=[
+                                threads_pb2.TurnInput(
+                                    role=common_pb2.USER, speaker=spk, text=text, commit=True
+                                )
+                                for spk, _, text in chunk
+                            ],
+                        ),
+                        metadata=stubs.md,
+                    )
+                    total += len(chunk)
+    return time.perf_counter() - start, total
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--locomo", type=Path, default=ROOT.parent / "shared/data/locomo/locomo10.json")
+    parser.add_argument("--conversations", type=int, default=10)
+    parser.add_argument("--copies", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=50)
+    parser.add_argument("--out", type=Path, default=Path("bench-results.json"))
+    args = parser.parse_args()
+
+    convs = load_locomo(args.locomo) if args.locomo.exists() else sample_conversation()
+    convs = convs[: args.conversations]
+    data = Path(tempfile.mkdtemp(prefix="lethe-bench-")) / "data"
+    env = {**os.environ, "LETHE_KEK": KekRing.generate_env_value()}
+    port = _free_port()
+    lethe = [sys.executable, "-m", "server.cli"]
+    proc = subprocess.Popen(
+        [*lethe, "serve", "--data", str(data), "--listen", f"127.0.0.1:{port}",
+         "--metrics-listen", "off"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "serving" not in line:
+            print(line + proc.stdout.read(), file=sys.stderr)
+            return 1
+        token = subprocess.run(
+            [*lethe, "token", "create", "--data", str(data), "--admin"],
+            env=env, check=True, capture_output=True, text=True,
+        ).stdout.strip()
+        stubs = _Stubs(port, token)
+        seconds, turns = _ingest(stubs, convs, args.copies, args.batch)
+        print(f"ingest: {turns} turns in {seconds:.2f} s = {turns / seconds:.0f} turns/s "
+              f"(AppendTurns batches of {args.batch}, committed, server-side embedding)")
+
+        questions = [(c.owner, str(q["question"])) for c in convs for q in c.qa]
+        for owner, q in questions[:50]:  # warm every owner's index
+            stubs.retrieval.Search(
+                retrieval_pb2.SearchRequest(parent=f"owners/{owner}", query_text=q, top_k=10),
+                metadata=stubs.md,
+            )
+        search: list[float] = []
+        for owner, q in questions:
+            t0 = time.perf_counter()
+            stubs.retrieval.Search(
+                retrieval_pb2.SearchRequest(parent=f"owners/{owner}", query_text=q, top_k=10),
+                metadata=stubs.md,
+            )
+            search.append(time.perf_counter() - t0)
+        empty: list[float] = []
+        for _ in range(len(questions)):
+            t0 = time.perf_counter()
+            stubs.health.Check(health_pb2.HealthCheckRequest())
+            empty.append(time.perf_counter() - t0)
+
+        embedder = WordLlamaEmbedder()
+        faiss.omp_set_num_threads(1)
+        owner_texts: dict[str, list[str]] = {}
+        for c in convs:
+            owner_texts[c.owner] = [
+                f"{s}: {t}" for _ in range(args.copies) for turns in c.sessions.values()
+                for s, _, t in turns
+            ]
+        flats = {}
+        for owner, texts in owner_texts.items():
+            flat = faiss.IndexFlatIP(embedder.dim)
+            flat.add(embedder.embed(texts))
+            flats[owner] = flat
+        embed_t: list[float] = []
+        raw: list[float] = []
+        for owner, q in questions:
+            t0 = time.perf_counter()
+            vec = embedder.embed([q])
+            embed_t.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            flats[owner].search(vec, 10)
+            raw.append(time.perf_counter() - t0)
+
+        # Deletes: one turn, then one whole thread, per owner.
+        forget_turn: list[float] = []
+        forget_thread: list[float] = []
+        for c in convs:
+            first = next(iter(c.sessions))
+            t0 = time.perf_counter()
+            stubs.lifecycle.Forget(
+                lifecycle_pb2.ForgetRequest(names=[f"owners/{c.owner}/threads/s{first}-c0/turns/1"]),
+                metadata=stubs.md,
+            )
+            forget_turn.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            stubs.lifecycle.Forget(
+                lifecycle_pb2.ForgetRequest(names=[f"owners/{c.owner}/threads/s{first}-c0"]),
+                metadata=stubs.md,
+            )
+            forget_thread.append(time.perf_counter() - t0)
+
+        result: dict[str, Any] = {
+            "turns": turns,
+            "owners": len(convs),
+            "vectors_per_owner_median": statistics.median(len(t) for t in owner_texts.values()),
+            "queries": len(questions),
+            "ingest_turns_per_s": round(turns / seconds, 1),
+            "search_grpc": _summary(search),
+            "floor_empty_grpc_call": _summary(empty),
+            "floor_raw_faiss": _summary(raw),
+            "query_embedding": _summary(embed_t),
+            "forget_turn": _summary(forget_turn),
+            "forget_thread": _summary(forget_thread),
+        }
+        p50 = result["search_grpc"]["p50_ms"]
+        result["ratio_search_over_empty_call_p50"] = round(
+            p50 / result["floor_empty_grpc_call"]["p50_ms"], 2
+        )
+        result["ratio_search_over_raw_faiss_plus_embed_p50"] = round(
+            p50 / (result["floor_raw_faiss"]["p50_ms"] + result["query_embedding"]["p50_ms"]), 2
+        )
+        for key, value in result.items():
+            print(f"{key:45} {value}")
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"written to {args.out}")
+        stubs.channel.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The test command: create .venv (if missing), install Lethe with its dev
+# extras, then lint (ruff), type-check (mypy --strict) and run the tests
+# (pytest; the black-box tests start the real server on loopback).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[dev]'
+echo "== ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "== mypy (strict)"
+.venv/bin/mypy server shredder index scripts bench tests
+echo "== pytest"
+.venv/bin/python -m pytest -q "$@"
