@@ -80,12 +80,12 @@ class Lifecycle:
         After a data backup is restored beside the live keystore, records that
         were shredded since the backup are back in LMDB with no key: they are
         unreadable, and this makes them deleted everywhere (reason
-        ``KEY_DESTROYED``). Returns how many records and threads were forgotten.
+        ``KEY_DESTROYED``). Returns how many turns were forgotten.
         """
         count = 0
         for meta in self.store.threads_without_key():
-            self.forget(meta.owner, threads=[meta.thread], reason=REASON_KEY_DESTROYED)
-            count += 1
+            entry = self.forget(meta.owner, threads=[meta.thread], reason=REASON_KEY_DESTROYED)
+            count += int(entry["deleted"])
         by_owner: dict[str, list[tuple[str, int]]] = defaultdict(list)
         for turn in self.store.records_without_key():
             by_owner[turn.owner].append((turn.thread, turn.seq))

@@ -7,7 +7,7 @@ environment variable so nothing is written to the user's config directory.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,3 +100,18 @@ def lethe(tmp_path: Path, kek_env: str) -> Iterator[Lethe]:
     server = Lethe(tmp_path / "data")
     yield server
     server.stop()
+
+
+@pytest.fixture
+def lethe_at(kek_env: str) -> Iterator[Callable[..., Lethe]]:
+    """Start servers on chosen data directories with chosen settings; all stop at teardown."""
+    started: list[Lethe] = []
+
+    def start(data_dir: Path, **config: Any) -> Lethe:
+        server = Lethe(data_dir, **config)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

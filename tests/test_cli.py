@@ -1,0 +1,192 @@
+"""The ``lethe`` command line, run as a user would: subprocesses for ``serve``
+(graceful SIGTERM), ``token create`` and refusals; ``demo`` in-process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from lethe.v1 import threads_pb2, threads_pb2_grpc
+from server.cli import main, parse_duration
+
+LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo10.json"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("72h", 259200.0), ("30m", 1800.0), ("1h30m", 5400.0), ("500ms", 0.5), ("1d", 86400.0)],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "72", "h", "-1h", "0s", "1x", "1h 2m"])
+def test_parse_duration_rejects_malformed(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_duration(text)
+
+
+def _lethe(*args: str, env: dict[str, str]) -> list[str]:
+    return [sys.executable, "-m", "server.cli", *args]
+
+
+def test_serve_answers_health_and_tokens_then_stops_on_sigterm(
+    tmp_path: Path, kek_env: str
+) -> None:
+    env = {**os.environ, "LETHE_KEK": kek_env}
+    port = _free_port()
+    data = tmp_path / "d"
+    with subprocess.Popen(
+        _lethe(
+            "serve",
+            "--data",
+            str(data),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-listen",
+            "off",
+            env=env,
+        ),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            assert "serving" in proc.stdout.readline()
+            token = subprocess.run(
+                _lethe("token", "create", "--data", str(data), "--owner", "alice", env=env),
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            assert token.startswith("lethe_")
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
+                assert health.status == health_pb2.HealthCheckResponse.SERVING
+                thread = threads_pb2_grpc.ThreadsStub(ch).CreateThread(
+                    threads_pb2.CreateThreadRequest(parent="owners/alice", thread_id="t1"),
+                    metadata=(("authorization", f"Bearer {token}"),),
+                )
+                assert thread.name == "owners/alice/threads/t1"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_serve_refuses_kek_inside_data_directory(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LETHE_KEK"}
+    data = tmp_path / "d"
+    result = subprocess.run(
+        _lethe(
+            "serve",
+            "--data",
+            str(data),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "off",
+            "--kek-file",
+            str(data / "kek.json"),
+            env=env,
+        ),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "lethe:" in result.stderr
+    assert not (data / "kek.json").exists()
+
+
+def test_backup_refuses_output_inside_data_directory(tmp_path: Path, kek_env: str) -> None:
+    from server import Store
+
+    Store(tmp_path / "d").close()
+    assert main(["backup", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "d" / "b")]) == 2
+
+
+def test_demo_on_sample_conversation_passes_its_checks(tmp_path: Path, kek_env: str) -> None:
+    out = tmp_path / "demo.json"
+    rc = main(
+        [
+            "demo",
+            "--data",
+            str(tmp_path / "d"),
+            "--locomo",
+            str(tmp_path / "absent.json"),
+            "--out",
+            str(out),
+        ]
+    )
+    report = json.loads(out.read_text())
+    assert rc == 0, report["failures"]
+    assert report["source"] == "sample"
+    assert report["failures"] == []
+    assert report["forget"]["leaked_after_forget"] == 0
+    assert report["forget"]["get_forgotten_turn_after_restore"] == "NOT_FOUND/RECORD_DELETED"
+
+
+@pytest.mark.skipif(not LOCOMO.exists(), reason="LoCoMo data not beside the repository")
+def test_demo_on_two_locomo_conversations(tmp_path: Path, kek_env: str) -> None:
+    out = tmp_path / "demo.json"
+    rc = main(
+        [
+            "demo",
+            "--data",
+            str(tmp_path / "d"),
+            "--locomo",
+            str(LOCOMO),
+            "--conversations",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
+    report = json.loads(out.read_text())
+    assert rc == 0, report["failures"]
+    assert report["turns"] == 419 + 369
+    overall = report["recall"]["overall (1-4)"]
+    assert overall["items"] > 200
+    assert 0.0 < overall["recall@10"] <= overall["recall@20"] <= 1.0
+    assert report["forget"]["plaintext_hits_backup"] == 0
+    # a re-run on the same data directory starts from a clean slate
+    assert (
+        main(
+            [
+                "demo",
+                "--data",
+                str(tmp_path / "d"),
+                "--locomo",
+                str(LOCOMO),
+                "--conversations",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert json.loads(out.read_text())["turns"] == 419
