@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,8 @@ def test_forget_interrupted_after_tombstones_is_resumed_at_start(
     assert not st.keystore.has_record_key(ring, metas[0].key_id)
     assert st.keystore.has_record_key(ring, metas[1].key_id)
     entry = st.deletion("alice", plan.entry["id"])
-    assert entry is not None and entry["complete_time"] > 0
+    assert entry is not None
+    assert entry["complete_time"] > 0
     assert all(d["done"] for d in entry["destinations"].values())
     c = lethe.client("alice")
     with pytest.raises(grpc.RpcError) as err:
@@ -100,7 +102,7 @@ def test_failing_op_is_rolled_back_alone_in_its_group(tmp_path: Path, kek_env: s
             raise RuntimeError("refused")
 
         blocker = store.writer.submit(WriteOp(slow))
-        futures = [
+        futures: list[Future[Any]] = [
             store.writer.submit(good(b"k1")),
             store.writer.submit(WriteOp(bad)),
             store.writer.submit(good(b"k2")),
