@@ -91,7 +91,7 @@ class Retriever:
                 (``query_embedding``), or its dimension differs from the owner's
                 (reason ``DIMENSION_MISMATCH``); no vector and no embedder.
         """
-        dim = self.store.owner_dim(owner)
+        dim = self.store.owner_dim(owner) or (self.embedder.dim if self.embedder else None)
         if query_embedding:
             try:
                 vec: npt.NDArray[np.float32] = normalize(
@@ -170,13 +170,19 @@ class Retriever:
             vec_of = dict(zip(rids, vecs, strict=True)) if vecs is not None else {}
             if owner_idx is not None:
                 add = [m.rid for m in committed if m.rid in vec_of]
-                if add:
+                if add and owner_idx.dim != vec_of[add[0]].shape[0]:
+                    # Built before the owner had a dimension: rebuild from LMDB on next use.
+                    self.cache.evict(_owner_key(owner))
+                elif add:
                     owner_idx.add(np.asarray(add, np.int64), np.vstack([vec_of[r] for r in add]))
             for meta in metas:
-                pidx = self.cache.get(_pending_key(owner, meta.thread))
+                key = _pending_key(owner, meta.thread)
+                pidx = self.cache.get(key)
                 if pidx is None:
                     continue
-                if meta in pending and meta.rid in vec_of:
+                if meta.rid in vec_of and pidx.dim != vec_of[meta.rid].shape[0]:
+                    self.cache.evict(key)
+                elif meta in pending and meta.rid in vec_of:
                     pidx.add(np.asarray([meta.rid], np.int64), vec_of[meta.rid][None, :])
                 else:
                     pidx.remove(np.asarray([meta.rid], np.int64))

@@ -314,6 +314,19 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         if request.request_id and not _REQUEST_ID_RE.fullmatch(request.request_id):
             raise InvalidArgument("request_id", "must match [A-Za-z0-9._:-]{1,128}")
         drafts = self._drafts(request, name.owner)
+        embedder = self.retriever.embedder
+        for i, draft in enumerate(drafts):
+            if (
+                embedder
+                and draft.embedding is not None
+                and draft.embedding.shape[0] != embedder.dim
+            ):
+                raise InvalidArgument(
+                    f"turns[{i}].embedding",
+                    f"dimension {draft.embedding.shape[0]} differs from the server embedder's "
+                    f"{embedder.dim}",
+                    reason="DIMENSION_MISMATCH",
+                )
         if request.request_id:
             prior = self.store.find_request(name.owner, name.thread, request.request_id)
             if prior is not None:
