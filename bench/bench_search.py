@@ -78,9 +78,7 @@ class _Stubs:
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
 
-def _ingest(
-    stubs: _Stubs, convs: list[Conversation], copies: int, batch: int
-) -> tuple[float, int]:
+def _ingest(stubs: _Stubs, convs: list[Conversation], copies: int, batch: int) -> tuple[float, int]:
     """Append every session ``copies`` times per owner (committed). Returns (s, turns)."""
     total = 0
     start = time.perf_counter()
@@ -113,7 +111,9 @@ def _ingest(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--locomo", type=Path, default=ROOT.parent / "shared/data/locomo/locomo10.json")
+    parser.add_argument(
+        "--locomo", type=Path, default=ROOT.parent / "shared/data/locomo/locomo10.json"
+    )
     parser.add_argument("--conversations", type=int, default=10)
     parser.add_argument("--copies", type=int, default=1)
     parser.add_argument("--batch", type=int, default=50)
@@ -127,9 +127,20 @@ def main() -> int:
     port = _free_port()
     lethe = [sys.executable, "-m", "server.cli"]
     proc = subprocess.Popen(
-        [*lethe, "serve", "--data", str(data), "--listen", f"127.0.0.1:{port}",
-         "--metrics-listen", "off"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            *lethe,
+            "serve",
+            "--data",
+            str(data),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-listen",
+            "off",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -139,12 +150,17 @@ def main() -> int:
             return 1
         token = subprocess.run(
             [*lethe, "token", "create", "--data", str(data), "--admin"],
-            env=env, check=True, capture_output=True, text=True,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
         stubs = _Stubs(port, token)
         seconds, turns = _ingest(stubs, convs, args.copies, args.batch)
-        print(f"ingest: {turns} turns in {seconds:.2f} s = {turns / seconds:.0f} turns/s "
-              f"(AppendTurns batches of {args.batch}, committed, server-side embedding)")
+        print(
+            f"ingest: {turns} turns in {seconds:.2f} s = {turns / seconds:.0f} turns/s "
+            f"(AppendTurns batches of {args.batch}, committed, server-side embedding)"
+        )
 
         questions = [(c.owner, str(q["question"])) for c in convs for q in c.qa]
         for owner, q in questions[:50]:  # warm every owner's index
@@ -171,7 +187,9 @@ def main() -> int:
         owner_texts: dict[str, list[str]] = {}
         for c in convs:
             owner_texts[c.owner] = [
-                f"{s}: {t}" for _ in range(args.copies) for turns in c.sessions.values()
+                f"{s}: {t}"
+                for _ in range(args.copies)
+                for turns in c.sessions.values()
                 for s, _, t in turns
             ]
         flats = {}
@@ -196,7 +214,9 @@ def main() -> int:
             first = next(iter(c.sessions))
             t0 = time.perf_counter()
             stubs.lifecycle.Forget(
-                lifecycle_pb2.ForgetRequest(names=[f"owners/{c.owner}/threads/s{first}-c0/turns/1"]),
+                lifecycle_pb2.ForgetRequest(
+                    names=[f"owners/{c.owner}/threads/s{first}-c0/turns/1"]
+                ),
                 metadata=stubs.md,
             )
             forget_turn.append(time.perf_counter() - t0)

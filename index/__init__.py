@@ -16,17 +16,25 @@ Public names:
 
 from index._cache import IndexCache
 from index._embedder import Embedder, WordLlamaEmbedder, load_embedder, normalize
+from index._fusion import HYBRID_LOWER_BOUNDS, HYBRID_WEIGHTS, convex_fusion, rrf
+from index._lexical import LexicalIndex, analyze
 from index._vectors import VectorIndex
 from index.errors import DimensionMismatchError, InvalidVectorError, VectorIndexError
 
 __all__ = [
+    "HYBRID_LOWER_BOUNDS",
+    "HYBRID_WEIGHTS",
     "DimensionMismatchError",
     "Embedder",
     "IndexCache",
     "InvalidVectorError",
+    "LexicalIndex",
     "VectorIndex",
     "VectorIndexError",
     "WordLlamaEmbedder",
+    "analyze",
+    "convex_fusion",
     "load_embedder",
     "normalize",
+    "rrf",
 ]

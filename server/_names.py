@@ -17,6 +17,7 @@ _OWNER_RE = re.compile(r"owners/([^/]+)")
 _THREAD_RE = re.compile(r"owners/([^/]+)/threads/([^/]+)")
 _TURN_RE = re.compile(r"owners/([^/]+)/threads/([^/]+)/turns/([^/]+)")
 _MEMORY_RE = re.compile(r"owners/([^/]+)/memories/([^/]+)")
+_SEQ_RE = re.compile(r"[1-9][0-9]{0,18}")  # ASCII only: str.isdigit() admits "²" and "٣"
 MAX_SEQ = 2**62
 
 
@@ -97,7 +98,7 @@ def parse_turn(value: str, field: str) -> TurnName:
     if m is None:
         raise InvalidArgument(field, "must be owners/{owner}/threads/{thread}/turns/{seq}")
     seq_text = m.group(3)
-    if not seq_text.isdigit() or seq_text.startswith("0") or int(seq_text) >= MAX_SEQ:
+    if not _SEQ_RE.fullmatch(seq_text) or int(seq_text) >= MAX_SEQ:
         raise InvalidArgument(field, "seq must be a positive integer")
     return TurnName(check_id(m.group(1), field), check_id(m.group(2), field), int(seq_text))
 

@@ -48,7 +48,10 @@ def unpack_content(raw: bytes) -> tuple[str, str]:
 
 @dataclass(slots=True)
 class ThreadMeta:
-    """A thread's metadata; ``title_key`` is the key id of its sealed title."""
+    """A thread's metadata; ``title_key`` is the key id of its sealed title.
+
+    ``deleted`` is set by step 1 of a forget; the row is purged in step 4.
+    """
 
     owner: str
     thread: str
@@ -57,6 +60,7 @@ class ThreadMeta:
     update_time: float
     last_seq: int = 0
     title_key: str = ""
+    deleted: bool = False
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()

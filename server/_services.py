@@ -371,10 +371,12 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         authorize(name.owner)
         size = _page_size(request.page_size)
         after = _decode_token(request.page_token, request.parent)
+        if after and not re.fullmatch(r"[1-9][0-9]{0,17}", after):
+            raise InvalidArgument("page_token", "not a token from a previous page of this listing")
         views, nxt = self.store.list_turns(
             name.owner,
             name.thread,
-            int(after) if after.isdigit() else 0,
+            int(after) if after else 0,
             size,
             states=_states(request.states),
             include_tainted=request.include_tainted,

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import secrets
 import threading
@@ -96,6 +97,7 @@ from shredder import (
     open_durable_env,
 )
 
+_log = logging.getLogger(__name__)
 KEK_ENV = "LETHE_KEK"
 DATA_MAP_SIZE = 64 << 30  # bytes of address space; the file grows as needed
 KEYSTORE_MAP_SIZE = 8 << 30
@@ -360,11 +362,24 @@ class Store:
         """
         key = thread_key(owner, thread)
         with self.env.begin() as txn:
-            raw = _get(txn, key, db=self.db["threads"])
+            meta = self._live_thread(txn, owner, thread)
             ct = _get(txn, key, db=self.db["titles"])
-            if raw is None:
-                self._raise_missing(txn, f"owners/{owner}/threads/{thread}")
-        return self._thread_view(ThreadMeta.decode(raw), ct)
+        return self._thread_view(meta, ct)
+
+    def _live_thread(self, txn: lmdb.Transaction, owner: str, thread: str) -> ThreadMeta:
+        """The thread's metadata if it exists and is not being forgotten.
+
+        Raises:
+            RecordDeleted: forgotten (tombstone) or being forgotten. NotFound: never existed.
+        """
+        raw = _get(txn, thread_key(owner, thread), db=self.db["threads"])
+        name = f"owners/{owner}/threads/{thread}"
+        if raw is None:
+            self._raise_missing(txn, name)
+        meta = ThreadMeta.decode(raw)
+        if meta.deleted:
+            raise RecordDeleted(f"{name} was deleted")
+        return meta
 
     def list_threads(self, owner: str, after: str, limit: int) -> tuple[list[ThreadView], str]:
         """Threads of ``owner`` ordered by id, starting after id ``after``.
@@ -382,10 +397,13 @@ class Store:
                 for key, raw in cur:
                     if not key.startswith(prefix):
                         break
+                    meta = ThreadMeta.decode(raw)
+                    if meta.deleted:
+                        continue
                     if len(rows) == limit:
                         more = True
                         break
-                    rows.append((ThreadMeta.decode(raw), _get(txn, key, db=self.db["titles"])))
+                    rows.append((meta, _get(txn, key, db=self.db["titles"])))
         views = [self._thread_view(meta, ct) for meta, ct in rows]
         return views, (views[-1].meta.thread if more and views else "")
 
@@ -431,10 +449,7 @@ class Store:
                 prior = _get(txn, req_key, db=self.db["requests"])
                 if prior is not None:
                     return self._metas(txn, [int(r) for r in json.loads(prior)]), True
-            raw = _get(txn, tkey, db=self.db["threads"])
-            if raw is None:
-                self._raise_missing(txn, f"owners/{owner}/threads/{thread}")
-            tmeta = ThreadMeta.decode(raw)
+            tmeta = self._live_thread(txn, owner, thread)
             self._check_dims(txn, owner, drafts, now)
             next_rid = int(_get(txn, b"next_rid", db=self.db["meta"]) or b"1")
             metas: list[TurnMeta] = []
@@ -631,8 +646,7 @@ class Store:
         rows: list[tuple[TurnMeta, dict[str, bytes]]] = []
         more = False
         with self.env.begin() as txn:
-            if _get(txn, thread_key(owner, thread), db=self.db["threads"]) is None:
-                self._raise_missing(txn, f"owners/{owner}/threads/{thread}")
+            self._live_thread(txn, owner, thread)
             cur = txn.cursor(db=self.db["seqs"])
             if cur.set_range(seq_key(owner, thread, after_seq + 1)):
                 for key, rk in cur:
@@ -702,6 +716,9 @@ class Store:
             try:
                 raw = self.open_turn_payload(meta, PAYLOAD_EMBEDDING, ct)
             except RecordDeleted:
+                continue
+            except DataLoss:  # one corrupt vector must not take the owner's index down
+                _log.error("vector of record %d fails authentication; not indexed", meta.rid)
                 continue
             rids.append(meta.rid)
             vecs.append(np.frombuffer(raw, dtype="<f4"))
@@ -786,10 +803,19 @@ class Store:
                         if not key.startswith(prefix):
                             break
                         thread_ids.append(key[len(prefix) :].decode())
-            for thread in dict.fromkeys(thread_ids):
+            for thread in list(dict.fromkeys(thread_ids)):
                 name = f"owners/{owner}/threads/{thread}"
-                if _get(txn, thread_key(owner, thread), db=self.db["threads"]) is None:
+                raw_thread = _get(txn, thread_key(owner, thread), db=self.db["threads"])
+                if raw_thread is None:
                     self._raise_missing(txn, name)
+                tmeta = ThreadMeta.decode(raw_thread)
+                if tmeta.deleted:  # another forget is finishing it
+                    if whole_owner:
+                        thread_ids.remove(thread)
+                        continue
+                    raise RecordDeleted(f"{name} was deleted")
+                tmeta.deleted = True
+                txn.put(thread_key(owner, thread), tmeta.encode(), db=self.db["threads"])
                 if not whole_owner:
                     targets.append(name)
                     rings.append(thread)

@@ -92,6 +92,14 @@ def expect_bad_field(fn: Callable[..., Any], request: Any, md: Any, field: str) 
     assert bad_field(err) == field, (bad_fields(err), err.details())
 
 
+def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
+    """``("ok", value)`` or ``("error", status code)`` of calling ``fn``."""
+    try:
+        return "ok", fn()
+    except grpc.RpcError as err:
+        return "error", err.code()  # type: ignore[attr-defined]
+
+
 def unique(tag: str = "plant") -> str:
     """A unique lowercase marker word that occurs nowhere by accident."""
     return f"{tag}{secrets.token_hex(8)}"

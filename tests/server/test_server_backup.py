@@ -39,11 +39,21 @@ def test_restore_after_forget_keeps_forgotten_thread_unreadable(lethe, tmp_path)
     c = lethe.client("alice")
 
     for turn in doomed_turns:
-        err = expect_error(c.threads.GetTurn, threads_pb2.GetTurnRequest(name=turn.name), c.md,
-                           NOT_FOUND, "RECORD_DELETED")
+        err = expect_error(
+            c.threads.GetTurn,
+            threads_pb2.GetTurnRequest(name=turn.name),
+            c.md,
+            NOT_FOUND,
+            "RECORD_DELETED",
+        )
         assert err.code() == NOT_FOUND
-    expect_error(c.threads.GetThread, threads_pb2.GetThreadRequest(name=doomed), c.md,
-                 NOT_FOUND, "RECORD_DELETED")
+    expect_error(
+        c.threads.GetThread,
+        threads_pb2.GetThreadRequest(name=doomed),
+        c.md,
+        NOT_FOUND,
+        "RECORD_DELETED",
+    )
     for text in doomed_texts:
         assert text not in search_texts(c, "alice", text)
 
@@ -54,8 +64,9 @@ def test_restore_after_forget_keeps_forgotten_thread_unreadable(lethe, tmp_path)
     assert c.threads.GetThread(threads_pb2.GetThreadRequest(name=kept), metadata=c.md).title == (
         "kept"
     )
-    listed = c.threads.ListThreads(threads_pb2.ListThreadsRequest(parent="owners/alice"),
-                                   metadata=c.md)
+    listed = c.threads.ListThreads(
+        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=c.md
+    )
     assert [t.name for t in listed.threads] == [kept]
 
 
@@ -71,8 +82,13 @@ def test_restore_after_forgetting_one_turn_keeps_that_turn_unreadable(lethe, tmp
     assert run_cli(["restore", "--backup", str(out), "--data", str(lethe.data_dir)]) == 0
     lethe.start()
     c = lethe.client("alice")
-    expect_error(c.threads.GetTurn, threads_pb2.GetTurnRequest(name=turns[1].name), c.md,
-                 NOT_FOUND, "RECORD_DELETED")
+    expect_error(
+        c.threads.GetTurn,
+        threads_pb2.GetTurnRequest(name=turns[1].name),
+        c.md,
+        NOT_FOUND,
+        "RECORD_DELETED",
+    )
     assert list_texts(c, thread) == [texts[0], texts[2]]
     assert texts[1] not in search_texts(c, "alice", texts[1])
     assert texts[0] in search_texts(c, "alice", texts[0])

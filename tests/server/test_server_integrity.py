@@ -7,16 +7,19 @@ from __future__ import annotations
 import grpc
 from _helpers import append, create_thread, expect_error, get_turn, open_data_env, rid_of
 
-from lethe.v1 import threads_pb2
+from lethe.v1 import common_pb2, threads_pb2
 
 DATA_LOSS = grpc.StatusCode.DATA_LOSS
+CONTENT = b"c"  # payload code of a turn's content (speaker and text)
+EMBEDDING = b"e"
 
 
 def _two_turns(lethe):
     c = lethe.client("alice")
     thread = create_thread(c, "alice", thread_id="t1")
-    turns = append(c, thread, ["first turn text", "second turn text"], commit=True,
-                   speaker="someone")
+    turns = append(
+        c, thread, ["first turn text", "second turn text"], commit=True, speaker="someone"
+    )
     lethe.stop()
     return turns
 
@@ -25,8 +28,9 @@ def _edit(lethe, fn) -> None:
     env = open_data_env(lethe.data_dir)
     try:
         payloads = env.open_db(b"payloads")
+        rids = {seq: rid_of(env, "alice", "t1", seq) for seq in (1, 2)}
         with env.begin(write=True) as txn:
-            fn(env, txn, payloads)
+            fn(txn, payloads, rids)
     finally:
         env.close()
     lethe.start()
@@ -35,53 +39,66 @@ def _edit(lethe, fn) -> None:
 def test_ciphertext_copied_onto_another_turn_fails_integrity(lethe) -> None:
     turns = _two_turns(lethe)
 
-    def swap(env, txn, payloads) -> None:
-        r1, r2 = rid_of(env, "alice", "t1", 1), rid_of(env, "alice", "t1", 2)
-        ct1 = txn.get(r1 + b"t", db=payloads)
-        assert ct1 is not None and txn.get(r2 + b"t", db=payloads) is not None
-        txn.put(r2 + b"t", ct1, db=payloads)
+    def swap(txn, payloads, rids) -> None:
+        r1, r2 = rids[1], rids[2]
+        ct1 = txn.get(r1 + CONTENT, db=payloads)
+        assert ct1 is not None
+        assert txn.get(r2 + CONTENT, db=payloads) is not None
+        txn.put(r2 + CONTENT, ct1, db=payloads)
 
     _edit(lethe, swap)
     c = lethe.client("alice")
-    expect_error(c.threads.GetTurn, threads_pb2.GetTurnRequest(name=turns[1].name), c.md,
-                 DATA_LOSS, "INTEGRITY")
+    expect_error(
+        c.threads.GetTurn,
+        threads_pb2.GetTurnRequest(name=turns[1].name),
+        c.md,
+        DATA_LOSS,
+        "INTEGRITY",
+    )
     assert get_turn(c, turns[0].name).text == "first turn text"
 
 
-def test_text_ciphertext_moved_onto_speaker_of_same_turn_fails_integrity(lethe) -> None:
+def test_content_ciphertext_moved_onto_embedding_of_same_turn_fails_integrity(lethe) -> None:
     """Same record key, different payload type: only the associated data differs."""
     turns = _two_turns(lethe)
 
-    def move(env, txn, payloads) -> None:
-        r1 = rid_of(env, "alice", "t1", 1)
-        txn.put(r1 + b"s", txn.get(r1 + b"t", db=payloads), db=payloads)
+    def move(txn, payloads, rids) -> None:
+        r1 = rids[1]
+        assert txn.get(r1 + EMBEDDING, db=payloads) is not None
+        txn.put(r1 + EMBEDDING, txn.get(r1 + CONTENT, db=payloads), db=payloads)
 
     _edit(lethe, move)
     c = lethe.client("alice")
-    expect_error(c.threads.GetTurn, threads_pb2.GetTurnRequest(name=turns[0].name), c.md,
-                 DATA_LOSS, "INTEGRITY")
-    assert get_turn(c, turns[1].name).speaker == "someone"
+    full = threads_pb2.GetTurnRequest(name=turns[0].name, view=common_pb2.FULL)
+    expect_error(c.threads.GetTurn, full, c.md, DATA_LOSS, "INTEGRITY")
+    # The content itself is intact.
+    assert get_turn(c, turns[0].name).speaker == "someone"
 
 
 def test_flipped_ciphertext_byte_fails_integrity(lethe) -> None:
     turns = _two_turns(lethe)
 
-    def flip(env, txn, payloads) -> None:
-        r2 = rid_of(env, "alice", "t1", 2)
-        ct = bytearray(txn.get(r2 + b"t", db=payloads))
+    def flip(txn, payloads, rids) -> None:
+        r2 = rids[2]
+        ct = bytearray(txn.get(r2 + CONTENT, db=payloads))
         ct[len(ct) // 2] ^= 0x01
-        txn.put(r2 + b"t", bytes(ct), db=payloads)
+        txn.put(r2 + CONTENT, bytes(ct), db=payloads)
 
     _edit(lethe, flip)
     c = lethe.client("alice")
-    expect_error(c.threads.GetTurn, threads_pb2.GetTurnRequest(name=turns[1].name), c.md,
-                 DATA_LOSS, "INTEGRITY")
+    expect_error(
+        c.threads.GetTurn,
+        threads_pb2.GetTurnRequest(name=turns[1].name),
+        c.md,
+        DATA_LOSS,
+        "INTEGRITY",
+    )
     assert get_turn(c, turns[0].name).text == "first turn text"
 
 
 def test_untouched_store_reopens_cleanly(lethe) -> None:
     """Control: opening and closing the environment without edits breaks nothing."""
     turns = _two_turns(lethe)
-    _edit(lethe, lambda env, txn, payloads: None)
+    _edit(lethe, lambda txn, payloads, rids: None)
     c = lethe.client("alice")
     assert [get_turn(c, t.name).text for t in turns] == ["first turn text", "second turn text"]

@@ -102,7 +102,9 @@ def test_default_pending_ttl_is_server_default(lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     (turn,) = append(c, thread, ["default ttl"])
-    assert turn.expire_time.seconds - turn.create_time.seconds in range(72 * 3600 - 1, 72 * 3600 + 2)
+    assert turn.expire_time.seconds - turn.create_time.seconds in range(
+        72 * 3600 - 1, 72 * 3600 + 2
+    )
 
 
 def test_search_never_returns_other_owners_records(lethe) -> None:

@@ -1,0 +1,520 @@
+"""Offline retrieval evaluation on LoCoMo: dense, lexical, contextual lexical, hybrid.
+
+No server: each LoCoMo conversation (Maharana et al., ACL 2024; CC BY-NC 4.0, read from
+``../shared/data/locomo/locomo10.json`` and never copied into this repository) is one
+owner; every turn is one memory, indexed in an :class:`index.VectorIndex` (WordLlama,
+the shipped embedder) and in :class:`index.LexicalIndex` (BM25). Each question of
+categories 1-4 with evidence is searched among its own conversation's turns only.
+
+Scoring follows ``shared/data/README.md``: evidence ids normalised by
+``server._demo.normalise_evidence`` (unmatched ids dropped, items left empty skipped);
+recall@k = |R ∩ E| / |E| averaged over items, k ∈ {1, 5, 10, 20}.
+
+Memory texts per turn:
+
+- plain: ``"{speaker}: {text}"`` (``text`` already carries ``" [image: {caption}]"``);
+- contextual: ``"{date}. {previous turn's plain text} {plain text}"`` where ``date`` is
+  the session date as ``"8 May 2023"`` and the previous turn is the one before it in
+  the same session (none for a session's first turn).
+
+Legs: DENSE (embed query, FAISS exact cosine), LEXICAL (BM25 over plain texts),
+LEXICAL-ctx (BM25 over contextual texts). HYBRID variants fuse leg lists of depth
+``--depth`` with :func:`index.rrf` or :func:`index.convex_fusion`; their weights are
+grid-searched on the tuning split (conversations 1-5) and reported on the held-out
+split (6-10) and on all ten. Latency p50 per query is measured per mode in this run:
+dense = embed + FAISS search; lexical = ``LexicalIndex.search``; hybrid = every leg it
+uses + fusion.
+
+Usage::
+
+    .venv/bin/python bench/eval_retrieval.py [--locomo PATH] [--compare-libraries]
+
+``--compare-libraries`` also measures tantivy (if installed) against bm25s: recall,
+query latency and update cost, and the bm25s rebuild cost at 700 and 10,000 documents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from index import (
+    HYBRID_LOWER_BOUNDS,
+    HYBRID_WEIGHTS,
+    LexicalIndex,
+    VectorIndex,
+    WordLlamaEmbedder,
+    convex_fusion,
+    rrf,
+)
+from server._demo import load_locomo, normalise_evidence
+
+KS = (1, 5, 10, 20)
+CATS = (1, 2, 3, 4)
+Ranked = list[tuple[int, float]]
+_DEFAULT_LOCOMO = Path(__file__).resolve().parents[2] / "shared/data/locomo/locomo10.json"
+
+
+@dataclass
+class Owner:
+    """One conversation indexed as one owner."""
+
+    name: str
+    dia: list[str]  # position -> dia_id; the position is the memory id
+    plain: list[str]
+    contextual: list[str]
+
+
+@dataclass
+class Query:
+    """One question with its normalised evidence."""
+
+    owner: int
+    question: str
+    category: int
+    evidence: set[str]
+
+
+@dataclass
+class Legs:
+    """The ranked lists of every leg for one query."""
+
+    dense: Ranked
+    lexical: Ranked
+    contextual: Ranked
+
+
+@dataclass
+class Indexes:
+    """Every owner's three indexes, in owner order."""
+
+    dense: list[VectorIndex]
+    lexical: list[LexicalIndex]
+    contextual: list[LexicalIndex]
+
+
+def _date(ts: float) -> str:
+    d = datetime.fromtimestamp(ts, tz=UTC)
+    return f"{d.day} {d.strftime('%B %Y')}"
+
+
+def contextual_text(date: str, previous: str | None, plain: str) -> str:
+    """The contextual memory text: session date, previous turn, the turn itself."""
+    return f"{date}. {previous} {plain}" if previous else f"{date}. {plain}"
+
+
+def load(path: Path) -> tuple[list[Owner], list[Query], int]:
+    """Owners and queries (categories 1-4 with evidence); also the dropped-reference count."""
+    owners: list[Owner] = []
+    queries: list[Query] = []
+    dropped = 0
+    for conv in load_locomo(path):
+        owner = Owner(conv.sample_id, [], [], [])
+        for n, turns in conv.sessions.items():
+            previous: str | None = None
+            for speaker, dia, text in turns:
+                plain = f"{speaker}: {text}"
+                owner.dia.append(dia)
+                owner.plain.append(plain)
+                owner.contextual.append(contextual_text(_date(conv.dates[n]), previous, plain))
+                previous = plain
+        known = set(owner.dia)
+        for qa in conv.qa:
+            if int(qa["category"]) not in CATS:
+                continue
+            ev, d = normalise_evidence([str(e) for e in qa.get("evidence", [])], known)
+            dropped += d
+            if ev:
+                queries.append(
+                    Query(len(owners), str(qa["question"]), int(qa["category"]), set(ev))
+                )
+        owners.append(owner)
+    return owners, queries, dropped
+
+
+def _dense_search(
+    embedder: WordLlamaEmbedder, index: VectorIndex, question: str, depth: int
+) -> Ranked:
+    q = embedder.embed([question])
+    if not np.any(q):
+        return []
+    return index.search(q[0], depth)
+
+
+def build(owners: list[Owner], embedder: WordLlamaEmbedder) -> Indexes:
+    """Index every owner's turns: dense over plain texts, BM25 over plain and contextual."""
+    out = Indexes([], [], [])
+    for owner in owners:
+        ids = np.arange(len(owner.dia), dtype=np.int64)
+        vix = VectorIndex(embedder.dim)
+        vix.add(ids, embedder.embed(owner.plain))
+        lix = LexicalIndex()
+        lix.add(ids, owner.plain)
+        cix = LexicalIndex()
+        cix.add(ids, owner.contextual)
+        lix.search("warm up", 1)  # build the BM25 scorers before timing
+        cix.search("warm up", 1)
+        out.dense.append(vix)
+        out.lexical.append(lix)
+        out.contextual.append(cix)
+    return out
+
+
+def run_legs(
+    ix: Indexes, queries: list[Query], depth: int, embedder: WordLlamaEmbedder
+) -> list[Legs]:
+    """Run every query through every leg, keeping ``depth`` results per leg."""
+    return [
+        Legs(
+            _dense_search(embedder, ix.dense[q.owner], q.question, depth),
+            ix.lexical[q.owner].search(q.question, depth),
+            ix.contextual[q.owner].search(q.question, depth),
+        )
+        for q in queries
+    ]
+
+
+def latency(
+    ix: Indexes, queries: list[Query], depth: int, embedder: WordLlamaEmbedder
+) -> dict[str, float]:
+    """Per-query p50 (microseconds) of each mode, one pass over all queries per mode."""
+    clock = time.perf_counter
+
+    def dense(q: Query) -> Ranked:
+        return _dense_search(embedder, ix.dense[q.owner], q.question, depth)
+
+    def lexical(q: Query) -> Ranked:
+        return ix.lexical[q.owner].search(q.question, depth)
+
+    def contextual(q: Query) -> Ranked:
+        return ix.contextual[q.owner].search(q.question, depth)
+
+    def hybrid(q: Query) -> Ranked:
+        return chosen(Legs(dense(q), lexical(q), contextual(q)))
+
+    modes: dict[str, Callable[[Query], Ranked]] = {
+        "DENSE (embed + FAISS)": dense,
+        "LEXICAL (plain)": lexical,
+        "LEXICAL (contextual)": contextual,
+        "HYBRID chosen (3 legs + fusion)": hybrid,
+    }
+    out = {}
+    for name, run in modes.items():
+        times = []
+        for q in queries:
+            t0 = clock()
+            run(q)
+            times.append(clock() - t0)
+        out[name] = _p50_us(times)
+    return out
+
+
+Fuser = Callable[[Legs], Ranked]
+
+
+def recall(
+    owners: list[Owner], queries: list[Query], ranked: Sequence[Ranked]
+) -> dict[int | str, list[float]]:
+    """Recall@k per category and overall ("all"), as lists over ``KS``."""
+    per: dict[int | str, list[list[float]]] = defaultdict(list)
+    for q, hits in zip(queries, ranked, strict=True):
+        dia = owners[q.owner].dia
+        found = [dia[i] for i, _ in hits[: max(KS)]]
+        row = [len(set(found[:k]) & q.evidence) / len(q.evidence) for k in KS]
+        per[q.category].append(row)
+        per["all"].append(row)
+    return {key: [float(v) for v in np.mean(rows, axis=0)] for key, rows in per.items()}
+
+
+def _split(queries: list[Query], owners: set[int]) -> list[int]:
+    return [i for i, q in enumerate(queries) if q.owner in owners]
+
+
+def _fmt(r: list[float]) -> str:
+    return " ".join(f"{v:.3f}" for v in r)
+
+
+def print_table(
+    title: str,
+    owners: list[Owner],
+    queries: list[Query],
+    modes: dict[str, list[Ranked]],
+    splits: dict[str, list[int]],
+) -> None:
+    """Print recall@1/5/10/20 per mode, split and category."""
+    print(f"\n== {title}: recall@{'/'.join(map(str, KS))} ==")
+    header = f"{'mode':<34}{'split':<10}" + "".join(f"{'cat' + str(c):<25}" for c in CATS)
+    print(header + "overall (cats 1-4)")
+    for name, ranked in modes.items():
+        for split, idx in splits.items():
+            r = recall(owners, [queries[i] for i in idx], [ranked[i] for i in idx])
+            cats = "".join(f"{_fmt(r[c]):<25}" for c in CATS)
+            print(f"{name:<34}{split:<10}{cats}{_fmt(r['all'])}  (n={len(idx)})")
+
+
+def _p50_us(values: list[float]) -> float:
+    return statistics.median(values) * 1e6
+
+
+def tune(
+    owners: list[Owner],
+    queries: list[Query],
+    legs: list[Legs],
+    tune_idx: list[int],
+) -> dict[str, tuple[str, Fuser]]:
+    """Grid-search each fusion family on the tuning split; return the best of each."""
+    tq = [queries[i] for i in tune_idx]
+    tl = [legs[i] for i in tune_idx]
+
+    def objective(fuse: Fuser) -> float:
+        r = recall(owners, tq, [fuse(leg) for leg in tl])["all"]
+        return r[0] + r[1] + r[2] + r[3]  # mean over k of recall@k, times 4
+
+    grid = [round(x * 0.1, 1) for x in range(11)]
+    best: dict[str, tuple[float, str, Fuser]] = {}
+
+    def consider(family: str, label: str, fuse: Fuser) -> None:
+        score = objective(fuse)
+        if family not in best or score > best[family][0]:
+            best[family] = (score, label, fuse)
+
+    for wd in grid:
+        w = (wd, round(1.0 - wd, 1))
+        pair = f"({w[0]:.1f},{w[1]:.1f})"
+        consider("convex dense+lexical", f"convex w(dense,lex)={pair}", _convex2(w, "lexical"))
+        consider("convex dense+lexical-ctx", f"convex w(dense,ctx)={pair}", _convex2(w, "ctx"))
+        consider("rrf dense+lexical", f"rrf k0=60 w(dense,lex)={pair}", _rrf3((w[0], w[1], 0.0)))
+    for wd, wl in itertools.product(grid, grid):
+        if wd + wl > 1.0 + 1e-9:
+            continue
+        w3 = (wd, wl, round(1.0 - wd - wl, 1))
+        triple = f"({w3[0]:.1f},{w3[1]:.1f},{w3[2]:.1f})"
+        consider("convex dense+lexical+ctx", f"convex w(dense,lex,ctx)={triple}", _convex3(w3))
+        for k0 in (5.0, 60.0):
+            consider(
+                "rrf dense+lexical+ctx",
+                f"rrf k0={k0:.0f} w(dense,lex,ctx)={triple}",
+                _rrf3(w3, k0),
+            )
+    return {family: (label, fuse) for family, (_, label, fuse) in best.items()}
+
+
+def _convex2(w: tuple[float, float], lexical: str) -> Fuser:
+    def fuse(g: Legs) -> Ranked:
+        other = g.lexical if lexical == "lexical" else g.contextual
+        return convex_fusion([g.dense, other], w, [None, 0.0])
+
+    return fuse
+
+
+def _convex3(w: tuple[float, float, float]) -> Fuser:
+    def fuse(g: Legs) -> Ranked:
+        return convex_fusion([g.dense, g.lexical, g.contextual], w, HYBRID_LOWER_BOUNDS)
+
+    return fuse
+
+
+def _rrf3(w: tuple[float, float, float], k0: float = 60.0) -> Fuser:
+    def fuse(g: Legs) -> Ranked:
+        return rrf([g.dense, g.lexical, g.contextual], w, k0)
+
+    return fuse
+
+
+def chosen(g: Legs) -> Ranked:
+    """The configuration the library ships (:data:`index.HYBRID_WEIGHTS`)."""
+    return convex_fusion([g.dense, g.lexical, g.contextual], HYBRID_WEIGHTS, HYBRID_LOWER_BOUNDS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the evaluation and print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    parser.add_argument("--locomo", type=Path, default=_DEFAULT_LOCOMO)
+    parser.add_argument("--depth", type=int, default=30, help="depth of each leg's list")
+    parser.add_argument("--compare-libraries", action="store_true")
+    args = parser.parse_args(argv)
+    faiss.omp_set_num_threads(1)
+
+    started = time.perf_counter()
+    owners, queries, dropped = load(args.locomo)
+    print(
+        f"{len(owners)} owners, {sum(len(o.dia) for o in owners)} turns, "
+        f"{len(queries)} questions (cats 1-4 with evidence), {dropped} evidence refs dropped"
+    )
+    embedder = WordLlamaEmbedder()
+    ix = build(owners, embedder)
+    legs = run_legs(ix, queries, args.depth, embedder)
+    splits = {
+        "tune1-5": _split(queries, {0, 1, 2, 3, 4}),
+        "held6-10": _split(queries, {5, 6, 7, 8, 9}),
+        "all10": list(range(len(queries))),
+    }
+    families = tune(owners, queries, legs, splits["tune1-5"])
+    modes: dict[str, list[Ranked]] = {
+        "DENSE": [g.dense for g in legs],
+        "LEXICAL (plain)": [g.lexical for g in legs],
+        "LEXICAL (contextual)": [g.contextual for g in legs],
+    }
+    for family, (label, fuse) in families.items():
+        print(f"best on tuning split, {family}: {label}")
+        modes[f"HYBRID {family}"] = [fuse(g) for g in legs]
+    modes["HYBRID chosen"] = [chosen(g) for g in legs]
+    print_table("all modes", owners, queries, modes, splits)
+
+    p50 = latency(ix, queries, args.depth, embedder)
+    ratio = p50["HYBRID chosen (3 legs + fusion)"] / p50["DENSE (embed + FAISS)"]
+    print("\n== latency per query, p50 (microseconds), one pass per mode ==")
+    for name, value in p50.items():
+        print(f"{name:<34}{value:8.1f}")
+    print(f"HYBRID / DENSE: {ratio:.2f}x")
+
+    print_table(
+        f"chosen: convex w(dense,lex,ctx)={HYBRID_WEIGHTS}, depth {args.depth}",
+        owners,
+        queries,
+        {
+            k: modes[k]
+            for k in ("DENSE", "LEXICAL (plain)", "LEXICAL (contextual)", "HYBRID chosen")
+        },
+        splits,
+    )
+    goals(owners, queries, modes, splits, ratio)
+    if args.compare_libraries:
+        compare_libraries(owners, queries)
+    print(f"\ntotal {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def goals(
+    owners: list[Owner],
+    queries: list[Query],
+    modes: dict[str, list[Ranked]],
+    splits: dict[str, list[int]],
+    latency_ratio: float,
+) -> None:
+    """Print the issue's goals for the chosen HYBRID configuration, met or not."""
+
+    def r(mode: str, split: str) -> list[float]:
+        idx = splits[split]
+        return recall(owners, [queries[i] for i in idx], [modes[mode][i] for i in idx])["all"]
+
+    hyb, bm25_held, hyb_held = (
+        r("HYBRID chosen", "all10"),
+        r("LEXICAL (plain)", "held6-10"),
+        r("HYBRID chosen", "held6-10"),
+    )
+    above = all(h > b for h, b in zip(hyb_held, bm25_held, strict=True))
+    print("\n== goals (HYBRID chosen, cats 1-4) ==")
+    print(f"recall@10 all ten   {hyb[2]:.4f}  >= 0.70: {hyb[2] >= 0.70}")
+    print(f"recall@1  all ten   {hyb[0]:.4f}  >= 0.32: {hyb[0] >= 0.32}")
+    print(f"held-out vs plain BM25 at k={KS}: {_fmt(hyb_held)} vs {_fmt(bm25_held)}: above {above}")
+    print(f"HYBRID p50 / DENSE p50 {latency_ratio:.2f}  <= 1.5: {latency_ratio <= 1.5}")
+
+
+def compare_libraries(owners: list[Owner], queries: list[Query]) -> None:
+    """bm25s vs tantivy: recall, query p50, update cost; bm25s rebuild at 700 and 10k docs."""
+    print("\n== lexical library comparison (plain texts) ==")
+    rng = random.Random(0)
+    words = [w for o in owners for t in o.plain for w in t.split()]
+    for n in (700, 10_000):
+        ix = LexicalIndex()
+        ix.add(np.arange(n), [" ".join(rng.choices(words, k=25)) for _ in range(n)])
+        costs = []
+        for i in range(5):
+            ix.remove([i])
+            t0 = time.perf_counter()
+            ix.search("warm", 1)
+            costs.append(time.perf_counter() - t0)
+        print(
+            f"bm25s rebuild after a change, {n} docs: p50 {statistics.median(costs) * 1e3:.1f} ms"
+        )
+    lex: list[Ranked] = []
+    lat = []
+    indexes = []
+    for o in owners:
+        ix = LexicalIndex(k1=1.2, b=0.75)  # tantivy's fixed BM25 parameters
+        ix.add(np.arange(len(o.plain)), o.plain)
+        ix.search("warm", 1)
+        indexes.append(ix)
+    for q in queries:
+        t0 = time.perf_counter()
+        lex.append(indexes[q.owner].search(q.question, 20))
+        lat.append(time.perf_counter() - t0)
+    r = recall(owners, queries, lex)["all"]
+    print(f"bm25s   (k1=1.2, b=0.75) recall {_fmt(r)}  query p50 {_p50_us(lat):.1f} us")
+    try:
+        tantivy_measure(owners, queries)
+    except ImportError:
+        print("tantivy not installed; skipped")
+
+
+def tantivy_measure(owners: list[Owner], queries: list[Query]) -> None:
+    """The same analyzer and BM25 in tantivy's in-RAM index."""
+    import tantivy
+    from bm25s.stopwords import STOPWORDS_EN_PLUS  # type: ignore[import-untyped]
+
+    def make() -> tuple[Any, Any]:
+        sb = tantivy.SchemaBuilder()
+        sb.add_integer_field("id", stored=True, indexed=True, fast=True)
+        sb.add_text_field("body", stored=False, tokenizer_name="lethe_en")
+        ix = tantivy.Index(sb.build())
+        analyzer = (
+            tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.regex(r"\w\w+"))
+            .filter(tantivy.Filter.lowercase())
+            .filter(tantivy.Filter.custom_stopword(list(STOPWORDS_EN_PLUS)))
+            .filter(tantivy.Filter.stemmer("english"))
+            .build()
+        )
+        ix.register_tokenizer("lethe_en", analyzer)
+        writer = ix.writer(heap_size=15_000_000, num_threads=1)
+        return ix, writer
+
+    built = []
+    for o in owners:
+        ix, writer = make()
+        for i, text in enumerate(o.plain):
+            writer.add_document(tantivy.Document(id=i, body=text))
+        writer.commit()
+        ix.reload()
+        built.append((ix, writer))
+    ranked: list[Ranked] = []
+    lat = []
+    for q in queries:
+        ix, _ = built[q.owner]
+        t0 = time.perf_counter()
+        searcher = ix.searcher()
+        query = ix.parse_query_lenient(q.question, ["body"])[0]
+        hits = searcher.search(query, 20).hits
+        ranked.append([(int(searcher.doc(addr)["id"][0]), float(s)) for s, addr in hits])
+        lat.append(time.perf_counter() - t0)
+    r = recall(owners, queries, ranked)["all"]
+    print(f"tantivy (k1=1.2, b=0.75) recall {_fmt(r)}  query p50 {_p50_us(lat):.1f} us")
+    ix, writer = built[0]
+    costs = []
+    for i in range(20):
+        t0 = time.perf_counter()
+        writer.delete_documents_by_term("id", i)
+        writer.add_document(tantivy.Document(id=i, body=owners[0].plain[i]))
+        writer.commit()
+        ix.reload()
+        costs.append(time.perf_counter() - t0)
+    print(
+        f"tantivy update (delete + add + commit + reload), {len(owners[0].plain)} docs: "
+        f"p50 {statistics.median(costs) * 1e3:.1f} ms, max {max(costs) * 1e3:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

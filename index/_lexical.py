@@ -1,0 +1,365 @@
+"""In-memory BM25 over int64 ids and texts: the lexical leg of retrieval.
+
+:class:`LexicalIndex` holds one owner's texts as analysed terms and ranks them with
+Okapi BM25 (Robertson and Zaragoza, "The Probabilistic Relevance Framework: BM25 and
+Beyond", Foundations and Trends in IR 3(4), 2009), computed by ``bm25s``
+(Lù, "BM25S: Orders of magnitude faster lexical search via eager sparse scoring",
+arXiv:2407.03618, https://github.com/xhluca/bm25s, MIT).
+
+BM25 variant and parameters: the Lucene variant as classified by Kamphuis, de Vries,
+Boytsov and Lin, "Which BM25 Do You Mean? A Large-Scale Reproducibility Study of
+Scoring Variants", ECIR 2020 - idf ``ln(1 + (N - df + 0.5) / (df + 0.5))`` (never
+negative) times ``tf / (tf + k1 (1 - b + b |d| / avgdl))`` (Lucene 8+ drops the
+rank-neutral ``(k1 + 1)`` factor) - with ``k1 = 0.9`` and ``b = 0.4``, the defaults of
+Anserini (Yang, Fang and Lin, "Anserini: Enabling the Use of Lucene for Information
+Retrieval Research", SIGIR 2017). On LoCoMo conversations 1-5 (``bench/eval_retrieval.py``)
+they beat Lucene's 1.2/0.75 on plain turns: recall@1 0.351 vs 0.328, recall@10 0.629 vs
+0.617 (low ``b``: turns are short and their lengths say little about relevance).
+
+Analyzer (:func:`analyze`), applied to indexed texts and queries alike:
+
+1. lower-case (``str.lower``);
+2. split into tokens of two or more Unicode word characters (regex ``\\b\\w\\w+\\b``,
+   the default ``token_pattern`` of ``bm25s`` and scikit-learn);
+3. drop English stopwords: NLTK's 179-word English list as shipped by bm25s
+   (``bm25s.stopwords.STOPWORDS_EN_PLUS``). Questions are mostly function words
+   ("what", "did", "when", "how"); against the 33-word Lucene set this list raised
+   recall@1/@10 on conversations 1-5 from 0.291/0.569 to 0.328/0.617 (k1 1.2, b 0.75);
+4. stem with the Snowball English ("Porter2") stemmer from PyStemmer
+   (https://snowballstem.org/algorithms/english/stemmer.html), so "running" and "runs"
+   both become "run".
+
+Why bm25s and not tantivy (0.27, in-RAM index): measured by
+``bench/eval_retrieval.py --compare-libraries`` on LoCoMo (categories 1-4, 1,536
+questions, ~590 turns per owner), same analyzer (tantivy: ``TextAnalyzerBuilder`` with
+the same regex, lower-case, the same stopwords, its Snowball English stemmer) and
+k1 1.2, b 0.75 (tantivy's Python binding cannot change them, so the Anserini parameters
+above are out of its reach): recall@1/5/10/20 0.308/0.534/0.611/0.667 (bm25s) vs
+0.309/0.533/0.612/0.669 (tantivy), i.e. equal; query p50 50 us vs 101-156 us; one update
+(tantivy: delete by term + add + commit + searcher reload) p50 24-66 ms, max ~128 ms on a
+419-turn owner, vs a bm25s rebuild after any batch of changes of p50 10 ms at 700
+documents and 144 ms at 10,000 (20 ms and 256 ms in a noisier run; the machines are
+shared). tantivy also runs writer and merge threads and reserves a 15 MB writer arena
+per index, per warm owner.
+
+Updates: bm25s has no incremental updates or deletes, so :meth:`LexicalIndex.add` and
+:meth:`LexicalIndex.remove` change the held term lists and drop the built scorer; the
+next :meth:`LexicalIndex.search` rebuilds it (lazily, once for any number of changes).
+Each document's terms are analysed once, at :meth:`LexicalIndex.add`, and interned as
+term ids, so a rebuild only recounts frequencies. A term leaves the vocabulary as soon
+as the last document holding it is removed.
+
+Threads: any thread may call any method. Updates and rebuilds hold one mutex; a
+search takes the current built scorer (immutable once built) without locking, so
+searches run concurrently with each other. A search that starts after ``remove``
+returns never sees the removed ids.
+
+The index holds plaintext terms and is never written to disk; it refuses pickling.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import bm25s  # type: ignore[import-untyped]
+import numpy as np
+import numpy.typing as npt
+import Stemmer  # type: ignore[import-not-found]
+from bm25s.stopwords import STOPWORDS_EN_PLUS  # type: ignore[import-untyped]
+
+__all__ = ["LexicalIndex", "analyze"]
+
+K1 = 0.9
+"""BM25 term-frequency saturation (Anserini's default; Lucene's is 1.2)."""
+B = 0.4
+"""BM25 document-length normalisation (Anserini's default; Lucene's is 0.75)."""
+
+_TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")
+_STOPWORDS = frozenset(STOPWORDS_EN_PLUS)
+_INT64_MIN = int(np.iinfo(np.int64).min)
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+_stemmer_local = threading.local()
+
+
+def _stemmer() -> Any:
+    """One PyStemmer instance per thread (a ``Stemmer`` object is not thread-safe)."""
+    stemmer = getattr(_stemmer_local, "stemmer", None)
+    if stemmer is None:
+        stemmer = Stemmer.Stemmer("english")
+        _stemmer_local.stemmer = stemmer
+    return stemmer
+
+
+def analyze(text: str) -> list[str]:
+    """Turn text into BM25 terms: lower-case, word tokens, stopwords out, Snowball stems.
+
+    Args:
+        text: Any string.
+
+    Returns:
+        Terms in text order, repeats kept (they are term frequencies).
+    """
+    tokens = [t for t in _TOKEN_RE.findall(text.lower()) if t not in _STOPWORDS]
+    stems: list[str] = _stemmer().stemWords(tokens)
+    return stems
+
+
+def _as_id_list(ids: Iterable[Any] | npt.ArrayLike) -> list[int]:
+    """Validate ids as distinct-or-not int64 values.
+
+    Raises:
+        ValueError: ``ids`` is not 1-D, holds a non-integer (``bool`` included), or
+            holds a value outside int64.
+    """
+    raw = np.asarray(ids)
+    if raw.ndim != 1:
+        raise ValueError(f"ids must be 1-D, got ndim {raw.ndim}")
+    if raw.size == 0:
+        return []
+    if raw.dtype == np.bool_ or not np.issubdtype(raw.dtype, np.integer):
+        raise ValueError(f"ids must be integers, got dtype {raw.dtype}")
+    out = [int(i) for i in raw.tolist()]
+    if min(out) < _INT64_MIN or max(out) > _INT64_MAX:
+        raise ValueError("ids must fit in int64")
+    return out
+
+
+@dataclass(frozen=True)
+class _Built:
+    """An immutable scorer over one state of the index."""
+
+    vocab: dict[str, int]  # term -> column; empty when no document holds a term
+    ids: npt.NDArray[np.int64]  # (n,) id of each document row
+    data: npt.NDArray[np.float32]  # (nnz,) BM25 contributions, CSC by term
+    indices: npt.NDArray[np.int32]  # (nnz,) document row of each contribution
+    indptr: npt.NDArray[np.int64]  # (n_terms + 1,) column starts into data/indices
+
+    def search(self, terms: Sequence[str], k: int) -> list[tuple[int, float]]:
+        term_ids = [self.vocab[t] for t in terms if t in self.vocab]
+        if not term_ids:
+            return []
+        # bm25s's eager score matrix in CSC form: column t holds the BM25 contribution
+        # of term t to every document containing it (row indices are distinct within a
+        # column, so a fancy-indexed add is exact). Same sum as
+        # ``BM25.get_scores_from_ids`` without its per-term ``np.add.at``.
+        data, indices, indptr = self.data, self.indices, self.indptr
+        scores = np.zeros(len(self.ids), dtype=np.float64)
+        for t in term_ids:
+            start, end = indptr[t], indptr[t + 1]
+            scores[indices[start:end]] += data[start:end]
+        hits = np.flatnonzero(scores > 0.0)
+        if len(hits) > k:
+            hits = hits[np.argpartition(-scores[hits], k - 1)[:k]]
+        found = zip(self.ids[hits].tolist(), scores[hits].tolist(), strict=True)
+        # Best first; equal scores by ascending id, so results are deterministic.
+        return sorted(found, key=lambda hit: (-hit[1], hit[0]))
+
+
+class LexicalIndex:
+    """BM25 search over texts keyed by int64 ids, held only in memory.
+
+    Args:
+        k1: BM25 term-frequency saturation, ``> 0``; default :data:`K1`.
+        b: BM25 length normalisation in ``[0, 1]``; default :data:`B`.
+
+    Raises:
+        ValueError: ``k1 <= 0`` or ``b`` outside ``[0, 1]``.
+    """
+
+    def __init__(self, k1: float = K1, b: float = B) -> None:
+        if not k1 > 0.0:
+            raise ValueError(f"k1 must be > 0, got {k1}")
+        if not 0.0 <= b <= 1.0:
+            raise ValueError(f"b must be in [0, 1], got {b}")
+        self._k1 = k1
+        self._b = b
+        self._lock = threading.Lock()
+        self._docs: dict[int, list[int]] = {}  # id -> term ids, in text order
+        self._vocab: dict[str, int] = {}  # term -> term id, only terms some doc holds
+        self._refs: list[int] = []  # term id -> number of held docs containing it
+        self._free: list[int] = []  # term ids free for reuse
+        self._built: _Built | None = None
+        self._rebuilds = 0
+
+    def add(self, ids: npt.ArrayLike, texts: Sequence[str]) -> None:
+        """Index texts, replacing any already held under the same ids.
+
+        Texts are analysed here (outside the lock); the scorer is rebuilt by the next
+        search. A text without terms (e.g. only stopwords) is held but never matches.
+        The batch is validated in full before the index changes.
+
+        Args:
+            ids: ``(n,)`` integers within int64, distinct.
+            texts: ``n`` strings.
+
+        Raises:
+            ValueError: ``ids`` is invalid, has duplicates, or its length differs from
+                ``len(texts)``.
+            TypeError: An element of ``texts`` is not a ``str``.
+        """
+        id_list = _as_id_list(ids)
+        items = list(texts)
+        if len(id_list) != len(items):
+            raise ValueError(f"got {len(id_list)} ids for {len(items)} texts")
+        if len(set(id_list)) != len(id_list):
+            raise ValueError("ids must be distinct within one add")
+        if not all(isinstance(t, str) for t in items):
+            raise TypeError("texts must be strings")
+        if not id_list:
+            return
+        analysed = [analyze(t) for t in items]
+        with self._lock:
+            for id_, terms in zip(id_list, analysed, strict=True):
+                self._drop(id_)
+                self._docs[id_] = self._intern(terms)
+            self._built = None
+
+    def remove(self, ids: npt.ArrayLike) -> int:
+        """Delete the texts held under ``ids``; absent ids are ignored.
+
+        Args:
+            ids: ``(n,)`` integers within int64.
+
+        Returns:
+            The number of texts removed.
+
+        Raises:
+            ValueError: ``ids`` is not 1-D integers within int64.
+        """
+        id_list = _as_id_list(ids)
+        removed = 0
+        with self._lock:
+            for i in set(id_list):
+                removed += self._drop(i)
+            if removed:
+                self._built = None
+        return removed
+
+    def search(self, query: str, k: int) -> list[tuple[int, float]]:
+        """Rank held texts by BM25 against ``query``.
+
+        Rebuilds the scorer first if the index changed since the last search
+        (see the module docstring for the cost).
+
+        Args:
+            query: Free text, analysed like indexed texts.
+            k: Maximum number of results, ``>= 1``.
+
+        Returns:
+            Up to ``k`` pairs ``(id, score)`` with ``score > 0`` (BM25, unbounded above),
+            best first; ties by ascending id. Empty when no query term is held.
+
+        Raises:
+            ValueError: ``k < 1``.
+            TypeError: ``query`` is not a ``str``.
+        """
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if not isinstance(query, str):
+            raise TypeError("query must be a string")
+        terms = analyze(query)
+        built = self._built
+        if built is None:
+            with self._lock:
+                if self._built is None:
+                    self._built = self._build()
+                built = self._built
+        return built.search(terms, k)
+
+    def _intern(self, terms: list[str]) -> list[int]:
+        """Map terms to term ids, counting one reference per distinct term; holds the lock."""
+        out = []
+        for term in terms:
+            tid = self._vocab.get(term)
+            if tid is None:
+                tid = self._free.pop() if self._free else len(self._refs)
+                if tid == len(self._refs):
+                    self._refs.append(0)
+                self._vocab[term] = tid
+            out.append(tid)
+        for tid in set(out):
+            self._refs[tid] += 1
+        return out
+
+    def _drop(self, id_: int) -> int:
+        """Forget one document and any term no other document holds; holds the lock.
+
+        Returns:
+            1 if the document was held, else 0.
+        """
+        held = self._docs.pop(id_, None)
+        if held is None:
+            return 0
+        gone = set()
+        for tid in set(held):
+            self._refs[tid] -= 1
+            if self._refs[tid] == 0:
+                gone.add(tid)
+                self._free.append(tid)
+        if gone:
+            for term in [t for t, tid in self._vocab.items() if tid in gone]:
+                del self._vocab[term]
+        return 1
+
+    def _build(self) -> _Built:
+        """Build a scorer over the held documents; the caller holds ``self._lock``.
+
+        Term ids freed by removals stay as empty columns (document frequency 0, idf 0)
+        until reused; they match no query because only held terms are in the vocabulary.
+        """
+        self._rebuilds += 1
+        ids = np.fromiter(self._docs.keys(), dtype=np.int64, count=len(self._docs))
+        if not self._vocab:
+            empty = np.zeros(0, dtype=np.float32)
+            return _Built({}, ids, empty, np.zeros(0, np.int32), np.zeros(1, np.int64))
+        retriever = bm25s.BM25(k1=self._k1, b=self._b, method="lucene")
+        scores = retriever.build_index_from_ids(
+            unique_token_ids=list(range(len(self._refs))),
+            corpus_token_ids=list(self._docs.values()),
+            show_progress=False,
+        )
+        return _Built(
+            dict(self._vocab),
+            ids,
+            np.asarray(scores["data"], dtype=np.float32),
+            np.asarray(scores["indices"], dtype=np.int32),
+            np.asarray(scores["indptr"], dtype=np.int64),
+        )
+
+    @property
+    def rebuilds(self) -> int:
+        """How many times the scorer has been built (for benchmarks and tests)."""
+        return self._rebuilds
+
+    def ids(self) -> npt.NDArray[np.int64]:
+        """All ids held, for audits of drift between the index and the store.
+
+        Returns:
+            ``(len(self),) int64``, ascending.
+        """
+        with self._lock:
+            held = np.fromiter(self._docs.keys(), dtype=np.int64, count=len(self._docs))
+        return np.sort(held)
+
+    def __len__(self) -> int:
+        """Number of texts held."""
+        with self._lock:
+            return len(self._docs)
+
+    def __contains__(self, id_: object) -> bool:
+        """Whether a text is held under ``id_`` (an ``int``; anything else is absent)."""
+        if not isinstance(id_, (int, np.integer)) or isinstance(id_, bool):
+            return False
+        with self._lock:
+            return int(id_) in self._docs
+
+    def __repr__(self) -> str:
+        return f"LexicalIndex(k1={self._k1}, b={self._b}, size={len(self)})"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("LexicalIndex holds plaintext terms and cannot be pickled")

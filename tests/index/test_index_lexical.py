@@ -1,0 +1,185 @@
+"""Tests for index.LexicalIndex against real bm25s and PyStemmer."""
+
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+from index import LexicalIndex, analyze
+
+TEXTS = [
+    "Caroline: I went to a support group yesterday, it was powerful.",
+    "Melanie: She runs every morning before work.",
+    "Caroline: I'm researching adoption agencies for my family.",
+    "Melanie: We painted a sunrise by the lake last week.",
+]
+
+
+def _index() -> LexicalIndex:
+    ix = LexicalIndex()
+    ix.add([10, 11, 12, 13], TEXTS)
+    return ix
+
+
+def test_analyze_lowercases_drops_stopwords_and_stems() -> None:
+    assert analyze("What did Caroline RESEARCH about the running?") == [
+        "carolin",
+        "research",
+        "run",
+    ]
+
+
+def test_search_ranks_matching_doc_first_with_positive_scores() -> None:
+    hits = _index().search("adoption agencies", k=3)
+    assert hits[0][0] == 12
+    assert len(hits) == 1
+    assert hits[0][1] > 0.0
+
+
+def test_stemming_query_running_finds_runs() -> None:
+    hits = _index().search("running", k=5)
+    assert [i for i, _ in hits] == [11]
+
+
+def test_results_are_best_first_and_capped_at_k() -> None:
+    ix = _index()
+    hits = ix.search("Caroline Melanie support lake", k=2)
+    assert len(hits) == 2
+    assert hits[0][1] >= hits[1][1]
+
+
+def test_query_of_only_stopwords_or_unknown_terms_finds_nothing() -> None:
+    ix = _index()
+    assert ix.search("what is the", k=5) == []
+    assert ix.search("zeppelin", k=5) == []
+
+
+def test_remove_makes_doc_unfindable_immediately() -> None:
+    ix = _index()
+    assert ix.search("sunrise", k=5)[0][0] == 13
+    assert ix.remove([13, 999]) == 1
+    assert ix.search("sunrise", k=5) == []
+    assert 13 not in ix
+    assert len(ix) == 3
+    np.testing.assert_array_equal(ix.ids(), [10, 11, 12])
+
+
+def test_removed_terms_leave_the_vocabulary() -> None:
+    ix = _index()
+    ix.remove([13])
+    ix.add([14], ["Melanie: the lake again"])
+    assert [i for i, _ in ix.search("sunrise lake", k=5)] == [14]
+
+
+def test_readding_an_id_replaces_its_text() -> None:
+    ix = _index()
+    ix.add([12], ["Caroline: I bought a violin."])
+    assert ix.search("adoption", k=5) == []
+    assert [i for i, _ in ix.search("violin", k=5)] == [12]
+    assert len(ix) == 4
+
+
+def test_empty_index_and_empty_batches() -> None:
+    ix = LexicalIndex()
+    assert ix.search("anything", k=3) == []
+    ix.add([], [])
+    assert ix.remove([]) == 0
+    assert len(ix) == 0
+
+
+def test_scores_match_bm25_lucene_formula() -> None:
+    ix = LexicalIndex(k1=1.2, b=0.75)
+    ix.add([1, 2, 3], ["apple banana", "apple apple cherry", "cherry"])
+    n, df, avgdl = 3, 2, 6 / 3
+    idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
+    expected = {
+        2: idf * 2 / (2 + 1.2 * (0.25 + 0.75 * 3 / avgdl)),
+        1: idf * 1 / (1 + 1.2 * (0.25 + 0.75 * 2 / avgdl)),
+    }
+    hits = ix.search("apple", k=3)
+    assert [i for i, _ in hits] == [2, 1]
+    for id_, score in hits:
+        assert score == pytest.approx(expected[id_], rel=1e-5)
+
+
+def test_add_rejects_bad_batches_without_changing_index() -> None:
+    ix = _index()
+    with pytest.raises(ValueError, match="distinct"):
+        ix.add([1, 1], ["a b", "c d"])
+    with pytest.raises(ValueError, match="ids for"):
+        ix.add([1, 2], ["a b"])
+    with pytest.raises(ValueError, match="integers"):
+        ix.add([1.5], ["a b"])
+    with pytest.raises(TypeError, match="strings"):
+        ix.add([1], [b"bytes"])  # type: ignore[list-item]
+    assert len(ix) == 4
+
+
+def test_search_rejects_k_below_one() -> None:
+    with pytest.raises(ValueError, match="k must be"):
+        _index().search("lake", k=0)
+
+
+def test_contains_only_ints() -> None:
+    ix = _index()
+    assert 10 in ix
+    assert np.int64(11) in ix
+    assert "10" not in ix
+    assert True not in ix
+
+
+def test_pickling_is_refused() -> None:
+    with pytest.raises(TypeError, match="plaintext"):
+        pickle.dumps(_index())
+
+
+def test_rebuild_is_lazy_and_once_per_change() -> None:
+    ix = _index()
+    ix.search("lake", k=1)
+    ix.search("lake", k=1)
+    assert ix.rebuilds == 1
+    ix.add([20], ["new lake text"])
+    ix.remove([10])
+    ix.search("lake", k=1)
+    assert ix.rebuilds == 2
+
+
+def test_concurrent_add_remove_and_search_stay_consistent() -> None:
+    ix = LexicalIndex()
+    ix.add(np.arange(100), [f"common doc{i}" for i in range(100)])
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        try:
+            for round_ in range(30):
+                base = 1000 + round_ * 10
+                ix.add(np.arange(base, base + 10), [f"common fresh{j}" for j in range(10)])
+                ix.remove(np.arange(base, base + 10))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+        finally:
+            stop.set()
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                hits = ix.search("common", k=200)
+                assert len(hits) >= 100
+                assert all(s > 0.0 for _, s in hits)
+                assert len({i for i, _ in hits}) == len(hits)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer)] + [
+        threading.Thread(target=reader) for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert len(ix) == 100
+    assert len(ix.search("common", k=500)) == 100

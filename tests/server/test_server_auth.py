@@ -1,0 +1,215 @@
+"""Authentication and authorisation over gRPC: bearer tokens, owner checks
+before anything is read or written, admin tokens, health and reflection."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from _helpers import (
+    append,
+    create_thread,
+    error_reason,
+    expect_error,
+    get_turn,
+    list_texts,
+    search_texts,
+    unique,
+)
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from lethe.v1 import lifecycle_pb2, retrieval_pb2, threads_pb2
+
+UNAUTH = grpc.StatusCode.UNAUTHENTICATED
+DENIED = grpc.StatusCode.PERMISSION_DENIED
+
+
+@pytest.fixture
+def alice_data(lethe):
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", thread_id="t")
+    text = f"alice private {unique()}"
+    (turn,) = append(c, thread, [text], commit=True)
+    (pending,) = append(c, thread, [f"alice pending {unique()}"])
+    return c, thread, text, turn, pending
+
+
+def _requests(thread: str, turn: str, pending: str) -> list[tuple[str, str, object]]:
+    return [
+        ("threads", "GetThread", threads_pb2.GetThreadRequest(name=thread)),
+        ("threads", "ListThreads", threads_pb2.ListThreadsRequest(parent="owners/alice")),
+        ("threads", "CreateThread", threads_pb2.CreateThreadRequest(parent="owners/alice")),
+        ("threads", "GetTurn", threads_pb2.GetTurnRequest(name=turn)),
+        ("threads", "ListTurns", threads_pb2.ListTurnsRequest(parent=thread)),
+        (
+            "threads",
+            "AppendTurns",
+            threads_pb2.AppendTurnsRequest(
+                parent=thread, turns=[threads_pb2.TurnInput(role=1, text="intruder")]
+            ),
+        ),
+        (
+            "retrieval",
+            "Search",
+            retrieval_pb2.SearchRequest(parent="owners/alice", query_text="alice private"),
+        ),
+        ("lifecycle", "Forget", lifecycle_pb2.ForgetRequest(names=[turn])),
+        ("lifecycle", "Forget", lifecycle_pb2.ForgetRequest(names=[thread])),
+        ("lifecycle", "Forget", lifecycle_pb2.ForgetRequest(names=["owners/alice"])),
+        (
+            "lifecycle",
+            "Forget",
+            lifecycle_pb2.ForgetRequest(
+                range=lifecycle_pb2.TurnRange(thread=thread, from_seq=1, to_seq=2)
+            ),
+        ),
+        ("lifecycle", "Commit", lifecycle_pb2.CommitRequest(names=[pending])),
+    ]
+
+
+def _assert_alice_intact(c, thread: str, text: str, turn, pending) -> None:
+    assert get_turn(c, turn.name).text == text
+    assert get_turn(c, pending.name).state == pending.state
+    assert list_texts(c, thread) == [text, pending.text]
+    assert search_texts(c, "alice", text)[0] == text
+    threads = c.threads.ListThreads(
+        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=c.md
+    )
+    assert [t.name for t in threads.threads] == [thread]
+
+
+def test_missing_token_is_unauthenticated(lethe, alice_data) -> None:
+    c, thread, text, turn, pending = alice_data
+    for stub, method, req in _requests(thread, turn.name, pending.name):
+        fn = getattr(getattr(c, stub), method)
+        expect_error(fn, req, None, UNAUTH, "MISSING_TOKEN")
+    _assert_alice_intact(c, thread, text, turn, pending)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Bearer lethe_thisisnotarealtokenthisisnotarealtoken123",
+        "Bearer nonsense",
+        "Basic YWxpY2U6cGFzcw==",
+        "Bearer ",
+        "lethe_justthetoken",
+    ],
+)
+def test_bad_token_is_unauthenticated_invalid_token(lethe, alice_data, header: str) -> None:
+    c, thread, text, turn, pending = alice_data
+    md = [("authorization", header)]
+    for stub, method, req in _requests(thread, turn.name, pending.name):
+        fn = getattr(getattr(c, stub), method)
+        expect_error(fn, req, md, UNAUTH, "INVALID_TOKEN")
+    _assert_alice_intact(c, thread, text, turn, pending)
+
+
+def test_other_owners_token_is_permission_denied_and_touches_nothing(lethe, alice_data) -> None:
+    c, thread, text, turn, pending = alice_data
+    bob = lethe.client("bob")
+    create_thread(bob, "bob")
+    for stub, method, req in _requests(thread, turn.name, pending.name):
+        fn = getattr(getattr(bob, stub), method)
+        expect_error(fn, req, bob.md, DENIED, "OWNER_NOT_ALLOWED")
+    _assert_alice_intact(c, thread, text, turn, pending)
+    t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=c.md)
+    assert t.last_seq == 2
+
+
+def test_permission_denied_does_not_reveal_existence(lethe, alice_data) -> None:
+    bob = lethe.client("bob")
+    missing = threads_pb2.GetTurnRequest(name="owners/alice/threads/nothere/turns/1")
+    expect_error(bob.threads.GetTurn, missing, bob.md, DENIED, "OWNER_NOT_ALLOWED")
+    expect_error(
+        bob.threads.GetThread,
+        threads_pb2.GetThreadRequest(name="owners/alice/threads/nothere"),
+        bob.md,
+        DENIED,
+        "OWNER_NOT_ALLOWED",
+    )
+
+
+def test_forget_naming_two_owners_is_refused_and_deletes_nothing(lethe, alice_data) -> None:
+    c, thread, text, turn, pending = alice_data
+    both = lethe.client("alice", "bob")
+    b_thread = create_thread(both, "bob")
+    (b_turn,) = append(both, b_thread, ["bob's"], commit=True)
+    req = lifecycle_pb2.ForgetRequest(names=[turn.name, b_turn.name])
+    err = expect_error(
+        both.lifecycle.Forget, req, both.md, grpc.StatusCode.INVALID_ARGUMENT, "BAD_FIELD"
+    )
+    assert err is not None
+    _assert_alice_intact(c, thread, text, turn, pending)
+    assert get_turn(both, b_turn.name).text == "bob's"
+
+
+def test_token_for_several_owners_acts_for_each(lethe) -> None:
+    both = lethe.client("alice", "bob")
+    for owner in ("alice", "bob"):
+        thread = create_thread(both, owner)
+        (turn,) = append(both, thread, [f"{owner} {unique()}"], commit=True)
+        assert get_turn(both, turn.name).text == turn.text
+    expect_error(
+        both.threads.CreateThread,
+        threads_pb2.CreateThreadRequest(parent="owners/carol"),
+        both.md,
+        DENIED,
+        "OWNER_NOT_ALLOWED",
+    )
+
+
+def test_admin_token_acts_for_any_owner(lethe, alice_data) -> None:
+    c, thread, text, turn, pending = alice_data
+    admin = lethe.client(admin=True)
+    assert get_turn(admin, turn.name).text == text
+    assert list_texts(admin, thread) == [text, pending.text]
+    assert search_texts(admin, "alice", text)[0] == text
+    z_thread = create_thread(admin, "zed")
+    (z_turn,) = append(admin, z_thread, ["zed's turn"], commit=True)
+    assert get_turn(admin, z_turn.name).text == "zed's turn"
+    receipt = admin.lifecycle.Forget(
+        lifecycle_pb2.ForgetRequest(names=[turn.name]), metadata=admin.md
+    )
+    assert list(receipt.targets) == [turn.name]
+    expect_error(
+        c.threads.GetTurn,
+        threads_pb2.GetTurnRequest(name=turn.name),
+        c.md,
+        grpc.StatusCode.NOT_FOUND,
+        "RECORD_DELETED",
+    )
+
+
+def test_health_check_needs_no_token(lethe) -> None:
+    channel = grpc.insecure_channel(f"127.0.0.1:{lethe.port}")
+    lethe.channels.append(channel)
+    stub = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "lethe.v1.Threads", "lethe.v1.Retrieval", "lethe.v1.Lifecycle"):
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=service))
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING, service
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def _reflect(channel, md):
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    req = reflection_pb2.ServerReflectionRequest(list_services="")
+    kwargs = {} if md is None else {"metadata": md}
+    responses = list(stub.ServerReflectionInfo(iter([req]), **kwargs))
+    return {s.name for s in responses[0].list_services_response.service}
+
+
+def test_reflection_lists_lethe_services_with_token(lethe) -> None:
+    c = lethe.client("alice")
+    names = _reflect(c.channel, c.md)
+    assert {"lethe.v1.Threads", "lethe.v1.Retrieval", "lethe.v1.Lifecycle"} <= names
+    assert "grpc.health.v1.Health" in names
+
+
+def test_reflection_without_token_is_unauthenticated(lethe) -> None:
+    c = lethe.client("alice")
+    with pytest.raises(grpc.RpcError) as info:
+        _reflect(c.channel, None)
+    assert error_reason(info.value) == (UNAUTH, "MISSING_TOKEN")
