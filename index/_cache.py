@@ -20,8 +20,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
-from index._vectors import VectorIndex
+
+class _Sized(Protocol):
+    def __len__(self) -> int: ...
+
+
+T = TypeVar("T", bound=_Sized)
 
 __all__ = ["IndexCache"]
 
@@ -35,8 +41,9 @@ class _Build:
     stale: bool = False
 
 
-class IndexCache:
-    """Least-recently-used cache of :class:`VectorIndex` by string key.
+class IndexCache(Generic[T]):
+    """Least-recently-used cache of indexes (:class:`VectorIndex`, or any sized
+    bundle of indexes) by string key.
 
     Args:
         capacity: Maximum number of indexes held (not vectors), ``>= 1``.
@@ -50,7 +57,7 @@ class IndexCache:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, VectorIndex] = OrderedDict()
+        self._entries: OrderedDict[str, T] = OrderedDict()
         self._builds: dict[str, _Build] = {}
 
     @property
@@ -58,7 +65,7 @@ class IndexCache:
         """Maximum number of indexes held."""
         return self._capacity
 
-    def get(self, key: str) -> VectorIndex | None:
+    def get(self, key: str) -> T | None:
         """Return the cached index for ``key`` and mark it most recently used.
 
         Args:
@@ -73,7 +80,7 @@ class IndexCache:
                 self._entries.move_to_end(key)
             return found
 
-    def get_or_build(self, key: str, build: Callable[[], VectorIndex]) -> VectorIndex:
+    def get_or_build(self, key: str, build: Callable[[], T]) -> T:
         """Return the cached index for ``key``, building and caching it if absent.
 
         ``build`` runs at most once per key while the key stays cached, even when many

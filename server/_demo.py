@@ -26,6 +26,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -258,14 +259,28 @@ def _items(convs: list[Conversation]) -> tuple[list[_Item], int, int]:
     return items, dropped, empty
 
 
+MODES = {
+    "HYBRID": retrieval_pb2.SearchRequest.HYBRID,
+    "DENSE": retrieval_pb2.SearchRequest.DENSE,
+    "LEXICAL": retrieval_pb2.SearchRequest.LEXICAL,
+}
+
+
 def _run_queries(
-    api: _Api, items: list[_Item], names: dict[str, dict[str, str]], desc: str
+    api: _Api,
+    items: list[_Item],
+    names: dict[str, dict[str, str]],
+    desc: str,
+    mode: str = "HYBRID",
 ) -> tuple[list[list[str]], list[float]]:
     results: list[list[str]] = []
     latencies: list[float] = []
     for item in tqdm(items, desc=desc, unit="q"):
         req = retrieval_pb2.SearchRequest(
-            parent=f"owners/{item.owner}", query_text=item.question, top_k=max(KS)
+            parent=f"owners/{item.owner}",
+            query_text=item.question,
+            top_k=max(KS),
+            mode=MODES[mode],
         )
         start = time.perf_counter()
         resp = api.retrieval.Search(req, metadata=api.md)
@@ -393,10 +408,33 @@ def run_demo(args: argparse.Namespace) -> int:
             f"({sum(len(c.sessions) for c in convs)} sessions) in {ingest_s:.1f} s"
         )
         items, dropped, empty = _items(convs)
-        results, latencies = _run_queries(api, items, names, "search")
-        scores = _score(items, results)
+        tune_owners = {c.owner for c in convs[:5]}
+        splits: dict[str, Callable[[_Item], bool]] = {
+            "all": lambda it: True,
+            "tune (conv 1-5)": lambda it: it.owner in tune_owners,
+            "held-out (conv 6-10)": lambda it: it.owner not in tune_owners,
+        }
+        per_mode: dict[str, Any] = {}
+        mode_latency: dict[str, Any] = {}
+        results: list[list[str]] = []
+        for mode in MODES:
+            got, latencies = _run_queries(api, items, names, f"search {mode}", mode)
+            if mode == "HYBRID":
+                results = got
+            per_mode[mode] = {
+                split: _score(
+                    [i for i in items if keep(i)],
+                    [r for i, r in zip(items, got, strict=True) if keep(i)],
+                )
+                for split, keep in splits.items()
+                if any(keep(i) for i in items)
+            }
+            mode_latency[mode] = {
+                "p50_ms": round(_pct(latencies, 50) * 1e3, 3),
+                "p99_ms": round(_pct(latencies, 99) * 1e3, 3),
+            }
         floors = _floors(api, server, convs[0].owner, [i.question for i in items])
-        p50 = _pct(latencies, 50) * 1e3
+        hybrid_p50 = mode_latency["HYBRID"]["p50_ms"]
         report.update(
             turns=n_turns,
             conversations=len(convs),
@@ -404,16 +442,18 @@ def run_demo(args: argparse.Namespace) -> int:
             questions=len(items),
             evidence_refs_dropped=dropped,
             items_without_evidence=empty,
-            recall=scores,
+            recall=per_mode["HYBRID"]["all"],
+            recall_by_mode=per_mode,
             latency_ms={
-                "search_p50": round(p50, 3),
-                "search_p95": round(_pct(latencies, 95) * 1e3, 3),
-                "search_p99": round(_pct(latencies, 99) * 1e3, 3),
+                **{f"search_{m}": v for m, v in mode_latency.items()},
                 **{k: round(v, 4) for k, v in floors.items()},
-                "search_p50_over_empty_call": round(p50 / floors["empty_grpc_call_p50_ms"], 2),
+                "hybrid_p50_over_dense_p50": round(hybrid_p50 / mode_latency["DENSE"]["p50_ms"], 2),
+                "hybrid_p50_over_empty_call": round(
+                    hybrid_p50 / floors["empty_grpc_call_p50_ms"], 2
+                ),
             },
         )
-        _print_scores(scores, report["latency_ms"], dropped, empty)
+        _print_scores(per_mode, report["latency_ms"], dropped, empty)
 
         # Back up, then forget the session holding the most evidence of conversation 1.
         backup_dir = Path(tempfile.mkdtemp(prefix="lethe-demo-backup-")) / "backup"
@@ -536,17 +576,29 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _print_scores(
-    scores: dict[str, Any], latency: dict[str, float], dropped: int, empty: int
+    per_mode: dict[str, Any], latency: dict[str, Any], dropped: int, empty: int
 ) -> None:
     print(
-        f"\nrecall of evidence dialog ids (Search, default mode, top-{max(KS)}); "
+        f"\nrecall of evidence dialog ids (Search over gRPC, top-{max(KS)}); "
         f"{dropped} malformed evidence references dropped, {empty} items without evidence"
     )
+    print("\nHYBRID (the default mode), by category, all conversations:")
     header = f"{'category':<16}{'items':>6}" + "".join(f"{'R@' + str(k):>8}" for k in KS)
     header += "".join(f"{'hit@' + str(k):>8}" for k in (1, 10))
     print(header)
-    for group, e in scores.items():
+    for group, e in per_mode["HYBRID"]["all"].items():
         row = f"{group:<16}{e['items']:>6}" + "".join(f"{e[f'recall@{k}']:>8.3f}" for k in KS)
         row += "".join(f"{e[f'hit@{k}']:>8.3f}" for k in (1, 10))
         print(row)
-    print("latency (ms): " + ", ".join(f"{k}={v}" for k, v in latency.items()))
+    print("\nevery mode, categories 1-4, by split:")
+    print(f"{'mode':<9}{'split':<22}{'items':>6}" + "".join(f"{'R@' + str(k):>8}" for k in KS))
+    for mode, splits in per_mode.items():
+        for split, groups in splits.items():
+            e = groups.get("overall (1-4)")
+            if e is None:
+                continue
+            print(
+                f"{mode:<9}{split:<22}{e['items']:>6}"
+                + "".join(f"{e[f'recall@{k}']:>8.3f}" for k in KS)
+            )
+    print("\nlatency (ms): " + ", ".join(f"{k}={v}" for k, v in latency.items()))

@@ -59,7 +59,9 @@ class Lifecycle:
         """
         started = time.time()
         plan = self.store.plan_forget(owner, turns, threads, whole_owner, reason, started)
-        self.retriever.on_forget(owner, plan.rids, plan.entry["threads"], whole_owner)
+        self.retriever.on_forget(
+            owner, plan.rids, plan.entry["threads"], whole_owner, touched=list(turns)
+        )
         entry = self.store.finish_forget(plan.entry, time.time())
         self.metrics.deletion_latency.observe(time.time() - started)
         return entry

@@ -1,17 +1,30 @@
-"""Dense retrieval over the encrypted store: index upkeep and the search hot path.
+"""Retrieval over the encrypted store: index upkeep and the search hot path.
 
-One :class:`index.VectorIndex` per owner holds the owner's ``COMMITTED``, live,
-untainted turns (FAISS ids are the internal record numbers); one small index
-per thread holds that thread's pending turns. Both are built from the
-encrypted vectors in LMDB when first needed, kept in an LRU
-(:class:`index.IndexCache`), and never written to disk.
+Each owner has one bundle of in-memory indexes over its ``COMMITTED``, live,
+untainted turns, and each thread one bundle over its pending turns:
 
-The hot path (ARCHITECTURE.md, "Retrieval"): search the owner's index with
-over-fetch → recheck every hit in one read transaction through
-:func:`server._visibility.searchable` → decrypt the survivors.
+- ``dense``: :class:`index.VectorIndex` (FAISS inner product) over the turn's
+  vector (the server embeds ``speaker: text``, or the client sent one);
+- ``plain``: :class:`index.LexicalIndex` (BM25) over ``speaker: text``;
+- ``ctx``: BM25 over the *contextual* text ``"{date}. {previous turn} {speaker:
+  text}"``, where date is the turn's time as "8 May 2023" (UTC) and the previous
+  turn is the nearest earlier live turn of the same thread that is visible in
+  the same index (committed for the owner bundle, so pending words never enter
+  the general index). That context is derived from another record: when the
+  previous turn is forgotten or committed, the next one is re-indexed.
+
+Bundles are built from LMDB (decrypting vectors and texts) when first needed,
+kept in an LRU (:class:`index.IndexCache`) and never written to disk.
+
+Search modes (API.md): ``DENSE`` searches the dense leg only; ``LEXICAL`` fuses
+the two BM25 legs; ``HYBRID`` (the default) fuses all three with
+:func:`index.convex_fusion` and :data:`index.HYBRID_WEIGHTS` (tuned on LoCoMo
+conversations 1-5 by ``bench/eval_retrieval.py``). Every candidate is then
+rechecked through :func:`server._visibility.searchable` in one read
+transaction and only the survivors are decrypted.
 
 Thread rules: every public method may be called from any thread. Builds and
-updates of one owner's indexes are serialised by a per-owner lock, so an index
+updates of one owner's bundles are serialised by a per-owner lock, so a bundle
 built from a snapshot older than a write can never miss that write's update.
 """
 
@@ -19,28 +32,66 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import numpy as np
 import numpy.typing as npt
 
-from index import Embedder, IndexCache, VectorIndex, normalize
-from server._records import PAYLOAD_CONTENT, TurnMeta
+from index import (
+    HYBRID_LOWER_BOUNDS,
+    HYBRID_WEIGHTS,
+    Embedder,
+    IndexCache,
+    LexicalIndex,
+    VectorIndex,
+    convex_fusion,
+    normalize,
+)
+from server._records import PAYLOAD_CONTENT, PENDING, TurnMeta
 from server._store import Store, TurnView
-from server._visibility import indexable, pending_indexable, searchable
-from server.errors import InvalidArgument, RecordDeleted
+from server._visibility import (
+    general_visible,
+    indexable,
+    pending_indexable,
+    pending_visible,
+    searchable,
+)
+from server.errors import DataLoss, InvalidArgument, RecordDeleted
 
-# First fetch: top_k + OVERFETCH candidates; most hits survive the recheck, and
-# every candidate costs a metadata decode, so the margin is small and the
-# fetch grows 4x per round when the recheck drops too many.
+# First fetch: top_k + OVERFETCH candidates; most survive the recheck, and every
+# candidate costs a metadata decode, so the margin is small and the fetch grows
+# 4x per round when the recheck drops too many.
 OVERFETCH = 8
+# Each leg is cut at this depth before fusion (the depth HYBRID_WEIGHTS was tuned at).
+LEG_DEPTH = 30
+MODE_DENSE = "DENSE"
+MODE_LEXICAL = "LEXICAL"
+MODE_HYBRID = "HYBRID"
+_LEXICAL_WEIGHTS = (HYBRID_WEIGHTS[1], HYBRID_WEIGHTS[2])
+_LEXICAL_BOUNDS = (HYBRID_LOWER_BOUNDS[1], HYBRID_LOWER_BOUNDS[2])
+
+Ranked = list[tuple[int, float]]
 
 
 @dataclass(slots=True)
 class SearchHit:
     view: TurnView
     score: float
+
+
+@dataclass(slots=True)
+class _Bundle:
+    """One owner's committed indexes, or one thread's pending indexes."""
+
+    dense: VectorIndex
+    plain: LexicalIndex
+    ctx: LexicalIndex
+
+    def __len__(self) -> int:
+        """Vectors held (``lethe_index_vectors``)."""
+        return len(self.dense)
 
 
 def _owner_key(owner: str) -> str:
@@ -51,19 +102,30 @@ def _pending_key(owner: str, thread: str) -> str:
     return f"p/{owner}/{thread}"
 
 
+def plain_text(speaker: str, text: str) -> str:
+    """What the dense and plain legs index for a turn: ``speaker: text``."""
+    return f"{speaker}: {text}" if speaker else text
+
+
+def date_text(seconds: float) -> str:
+    """A turn's time as indexed in the contextual leg, e.g. ``8 May 2023`` (UTC)."""
+    when = datetime.fromtimestamp(seconds, tz=UTC)
+    return f"{when.day} {when.strftime('%B %Y')}"
+
+
 class Retriever:
-    """Index upkeep and dense search for every owner of one store.
+    """Index upkeep and search for every owner of one store.
 
     Args:
         store: The record store.
         embedder: The server-side embedder, or None (clients send vectors).
-        capacity: Most indexes (owner plus pending-thread) kept in memory.
+        capacity: Most bundles (owner plus pending-thread) kept in memory.
     """
 
     def __init__(self, store: Store, embedder: Embedder | None, *, capacity: int = 256) -> None:
         self.store = store
         self.embedder = embedder
-        self.cache = IndexCache(capacity)
+        self.cache: IndexCache[_Bundle] = IndexCache(capacity)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -84,12 +146,12 @@ class Retriever:
     def query_vector(
         self, owner: str, query_text: str, query_embedding: Sequence[float]
     ) -> npt.NDArray[np.float32] | None:
-        """The ``(d,) float32`` unit query, or None when nothing can be compared.
+        """The ``(d,) float32`` unit query vector, or None when none can be made
+        (no embedder and no client vector, or a text without tokens).
 
         Raises:
-            InvalidArgument: the client vector is non-finite or zero
-                (``query_embedding``), or its dimension differs from the owner's
-                (reason ``DIMENSION_MISMATCH``); no vector and no embedder.
+            InvalidArgument: the client vector is non-finite or zero, or its
+                dimension differs from the owner's (reason ``DIMENSION_MISMATCH``).
         """
         dim = self.store.owner_dim(owner) or (self.embedder.dim if self.embedder else None)
         if query_embedding:
@@ -106,168 +168,326 @@ class Retriever:
                     reason="DIMENSION_MISMATCH",
                 )
             return vec
-        if self.embedder is None:
-            raise InvalidArgument(
-                "query_embedding", "required: this server has no embedder (--embedder none)"
-            )
-        if not query_text:
-            raise InvalidArgument("query_text", "required when query_embedding is empty")
+        if self.embedder is None or not query_text:
+            return None
         row = self.embed_texts([query_text])[0]
         if row is None or (dim is not None and row.shape[0] != dim):
             return None
         return np.asarray(row, dtype=np.float32)
 
-    # ------------------------------------------------------------------ index upkeep
+    # ------------------------------------------------------------------ bundle builds
 
-    def _build_owner(self, owner: str) -> VectorIndex:
-        now = time.time()
-        metas = [m for m in self.store.owner_turns(owner) if indexable(m, now)]
-        return self._build(owner, metas)
+    def _texts(self, metas: Sequence[TurnMeta]) -> dict[int, str]:
+        """``speaker: text`` of each turn whose content can be opened."""
+        rows = self.store.fetch([m.rid for m in metas], (PAYLOAD_CONTENT,))
+        out: dict[int, str] = {}
+        for rid, (meta, cts) in rows.items():
+            try:
+                view = self.store.turn_view(meta, cts, with_embedding=False)
+            except (RecordDeleted, DataLoss):
+                continue
+            out[rid] = plain_text(view.speaker, view.text)
+        return out
 
-    def _build_pending(self, owner: str, thread: str) -> VectorIndex:
-        now = time.time()
-        metas = [m for m in self.store.thread_turns(owner, thread) if pending_indexable(m, now)]
-        return self._build(owner, metas)
+    def _contexts(
+        self, ordered: Sequence[TurnMeta], targets: Iterable[int], texts: dict[int, str]
+    ) -> dict[int, str]:
+        """Contextual texts of ``targets`` (rids) within ``ordered`` (one thread's
+        visible turns in seq order); ``texts`` must hold each target and its predecessor."""
+        position = {m.rid: i for i, m in enumerate(ordered)}
+        out: dict[int, str] = {}
+        for rid in targets:
+            i = position.get(rid)
+            if i is None or rid not in texts:
+                continue
+            meta = ordered[i]
+            prev = texts.get(ordered[i - 1].rid, "") if i > 0 else ""
+            out[rid] = f"{date_text(meta.time)}. {prev} {texts[rid]}".replace("  ", " ")
+        return out
 
-    def _build(self, owner: str, metas: list[TurnMeta]) -> VectorIndex:
-        dim = self.store.owner_dim(owner) or (self.embedder.dim if self.embedder else 1)
-        idx = VectorIndex(dim)
-        rids, vecs = self.store.embeddings(metas)
+    def _fill(
+        self,
+        bundle: _Bundle,
+        metas: Sequence[TurnMeta],
+        with_dense: Sequence[TurnMeta],
+        ordered_by_thread: dict[str, list[TurnMeta]],
+    ) -> None:
+        """Add ``metas`` to every leg of ``bundle`` (contexts from ``ordered_by_thread``)."""
+        if not metas:
+            return
+        need: dict[int, TurnMeta] = {m.rid: m for m in metas}
+        for meta in metas:
+            ordered = ordered_by_thread.get(meta.thread, [])
+            for i, other in enumerate(ordered):
+                if other.rid == meta.rid and i > 0:
+                    need.setdefault(ordered[i - 1].rid, ordered[i - 1])
+        texts = self._texts(list(need.values()))
+        plain_ids = [m.rid for m in metas if m.rid in texts]
+        if plain_ids:
+            bundle.plain.add(np.asarray(plain_ids, np.int64), [texts[r] for r in plain_ids])
+        ctx: dict[int, str] = {}
+        for thread, ordered in ordered_by_thread.items():
+            ctx.update(self._contexts(ordered, [m.rid for m in metas if m.thread == thread], texts))
+        if ctx:
+            bundle.ctx.add(np.asarray(list(ctx), np.int64), list(ctx.values()))
+        rids, vecs = self.store.embeddings(list(with_dense))
         if rids:
-            idx.add(np.asarray(rids, dtype=np.int64), vecs)
-        return idx
+            if bundle.dense.dim != vecs.shape[1]:
+                bundle.dense = VectorIndex(vecs.shape[1])
+            bundle.dense.add(np.asarray(rids, np.int64), vecs)
 
-    def owner_index(self, owner: str) -> VectorIndex:
-        """The owner's committed index, built on first use."""
+    def _new_bundle(self, owner: str) -> _Bundle:
+        dim = self.store.owner_dim(owner) or (self.embedder.dim if self.embedder else 1)
+        return _Bundle(VectorIndex(dim), LexicalIndex(), LexicalIndex())
+
+    def _build_owner(self, owner: str) -> _Bundle:
+        now = time.time()
+        by_thread: dict[str, list[TurnMeta]] = {}
+        for meta in sorted(self.store.owner_turns(owner), key=lambda m: (m.thread, m.seq)):
+            if general_visible(meta, now):
+                by_thread.setdefault(meta.thread, []).append(meta)
+        metas = [m for ordered in by_thread.values() for m in ordered]
+        bundle = self._new_bundle(owner)
+        self._fill(bundle, metas, [m for m in metas if indexable(m, now)], by_thread)
+        return bundle
+
+    def _pending_order(self, owner: str, thread: str, now: float) -> list[TurnMeta]:
+        return [m for m in self.store.thread_turns(owner, thread) if pending_visible(m, now)]
+
+    def _build_pending(self, owner: str, thread: str) -> _Bundle:
+        now = time.time()
+        ordered = self._pending_order(owner, thread, now)
+        pending = [m for m in ordered if m.state == PENDING]
+        bundle = self._new_bundle(owner)
+        self._fill(
+            bundle, pending, [m for m in pending if pending_indexable(m, now)], {thread: ordered}
+        )
+        return bundle
+
+    def owner_bundle(self, owner: str) -> _Bundle:
+        """The owner's committed bundle, built on first use."""
         with self._lock(owner):
             return self.cache.get_or_build(_owner_key(owner), lambda: self._build_owner(owner))
 
-    def pending_index(self, owner: str, thread: str) -> VectorIndex:
-        """A thread's pending index, built on first use."""
+    def pending_bundle(self, owner: str, thread: str) -> _Bundle:
+        """A thread's pending bundle, built on first use."""
         with self._lock(owner):
             return self.cache.get_or_build(
                 _pending_key(owner, thread), lambda: self._build_pending(owner, thread)
             )
 
-    def on_write(self, owner: str, metas: Sequence[TurnMeta]) -> None:
-        """Bring loaded indexes in line after turns were appended or committed.
+    # ------------------------------------------------------------------ upkeep
 
-        Committed turns join the owner's index and leave their thread's pending
-        index; pending turns join their thread's pending index. Indexes not
-        loaded are left alone: they are built from LMDB when first needed.
+    def _reindex_threads(
+        self, owner: str, bundle: _Bundle, threads: set[str], changed: set[int]
+    ) -> None:
+        """Refresh the contextual texts of turns whose predecessor may have changed.
+
+        ``changed`` holds rids that entered or left the general index; the turn
+        after each of them (in its thread's visible order) gets a new context.
+        """
+        now = time.time()
+        for thread in threads:
+            ordered = [m for m in self.store.thread_turns(owner, thread) if general_visible(m, now)]
+            seqs_changed = {m.seq for m in self.store.metas(list(changed)) if m.thread == thread}
+            targets: list[TurnMeta] = []
+            for i, meta in enumerate(ordered):
+                prev_seq = ordered[i - 1].seq if i > 0 else 0
+                if any(prev_seq < s < meta.seq for s in seqs_changed) or meta.rid in changed:
+                    targets.append(meta)
+            if not targets:
+                continue
+            need = {m.rid: m for m in targets}
+            for meta in targets:
+                i = ordered.index(meta)
+                if i > 0:
+                    need.setdefault(ordered[i - 1].rid, ordered[i - 1])
+            texts = self._texts(list(need.values()))
+            ctx = self._contexts(ordered, [m.rid for m in targets], texts)
+            if ctx:
+                bundle.ctx.add(np.asarray(list(ctx), np.int64), list(ctx.values()))
+
+    def on_write(self, owner: str, metas: Sequence[TurnMeta]) -> None:
+        """Bring loaded bundles in line after turns were appended or committed.
+
+        Committed turns join the owner's bundle (and the turn after each gets a
+        new context) and leave their thread's pending bundle; pending turns
+        join their thread's pending bundle. Bundles not loaded are left alone:
+        they are built from LMDB when first needed.
         """
         if not metas:
             return
         now = time.time()
         with self._lock(owner):
-            owner_idx = self.cache.get(_owner_key(owner))
-            committed = [m for m in metas if indexable(m, now)]
-            pending = [m for m in metas if pending_indexable(m, now)]
-            need = (committed if owner_idx is not None else []) + [
-                m for m in pending if self.cache.get(_pending_key(owner, m.thread)) is not None
-            ]
-            rids, vecs = self.store.embeddings(need) if need else ([], None)
-            vec_of = dict(zip(rids, vecs, strict=True)) if vecs is not None else {}
-            if owner_idx is not None:
-                add = [m.rid for m in committed if m.rid in vec_of]
-                if add and owner_idx.dim != vec_of[add[0]].shape[0]:
-                    # Built before the owner had a dimension: rebuild from LMDB on next use.
-                    self.cache.evict(_owner_key(owner))
-                elif add:
-                    owner_idx.add(np.asarray(add, np.int64), np.vstack([vec_of[r] for r in add]))
-            for meta in metas:
-                key = _pending_key(owner, meta.thread)
-                pidx = self.cache.get(key)
-                if pidx is None:
-                    continue
-                if meta.rid in vec_of and pidx.dim != vec_of[meta.rid].shape[0]:
-                    self.cache.evict(key)
-                elif meta in pending and meta.rid in vec_of:
-                    pidx.add(np.asarray([meta.rid], np.int64), vec_of[meta.rid][None, :])
+            owner_b = self.cache.get(_owner_key(owner))
+            committed = [m for m in metas if general_visible(m, now)]
+            if owner_b is not None and committed:
+                dense = [m for m in committed if indexable(m, now)]
+                rids, vecs = self.store.embeddings(dense)
+                if rids and owner_b.dense.dim != vecs.shape[1] and len(owner_b.dense):
+                    self.cache.evict(_owner_key(owner))  # rebuilt from LMDB on next use
                 else:
-                    pidx.remove(np.asarray([meta.rid], np.int64))
+                    threads = {m.thread for m in committed}
+                    by_thread = {
+                        t: [m for m in self.store.thread_turns(owner, t) if general_visible(m, now)]
+                        for t in threads
+                    }
+                    self._fill(owner_b, committed, dense, by_thread)
+                    self._reindex_threads(owner, owner_b, threads, {m.rid for m in committed})
+            for thread in {m.thread for m in metas}:
+                key = _pending_key(owner, thread)
+                if self.cache.get(key) is not None:
+                    self.cache.evict(key)  # small: rebuilt from LMDB on next use
 
     def on_forget(
-        self, owner: str, rids: Sequence[int], threads: Sequence[str], whole_owner: bool
+        self,
+        owner: str,
+        rids: Sequence[int],
+        threads: Sequence[str],
+        whole_owner: bool,
+        touched: Sequence[tuple[str, int]] = (),
     ) -> None:
-        """Remove forgotten records from every loaded index (step 2 of a forget)."""
+        """Remove forgotten records from every loaded bundle (step 2 of a forget).
+
+        Args:
+            touched: (thread, seq) of forgotten single turns: the turn after each
+                is re-indexed with its new context.
+        """
         with self._lock(owner):
             if whole_owner:
                 self.cache.evict(_owner_key(owner))
                 self.cache.evict_prefix(f"p/{owner}/")
                 return
-            for thread in threads:
+            for thread in {*threads, *(t for t, _ in touched)}:
                 self.cache.evict(_pending_key(owner, thread))
             if not rids:
                 return
             ids = np.asarray(rids, dtype=np.int64)
-            pending_keys = [k for k in self.cache.keys() if k.startswith(f"p/{owner}/")]  # noqa: SIM118
-            for key in [_owner_key(owner), *pending_keys]:
-                idx = self.cache.get(key)
-                if idx is not None:
-                    idx.remove(ids)
+            bundle = self.cache.get(_owner_key(owner))
+            if bundle is None:
+                return
+            bundle.dense.remove(ids)
+            bundle.plain.remove(ids)
+            bundle.ctx.remove(ids)
+            survivors = {t for t, _ in touched} - set(threads)
+            if survivors:
+                self._reindex_threads(owner, bundle, survivors, set(rids))
 
     # ------------------------------------------------------------------ search
 
     def search(
-        self, owner: str, query: npt.NDArray[np.float32], top_k: int, pending_thread: str | None
+        self,
+        owner: str,
+        query_text: str,
+        query: npt.NDArray[np.float32] | None,
+        top_k: int,
+        pending_thread: str | None,
+        mode: str = MODE_HYBRID,
     ) -> list[SearchHit]:
-        """Dense search with recheck.
+        """Search with recheck.
 
         Args:
-            query: ``(d,) float32`` unit vector.
+            query_text: the query for the lexical legs ("" = none).
+            query: ``(d,) float32`` unit vector for the dense leg, or None.
             top_k: hits wanted, 1..1000.
             pending_thread: a thread id whose pending turns also count.
+            mode: ``HYBRID``, ``DENSE`` or ``LEXICAL``.
 
         Returns:
-            Up to ``top_k`` visible hits, best first (score = inner product).
+            Up to ``top_k`` visible hits, best first. Scores: inner product for
+            DENSE; the fused score in ``[0, 1]`` for LEXICAL and HYBRID. HYBRID
+            with only a vector (no text) is DENSE; with only text and no vector
+            (no embedder, or a text without tokens) it is LEXICAL.
         """
-        indexes = [self.owner_index(owner)]
+        bundles = [self.owner_bundle(owner)]
         if pending_thread is not None:
-            indexes.append(self.pending_index(owner, pending_thread))
-        best: dict[int, tuple[float, TurnMeta, dict[str, bytes]]] = {}
-        for idx in indexes:
-            if len(idx) == 0 or idx.dim != query.shape[0]:
-                continue
-            for rid, score, meta, cts in self._visible_hits(
-                idx, owner, query, top_k, pending_thread
-            ):
-                if rid not in best or score > best[rid][0]:
-                    best[rid] = (score, meta, cts)
-        hits: list[SearchHit] = []
-        for score, meta, cts in sorted(best.values(), key=lambda item: -item[0]):
-            try:
-                view = self.store.turn_view(meta, cts, with_embedding=False)
-            except RecordDeleted:  # its key was destroyed after the recheck
-                continue
-            hits.append(SearchHit(view, score))
-            if len(hits) == top_k:
-                break
-        return hits
+            bundles.append(self.pending_bundle(owner, pending_thread))
+        if mode == MODE_HYBRID and not query_text.strip():
+            mode = MODE_DENSE  # only a vector: the dense leg alone, with its own scores
+        if mode == MODE_HYBRID and query is None:
+            mode = MODE_LEXICAL  # no vector could be made: the lexical legs alone
+        if mode == MODE_DENSE:
+            if query is None:
+                return []
+            return self._dense_search(bundles, owner, query, top_k, pending_thread)
+        depth = max(LEG_DEPTH, top_k + OVERFETCH)
+        plain = _merge([b.plain.search(query_text, depth) for b in bundles if len(b.plain)])
+        ctx = _merge([b.ctx.search(query_text, depth) for b in bundles if len(b.ctx)])
+        if mode == MODE_LEXICAL:
+            fused = convex_fusion([plain, ctx], _LEXICAL_WEIGHTS, _LEXICAL_BOUNDS)
+        else:
+            dense = _merge(
+                [
+                    b.dense.search(query, depth)
+                    for b in bundles
+                    if query is not None and len(b.dense) and b.dense.dim == query.shape[0]
+                ]
+            )
+            fused = convex_fusion([dense, plain, ctx], HYBRID_WEIGHTS, HYBRID_LOWER_BOUNDS)
+        return self._materialise(fused, owner, top_k, pending_thread)
 
-    def _visible_hits(
+    def _dense_search(
         self,
-        idx: VectorIndex,
+        bundles: list[_Bundle],
         owner: str,
         query: npt.NDArray[np.float32],
         top_k: int,
         pending_thread: str | None,
-    ) -> list[tuple[int, float, TurnMeta, dict[str, bytes]]]:
-        """Search ``idx`` with over-fetch and keep what the recheck lets through.
+    ) -> list[SearchHit]:
+        legs: list[Ranked] = []
+        for bundle in bundles:
+            idx = bundle.dense
+            if len(idx) == 0 or idx.dim != query.shape[0]:
+                continue
+            k = min(len(idx), top_k + OVERFETCH)
+            while True:
+                raw = idx.search(query, k)
+                visible = self._visible([rid for rid, _ in raw], owner, pending_thread)
+                if sum(1 for rid, _ in raw if rid in visible) >= top_k or k >= len(idx):
+                    break
+                k = min(len(idx), k * 4)
+            legs.append(raw)
+        return self._materialise(_merge(legs), owner, top_k, pending_thread)
 
-        Each round rechecks every hit in one read transaction; the fetch grows
-        4x until ``top_k`` survive or the index is exhausted.
-        """
-        k = min(len(idx), top_k + OVERFETCH)
-        while True:
-            raw = idx.search(query, k)
-            rows = self.store.fetch([rid for rid, _ in raw], (PAYLOAD_CONTENT,))
+    def _visible(self, rids: list[int], owner: str, pending_thread: str | None) -> set[int]:
+        rows = self.store.fetch(rids, ())
+        now = time.time()
+        return {
+            rid for rid, (meta, _) in rows.items() if searchable(meta, now, owner, pending_thread)
+        }
+
+    def _materialise(
+        self, ranked: Ranked, owner: str, top_k: int, pending_thread: str | None
+    ) -> list[SearchHit]:
+        """Recheck candidates in rank order (one read transaction per chunk) and
+        decrypt the survivors until ``top_k`` are found."""
+        hits: list[SearchHit] = []
+        chunk = top_k + OVERFETCH
+        for start in range(0, len(ranked), chunk):
+            part = ranked[start : start + chunk]
+            rows = self.store.fetch([rid for rid, _ in part], (PAYLOAD_CONTENT,))
             now = time.time()
-            good = []
-            for rid, score in raw:
+            for rid, score in part:
                 row = rows.get(rid)
-                if row is not None and searchable(row[0], now, owner, pending_thread):
-                    good.append((rid, score, row[0], row[1]))
-            if len(good) >= top_k or k >= len(idx):
-                return good
-            k = min(len(idx), k * 4)
+                if row is None or not searchable(row[0], now, owner, pending_thread):
+                    continue
+                try:
+                    view = self.store.turn_view(row[0], row[1], with_embedding=False)
+                except RecordDeleted:  # its key was destroyed after the recheck
+                    continue
+                hits.append(SearchHit(view, score))
+                if len(hits) == top_k:
+                    return hits
+        return hits
+
+
+def _merge(legs: Sequence[Ranked]) -> Ranked:
+    """One ranked list from several (owner and pending) of the same leg: best score per id."""
+    if len(legs) == 1:
+        return legs[0]
+    best: dict[int, float] = {}
+    for leg in legs:
+        for rid, score in leg:
+            if rid not in best or score > best[rid]:
+                best[rid] = score
+    return sorted(best.items(), key=lambda item: (-item[1], item[0]))

@@ -24,7 +24,6 @@ import numpy as np
 from google.protobuf import duration_pb2, timestamp_pb2
 from grpc_status import rpc_status
 
-from index import normalize
 from lethe.v1 import (
     common_pb2,
     lifecycle_pb2,
@@ -48,7 +47,7 @@ from server._names import (
     parse_turn,
 )
 from server._records import COMMITTED, PAYLOAD_CONTENT, PENDING
-from server._search import Retriever
+from server._search import MODE_DENSE, MODE_HYBRID, MODE_LEXICAL, Retriever
 from server._store import Store, TurnDraft, TurnView
 from server.errors import InvalidArgument, LetheError, Unimplemented
 
@@ -447,15 +446,15 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
                 pending_thread = thread.thread
         elif request.include_pending:
             raise InvalidArgument("include_pending", "requires thread")
-        mode = request.mode
-        if mode == retrieval_pb2.SearchRequest.LEXICAL:
-            raise Unimplemented("LEXICAL search is not served by this release")
-        if mode not in (
-            retrieval_pb2.SearchRequest.MODE_UNSPECIFIED,
-            retrieval_pb2.SearchRequest.HYBRID,
-            retrieval_pb2.SearchRequest.DENSE,
-        ):
+        modes = {
+            retrieval_pb2.SearchRequest.MODE_UNSPECIFIED: MODE_HYBRID,
+            retrieval_pb2.SearchRequest.HYBRID: MODE_HYBRID,
+            retrieval_pb2.SearchRequest.DENSE: MODE_DENSE,
+            retrieval_pb2.SearchRequest.LEXICAL: MODE_LEXICAL,
+        }
+        if request.mode not in modes:
             raise InvalidArgument("mode", "unknown mode")
+        mode = modes[request.mode]
         for i, kind in enumerate(request.kinds):
             if kind == 0:
                 raise InvalidArgument(f"kinds[{i}]", "unknown kind")
@@ -463,12 +462,20 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
             return retrieval_pb2.SearchResponse()  # memories are not served yet
         if query_vec is None and not request.query_text.strip():
             raise InvalidArgument("query_text", "query_text or query_embedding is required")
-        vec = self.retriever.query_vector(
-            owner, request.query_text, [] if query_vec is None else query_vec.tolist()
+        if mode == MODE_LEXICAL and not request.query_text.strip():
+            raise InvalidArgument("query_text", "LEXICAL search needs query_text")
+        vec = None
+        if mode != MODE_LEXICAL:
+            vec = self.retriever.query_vector(
+                owner, request.query_text, [] if query_vec is None else query_vec.tolist()
+            )
+        if mode == MODE_DENSE and vec is None and self.retriever.embedder is None:
+            raise InvalidArgument(
+                "query_embedding", "DENSE search needs query_embedding: this server has no embedder"
+            )
+        hits = self.retriever.search(
+            owner, request.query_text, vec, top_k, pending_thread, mode=mode
         )
-        if vec is None:
-            return retrieval_pb2.SearchResponse()
-        hits = self.retriever.search(owner, normalize(vec)[0], top_k, pending_thread)
         return retrieval_pb2.SearchResponse(
             hits=[retrieval_pb2.Hit(score=h.score, turn=turn_proto(h.view)) for h in hits]
         )

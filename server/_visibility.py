@@ -65,11 +65,22 @@ def searchable(meta: TurnMeta, now: float, owner: str, pending_thread: str | Non
     return state == PENDING and pending_thread is not None and meta.thread == pending_thread
 
 
+def general_visible(meta: TurnMeta, now: float) -> bool:
+    """Whether the record belongs in its owner's general (committed) lexical indexes."""
+    return not meta.tainted and effective_state(meta, now) == COMMITTED
+
+
+def pending_visible(meta: TurnMeta, now: float) -> bool:
+    """Whether the record may serve its own thread's immediate context (pending or
+    committed, live, untainted): what a pending turn's contextual text may quote."""
+    return not meta.tainted and effective_state(meta, now) in (PENDING, COMMITTED)
+
+
 def indexable(meta: TurnMeta, now: float) -> bool:
-    """Whether the record belongs in its owner's general (committed) index."""
-    return meta.has_embedding and not meta.tainted and effective_state(meta, now) == COMMITTED
+    """Whether the record's vector belongs in its owner's general (committed) index."""
+    return meta.has_embedding and general_visible(meta, now)
 
 
 def pending_indexable(meta: TurnMeta, now: float) -> bool:
-    """Whether the record belongs in its thread's in-memory pending index."""
+    """Whether the record's vector belongs in its thread's in-memory pending index."""
     return meta.has_embedding and not meta.tainted and effective_state(meta, now) == PENDING

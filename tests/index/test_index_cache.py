@@ -17,7 +17,7 @@ def _index_of(size: int) -> VectorIndex:
 
 
 def test_get_or_build_builds_once_under_concurrent_first_use() -> None:
-    cache = IndexCache(capacity=4)
+    cache: IndexCache[VectorIndex] = IndexCache(capacity=4)
     calls = 0
     calls_lock = threading.Lock()
     start = threading.Barrier(8)
@@ -48,7 +48,7 @@ def test_get_or_build_builds_once_under_concurrent_first_use() -> None:
 
 
 def test_lru_evicts_least_recently_used_at_capacity() -> None:
-    cache = IndexCache(capacity=2)
+    cache: IndexCache[VectorIndex] = IndexCache(capacity=2)
     a = cache.get_or_build("a", lambda: _index_of(1))
     cache.get_or_build("b", lambda: _index_of(1))
     assert cache.get("a") is a  # "b" is now least recently used
@@ -59,7 +59,7 @@ def test_lru_evicts_least_recently_used_at_capacity() -> None:
 
 
 def test_evicted_index_keeps_working_for_its_holder() -> None:
-    cache = IndexCache(capacity=1)
+    cache: IndexCache[VectorIndex] = IndexCache(capacity=1)
     held = cache.get_or_build("a", lambda: _index_of(5))
     cache.get_or_build("b", lambda: _index_of(1))
     assert cache.get("a") is None
@@ -70,7 +70,7 @@ def test_evicted_index_keeps_working_for_its_holder() -> None:
 
 
 def test_evict_prefix_drops_owner_and_its_threads() -> None:
-    cache = IndexCache()
+    cache: IndexCache[VectorIndex] = IndexCache()
     for key in ["owner/1", "owner/1/thread/a", "owner/1/thread/b", "owner/2"]:
         cache.get_or_build(key, lambda: _index_of(1))
     assert cache.evict_prefix("owner/1") == 3
@@ -79,7 +79,7 @@ def test_evict_prefix_drops_owner_and_its_threads() -> None:
 
 
 def test_evict_single_key() -> None:
-    cache = IndexCache()
+    cache: IndexCache[VectorIndex] = IndexCache()
     cache.get_or_build("k", lambda: _index_of(1))
     assert cache.evict("k") is True
     assert cache.evict("k") is False
@@ -87,7 +87,7 @@ def test_evict_single_key() -> None:
 
 
 def test_total_vectors_sums_cached_indexes() -> None:
-    cache = IndexCache()
+    cache: IndexCache[VectorIndex] = IndexCache()
     cache.get_or_build("a", lambda: _index_of(3))
     cache.get_or_build("b", lambda: _index_of(4))
     assert cache.total_vectors() == 7
@@ -96,7 +96,7 @@ def test_total_vectors_sums_cached_indexes() -> None:
 
 
 def test_failed_build_caches_nothing_and_next_caller_retries() -> None:
-    cache = IndexCache()
+    cache: IndexCache[VectorIndex] = IndexCache()
 
     def broken() -> VectorIndex:
         raise RuntimeError("store unavailable")
@@ -108,7 +108,7 @@ def test_failed_build_caches_nothing_and_next_caller_retries() -> None:
 
 
 def test_eviction_during_build_causes_rebuild() -> None:
-    cache = IndexCache()
+    cache: IndexCache[VectorIndex] = IndexCache()
     building = threading.Event()
     release = threading.Event()
     sizes = iter([1, 2])

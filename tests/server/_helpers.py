@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import lmdb
+from conftest import Client
 from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -32,7 +34,7 @@ def _status(err: grpc.RpcError) -> Any:
 
 def error_reason(err: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
     """``(code, ErrorInfo.reason)``; reason is "" when the error carries none."""
-    code = err.code()  # type: ignore[attr-defined]
+    code = err.code()
     status = rpc_status.from_call(err)  # type: ignore[arg-type]
     if status is None:
         return code, ""
@@ -63,7 +65,9 @@ def bad_field(err: grpc.RpcError) -> str:
     return fields[0]
 
 
-def call_error(fn: Callable[..., Any], request: Any, md: Sequence[tuple[str, str]] | None) -> Any:
+def call_error(
+    fn: Callable[..., Any], request: Any, md: Sequence[tuple[str, str]] | None
+) -> grpc.RpcError:
     """Call an RPC that must fail; returns the ``grpc.RpcError``."""
     try:
         kwargs = {} if md is None else {"metadata": md}
@@ -79,14 +83,16 @@ def expect_error(
     md: Sequence[tuple[str, str]] | None,
     code: grpc.StatusCode,
     reason: str,
-) -> Any:
+) -> grpc.RpcError:
     """Call an RPC, assert it fails with ``code`` and ErrorInfo ``reason``."""
     err = call_error(fn, request, md)
     assert error_reason(err) == (code, reason), (error_reason(err), err.details())
     return err
 
 
-def expect_bad_field(fn: Callable[..., Any], request: Any, md: Any, field: str) -> None:
+def expect_bad_field(
+    fn: Callable[..., Any], request: Any, md: Sequence[tuple[str, str]] | None, field: str
+) -> None:
     """Assert INVALID_ARGUMENT / BAD_FIELD naming ``field``."""
     err = expect_error(fn, request, md, grpc.StatusCode.INVALID_ARGUMENT, "BAD_FIELD")
     assert bad_field(err) == field, (bad_fields(err), err.details())
@@ -97,7 +103,7 @@ def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
     try:
         return "ok", fn()
     except grpc.RpcError as err:
-        return "error", err.code()  # type: ignore[attr-defined]
+        return "error", err.code()
 
 
 def unique(tag: str = "plant") -> str:
@@ -109,11 +115,11 @@ def owner_name(owner: str) -> str:
     return f"owners/{owner}"
 
 
-def create_thread(c: Any, owner: str, thread_id: str = "", title: str = "") -> str:
+def create_thread(c: Client, owner: str, thread_id: str = "", title: str = "") -> str:
     """Create a thread; returns its name."""
     t = c.threads.CreateThread(
         threads_pb2.CreateThreadRequest(parent=owner_name(owner), thread_id=thread_id, title=title),
-        metadata=c.md,
+        metadata=tuple(c.md),
     )
     return str(t.name)
 
@@ -122,7 +128,7 @@ def turn_input(
     text: str,
     *,
     commit: bool = False,
-    role: int = common_pb2.USER,
+    role: common_pb2.Role.ValueType = common_pb2.USER,
     speaker: str = "",
     ttl: float | None = None,
     embedding: Iterable[float] = (),
@@ -139,7 +145,7 @@ def turn_input(
 
 
 def append(
-    c: Any,
+    c: Client,
     thread: str,
     texts: Sequence[str],
     *,
@@ -155,13 +161,13 @@ def append(
             turns=[turn_input(t, commit=commit, speaker=speaker, ttl=ttl) for t in texts],
             request_id=request_id,
         ),
-        metadata=c.md,
+        metadata=tuple(c.md),
     )
     return list(resp.turns)
 
 
 def search(
-    c: Any,
+    c: Client,
     owner: str,
     query: str,
     *,
@@ -178,22 +184,22 @@ def search(
             thread=thread,
             include_pending=include_pending,
         ),
-        metadata=c.md,
+        metadata=tuple(c.md),
     )
     return [h.turn for h in resp.hits]
 
 
-def search_texts(c: Any, owner: str, query: str, **kw: Any) -> list[str]:
+def search_texts(c: Client, owner: str, query: str, **kw: Any) -> list[str]:
     return [t.text for t in search(c, owner, query, **kw)]
 
 
-def list_texts(c: Any, thread: str) -> list[str]:
+def list_texts(c: Client, thread: str) -> list[str]:
     """Every listed turn text of a thread (all pages)."""
     out: list[str] = []
     token = ""
     while True:
         resp = c.threads.ListTurns(
-            threads_pb2.ListTurnsRequest(parent=thread, page_token=token), metadata=c.md
+            threads_pb2.ListTurnsRequest(parent=thread, page_token=token), metadata=tuple(c.md)
         )
         out.extend(t.text for t in resp.turns)
         token = resp.next_page_token
@@ -201,15 +207,17 @@ def list_texts(c: Any, thread: str) -> list[str]:
             return out
 
 
-def get_turn(c: Any, name: str) -> threads_pb2.Turn:
-    return c.threads.GetTurn(threads_pb2.GetTurnRequest(name=name), metadata=c.md)
+def get_turn(c: Client, name: str) -> threads_pb2.Turn:
+    return c.threads.GetTurn(threads_pb2.GetTurnRequest(name=name), metadata=tuple(c.md))
 
 
-def forget(c: Any, *names: str, rng: lifecycle_pb2.TurnRange | None = None) -> Any:
+def forget(
+    c: Client, *names: str, rng: lifecycle_pb2.TurnRange | None = None
+) -> common_pb2.DeletionReceipt:
     req = lifecycle_pb2.ForgetRequest(names=list(names))
     if rng is not None:
         req.range.CopyFrom(rng)
-    return c.lifecycle.Forget(req, metadata=c.md)
+    return c.lifecycle.Forget(req, metadata=tuple(c.md))
 
 
 def run_cli(argv: Sequence[str]) -> int:
@@ -228,14 +236,12 @@ def run_cli(argv: Sequence[str]) -> int:
         root.setLevel(level)
 
 
-def open_data_env(data_dir: Path) -> Any:
+def open_data_env(data_dir: Path) -> lmdb.Environment:
     """Open the (stopped) server's data environment with raw ``lmdb``."""
-    import lmdb
-
     return lmdb.open(str(data_dir / "data"), max_dbs=32, map_size=64 << 30)
 
 
-def rid_of(env: Any, owner: str, thread_id: str, seq: int) -> bytes:
+def rid_of(env: lmdb.Environment, owner: str, thread_id: str, seq: int) -> bytes:
     """The 8-byte record-number key of a turn, from the ``seqs`` database."""
     seqs = env.open_db(b"seqs")
     with env.begin() as txn:

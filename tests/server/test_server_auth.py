@@ -3,6 +3,8 @@ before anything is read or written, admin tokens, health and reflection."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 import pytest
 from _helpers import (
@@ -15,17 +17,21 @@ from _helpers import (
     search_texts,
     unique,
 )
+from conftest import Client, Lethe
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from lethe.v1 import lifecycle_pb2, retrieval_pb2, threads_pb2
+from lethe.v1 import common_pb2, lifecycle_pb2, retrieval_pb2, threads_pb2
 
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 
+# (client, thread name, committed text, committed turn, pending turn)
+AliceData = tuple[Client, str, str, threads_pb2.Turn, threads_pb2.Turn]
+
 
 @pytest.fixture
-def alice_data(lethe):
+def alice_data(lethe: Lethe) -> AliceData:
     c = lethe.client("alice")
     thread = create_thread(c, "alice", thread_id="t")
     text = f"alice private {unique()}"
@@ -45,7 +51,7 @@ def _requests(thread: str, turn: str, pending: str) -> list[tuple[str, str, obje
             "threads",
             "AppendTurns",
             threads_pb2.AppendTurnsRequest(
-                parent=thread, turns=[threads_pb2.TurnInput(role=1, text="intruder")]
+                parent=thread, turns=[threads_pb2.TurnInput(role=common_pb2.USER, text="intruder")]
             ),
         ),
         (
@@ -67,18 +73,20 @@ def _requests(thread: str, turn: str, pending: str) -> list[tuple[str, str, obje
     ]
 
 
-def _assert_alice_intact(c, thread: str, text: str, turn, pending) -> None:
+def _assert_alice_intact(
+    c: Client, thread: str, text: str, turn: threads_pb2.Turn, pending: threads_pb2.Turn
+) -> None:
     assert get_turn(c, turn.name).text == text
     assert get_turn(c, pending.name).state == pending.state
     assert list_texts(c, thread) == [text, pending.text]
     assert search_texts(c, "alice", text)[0] == text
     threads = c.threads.ListThreads(
-        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=c.md
+        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=tuple(c.md)
     )
     assert [t.name for t in threads.threads] == [thread]
 
 
-def test_missing_token_is_unauthenticated(lethe, alice_data) -> None:
+def test_missing_token_is_unauthenticated(lethe: Lethe, alice_data: AliceData) -> None:
     c, thread, text, turn, pending = alice_data
     for stub, method, req in _requests(thread, turn.name, pending.name):
         fn = getattr(getattr(c, stub), method)
@@ -96,7 +104,9 @@ def test_missing_token_is_unauthenticated(lethe, alice_data) -> None:
         "lethe_justthetoken",
     ],
 )
-def test_bad_token_is_unauthenticated_invalid_token(lethe, alice_data, header: str) -> None:
+def test_bad_token_is_unauthenticated_invalid_token(
+    lethe: Lethe, alice_data: AliceData, header: str
+) -> None:
     c, thread, text, turn, pending = alice_data
     md = [("authorization", header)]
     for stub, method, req in _requests(thread, turn.name, pending.name):
@@ -105,7 +115,9 @@ def test_bad_token_is_unauthenticated_invalid_token(lethe, alice_data, header: s
     _assert_alice_intact(c, thread, text, turn, pending)
 
 
-def test_other_owners_token_is_permission_denied_and_touches_nothing(lethe, alice_data) -> None:
+def test_other_owners_token_is_permission_denied_and_touches_nothing(
+    lethe: Lethe, alice_data: AliceData
+) -> None:
     c, thread, text, turn, pending = alice_data
     bob = lethe.client("bob")
     create_thread(bob, "bob")
@@ -113,11 +125,11 @@ def test_other_owners_token_is_permission_denied_and_touches_nothing(lethe, alic
         fn = getattr(getattr(bob, stub), method)
         expect_error(fn, req, bob.md, DENIED, "OWNER_NOT_ALLOWED")
     _assert_alice_intact(c, thread, text, turn, pending)
-    t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=c.md)
+    t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=tuple(c.md))
     assert t.last_seq == 2
 
 
-def test_permission_denied_does_not_reveal_existence(lethe, alice_data) -> None:
+def test_permission_denied_does_not_reveal_existence(lethe: Lethe, alice_data: AliceData) -> None:
     bob = lethe.client("bob")
     missing = threads_pb2.GetTurnRequest(name="owners/alice/threads/nothere/turns/1")
     expect_error(bob.threads.GetTurn, missing, bob.md, DENIED, "OWNER_NOT_ALLOWED")
@@ -130,7 +142,9 @@ def test_permission_denied_does_not_reveal_existence(lethe, alice_data) -> None:
     )
 
 
-def test_forget_naming_two_owners_is_refused_and_deletes_nothing(lethe, alice_data) -> None:
+def test_forget_naming_two_owners_is_refused_and_deletes_nothing(
+    lethe: Lethe, alice_data: AliceData
+) -> None:
     c, thread, text, turn, pending = alice_data
     both = lethe.client("alice", "bob")
     b_thread = create_thread(both, "bob")
@@ -144,7 +158,7 @@ def test_forget_naming_two_owners_is_refused_and_deletes_nothing(lethe, alice_da
     assert get_turn(both, b_turn.name).text == "bob's"
 
 
-def test_token_for_several_owners_acts_for_each(lethe) -> None:
+def test_token_for_several_owners_acts_for_each(lethe: Lethe) -> None:
     both = lethe.client("alice", "bob")
     for owner in ("alice", "bob"):
         thread = create_thread(both, owner)
@@ -159,7 +173,7 @@ def test_token_for_several_owners_acts_for_each(lethe) -> None:
     )
 
 
-def test_admin_token_acts_for_any_owner(lethe, alice_data) -> None:
+def test_admin_token_acts_for_any_owner(lethe: Lethe, alice_data: AliceData) -> None:
     c, thread, text, turn, pending = alice_data
     admin = lethe.client(admin=True)
     assert get_turn(admin, turn.name).text == text
@@ -169,7 +183,7 @@ def test_admin_token_acts_for_any_owner(lethe, alice_data) -> None:
     (z_turn,) = append(admin, z_thread, ["zed's turn"], commit=True)
     assert get_turn(admin, z_turn.name).text == "zed's turn"
     receipt = admin.lifecycle.Forget(
-        lifecycle_pb2.ForgetRequest(names=[turn.name]), metadata=admin.md
+        lifecycle_pb2.ForgetRequest(names=[turn.name]), metadata=tuple(admin.md)
     )
     assert list(receipt.targets) == [turn.name]
     expect_error(
@@ -181,7 +195,7 @@ def test_admin_token_acts_for_any_owner(lethe, alice_data) -> None:
     )
 
 
-def test_health_check_needs_no_token(lethe) -> None:
+def test_health_check_needs_no_token(lethe: Lethe) -> None:
     channel = grpc.insecure_channel(f"127.0.0.1:{lethe.port}")
     lethe.channels.append(channel)
     stub = health_pb2_grpc.HealthStub(channel)
@@ -193,22 +207,22 @@ def test_health_check_needs_no_token(lethe) -> None:
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def _reflect(channel, md):
+def _reflect(channel: grpc.Channel, md: Sequence[tuple[str, str]] | None) -> set[str]:
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
     req = reflection_pb2.ServerReflectionRequest(list_services="")
-    kwargs = {} if md is None else {"metadata": md}
+    kwargs = {} if md is None else {"metadata": tuple(md)}
     responses = list(stub.ServerReflectionInfo(iter([req]), **kwargs))
     return {s.name for s in responses[0].list_services_response.service}
 
 
-def test_reflection_lists_lethe_services_with_token(lethe) -> None:
+def test_reflection_lists_lethe_services_with_token(lethe: Lethe) -> None:
     c = lethe.client("alice")
     names = _reflect(c.channel, c.md)
     assert {"lethe.v1.Threads", "lethe.v1.Retrieval", "lethe.v1.Lifecycle"} <= names
     assert "grpc.health.v1.Health" in names
 
 
-def test_reflection_without_token_is_unauthenticated(lethe) -> None:
+def test_reflection_without_token_is_unauthenticated(lethe: Lethe) -> None:
     c = lethe.client("alice")
     with pytest.raises(grpc.RpcError) as info:
         _reflect(c.channel, None)

@@ -3,6 +3,8 @@ forgotten, the rest comes back intact."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 from _helpers import (
     append,
@@ -15,13 +17,16 @@ from _helpers import (
     search_texts,
     unique,
 )
+from conftest import Lethe
 
 from lethe.v1 import threads_pb2
 
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
 
 
-def test_restore_after_forget_keeps_forgotten_thread_unreadable(lethe, tmp_path) -> None:
+def test_restore_after_forget_keeps_forgotten_thread_unreadable(
+    lethe: Lethe, tmp_path: Path
+) -> None:
     c = lethe.client("alice")
     doomed = create_thread(c, "alice", title=unique("doomed"))
     kept = create_thread(c, "alice", title="kept")
@@ -61,16 +66,18 @@ def test_restore_after_forget_keeps_forgotten_thread_unreadable(lethe, tmp_path)
     for turn, text in zip(kept_turns, kept_texts, strict=True):
         assert get_turn(c, turn.name).text == text
         assert text in search_texts(c, "alice", text)
-    assert c.threads.GetThread(threads_pb2.GetThreadRequest(name=kept), metadata=c.md).title == (
-        "kept"
-    )
+    assert c.threads.GetThread(
+        threads_pb2.GetThreadRequest(name=kept), metadata=tuple(c.md)
+    ).title == ("kept")
     listed = c.threads.ListThreads(
-        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=c.md
+        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=tuple(c.md)
     )
     assert [t.name for t in listed.threads] == [kept]
 
 
-def test_restore_after_forgetting_one_turn_keeps_that_turn_unreadable(lethe, tmp_path) -> None:
+def test_restore_after_forgetting_one_turn_keeps_that_turn_unreadable(
+    lethe: Lethe, tmp_path: Path
+) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     texts = [f"line {i} {unique()}" for i in range(3)]
@@ -94,7 +101,7 @@ def test_restore_after_forgetting_one_turn_keeps_that_turn_unreadable(lethe, tmp
     assert texts[0] in search_texts(c, "alice", texts[0])
 
 
-def test_backup_into_data_dir_is_refused(lethe) -> None:
+def test_backup_into_data_dir_is_refused(lethe: Lethe) -> None:
     out = lethe.data_dir / "inside"
     assert run_cli(["backup", "--data", str(lethe.data_dir), "--out", str(out)]) == 2
     assert not (out / "data.mdb").exists()

@@ -16,14 +16,17 @@ from _helpers import (
     search_texts,
     unique,
 )
+from conftest import Lethe
 
-from lethe.v1 import lifecycle_pb2, threads_pb2
+from lethe.v1 import common_pb2, lifecycle_pb2, threads_pb2
 
 DESTINATIONS = {"lmdb", "index", "keystore", "cache"}
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
 
 
-def _assert_receipt(receipt, owner: str, targets: list[str], deleted: int, *planted: str) -> None:
+def _assert_receipt(
+    receipt: common_pb2.DeletionReceipt, owner: str, targets: list[str], deleted: int, *planted: str
+) -> None:
     assert receipt.name.startswith(f"owners/{owner}/deletions/")
     assert len(receipt.name) > len(f"owners/{owner}/deletions/")
     assert list(receipt.targets) == targets
@@ -43,7 +46,7 @@ def _assert_receipt(receipt, owner: str, targets: list[str], deleted: int, *plan
         assert secret not in text_form
 
 
-def test_forget_turn_removes_it_from_search_get_and_list(lethe) -> None:
+def test_forget_turn_removes_it_from_search_get_and_list(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     gone, kept = f"forget me {unique()}", f"keep me {unique()}"
@@ -66,7 +69,7 @@ def test_forget_turn_removes_it_from_search_get_and_list(lethe) -> None:
     assert get_turn(c, t_kept.name).text == kept
 
 
-def test_forget_pending_turn_removes_it_from_pending_search(lethe) -> None:
+def test_forget_pending_turn_removes_it_from_pending_search(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     text = f"pending forget {unique()}"
@@ -83,7 +86,7 @@ def test_forget_pending_turn_removes_it_from_pending_search(lethe) -> None:
     )
 
 
-def test_get_never_existing_turn_is_not_found_not_deleted(lethe) -> None:
+def test_get_never_existing_turn_is_not_found_not_deleted(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     append(c, thread, ["only one"])
@@ -110,7 +113,7 @@ def test_get_never_existing_turn_is_not_found_not_deleted(lethe) -> None:
     )
 
 
-def test_forget_never_existing_turn_is_not_found_and_deletes_nothing(lethe) -> None:
+def test_forget_never_existing_turn_is_not_found_and_deletes_nothing(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     (turn,) = append(c, thread, ["stay"], commit=True)
@@ -119,7 +122,7 @@ def test_forget_never_existing_turn_is_not_found_and_deletes_nothing(lethe) -> N
     assert get_turn(c, turn.name).text == "stay"
 
 
-def test_forget_thread_removes_all_its_turns_and_the_thread(lethe) -> None:
+def test_forget_thread_removes_all_its_turns_and_the_thread(lethe: Lethe) -> None:
     c = lethe.client("alice")
     title = unique("title")
     thread = create_thread(c, "alice", title=title)
@@ -157,7 +160,7 @@ def test_forget_thread_removes_all_its_turns_and_the_thread(lethe) -> None:
     for text in texts:
         assert text not in search_texts(c, "alice", text)
     listed = c.threads.ListThreads(
-        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=c.md
+        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=tuple(c.md)
     )
     assert [t.name for t in listed.threads] == [other]
     # The other thread is untouched.
@@ -165,7 +168,7 @@ def test_forget_thread_removes_all_its_turns_and_the_thread(lethe) -> None:
     assert get_turn(c, s_turn.name).text == survivor
 
 
-def test_forget_thread_with_pending_turns_hides_them_from_pending_search(lethe) -> None:
+def test_forget_thread_with_pending_turns_hides_them_from_pending_search(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     text = f"pending in forgotten thread {unique()}"
@@ -177,7 +180,7 @@ def test_forget_thread_with_pending_turns_hides_them_from_pending_search(lethe) 
     assert got in (("ok", []), ("error", NOT_FOUND)), got
 
 
-def test_forget_owner_removes_everything_of_that_owner_only(lethe) -> None:
+def test_forget_owner_removes_everything_of_that_owner_only(lethe: Lethe) -> None:
     alice = lethe.client("alice")
     bob = lethe.client("bob")
     a_threads = [create_thread(alice, "alice", title=unique("t")) for _ in range(2)]
@@ -211,7 +214,7 @@ def test_forget_owner_removes_everything_of_that_owner_only(lethe) -> None:
     for text in a_texts:
         assert search_texts(alice, "alice", text) == []
     listed = alice.threads.ListThreads(
-        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=alice.md
+        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=tuple(alice.md)
     )
     assert list(listed.threads) == []
     # Bob is untouched.
@@ -219,7 +222,7 @@ def test_forget_owner_removes_everything_of_that_owner_only(lethe) -> None:
     assert get_turn(bob, b_turn.name).text == b_text
 
 
-def test_forget_turn_range_deletes_exactly_that_range(lethe) -> None:
+def test_forget_turn_range_deletes_exactly_that_range(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     texts = [f"turn {i} {unique()}" for i in range(1, 7)]
@@ -244,7 +247,7 @@ def test_forget_turn_range_deletes_exactly_that_range(lethe) -> None:
             assert texts[i - 1] in search_texts(c, "alice", texts[i - 1])
 
 
-def test_forget_turn_range_past_the_end_stops_at_last_seq(lethe) -> None:
+def test_forget_turn_range_past_the_end_stops_at_last_seq(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     texts = [f"turn {i} {unique()}" for i in range(3)]
@@ -254,7 +257,7 @@ def test_forget_turn_range_past_the_end_stops_at_last_seq(lethe) -> None:
     assert list_texts(c, thread) == texts[:2]
 
 
-def test_forget_twice_keeps_record_deleted(lethe) -> None:
+def test_forget_twice_keeps_record_deleted(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     (turn,) = append(c, thread, ["twice"], commit=True)
@@ -270,24 +273,24 @@ def test_forget_twice_keeps_record_deleted(lethe) -> None:
     )
 
 
-def test_appending_to_forgotten_thread_is_refused(lethe) -> None:
+def test_appending_to_forgotten_thread_is_refused(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     append(c, thread, ["x"])
     forget(c, thread)
     req = threads_pb2.AppendTurnsRequest(
-        parent=thread, turns=[threads_pb2.TurnInput(role=1, text="y")]
+        parent=thread, turns=[threads_pb2.TurnInput(role=common_pb2.USER, text="y")]
     )
     expect_error(c.threads.AppendTurns, req, c.md, NOT_FOUND, "RECORD_DELETED")
 
 
 @pytest.mark.parametrize("seq", [1, 2])
-def test_thread_last_seq_keeps_numbers_of_forgotten_turns(lethe, seq: int) -> None:
+def test_thread_last_seq_keeps_numbers_of_forgotten_turns(lethe: Lethe, seq: int) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     turns = append(c, thread, ["a", "b"], commit=True)
     forget(c, turns[seq - 1].name)
     (new,) = append(c, thread, ["c"], commit=True)
     assert new.seq == 3
-    t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=c.md)
+    t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=tuple(c.md))
     assert t.last_seq == 3

@@ -3,10 +3,13 @@ file under the data directory, nor in a backup."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from _helpers import append, create_thread, files_containing, run_cli, search_texts, unique
+from conftest import Lethe
 
 
-def _plant(lethe) -> list[str]:
+def _plant(lethe: Lethe) -> list[str]:
     c = lethe.client("alice")
     title = unique("titleplant")
     thread = create_thread(c, "alice", title=title)
@@ -21,7 +24,7 @@ def _plant(lethe) -> list[str]:
     return planted
 
 
-def test_no_planted_plaintext_in_data_dir_files(lethe) -> None:
+def test_no_planted_plaintext_in_data_dir_files(lethe: Lethe) -> None:
     planted = _plant(lethe)
     lethe.stop()
     files = [p for p in lethe.data_dir.rglob("*") if p.is_file()]
@@ -29,7 +32,7 @@ def test_no_planted_plaintext_in_data_dir_files(lethe) -> None:
     assert files_containing(lethe.data_dir, planted) == []
 
 
-def test_no_planted_plaintext_in_backup(lethe, tmp_path) -> None:
+def test_no_planted_plaintext_in_backup(lethe: Lethe, tmp_path: Path) -> None:
     planted = _plant(lethe)
     out = tmp_path / "backup"
     assert run_cli(["backup", "--data", str(lethe.data_dir), "--out", str(out)]) == 0
@@ -39,7 +42,7 @@ def test_no_planted_plaintext_in_backup(lethe, tmp_path) -> None:
     assert files_containing(lethe.data_dir, planted) == []
 
 
-def test_scan_detects_planted_plaintext(tmp_path) -> None:
+def test_scan_detects_planted_plaintext(tmp_path: Path) -> None:
     """The scanner itself can fail: a file holding the needle is reported."""
     needle = unique("needle")
     (tmp_path / "a.bin").write_bytes(b"\x00xx" + needle.encode() + b"yy")

@@ -4,8 +4,11 @@ ListThreads."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from _helpers import append, create_thread, list_texts, turn_input
+from conftest import Lethe
 
 from lethe.v1 import threads_pb2
 
@@ -16,37 +19,37 @@ def _req(thread: str, texts: list[str], request_id: str) -> threads_pb2.AppendTu
     )
 
 
-def _names_seqs(resp) -> list[tuple[str, int, str]]:
+def _names_seqs(resp: threads_pb2.AppendTurnsResponse) -> list[tuple[str, int, str]]:
     return [(t.name, t.seq, t.text) for t in resp.turns]
 
 
-def test_retry_with_same_request_id_appends_once(lethe) -> None:
+def test_retry_with_same_request_id_appends_once(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
-    first = c.threads.AppendTurns(_req(thread, ["one", "two"], "req-1"), metadata=c.md)
-    again = c.threads.AppendTurns(_req(thread, ["one", "two"], "req-1"), metadata=c.md)
+    first = c.threads.AppendTurns(_req(thread, ["one", "two"], "req-1"), metadata=tuple(c.md))
+    again = c.threads.AppendTurns(_req(thread, ["one", "two"], "req-1"), metadata=tuple(c.md))
     assert _names_seqs(again) == _names_seqs(first)
     assert [t.seq for t in first.turns] == [1, 2]
     assert [t.create_time for t in again.turns] == [t.create_time for t in first.turns]
     assert list_texts(c, thread) == ["one", "two"]
-    t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=c.md)
+    t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=tuple(c.md))
     assert t.last_seq == 2
 
 
-def test_retry_with_same_request_id_and_other_content_returns_first_result(lethe) -> None:
+def test_retry_with_same_request_id_and_other_content_returns_first_result(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
-    first = c.threads.AppendTurns(_req(thread, ["original"], "req-x"), metadata=c.md)
-    again = c.threads.AppendTurns(_req(thread, ["changed", "more"], "req-x"), metadata=c.md)
+    first = c.threads.AppendTurns(_req(thread, ["original"], "req-x"), metadata=tuple(c.md))
+    again = c.threads.AppendTurns(_req(thread, ["changed", "more"], "req-x"), metadata=tuple(c.md))
     assert _names_seqs(again) == _names_seqs(first)
     assert list_texts(c, thread) == ["original"]
 
 
-def test_different_request_id_appends_again(lethe) -> None:
+def test_different_request_id_appends_again(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
-    a = c.threads.AppendTurns(_req(thread, ["same"], "req-a"), metadata=c.md)
-    b = c.threads.AppendTurns(_req(thread, ["same"], "req-b"), metadata=c.md)
+    a = c.threads.AppendTurns(_req(thread, ["same"], "req-a"), metadata=tuple(c.md))
+    b = c.threads.AppendTurns(_req(thread, ["same"], "req-b"), metadata=tuple(c.md))
     assert [t.seq for t in a.turns] == [1]
     assert [t.seq for t in b.turns] == [2]
     # No request_id: every call appends.
@@ -55,17 +58,17 @@ def test_different_request_id_appends_again(lethe) -> None:
     assert list_texts(c, thread) == ["same"] * 4
 
 
-def test_request_id_is_scoped_to_its_thread(lethe) -> None:
+def test_request_id_is_scoped_to_its_thread(lethe: Lethe) -> None:
     c = lethe.client("alice")
     t1, t2 = create_thread(c, "alice"), create_thread(c, "alice")
-    r1 = c.threads.AppendTurns(_req(t1, ["in one"], "shared"), metadata=c.md)
-    r2 = c.threads.AppendTurns(_req(t2, ["in two"], "shared"), metadata=c.md)
+    r1 = c.threads.AppendTurns(_req(t1, ["in one"], "shared"), metadata=tuple(c.md))
+    r2 = c.threads.AppendTurns(_req(t2, ["in two"], "shared"), metadata=tuple(c.md))
     assert r1.turns[0].name.startswith(t1 + "/")
     assert r2.turns[0].name.startswith(t2 + "/")
     assert list_texts(c, t2) == ["in two"]
 
 
-def test_concurrent_retries_with_same_request_id_append_once(lethe) -> None:
+def test_concurrent_retries_with_same_request_id_append_once(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     results: list[list[tuple[str, int, str]]] = []
@@ -73,7 +76,9 @@ def test_concurrent_retries_with_same_request_id_append_once(lethe) -> None:
 
     def call() -> None:
         try:
-            resp = c.threads.AppendTurns(_req(thread, ["racy", "pair"], "req-race"), metadata=c.md)
+            resp = c.threads.AppendTurns(
+                _req(thread, ["racy", "pair"], "req-race"), metadata=tuple(c.md)
+            )
             results.append(_names_seqs(resp))
         except BaseException as exc:  # collected and asserted below
             errors.append(exc)
@@ -89,19 +94,34 @@ def test_concurrent_retries_with_same_request_id_append_once(lethe) -> None:
     assert list_texts(c, thread) == ["racy", "pair"]
 
 
-def test_retry_survives_restart(lethe) -> None:
+def test_retry_survives_restart(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
-    first = c.threads.AppendTurns(_req(thread, ["durable"], "req-d"), metadata=c.md)
+    first = c.threads.AppendTurns(_req(thread, ["durable"], "req-d"), metadata=tuple(c.md))
     lethe.restart()
     c = lethe.client("alice")
-    again = c.threads.AppendTurns(_req(thread, ["durable"], "req-d"), metadata=c.md)
+    again = c.threads.AppendTurns(_req(thread, ["durable"], "req-d"), metadata=tuple(c.md))
     assert _names_seqs(again) == _names_seqs(first)
     assert list_texts(c, thread) == ["durable"]
 
 
-def _pages(fn, make_req, items_of):
-    pages, token = [], ""
+class _Page(Protocol):
+    @property
+    def next_page_token(self) -> str: ...
+
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp", bound=_Page)
+_Item = TypeVar("_Item")
+
+
+def _pages(
+    fn: Callable[[_Req], _Resp],
+    make_req: Callable[[str], _Req],
+    items_of: Callable[[_Resp], list[_Item]],
+) -> list[tuple[list[_Item], str]]:
+    pages: list[tuple[list[_Item], str]] = []
+    token = ""
     for _ in range(20):
         resp = fn(make_req(token))
         pages.append(([*items_of(resp)], resp.next_page_token))
@@ -111,14 +131,14 @@ def _pages(fn, make_req, items_of):
     raise AssertionError("pagination did not end")
 
 
-def test_list_turns_pages_of_two_over_five(lethe) -> None:
+def test_list_turns_pages_of_two_over_five(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     texts = [f"turn {i}" for i in range(1, 6)]
     append(c, thread, texts[:3], commit=True)
     append(c, thread, texts[3:])
     pages = _pages(
-        lambda r: c.threads.ListTurns(r, metadata=c.md),
+        lambda r: c.threads.ListTurns(r, metadata=tuple(c.md)),
         lambda tok: threads_pb2.ListTurnsRequest(parent=thread, page_size=2, page_token=tok),
         lambda resp: [(t.seq, t.text) for t in resp.turns],
     )
@@ -131,7 +151,7 @@ def test_list_turns_pages_of_two_over_five(lethe) -> None:
     assert pages[-1][1] == ""
 
 
-def test_list_turns_pages_skip_forgotten_turns(lethe) -> None:
+def test_list_turns_pages_skip_forgotten_turns(lethe: Lethe) -> None:
     from _helpers import forget
 
     c = lethe.client("alice")
@@ -139,7 +159,7 @@ def test_list_turns_pages_skip_forgotten_turns(lethe) -> None:
     turns = append(c, thread, [f"turn {i}" for i in range(1, 7)], commit=True)
     forget(c, turns[1].name, turns[2].name)
     pages = _pages(
-        lambda r: c.threads.ListTurns(r, metadata=c.md),
+        lambda r: c.threads.ListTurns(r, metadata=tuple(c.md)),
         lambda tok: threads_pb2.ListTurnsRequest(parent=thread, page_size=2, page_token=tok),
         lambda resp: [t.seq for t in resp.turns],
     )
@@ -147,7 +167,7 @@ def test_list_turns_pages_skip_forgotten_turns(lethe) -> None:
     assert pages[-1][1] == ""
 
 
-def test_list_threads_pages_of_two_over_five(lethe) -> None:
+def test_list_threads_pages_of_two_over_five(lethe: Lethe) -> None:
     c = lethe.client("alice")
     ids = ["t1", "t2", "t3", "t4", "t5"]
     for tid in reversed(ids):
@@ -155,7 +175,7 @@ def test_list_threads_pages_of_two_over_five(lethe) -> None:
     other = lethe.client("alicia")
     create_thread(other, "alicia", thread_id="t0")  # an owner whose id shares a prefix
     pages = _pages(
-        lambda r: c.threads.ListThreads(r, metadata=c.md),
+        lambda r: c.threads.ListThreads(r, metadata=tuple(c.md)),
         lambda tok: threads_pb2.ListThreadsRequest(
             parent="owners/alice", page_size=2, page_token=tok
         ),
@@ -167,12 +187,12 @@ def test_list_threads_pages_of_two_over_five(lethe) -> None:
     assert pages[-1][1] == ""
 
 
-def test_list_threads_exact_multiple_has_no_empty_trailing_page(lethe) -> None:
+def test_list_threads_exact_multiple_has_no_empty_trailing_page(lethe: Lethe) -> None:
     c = lethe.client("alice")
     for tid in ["a1", "a2", "a3", "a4"]:
         create_thread(c, "alice", thread_id=tid)
     pages = _pages(
-        lambda r: c.threads.ListThreads(r, metadata=c.md),
+        lambda r: c.threads.ListThreads(r, metadata=tuple(c.md)),
         lambda tok: threads_pb2.ListThreadsRequest(
             parent="owners/alice", page_size=2, page_token=tok
         ),
@@ -181,15 +201,15 @@ def test_list_threads_exact_multiple_has_no_empty_trailing_page(lethe) -> None:
     assert [p[0] for p in pages] == [["a1", "a2"], ["a3", "a4"]]
 
 
-def test_list_turns_default_page_size_is_100(lethe) -> None:
+def test_list_turns_default_page_size_is_100(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     append(c, thread, [f"t{i}" for i in range(150)], commit=True)
-    resp = c.threads.ListTurns(threads_pb2.ListTurnsRequest(parent=thread), metadata=c.md)
+    resp = c.threads.ListTurns(threads_pb2.ListTurnsRequest(parent=thread), metadata=tuple(c.md))
     assert len(resp.turns) == 100
     assert resp.next_page_token
     big = c.threads.ListTurns(
-        threads_pb2.ListTurnsRequest(parent=thread, page_size=5000), metadata=c.md
+        threads_pb2.ListTurnsRequest(parent=thread, page_size=5000), metadata=tuple(c.md)
     )
     assert len(big.turns) == 150
     assert big.next_page_token == ""

@@ -5,6 +5,7 @@ without the sweeper, across restarts."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import grpc
 from _helpers import (
@@ -25,7 +26,7 @@ from lethe.v1 import common_pb2, lifecycle_pb2, threads_pb2
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
 
 
-def test_committed_turns_survive_restart_and_are_searchable(lethe) -> None:
+def test_committed_turns_survive_restart_and_are_searchable(lethe: Lethe) -> None:
     c = lethe.client("alice")
     title = f"title {unique()}"
     thread = create_thread(c, "alice", title=title)
@@ -39,19 +40,19 @@ def test_committed_turns_survive_restart_and_are_searchable(lethe) -> None:
     assert list_texts(c, thread) == texts
     got = get_turn(c, turns[1].name)
     assert (got.text, got.speaker, got.state) == (texts[1], "ana", common_pb2.COMMITTED)
-    t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=c.md)
+    t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=tuple(c.md))
     assert (t.title, t.last_seq) == (title, 3)
     # Appending continues the numbering.
     (nxt,) = append(c, thread, ["after restart"], commit=True)
     assert nxt.seq == 4
 
 
-def test_forgotten_turn_stays_forgotten_after_restart(lethe) -> None:
+def test_forgotten_turn_stays_forgotten_after_restart(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     texts = [f"x {unique()}", f"y {unique()}"]
     turns = append(c, thread, texts, commit=True)
-    c.lifecycle.Forget(lifecycle_pb2.ForgetRequest(names=[turns[0].name]), metadata=c.md)
+    c.lifecycle.Forget(lifecycle_pb2.ForgetRequest(names=[turns[0].name]), metadata=tuple(c.md))
     lethe.restart()
     c = lethe.client("alice")
     expect_error(
@@ -65,7 +66,7 @@ def test_forgotten_turn_stays_forgotten_after_restart(lethe) -> None:
     assert list_texts(c, thread) == [texts[1]]
 
 
-def test_expired_pending_turn_is_unreadable_after_restart_without_sweeper(lethe) -> None:
+def test_expired_pending_turn_is_unreadable_after_restart_without_sweeper(lethe: Lethe) -> None:
     assert lethe.config.get("sweep_interval", 0.0) == 0.0
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
@@ -100,7 +101,7 @@ def test_expired_pending_turn_is_unreadable_after_restart_without_sweeper(lethe)
     )
 
 
-def test_expired_pending_turn_is_unreadable_before_any_sweep(lethe) -> None:
+def test_expired_pending_turn_is_unreadable_before_any_sweep(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     text = f"fleeting {unique()}"
@@ -118,7 +119,7 @@ def test_expired_pending_turn_is_unreadable_before_any_sweep(lethe) -> None:
     assert search_texts(c, "alice", text, thread=thread, include_pending=True) == []
 
 
-def test_sweeper_tombstones_and_purges_expired_pending_turn(tmp_path, kek_env) -> None:
+def test_sweeper_tombstones_and_purges_expired_pending_turn(tmp_path: Path, kek_env: str) -> None:
     server = Lethe(tmp_path / "d", sweep_interval=0.2)
     try:
         c = server.client("alice")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -19,6 +20,7 @@ from _helpers import (
     get_turn,
     turn_input,
 )
+from conftest import Client, Lethe
 from google.protobuf import duration_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,20 +29,25 @@ from lethe.v1 import common_pb2, lifecycle_pb2, retrieval_pb2, threads_pb2
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
+# (client of alice, thread "t", its first turn, committed)
+Ctx = tuple[Client, str, threads_pb2.Turn]
+
 
 @pytest.fixture
-def ctx(lethe):
+def ctx(lethe: Lethe) -> Ctx:
     c = lethe.client("alice")
     thread = create_thread(c, "alice", thread_id="t")
     (turn,) = append(c, thread, ["the first committed turn"], commit=True)
     return c, thread, turn
 
 
-def _still_serving(c, turn) -> None:
+def _still_serving(c: Client, turn: threads_pb2.Turn) -> None:
     assert get_turn(c, turn.name).text == turn.text
 
 
-def _append_req(thread: str, *turns: threads_pb2.TurnInput, request_id: str = ""):
+def _append_req(
+    thread: str, *turns: threads_pb2.TurnInput, request_id: str = ""
+) -> threads_pb2.AppendTurnsRequest:
     return threads_pb2.AppendTurnsRequest(parent=thread, turns=list(turns), request_id=request_id)
 
 
@@ -60,7 +67,7 @@ def _append_req(thread: str, *turns: threads_pb2.TurnInput, request_id: str = ""
         "owners/ä",
     ],
 )
-def test_create_thread_with_malformed_parent_is_bad_field(ctx, parent: str) -> None:
+def test_create_thread_with_malformed_parent_is_bad_field(ctx: Ctx, parent: str) -> None:
     c, _, turn = ctx
     expect_bad_field(
         c.threads.CreateThread, threads_pb2.CreateThreadRequest(parent=parent), c.md, "parent"
@@ -69,14 +76,14 @@ def test_create_thread_with_malformed_parent_is_bad_field(ctx, parent: str) -> N
 
 
 @pytest.mark.parametrize("thread_id", ["T", "-t", "a b", "a/b", "a" * 64, "ü", "a_b"])
-def test_create_thread_with_malformed_thread_id_is_bad_field(ctx, thread_id: str) -> None:
+def test_create_thread_with_malformed_thread_id_is_bad_field(ctx: Ctx, thread_id: str) -> None:
     c, _, turn = ctx
     req = threads_pb2.CreateThreadRequest(parent="owners/alice", thread_id=thread_id)
     expect_bad_field(c.threads.CreateThread, req, c.md, "thread_id")
     _still_serving(c, turn)
 
 
-def test_create_thread_with_taken_id_is_already_exists(ctx) -> None:
+def test_create_thread_with_taken_id_is_already_exists(ctx: Ctx) -> None:
     c, _, _ = ctx
     req = threads_pb2.CreateThreadRequest(parent="owners/alice", thread_id="t")
     expect_error(
@@ -96,7 +103,7 @@ def test_create_thread_with_taken_id_is_already_exists(ctx) -> None:
         "threads/t",
     ],
 )
-def test_get_thread_with_malformed_name_is_bad_field(ctx, name: str) -> None:
+def test_get_thread_with_malformed_name_is_bad_field(ctx: Ctx, name: str) -> None:
     c, _, turn = ctx
     expect_bad_field(c.threads.GetThread, threads_pb2.GetThreadRequest(name=name), c.md, "name")
     _still_serving(c, turn)
@@ -118,7 +125,7 @@ def test_get_thread_with_malformed_name_is_bad_field(ctx, name: str) -> None:
         f"turns/{2**64}",
     ],
 )
-def test_get_turn_with_malformed_name_is_bad_field(ctx, suffix: str) -> None:
+def test_get_turn_with_malformed_name_is_bad_field(ctx: Ctx, suffix: str) -> None:
     c, thread, turn = ctx
     req = threads_pb2.GetTurnRequest(name=f"{thread}/{suffix}")
     expect_bad_field(c.threads.GetTurn, req, c.md, "name")
@@ -126,14 +133,14 @@ def test_get_turn_with_malformed_name_is_bad_field(ctx, suffix: str) -> None:
 
 
 # Regression (found by black-box tests): Unicode digits and 2**64 escaped as INTERNAL.
-def test_get_turn_with_superscript_digit_seq_is_bad_field(ctx) -> None:
+def test_get_turn_with_superscript_digit_seq_is_bad_field(ctx: Ctx) -> None:
     c, thread, turn = ctx
     req = threads_pb2.GetTurnRequest(name=f"{thread}/turns/\u00b2")
     expect_bad_field(c.threads.GetTurn, req, c.md, "name")
     _still_serving(c, turn)
 
 
-def test_list_turns_with_malformed_parent_is_bad_field(ctx) -> None:
+def test_list_turns_with_malformed_parent_is_bad_field(ctx: Ctx) -> None:
     c, _, turn = ctx
     req = threads_pb2.ListTurnsRequest(parent="owners/alice/threads/")
     expect_bad_field(c.threads.ListTurns, req, c.md, "parent")
@@ -141,17 +148,17 @@ def test_list_turns_with_malformed_parent_is_bad_field(ctx) -> None:
 
 
 @pytest.mark.parametrize("text", ["", " ", "\n\t "])
-def test_append_empty_text_is_bad_field(ctx, text: str) -> None:
+def test_append_empty_text_is_bad_field(ctx: Ctx, text: str) -> None:
     c, thread, turn = ctx
     req = _append_req(thread, turn_input("fine"), turn_input(text))
     expect_bad_field(c.threads.AppendTurns, req, c.md, "turns[1].text")
     _still_serving(c, turn)
     # Nothing of the batch was appended.
-    t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=c.md)
+    t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=tuple(c.md))
     assert t.last_seq == 1
 
 
-def test_append_text_over_64_kib_is_bad_field(ctx) -> None:
+def test_append_text_over_64_kib_is_bad_field(ctx: Ctx) -> None:
     c, thread, turn = ctx
     expect_bad_field(
         c.threads.AppendTurns, _append_req(thread, turn_input("a" * 65537)), c.md, "turns[0].text"
@@ -163,15 +170,15 @@ def test_append_text_over_64_kib_is_bad_field(ctx) -> None:
     _still_serving(c, turn)
 
 
-def test_append_text_of_exactly_64_kib_is_accepted(ctx) -> None:
+def test_append_text_of_exactly_64_kib_is_accepted(ctx: Ctx) -> None:
     c, thread, _ = ctx
     (stored,) = c.threads.AppendTurns(
-        _append_req(thread, turn_input("a" * 65536)), metadata=c.md
+        _append_req(thread, turn_input("a" * 65536)), metadata=tuple(c.md)
     ).turns
     assert len(get_turn(c, stored.name).text) == 65536
 
 
-def test_append_1001_turns_is_bad_field(ctx) -> None:
+def test_append_1001_turns_is_bad_field(ctx: Ctx) -> None:
     c, thread, turn = ctx
     req = _append_req(thread, *[turn_input(f"t{i}") for i in range(1001)])
     expect_bad_field(c.threads.AppendTurns, req, c.md, "turns")
@@ -184,7 +191,7 @@ def test_append_1001_turns_is_bad_field(ctx) -> None:
     [[math.nan] * 256, [math.inf] + [0.1] * 255, [-math.inf] * 256, [0.0] * 256],
     ids=["nan", "inf", "-inf", "zero"],
 )
-def test_append_non_finite_or_zero_embedding_is_bad_field(ctx, vector) -> None:
+def test_append_non_finite_or_zero_embedding_is_bad_field(ctx: Ctx, vector: list[float]) -> None:
     c, thread, turn = ctx
     req = _append_req(thread, turn_input("has a vector", embedding=vector))
     expect_bad_field(c.threads.AppendTurns, req, c.md, "turns[0].embedding")
@@ -196,14 +203,16 @@ def test_append_non_finite_or_zero_embedding_is_bad_field(ctx, vector) -> None:
     [[math.nan] * 256, [math.inf] * 256, [0.0] * 256],
     ids=["nan", "inf", "zero"],
 )
-def test_search_non_finite_or_zero_query_embedding_is_bad_field(ctx, vector) -> None:
+def test_search_non_finite_or_zero_query_embedding_is_bad_field(
+    ctx: Ctx, vector: list[float]
+) -> None:
     c, _, turn = ctx
     req = retrieval_pb2.SearchRequest(parent="owners/alice", query_embedding=vector)
     expect_bad_field(c.retrieval.Search, req, c.md, "query_embedding")
     _still_serving(c, turn)
 
 
-def test_append_embedding_of_other_dimension_is_dimension_mismatch(ctx) -> None:
+def test_append_embedding_of_other_dimension_is_dimension_mismatch(ctx: Ctx) -> None:
     c, thread, turn = ctx
     req = _append_req(thread, turn_input("three dims", embedding=[0.1, 0.2, 0.3]))
     err = expect_error(c.threads.AppendTurns, req, c.md, INVALID, "DIMENSION_MISMATCH")
@@ -213,25 +222,26 @@ def test_append_embedding_of_other_dimension_is_dimension_mismatch(ctx) -> None:
     _still_serving(c, turn)
 
 
-def test_append_embedding_of_owner_dimension_is_accepted(ctx) -> None:
+def test_append_embedding_of_owner_dimension_is_accepted(ctx: Ctx) -> None:
     c, thread, _ = ctx
     vec = [0.0] * 256
     vec[7] = 1.0
     (stored,) = c.threads.AppendTurns(
-        _append_req(thread, turn_input("own vector", embedding=vec, commit=True)), metadata=c.md
+        _append_req(thread, turn_input("own vector", embedding=vec, commit=True)),
+        metadata=tuple(c.md),
     ).turns
     hits = c.retrieval.Search(
         retrieval_pb2.SearchRequest(parent="owners/alice", query_embedding=vec, top_k=1),
-        metadata=c.md,
+        metadata=tuple(c.md),
     ).hits
     assert [h.turn.name for h in hits] == [stored.name]
     assert hits[0].score == pytest.approx(1.0, abs=1e-4)
 
 
 @pytest.mark.parametrize("role", [0, 5, 99])
-def test_append_bad_role_is_bad_field(ctx, role: int) -> None:
+def test_append_bad_role_is_bad_field(ctx: Ctx, role: int) -> None:
     c, thread, turn = ctx
-    req = _append_req(thread, turn_input("roles", role=role))
+    req = _append_req(thread, turn_input("roles", role=common_pb2.Role.ValueType(role)))
     expect_bad_field(c.threads.AppendTurns, req, c.md, "turns[0].role")
     _still_serving(c, turn)
 
@@ -245,7 +255,7 @@ def test_append_bad_role_is_bad_field(ctx, role: int) -> None:
     ],
     ids=["negative", "negative-nanos", "over-a-year"],
 )
-def test_append_bad_pending_ttl_is_bad_field(ctx, ttl) -> None:
+def test_append_bad_pending_ttl_is_bad_field(ctx: Ctx, ttl: duration_pb2.Duration) -> None:
     c, thread, turn = ctx
     inp = turn_input("ttl")
     inp.pending_ttl.CopyFrom(ttl)
@@ -254,7 +264,7 @@ def test_append_bad_pending_ttl_is_bad_field(ctx, ttl) -> None:
 
 
 @pytest.mark.parametrize("request_id", ["has space", "x" * 129, "ä", "a/b"])
-def test_append_bad_request_id_is_bad_field(ctx, request_id: str) -> None:
+def test_append_bad_request_id_is_bad_field(ctx: Ctx, request_id: str) -> None:
     c, thread, turn = ctx
     req = _append_req(thread, turn_input("rid"), request_id=request_id)
     expect_bad_field(c.threads.AppendTurns, req, c.md, "request_id")
@@ -262,7 +272,7 @@ def test_append_bad_request_id_is_bad_field(ctx, request_id: str) -> None:
 
 
 @pytest.mark.parametrize("top_k", [-1, 1001, -(2**31)])
-def test_search_top_k_out_of_range_is_bad_field(ctx, top_k: int) -> None:
+def test_search_top_k_out_of_range_is_bad_field(ctx: Ctx, top_k: int) -> None:
     c, _, turn = ctx
     req = retrieval_pb2.SearchRequest(parent="owners/alice", query_text="x", top_k=top_k)
     expect_bad_field(c.retrieval.Search, req, c.md, "top_k")
@@ -270,21 +280,21 @@ def test_search_top_k_out_of_range_is_bad_field(ctx, top_k: int) -> None:
 
 
 @pytest.mark.parametrize("top_k", [0, 1, 1000])
-def test_search_top_k_in_range_is_accepted(ctx, top_k: int) -> None:
+def test_search_top_k_in_range_is_accepted(ctx: Ctx, top_k: int) -> None:
     c, _, turn = ctx
     req = retrieval_pb2.SearchRequest(parent="owners/alice", query_text=turn.text, top_k=top_k)
-    hits = c.retrieval.Search(req, metadata=c.md).hits
+    hits = c.retrieval.Search(req, metadata=tuple(c.md)).hits
     assert [h.turn.name for h in hits] == [turn.name]
 
 
-def test_search_include_pending_without_thread_is_bad_field(ctx) -> None:
+def test_search_include_pending_without_thread_is_bad_field(ctx: Ctx) -> None:
     c, _, turn = ctx
     req = retrieval_pb2.SearchRequest(parent="owners/alice", query_text="x", include_pending=True)
     expect_bad_field(c.retrieval.Search, req, c.md, "include_pending")
     _still_serving(c, turn)
 
 
-def test_search_thread_of_other_owner_is_bad_field(lethe, ctx) -> None:
+def test_search_thread_of_other_owner_is_bad_field(lethe: Lethe, ctx: Ctx) -> None:
     _, thread, _ = ctx
     both = lethe.client("alice", "bob")
     req = retrieval_pb2.SearchRequest(
@@ -293,7 +303,7 @@ def test_search_thread_of_other_owner_is_bad_field(lethe, ctx) -> None:
     expect_bad_field(both.retrieval.Search, req, both.md, "thread")
 
 
-def test_search_without_query_is_bad_field(ctx) -> None:
+def test_search_without_query_is_bad_field(ctx: Ctx) -> None:
     c, _, turn = ctx
     expect_bad_field(
         c.retrieval.Search, retrieval_pb2.SearchRequest(parent="owners/alice"), c.md, "query_text"
@@ -301,14 +311,14 @@ def test_search_without_query_is_bad_field(ctx) -> None:
     _still_serving(c, turn)
 
 
-def test_search_malformed_parent_is_bad_field(ctx) -> None:
+def test_search_malformed_parent_is_bad_field(ctx: Ctx) -> None:
     c, _, turn = ctx
     req = retrieval_pb2.SearchRequest(parent="owners/Alice", query_text="x")
     expect_bad_field(c.retrieval.Search, req, c.md, "parent")
     _still_serving(c, turn)
 
 
-def test_negative_page_size_is_bad_field(ctx) -> None:
+def test_negative_page_size_is_bad_field(ctx: Ctx) -> None:
     c, thread, turn = ctx
     expect_bad_field(
         c.threads.ListTurns,
@@ -331,7 +341,7 @@ def _forge(parent: str, after: str) -> str:
 
 
 @pytest.mark.parametrize("token", ["garbage", "!!!!", "eyJ4IjoxfQ", _forge("owners/alice", "x")])
-def test_forged_page_token_is_bad_field(ctx, token: str) -> None:
+def test_forged_page_token_is_bad_field(ctx: Ctx, token: str) -> None:
     c, thread, turn = ctx
     # A well-formed token of ANOTHER listing (threads of alice) is refused by ListTurns.
     req = threads_pb2.ListTurnsRequest(parent=thread, page_token=token)
@@ -339,12 +349,12 @@ def test_forged_page_token_is_bad_field(ctx, token: str) -> None:
     _still_serving(c, turn)
 
 
-def test_page_token_of_another_thread_is_bad_field(ctx) -> None:
+def test_page_token_of_another_thread_is_bad_field(ctx: Ctx) -> None:
     c, thread, turn = ctx
     other = create_thread(c, "alice")
     append(c, other, ["a", "b", "c"])
     token = c.threads.ListTurns(
-        threads_pb2.ListTurnsRequest(parent=other, page_size=1), metadata=c.md
+        threads_pb2.ListTurnsRequest(parent=other, page_size=1), metadata=tuple(c.md)
     ).next_page_token
     assert token
     req = threads_pb2.ListTurnsRequest(parent=thread, page_token=token)
@@ -356,14 +366,14 @@ def test_page_token_of_another_thread_is_bad_field(ctx) -> None:
 
 # Regression (found by black-box tests): Unicode digits and 2**64 escaped as INTERNAL.
 @pytest.mark.parametrize("after", [str(2**64), "\u00b2"], ids=["huge", "superscript"])
-def test_forged_page_token_with_bad_seq_is_bad_field(ctx, after: str) -> None:
+def test_forged_page_token_with_bad_seq_is_bad_field(ctx: Ctx, after: str) -> None:
     c, thread, turn = ctx
     req = threads_pb2.ListTurnsRequest(parent=thread, page_token=_forge(thread, after))
     expect_bad_field(c.threads.ListTurns, req, c.md, "page_token")
     _still_serving(c, turn)
 
 
-def test_forget_bad_range_is_bad_field(ctx) -> None:
+def test_forget_bad_range_is_bad_field(ctx: Ctx) -> None:
     c, thread, turn = ctx
     for lo, hi in [(0, 1), (3, 2), (-1, 5)]:
         req = lifecycle_pb2.ForgetRequest(
@@ -373,20 +383,20 @@ def test_forget_bad_range_is_bad_field(ctx) -> None:
     _still_serving(c, turn)
 
 
-def test_forget_with_nothing_named_is_bad_field(ctx) -> None:
+def test_forget_with_nothing_named_is_bad_field(ctx: Ctx) -> None:
     c, _, turn = ctx
     expect_bad_field(c.lifecycle.Forget, lifecycle_pb2.ForgetRequest(), c.md, "names")
     _still_serving(c, turn)
 
 
-def test_forget_malformed_name_is_bad_field(ctx) -> None:
+def test_forget_malformed_name_is_bad_field(ctx: Ctx) -> None:
     c, _, turn = ctx
     req = lifecycle_pb2.ForgetRequest(names=["owners/alice/threads/"])
     expect_bad_field(c.lifecycle.Forget, req, c.md, "names[0]")
     _still_serving(c, turn)
 
 
-def test_commit_malformed_or_empty_names_is_bad_field(ctx) -> None:
+def test_commit_malformed_or_empty_names_is_bad_field(ctx: Ctx) -> None:
     c, thread, turn = ctx
     expect_bad_field(c.lifecycle.Commit, lifecycle_pb2.CommitRequest(), c.md, "names")
     req = lifecycle_pb2.CommitRequest(names=[turn.name, thread])
@@ -394,9 +404,11 @@ def test_commit_malformed_or_empty_names_is_bad_field(ctx) -> None:
     _still_serving(c, turn)
 
 
-def test_list_turns_unknown_state_is_bad_field(ctx) -> None:
+def test_list_turns_unknown_state_is_bad_field(ctx: Ctx) -> None:
     c, thread, turn = ctx
-    req = threads_pb2.ListTurnsRequest(parent=thread, states=[common_pb2.PENDING, 7])
+    req = threads_pb2.ListTurnsRequest(
+        parent=thread, states=[common_pb2.PENDING, common_pb2.State.ValueType(7)]
+    )
     expect_bad_field(c.threads.ListTurns, req, c.md, "states[1]")
     _still_serving(c, turn)
 
@@ -441,9 +453,9 @@ names = st.one_of(
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(name=names, title=st.text(max_size=200))
-def test_random_names_never_yield_internal_errors(ctx, name: str, title: str) -> None:
+def test_random_names_never_yield_internal_errors(ctx: Ctx, name: str, title: str) -> None:
     c, _, turn = ctx
-    calls = [
+    calls: list[tuple[Callable[..., object], object]] = [
         (c.threads.GetTurn, threads_pb2.GetTurnRequest(name=name)),
         (c.threads.GetThread, threads_pb2.GetThreadRequest(name=name)),
         (c.threads.CreateThread, threads_pb2.CreateThreadRequest(parent=name, title=title)),
@@ -464,7 +476,7 @@ def test_random_names_never_yield_internal_errors(ctx, name: str, title: str) ->
     _still_serving(c, turn)
 
 
-def test_random_name_checker_catches_internal(ctx) -> None:
+def test_random_name_checker_catches_internal(ctx: Ctx) -> None:
     """The property above can fail: an INTERNAL is outside ALLOWED."""
     c, thread, _ = ctx
     err = call_error(

@@ -11,11 +11,12 @@ from _helpers import (
     search_texts,
     unique,
 )
+from conftest import Lethe
 
 from lethe.v1 import common_pb2, lifecycle_pb2
 
 
-def test_pending_turn_is_invisible_to_owner_wide_search(lethe) -> None:
+def test_pending_turn_is_invisible_to_owner_wide_search(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     text = f"pending note {unique()}"
@@ -26,7 +27,7 @@ def test_pending_turn_is_invisible_to_owner_wide_search(lethe) -> None:
     assert search_texts(c, "alice", text, thread=thread) == []
 
 
-def test_pending_turn_is_visible_with_thread_and_include_pending(lethe) -> None:
+def test_pending_turn_is_visible_with_thread_and_include_pending(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     other = create_thread(c, "alice")
@@ -40,7 +41,7 @@ def test_pending_turn_is_visible_with_thread_and_include_pending(lethe) -> None:
     assert search_texts(c, "alice", text, thread=other, include_pending=True) == []
 
 
-def test_turn_committed_at_append_is_found_by_owner_wide_search(lethe) -> None:
+def test_turn_committed_at_append_is_found_by_owner_wide_search(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     text = f"committed note {unique()}"
@@ -53,14 +54,14 @@ def test_turn_committed_at_append_is_found_by_owner_wide_search(lethe) -> None:
     assert hits[0].state == common_pb2.COMMITTED
 
 
-def test_commit_makes_pending_turn_searchable_and_names_versions(lethe) -> None:
+def test_commit_makes_pending_turn_searchable_and_names_versions(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     texts = [f"first {unique()}", f"second {unique()}", f"third {unique()}"]
     turns = append(c, thread, texts)
     assert search_texts(c, "alice", texts[0]) == []
     resp = c.lifecycle.Commit(
-        lifecycle_pb2.CommitRequest(names=[turns[0].name, turns[2].name]), metadata=c.md
+        lifecycle_pb2.CommitRequest(names=[turns[0].name, turns[2].name]), metadata=tuple(c.md)
     )
     assert [(r.name, r.version) for r in resp.committed] == [
         (turns[0].name, 1),
@@ -74,16 +75,16 @@ def test_commit_makes_pending_turn_searchable_and_names_versions(lethe) -> None:
     assert get_turn(c, turns[1].name).state == common_pb2.PENDING
 
 
-def test_commit_of_committed_turn_is_idempotent(lethe) -> None:
+def test_commit_of_committed_turn_is_idempotent(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     (turn,) = append(c, thread, [f"again {unique()}"], commit=True)
-    resp = c.lifecycle.Commit(lifecycle_pb2.CommitRequest(names=[turn.name]), metadata=c.md)
+    resp = c.lifecycle.Commit(lifecycle_pb2.CommitRequest(names=[turn.name]), metadata=tuple(c.md))
     assert [(r.name, r.version) for r in resp.committed] == [(turn.name, 1)]
     assert get_turn(c, turn.name).state == common_pb2.COMMITTED
 
 
-def test_pending_turn_has_expire_time_and_committed_does_not(lethe) -> None:
+def test_pending_turn_has_expire_time_and_committed_does_not(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     (pending,) = append(c, thread, ["waiting"], ttl=600)
@@ -94,11 +95,11 @@ def test_pending_turn_has_expire_time_and_committed_does_not(lethe) -> None:
     assert get_turn(c, pending.name).HasField("expire_time")
     assert not get_turn(c, committed.name).HasField("expire_time")
     # Committing clears the expiry.
-    c.lifecycle.Commit(lifecycle_pb2.CommitRequest(names=[pending.name]), metadata=c.md)
+    c.lifecycle.Commit(lifecycle_pb2.CommitRequest(names=[pending.name]), metadata=tuple(c.md))
     assert not get_turn(c, pending.name).HasField("expire_time")
 
 
-def test_default_pending_ttl_is_server_default(lethe) -> None:
+def test_default_pending_ttl_is_server_default(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     (turn,) = append(c, thread, ["default ttl"])
@@ -107,7 +108,7 @@ def test_default_pending_ttl_is_server_default(lethe) -> None:
     )
 
 
-def test_search_never_returns_other_owners_records(lethe) -> None:
+def test_search_never_returns_other_owners_records(lethe: Lethe) -> None:
     alice = lethe.client("alice")
     bob = lethe.client("bob")
     text = f"we both said this {unique()}"

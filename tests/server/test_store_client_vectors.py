@@ -74,9 +74,19 @@ def test_client_vectors_set_the_dimension_and_are_searchable(
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert _reason(err.value) == "DIMENSION_MISMATCH"
 
+    # Without an embedder, text-only HYBRID search is the lexical legs alone ...
+    lexical = c.retrieval.Search(
+        retrieval_pb2.SearchRequest(parent="owners/alice", query_text="turn 2", top_k=3),
+        metadata=c.md,
+    ).hits
+    assert {h.turn.text for h in lexical} == {"turn 0", "turn 1", "turn 2"}
+    # ... and DENSE with text only cannot be served.
     with pytest.raises(grpc.RpcError) as err:
         c.retrieval.Search(
-            retrieval_pb2.SearchRequest(parent="owners/alice", query_text="turn"), metadata=c.md
+            retrieval_pb2.SearchRequest(
+                parent="owners/alice", query_text="turn", mode=retrieval_pb2.SearchRequest.DENSE
+            ),
+            metadata=c.md,
         )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
