@@ -293,7 +293,7 @@ class Retriever:
             targets: list[TurnMeta] = []
             for i, meta in enumerate(ordered):
                 prev_seq = ordered[i - 1].seq if i > 0 else 0
-                if any(prev_seq < s < meta.seq for s in seqs_changed) or meta.rid in changed:
+                if any(prev_seq <= s < meta.seq for s in seqs_changed) or meta.rid in changed:
                     targets.append(meta)
             if not targets:
                 continue
