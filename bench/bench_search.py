@@ -4,7 +4,8 @@ Starts ``lethe serve`` as a separate process (so client and server do not share
 a GIL), ingests the LoCoMo conversations (``--copies N`` appends each session N
 times per owner to grow every owner's index), then measures from this process:
 
-- ``Search`` over gRPC (top_k 10, default mode) on every LoCoMo question;
+- ``Search`` over gRPC (top_k 10) on every LoCoMo question in each mode
+  (HYBRID, DENSE, LEXICAL, interleaved per question);
 - floor 1: an empty gRPC call (``grpc.health.v1.Health/Check``) on the same channel;
 - floor 2: raw in-process FAISS (``IndexFlatIP``, 1 thread) over the same vectors
   with the same query vectors, plus the cost of embedding the query;
@@ -168,14 +169,23 @@ def main() -> int:
                 retrieval_pb2.SearchRequest(parent=f"owners/{owner}", query_text=q, top_k=10),
                 metadata=stubs.md,
             )
-        search: list[float] = []
-        for owner, q in questions:
-            t0 = time.perf_counter()
-            stubs.retrieval.Search(
-                retrieval_pb2.SearchRequest(parent=f"owners/{owner}", query_text=q, top_k=10),
-                metadata=stubs.md,
-            )
-            search.append(time.perf_counter() - t0)
+        modes = {
+            "HYBRID": retrieval_pb2.SearchRequest.HYBRID,
+            "DENSE": retrieval_pb2.SearchRequest.DENSE,
+            "LEXICAL": retrieval_pb2.SearchRequest.LEXICAL,
+        }
+        by_mode: dict[str, list[float]] = {m: [] for m in modes}
+        for owner, q in questions:  # interleaved so every mode sees the same machine load
+            for mode, value in modes.items():
+                t0 = time.perf_counter()
+                stubs.retrieval.Search(
+                    retrieval_pb2.SearchRequest(
+                        parent=f"owners/{owner}", query_text=q, top_k=10, mode=value
+                    ),
+                    metadata=stubs.md,
+                )
+                by_mode[mode].append(time.perf_counter() - t0)
+        search = by_mode["HYBRID"]
         empty: list[float] = []
         for _ in range(len(questions)):
             t0 = time.perf_counter()
@@ -233,14 +243,19 @@ def main() -> int:
             "vectors_per_owner_median": statistics.median(len(t) for t in owner_texts.values()),
             "queries": len(questions),
             "ingest_turns_per_s": round(turns / seconds, 1),
-            "search_grpc": _summary(search),
+            "search_grpc_hybrid": _summary(search),
+            "search_grpc_dense": _summary(by_mode["DENSE"]),
+            "search_grpc_lexical": _summary(by_mode["LEXICAL"]),
             "floor_empty_grpc_call": _summary(empty),
             "floor_raw_faiss": _summary(raw),
             "query_embedding": _summary(embed_t),
             "forget_turn": _summary(forget_turn),
             "forget_thread": _summary(forget_thread),
         }
-        p50 = result["search_grpc"]["p50_ms"]
+        p50 = result["search_grpc_hybrid"]["p50_ms"]
+        result["ratio_hybrid_over_dense_p50"] = round(
+            p50 / result["search_grpc_dense"]["p50_ms"], 2
+        )
         result["ratio_search_over_empty_call_p50"] = round(
             p50 / result["floor_empty_grpc_call"]["p50_ms"], 2
         )
