@@ -463,7 +463,7 @@ def compare_libraries(owners: list[Owner], queries: list[Query]) -> None:
 def tantivy_measure(owners: list[Owner], queries: list[Query]) -> None:
     """The same analyzer and BM25 in tantivy's in-RAM index."""
     import tantivy
-    from bm25s.stopwords import STOPWORDS_EN_PLUS  # type: ignore[import-untyped]
+    from bm25s.stopwords import STOPWORDS_EN_PLUS
 
     def make() -> tuple[Any, Any]:
         sb = tantivy.SchemaBuilder()

@@ -65,11 +65,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import bm25s  # type: ignore[import-untyped]
+import bm25s
 import numpy as np
 import numpy.typing as npt
-import Stemmer  # type: ignore[import-not-found]
-from bm25s.stopwords import STOPWORDS_EN_PLUS  # type: ignore[import-untyped]
+import Stemmer
+from bm25s.stopwords import STOPWORDS_EN_PLUS
 
 __all__ = ["LexicalIndex", "analyze"]
 
