@@ -10,6 +10,7 @@ to 16 MiB (API.md, "Views and sizes").
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -24,8 +25,12 @@ from grpc_reflection.v1alpha import reflection
 
 from index import load_embedder
 from lethe.v1 import (
+    events_pb2,
+    events_pb2_grpc,
     lifecycle_pb2,
     lifecycle_pb2_grpc,
+    memories_pb2,
+    memories_pb2_grpc,
     retrieval_pb2,
     retrieval_pb2_grpc,
     threads_pb2,
@@ -33,6 +38,7 @@ from lethe.v1 import (
 )
 from server._auth import AuthInterceptor
 from server._lifecycle import Lifecycle, Sweeper
+from server._memory_services import EventsService, MemoriesService
 from server._metrics import Metrics
 from server._search import Retriever
 from server._services import LifecycleService, RetrievalService, ThreadsService, abort
@@ -54,6 +60,8 @@ class ServerConfig:
         metrics_listen: ``HOST:PORT`` of ``/metrics``, or None for no listener.
         pending_ttl: default pending lifetime, seconds.
         sweep_interval: seconds between expiry sweeps; 0 disables the sweeper.
+        audit_interval: seconds between the periodic audits behind the
+            ``lethe_orphan_derivatives`` and ``lethe_stale_summaries`` gauges.
     """
 
     data_dir: Path = Path("./lethe-data")
@@ -63,6 +71,7 @@ class ServerConfig:
     embedder: str = "wordllama"
     pending_ttl: float = DEFAULT_PENDING_TTL
     sweep_interval: float = 5.0
+    audit_interval: float = 60.0
     max_workers: int = 16
 
 
@@ -131,6 +140,7 @@ class LetheServer:
         self._grpc: grpc.Server | None = None
         self._sweeper: Sweeper | None = None
         self._metrics_server: Any = None
+        self._stopping = threading.Event()
 
     def start(self) -> int:
         """Recover, then serve. Returns the bound gRPC port."""
@@ -165,12 +175,20 @@ class LetheServer:
         lifecycle_pb2_grpc.add_LifecycleServicer_to_server(
             LifecycleService(self.store, self.retriever, self.lifecycle), server
         )
+        memories_pb2_grpc.add_MemoriesServicer_to_server(
+            MemoriesService(self.store, self.retriever, self.config.pending_ttl), server
+        )
+        events_pb2_grpc.add_EventsServicer_to_server(
+            EventsService(self.store, self._stopping), server
+        )
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         names = [
             threads_pb2.DESCRIPTOR.services_by_name["Threads"].full_name,
             retrieval_pb2.DESCRIPTOR.services_by_name["Retrieval"].full_name,
             lifecycle_pb2.DESCRIPTOR.services_by_name["Lifecycle"].full_name,
+            memories_pb2.DESCRIPTOR.services_by_name["Memories"].full_name,
+            events_pb2.DESCRIPTOR.services_by_name["Events"].full_name,
             health.SERVICE_NAME,
             reflection.SERVICE_NAME,
         ]
@@ -179,12 +197,14 @@ class LetheServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         server.start()
-        for name in names[:3]:
+        for name in names[:5]:
             health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         self._grpc = server
         if self.config.sweep_interval > 0:
-            self._sweeper = Sweeper(self.lifecycle, self.config.sweep_interval)
+            self._sweeper = Sweeper(
+                self.lifecycle, self.config.sweep_interval, self.config.audit_interval
+            )
             self._sweeper.start()
         if self.config.metrics_listen:
             self._start_metrics(self.config.metrics_listen)
@@ -205,6 +225,7 @@ class LetheServer:
     def stop(self, grace: float = 5.0) -> None:
         """Stop accepting calls, let running ones finish (``grace`` seconds),
         stop the sweeper and close the store."""
+        self._stopping.set()  # ends Watch streams
         if self._grpc is not None:
             self._grpc.stop(grace).wait()
             self._grpc = None

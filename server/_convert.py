@@ -7,7 +7,8 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from lethe.v1 import common_pb2, threads_pb2
+from lethe.v1 import common_pb2, memories_pb2, retrieval_pb2, threads_pb2
+from server._memories import MemoryView
 from server._records import COMMITTED, PENDING, SEALED
 from server._store import ThreadView, TurnView
 
@@ -78,3 +79,60 @@ def receipt_proto(entry: dict[str, Any]) -> common_pb2.DeletionReceipt:
     if entry["complete_time"]:
         receipt.complete_time.CopyFrom(timestamp(entry["complete_time"]))
     return receipt
+
+
+def memory_proto(view: MemoryView) -> memories_pb2.Memory:
+    """A Memory message of one version (embeddings are input only)."""
+    meta = view.meta
+    memory = memories_pb2.Memory(
+        name=meta.name,
+        kind=memories_pb2.Memory.Kind.Value(meta.kind),
+        text=view.content.text,
+        state=_STATES[meta.state],
+        version=view.version,
+        status=memories_pb2.Memory.Status.Value(view.status),
+        slot=view.content.slot,
+        scope=view.content.scope,
+        sources=[common_pb2.SourceRef(name=n, version=v) for n, v in view.sources],
+        supersedes=meta.supersedes if view.version == meta.version else 0,
+        create_time=timestamp(meta.create_time),
+        update_time=timestamp(meta.update_time),
+    )
+    if meta.direction:
+        memory.direction = memories_pb2.Memory.Direction.Value(meta.direction)
+    if meta.trigger:
+        memory.trigger = memories_pb2.Trigger.Value(meta.trigger)
+    if meta.origin:
+        memory.origin = memories_pb2.Memory.Origin.Value(meta.origin)
+    if meta.due_time:
+        memory.due_time.CopyFrom(timestamp(meta.due_time))
+    if meta.state == PENDING and meta.expire_time:
+        memory.expire_time.CopyFrom(timestamp(meta.expire_time))
+    if view.content.edge is not None:
+        subject, predicate, obj = view.content.edge
+        memory.edge.CopyFrom(
+            memories_pb2.GraphEdge(subject=subject, predicate=predicate, object=obj)
+        )
+    return memory
+
+
+def hit_proto(view: TurnView | MemoryView, score: float) -> retrieval_pb2.Hit:
+    if isinstance(view, TurnView):
+        return retrieval_pb2.Hit(score=score, turn=turn_proto(view))
+    return retrieval_pb2.Hit(score=score, memory=memory_proto(view))
+
+
+def event_proto(event: dict[str, Any], receipt: common_pb2.DeletionReceipt | None) -> Any:
+    """An Event message from a stored event (ids only)."""
+    from lethe.v1 import events_pb2
+
+    out = events_pb2.Event(
+        id=event["id"],
+        type=events_pb2.EventType.Value(event["type"]),
+        time=timestamp(event["time"]),
+        subject=event["subject"],
+        sources=[common_pb2.SourceRef(name=n, version=v) for n, v in event.get("sources", [])],
+    )
+    if receipt is not None:
+        out.receipt.CopyFrom(receipt)
+    return out

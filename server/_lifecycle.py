@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from server._metrics import Metrics
+from server._records import MemMeta
 from server._search import Retriever
-from server._store import Store
+from server._store import EVENT_RETENTION, Store
 
 _log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class Lifecycle:
         turns: Sequence[tuple[str, int]] = (),
         threads: Sequence[str] = (),
         whole_owner: bool = False,
+        memories: Sequence[str] = (),
+        delete_responses: bool = False,
         reason: str = REASON_FORGET,
     ) -> dict[str, Any]:
         """Forget turns, threads or a whole owner; returns the completed log entry.
@@ -58,7 +61,16 @@ class Lifecycle:
             NotFound: a named turn or thread never existed (nothing deleted).
         """
         started = time.time()
-        plan = self.store.plan_forget(owner, turns, threads, whole_owner, reason, started)
+        plan = self.store.plan_forget(
+            owner,
+            turns,
+            threads,
+            whole_owner,
+            reason,
+            started,
+            memories=memories,
+            delete_responses=delete_responses,
+        )
         self.retriever.on_forget(
             owner, plan.rids, plan.entry["threads"], whole_owner, touched=list(turns)
         )
@@ -70,8 +82,9 @@ class Lifecycle:
         """Finish every deletion a crash interrupted (start-up; indexes are empty)."""
         entries = self.store.outstanding_deletions()
         for entry in entries:
+            rids = entry["rids"] + entry.get("memory_rids", []) + entry.get("tainted_rids", [])
             self.retriever.on_forget(
-                entry["owner"], entry["rids"], entry["threads"], bool(entry["whole_owner"])
+                entry["owner"], rids, entry["threads"], bool(entry["whole_owner"])
             )
             self.store.finish_forget(entry, time.time())
         return len(entries)
@@ -89,22 +102,50 @@ class Lifecycle:
             entry = self.forget(meta.owner, threads=[meta.thread], reason=REASON_KEY_DESTROYED)
             count += int(entry["deleted"])
         by_owner: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for turn in self.store.records_without_key():
-            by_owner[turn.owner].append((turn.thread, turn.seq))
-        for owner, turns in by_owner.items():
-            self.forget(owner, turns=turns, reason=REASON_KEY_DESTROYED)
-            count += len(turns)
+        mems_by_owner: dict[str, list[str]] = defaultdict(list)
+        for record in self.store.records_without_key():
+            if isinstance(record, MemMeta):
+                mems_by_owner[record.owner].append(record.memory_id)
+            else:
+                by_owner[record.owner].append((record.thread, record.seq))
+        for owner in {*by_owner, *mems_by_owner}:
+            entry = self.forget(
+                owner,
+                turns=by_owner[owner],
+                memories=mems_by_owner[owner],
+                reason=REASON_KEY_DESTROYED,
+            )
+            count += int(entry["deleted"])
         return count
 
     def sweep(self, now: float | None = None) -> int:
         """Forget every pending turn past its expiry; returns how many."""
         expired = self.store.expired(time.time() if now is None else now)
         by_owner: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        mems_by_owner: dict[str, list[str]] = defaultdict(list)
         for meta in expired:
-            by_owner[meta.owner].append((meta.thread, meta.seq))
-        for owner, turns in by_owner.items():
-            self.forget(owner, turns=turns, reason=REASON_EXPIRED)
+            if isinstance(meta, MemMeta):
+                mems_by_owner[meta.owner].append(meta.memory_id)
+            else:
+                by_owner[meta.owner].append((meta.thread, meta.seq))
+        for owner in {*by_owner, *mems_by_owner}:
+            self.forget(
+                owner, turns=by_owner[owner], memories=mems_by_owner[owner], reason=REASON_EXPIRED
+            )
         return len(expired)
+
+    def periodic_audit(self) -> None:
+        """Audit every owner into the orphan / stale-summary gauges; prune old events."""
+        from server._audit import audit, owners_of
+
+        orphans = stale = 0
+        for owner in owners_of(self.store):
+            counts = audit(self.store, self.retriever, owner)
+            orphans += counts.orphans
+            stale += counts.stale_summaries
+        self.metrics.orphan_derivatives.set(orphans)
+        self.metrics.stale_summaries.set(stale)
+        self.store.prune_events(time.time() - EVENT_RETENTION)
 
     def refresh_gauges(self) -> None:
         now = time.time()
@@ -117,11 +158,14 @@ class Lifecycle:
 
 
 class Sweeper:
-    """Background thread: expiry sweep and gauges every ``interval`` seconds."""
+    """Background thread: expiry sweep and gauges every ``interval`` seconds, the
+    audit gauges and event pruning every ``audit_interval`` seconds."""
 
-    def __init__(self, lifecycle: Lifecycle, interval: float) -> None:
+    def __init__(self, lifecycle: Lifecycle, interval: float, audit_interval: float = 60.0) -> None:
         self._lifecycle = lifecycle
         self._interval = interval
+        self._audit_interval = audit_interval
+        self._last_audit = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lethe-sweeper", daemon=True)
 
@@ -138,5 +182,8 @@ class Sweeper:
             try:
                 self._lifecycle.sweep()
                 self._lifecycle.refresh_gauges()
+                if time.time() - self._last_audit >= self._audit_interval:
+                    self._last_audit = time.time()
+                    self._lifecycle.periodic_audit()
             except Exception as exc:  # keep sweeping; never log content
                 _log.error("sweep failed: %s", type(exc).__name__)

@@ -38,6 +38,16 @@ class Metrics:
         self.index_vectors = Gauge(
             "lethe_index_vectors", "Vectors held in FAISS, all owners.", registry=self.registry
         )
+        self.orphan_derivatives = Gauge(
+            "lethe_orphan_derivatives",
+            "Derivatives with a missing source, from the periodic audit (must stay 0).",
+            registry=self.registry,
+        )
+        self.stale_summaries = Gauge(
+            "lethe_stale_summaries",
+            "Summaries older than their thread's last deletion, from the periodic audit.",
+            registry=self.registry,
+        )
         self.keystore_keys = Gauge(
             "lethe_keystore_keys", "Live wrapped keys.", registry=self.registry
         )

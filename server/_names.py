@@ -60,6 +60,27 @@ class TurnName:
         return ThreadName(self.owner, self.thread)
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryName:
+    owner: str
+    memory: str
+
+    def __str__(self) -> str:
+        return f"owners/{self.owner}/memories/{self.memory}"
+
+
+def parse_memory(value: str, field: str) -> MemoryName:
+    """Parse ``owners/{o}/memories/{m}``.
+
+    Raises:
+        InvalidArgument: not a memory name.
+    """
+    m = _MEMORY_RE.fullmatch(value)
+    if m is None:
+        raise InvalidArgument(field, "must be owners/{owner}/memories/{memory}")
+    return MemoryName(check_id(m.group(1), field), check_id(m.group(2), field))
+
+
 def owner_name(owner: str) -> str:
     return f"owners/{owner}"
 
@@ -103,14 +124,14 @@ def parse_turn(value: str, field: str) -> TurnName:
     return TurnName(check_id(m.group(1), field), check_id(m.group(2), field), int(seq_text))
 
 
-def parse_any(value: str, field: str) -> str | ThreadName | TurnName:
-    """Parse an owner, thread or turn name (what Forget and Commit accept).
+def parse_any(value: str, field: str) -> str | ThreadName | TurnName | MemoryName:
+    """Parse an owner, thread, turn or memory name (what Forget accepts).
 
     Returns:
-        The owner id (str), a ThreadName or a TurnName.
+        The owner id (str), a ThreadName, a TurnName or a MemoryName.
 
     Raises:
-        InvalidArgument: none of those; memory names answer UNIMPLEMENTED upstream.
+        InvalidArgument: none of those.
     """
     if _TURN_RE.fullmatch(value):
         return parse_turn(value, field)
@@ -119,5 +140,5 @@ def parse_any(value: str, field: str) -> str | ThreadName | TurnName:
     if _OWNER_RE.fullmatch(value):
         return parse_owner(value, field)
     if _MEMORY_RE.fullmatch(value):
-        raise InvalidArgument(field, "memory names are not served by this release")
-    raise InvalidArgument(field, "must be an owner, thread or turn name")
+        return parse_memory(value, field)
+    raise InvalidArgument(field, "must be an owner, thread, turn or memory name")

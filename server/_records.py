@@ -61,6 +61,9 @@ class ThreadMeta:
     last_seq: int = 0
     title_key: str = ""
     deleted: bool = False
+    # When a turn of this thread was last forgotten (0: never); summaries older
+    # than this are stale (Audit).
+    last_deletion_time: float = 0.0
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -140,3 +143,79 @@ def payload_key(rid: int, payload_type: str) -> bytes:
 def expiry_key(expire_time: float, rid: int) -> bytes:
     """Key of the pending-expiry queue: microseconds (8 bytes BE) then rid."""
     return struct.pack(">Q", max(0, int(expire_time * 1_000_000))) + rid_key(rid)
+
+
+PAYLOAD_MEMORY = "memory"  # JSON {text, slot, scope, edge: [s, p, o]} of one memory version
+MEMORY_CODES = {PAYLOAD_MEMORY: b"m", PAYLOAD_EMBEDDING: b"e"}
+
+
+@dataclass(slots=True)
+class MemMeta:
+    """A memory's metadata (current version); non-content only.
+
+    ``ring_thread`` names the ring its record keys live in: a thread id when
+    every source belongs to that thread, "" for the owner's ring (roots and
+    derivatives that span threads). ``key_ids`` maps each stored version
+    (as a decimal string) to its record key id: one record key per version.
+    ``sources`` are (name, version) of the current version's lineage.
+    """
+
+    rid: int
+    owner: str
+    memory_id: str
+    kind: str
+    state: str
+    version: int
+    status: str
+    direction: str
+    trigger: str
+    origin: str
+    create_time: float
+    update_time: float
+    expire_time: float
+    ring_thread: str
+    key_ids: dict[str, str] = field(default_factory=dict)
+    sources: list[tuple[str, int]] = field(default_factory=list)
+    has_embedding: bool = False
+    deleted: bool = False
+    tainted: bool = False
+    due_time: float = 0.0
+    supersedes: int = 0
+    # Versions whose status is SUPERSEDED (corrections of FACT / PREFERENCE).
+    superseded: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"owners/{self.owner}/memories/{self.memory_id}"
+
+    @property
+    def thread(self) -> str:
+        """The ring's thread ("" for the owner ring); turns and memories share this field."""
+        return self.ring_thread
+
+    @property
+    def key_id(self) -> str:
+        return self.key_ids[str(self.version)]
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> MemMeta:
+        data: dict[str, Any] = json.loads(raw)
+        data["sources"] = [tuple(ref) for ref in data.get("sources", [])]
+        return cls(**data)
+
+
+def memory_payload_key(rid: int, version: int, payload_type: str) -> bytes:
+    """``rid (8 BE) | version (8 BE) | code``: every version's payloads are kept."""
+    return rid_key(rid) + struct.pack(">Q", version) + MEMORY_CODES[payload_type]
+
+
+def memory_id_key(owner: str, memory_id: str) -> bytes:
+    return f"{owner}\x00{memory_id}".encode()
+
+
+def edge_key(first: str, second: str) -> bytes:
+    """Key of a lineage edge row: ``first 0x00 second`` (resource names never hold 0x00)."""
+    return f"{first}\x00{second}".encode()

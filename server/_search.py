@@ -49,9 +49,11 @@ from index import (
     convex_fusion,
     normalize,
 )
-from server._records import PAYLOAD_CONTENT, PENDING, TurnMeta
+from server._memories import MemoryView
+from server._records import PAYLOAD_CONTENT, PENDING, MemMeta, TurnMeta
 from server._store import Store, TurnView
 from server._visibility import (
+    RecordMeta,
     general_visible,
     indexable,
     pending_indexable,
@@ -77,8 +79,17 @@ Ranked = list[tuple[int, float]]
 
 @dataclass(slots=True)
 class SearchHit:
-    view: TurnView
+    view: TurnView | MemoryView
     score: float
+
+
+def indexed_text(view: TurnView | MemoryView) -> str:
+    """The plain text a record is indexed under (see :meth:`Retriever._texts`)."""
+    if isinstance(view, TurnView):
+        return plain_text(view.speaker, view.text)
+    if view.content.text or view.content.edge is None:
+        return view.content.text
+    return " ".join(view.content.edge)
 
 
 @dataclass(slots=True)
@@ -177,17 +188,36 @@ class Retriever:
 
     # ------------------------------------------------------------------ bundle builds
 
-    def _texts(self, metas: Sequence[TurnMeta]) -> dict[int, str]:
-        """``speaker: text`` of each turn whose content can be opened."""
+    def _texts(self, metas: Sequence[RecordMeta]) -> dict[int, str]:
+        """What the plain legs index for each record whose content can be opened:
+        ``speaker: text`` of a turn; a memory's text (a graph edge's
+        ``subject predicate object`` when it has no text)."""
         rows = self.store.fetch([m.rid for m in metas], (PAYLOAD_CONTENT,))
         out: dict[int, str] = {}
         for rid, (meta, cts) in rows.items():
             try:
-                view = self.store.turn_view(meta, cts, with_embedding=False)
+                view = self.store.view_of(meta, cts)
             except (RecordDeleted, DataLoss):
                 continue
-            out[rid] = plain_text(view.speaker, view.text)
+            out[rid] = indexed_text(view)
         return out
+
+    def _fill_memories(self, bundle: _Bundle, mems: Sequence[MemMeta]) -> None:
+        """Index memories' current versions in every leg (context = their own text)."""
+        if not mems:
+            return
+        texts = self._texts(mems)
+        ids = [m.rid for m in mems if m.rid in texts]
+        if ids:
+            bundle.plain.add(np.asarray(ids, np.int64), [texts[r] for r in ids])
+            bundle.ctx.add(np.asarray(ids, np.int64), [texts[r] for r in ids])
+        rids, vecs = self.store.memory_embeddings([m for m in mems if m.has_embedding])
+        if rids:
+            if bundle.dense.dim != vecs.shape[1]:
+                if len(bundle.dense):
+                    return
+                bundle.dense = VectorIndex(vecs.shape[1])
+            bundle.dense.add(np.asarray(rids, np.int64), vecs)
 
     def _contexts(
         self, ordered: Sequence[TurnMeta], targets: Iterable[int], texts: dict[int, str]
@@ -249,6 +279,8 @@ class Retriever:
         metas = [m for ordered in by_thread.values() for m in ordered]
         bundle = self._new_bundle(owner)
         self._fill(bundle, metas, [m for m in metas if indexable(m, now)], by_thread)
+        mems = [m for m in self.store.owner_memories(owner) if general_visible(m, now)]
+        self._fill_memories(bundle, mems)
         return bundle
 
     def _pending_order(self, owner: str, thread: str, now: float) -> list[TurnMeta]:
@@ -307,17 +339,31 @@ class Retriever:
             if ctx:
                 bundle.ctx.add(np.asarray(list(ctx), np.int64), list(ctx.values()))
 
-    def on_write(self, owner: str, metas: Sequence[TurnMeta]) -> None:
-        """Bring loaded bundles in line after turns were appended or committed.
+    def on_write(self, owner: str, records: Sequence[RecordMeta]) -> None:
+        """Bring loaded bundles in line after records were appended, committed or updated.
+
+        A memory leaves every leg and, if it is visible to general search, is
+        indexed again at its current version (so the vector follows the text).
 
         Committed turns join the owner's bundle (and the turn after each gets a
         new context) and leave their thread's pending bundle; pending turns
         join their thread's pending bundle. Bundles not loaded are left alone:
         they are built from LMDB when first needed.
         """
+        metas = [m for m in records if isinstance(m, TurnMeta)]
+        mems = [m for m in records if isinstance(m, MemMeta)]
+        now = time.time()
+        if mems:
+            with self._lock(owner):
+                bundle = self.cache.get(_owner_key(owner))
+                if bundle is not None:
+                    ids = np.asarray([m.rid for m in mems], np.int64)
+                    bundle.dense.remove(ids)
+                    bundle.plain.remove(ids)
+                    bundle.ctx.remove(ids)
+                    self._fill_memories(bundle, [m for m in mems if general_visible(m, now)])
         if not metas:
             return
-        now = time.time()
         with self._lock(owner):
             owner_b = self.cache.get(_owner_key(owner))
             committed = [m for m in metas if general_visible(m, now)]
@@ -383,6 +429,8 @@ class Retriever:
         top_k: int,
         pending_thread: str | None,
         mode: str = MODE_HYBRID,
+        kinds: frozenset[str] = frozenset(),
+        include_turns: bool = True,
     ) -> list[SearchHit]:
         """Search with recheck.
 
@@ -392,6 +440,8 @@ class Retriever:
             top_k: hits wanted, 1..1000.
             pending_thread: a thread id whose pending turns also count.
             mode: ``HYBRID``, ``DENSE`` or ``LEXICAL``.
+            kinds: memory kinds to return (empty: every kind).
+            include_turns: whether turns are returned.
 
         Returns:
             Up to ``top_k`` visible hits, best first. Scores: inner product for
@@ -409,7 +459,9 @@ class Retriever:
         if mode == MODE_DENSE:
             if query is None:
                 return []
-            return self._dense_search(bundles, owner, query, top_k, pending_thread)
+            return self._dense_search(
+                bundles, owner, query, top_k, pending_thread, kinds, include_turns
+            )
         depth = max(LEG_DEPTH, top_k + OVERFETCH)
         plain = _merge([b.plain.search(query_text, depth) for b in bundles if len(b.plain)])
         ctx = _merge([b.ctx.search(query_text, depth) for b in bundles if len(b.ctx)])
@@ -424,7 +476,7 @@ class Retriever:
                 ]
             )
             fused = convex_fusion([dense, plain, ctx], HYBRID_WEIGHTS, HYBRID_LOWER_BOUNDS)
-        return self._materialise(fused, owner, top_k, pending_thread)
+        return self._materialise(fused, owner, top_k, pending_thread, kinds, include_turns)
 
     def _dense_search(
         self,
@@ -433,6 +485,8 @@ class Retriever:
         query: npt.NDArray[np.float32],
         top_k: int,
         pending_thread: str | None,
+        kinds: frozenset[str],
+        include_turns: bool,
     ) -> list[SearchHit]:
         legs: list[Ranked] = []
         for bundle in bundles:
@@ -442,22 +496,40 @@ class Retriever:
             k = min(len(idx), top_k + OVERFETCH)
             while True:
                 raw = idx.search(query, k)
-                visible = self._visible([rid for rid, _ in raw], owner, pending_thread)
+                visible = self._visible(
+                    [rid for rid, _ in raw], owner, pending_thread, kinds, include_turns
+                )
                 if sum(1 for rid, _ in raw if rid in visible) >= top_k or k >= len(idx):
                     break
                 k = min(len(idx), k * 4)
             legs.append(raw)
-        return self._materialise(_merge(legs), owner, top_k, pending_thread)
+        return self._materialise(_merge(legs), owner, top_k, pending_thread, kinds, include_turns)
 
-    def _visible(self, rids: list[int], owner: str, pending_thread: str | None) -> set[int]:
+    def _visible(
+        self,
+        rids: list[int],
+        owner: str,
+        pending_thread: str | None,
+        kinds: frozenset[str],
+        include_turns: bool,
+    ) -> set[int]:
         rows = self.store.fetch(rids, ())
         now = time.time()
         return {
-            rid for rid, (meta, _) in rows.items() if searchable(meta, now, owner, pending_thread)
+            rid
+            for rid, (meta, _) in rows.items()
+            if searchable(meta, now, owner, pending_thread)
+            and self._kind_ok(meta, kinds, include_turns)
         }
 
     def _materialise(
-        self, ranked: Ranked, owner: str, top_k: int, pending_thread: str | None
+        self,
+        ranked: Ranked,
+        owner: str,
+        top_k: int,
+        pending_thread: str | None,
+        kinds: frozenset[str] = frozenset(),
+        include_turns: bool = True,
     ) -> list[SearchHit]:
         """Recheck candidates in rank order (one read transaction per chunk) and
         decrypt the survivors until ``top_k`` are found."""
@@ -471,14 +543,22 @@ class Retriever:
                 row = rows.get(rid)
                 if row is None or not searchable(row[0], now, owner, pending_thread):
                     continue
+                if not self._kind_ok(row[0], kinds, include_turns):
+                    continue
                 try:
-                    view = self.store.turn_view(row[0], row[1], with_embedding=False)
+                    view = self.store.view_of(row[0], row[1])
                 except RecordDeleted:  # its key was destroyed after the recheck
                     continue
                 hits.append(SearchHit(view, score))
                 if len(hits) == top_k:
                     return hits
         return hits
+
+    @staticmethod
+    def _kind_ok(meta: RecordMeta, kinds: frozenset[str], include_turns: bool) -> bool:
+        if isinstance(meta, MemMeta):
+            return not kinds or meta.kind in kinds
+        return include_turns
 
 
 def _merge(legs: Sequence[Ranked]) -> Ranked:

@@ -15,8 +15,10 @@ import functools
 import json
 import logging
 import re
+import time
 import traceback
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 import grpc
@@ -28,27 +30,32 @@ from lethe.v1 import (
     common_pb2,
     lifecycle_pb2,
     lifecycle_pb2_grpc,
+    memories_pb2,
     retrieval_pb2,
     retrieval_pb2_grpc,
     threads_pb2,
     threads_pb2_grpc,
 )
+from server._audit import audit
 from server._auth import authorize
-from server._convert import STATE_NAMES, receipt_proto, thread_proto, turn_proto
+from server._convert import STATE_NAMES, hit_proto, receipt_proto, thread_proto, turn_proto
 from server._lifecycle import Lifecycle
 from server._names import (
+    MemoryName,
     ThreadName,
     TurnName,
     check_id,
     new_id,
     parse_any,
+    parse_memory,
     parse_owner,
     parse_thread,
     parse_turn,
 )
-from server._records import COMMITTED, PAYLOAD_CONTENT, PENDING
+from server._records import COMMITTED, PAYLOAD_CONTENT, PENDING, TurnMeta
 from server._search import MODE_DENSE, MODE_HYBRID, MODE_LEXICAL, Retriever
 from server._store import Store, TurnDraft, TurnView
+from server._visibility import check_readable
 from server.errors import InvalidArgument, LetheError, Unimplemented
 
 _log = logging.getLogger(__name__)
@@ -64,6 +71,7 @@ DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 DEFAULT_TOP_K = 10
 MAX_TOP_K = 1000
+MAX_LINEAGE_DEPTH = 100
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -182,6 +190,15 @@ def _states(values: Any) -> set[str]:
         if value not in STATE_NAMES:
             raise InvalidArgument(f"states[{i}]", "unknown state")
         out.add(STATE_NAMES[value])
+    return out
+
+
+def _kind_names(values: Any, field: str) -> list[str]:
+    out = []
+    for i, value in enumerate(values):
+        if value not in memories_pb2.Memory.Kind.values() or value == 0:
+            raise InvalidArgument(f"{field}[{i}]", "unknown kind")
+        out.append(memories_pb2.Memory.Kind.Name(value))
     return out
 
 
@@ -356,6 +373,8 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
             if rid not in rows or rows[rid][0].deleted:
                 continue
             meta, cts = rows[rid]
+            if not isinstance(meta, TurnMeta):
+                continue
             try:
                 turns.append(turn_proto(self.store.turn_view(meta, cts, with_embedding=False)))
             except LetheError:
@@ -455,11 +474,7 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
         if request.mode not in modes:
             raise InvalidArgument("mode", "unknown mode")
         mode = modes[request.mode]
-        for i, kind in enumerate(request.kinds):
-            if kind == 0:
-                raise InvalidArgument(f"kinds[{i}]", "unknown kind")
-        if request.kinds and not request.include_turns:
-            return retrieval_pb2.SearchResponse()  # memories are not served yet
+        kinds = frozenset(_kind_names(request.kinds, "kinds"))
         if query_vec is None and not request.query_text.strip():
             raise InvalidArgument("query_text", "query_text or query_embedding is required")
         if mode == MODE_LEXICAL and not request.query_text.strip():
@@ -474,31 +489,29 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
                 "query_embedding", "DENSE search needs query_embedding: this server has no embedder"
             )
         hits = self.retriever.search(
-            owner, request.query_text, vec, top_k, pending_thread, mode=mode
+            owner,
+            request.query_text,
+            vec,
+            top_k,
+            pending_thread,
+            mode=mode,
+            kinds=kinds,
+            include_turns=not request.kinds or request.include_turns,
         )
-        return retrieval_pb2.SearchResponse(
-            hits=[retrieval_pb2.Hit(score=h.score, turn=turn_proto(h.view)) for h in hits]
-        )
+        return retrieval_pb2.SearchResponse(hits=[hit_proto(h.view, h.score) for h in hits])
 
 
 # ---------------------------------------------------------------------- Lifecycle
 
 
-def _one_owner(names: list[tuple[str, str | ThreadName | TurnName]]) -> str:
-    owners = {t if isinstance(t, str) else t.owner for _, t in names}
-    if len(owners) != 1:
-        raise InvalidArgument("names", "all names must belong to one owner")
-    return owners.pop()
+def _owner_of(target: str | ThreadName | TurnName | MemoryName) -> str:
+    return target if isinstance(target, str) else target.owner
 
 
 class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
-    """``lethe.v1.Lifecycle`` (Commit, Forget; the others answer UNIMPLEMENTED
-    until they are served)."""
+    """``lethe.v1.Lifecycle`` (ExtendPending answers UNIMPLEMENTED until it is served)."""
 
     ExtendPending = _later("ExtendPending")
-    GetLineage = _later("GetLineage")
-    ListDeletions = _later("ListDeletions")
-    Audit = _later("Audit")
 
     def __init__(self, store: Store, retriever: Retriever, lifecycle: Lifecycle) -> None:
         self.store = store
@@ -513,18 +526,80 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
             raise InvalidArgument("names", "at least one name is required")
         if len(request.names) > MAX_BATCH:
             raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
-        parsed = []
+        owners = set()
         for i, name in enumerate(request.names):
             if "/memories/" in name:
-                raise Unimplemented("committing memories is not served by this release")
-            parsed.append((name, parse_turn(name, f"names[{i}]")))
-        owner = _one_owner(list(parsed))
+                owners.add(parse_memory(name, f"names[{i}]").owner)
+            else:
+                owners.add(parse_turn(name, f"names[{i}]").owner)
+        if len(owners) != 1:
+            raise InvalidArgument("names", "all names must belong to one owner")
+        owner = owners.pop()
         authorize(owner)
-        metas = self.store.commit_turns([(t.owner, t.thread, t.seq) for _, t in parsed])
+        metas = self.store.commit_records(list(request.names), request.include_sources)
         self.retriever.on_write(owner, metas)
         return lifecycle_pb2.CommitResponse(
             committed=[common_pb2.SourceRef(name=m.name, version=m.version) for m in metas]
         )
+
+    @rpc
+    def GetLineage(  # noqa: N802
+        self, request: lifecycle_pb2.GetLineageRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.GetLineageResponse:
+        target = parse_any(request.name, "name")
+        if not isinstance(target, TurnName | MemoryName):
+            raise InvalidArgument("name", "must be a turn or memory name")
+        authorize(target.owner)
+        if request.direction not in (1, 2):
+            raise InvalidArgument("direction", "must be ANCESTORS or DESCENDANTS")
+        if not 0 <= request.max_depth <= MAX_LINEAGE_DEPTH:
+            raise InvalidArgument("max_depth", f"must be in 0..{MAX_LINEAGE_DEPTH} (0 = 10)")
+        self._check_exists(request.name)
+        edges = self.store.lineage(
+            request.name,
+            request.direction == lifecycle_pb2.GetLineageRequest.ANCESTORS,
+            request.max_depth or 10,
+        )
+        return lifecycle_pb2.GetLineageResponse(
+            edges=[
+                lifecycle_pb2.LineageEdge(
+                    source=common_pb2.SourceRef(name=s, version=sv),
+                    derivative=common_pb2.SourceRef(name=d, version=dv),
+                )
+                for (s, sv), (d, dv) in edges
+            ]
+        )
+
+    def _check_exists(self, name: str) -> None:
+        """NOT_FOUND / RECORD_DELETED for a record that is not live."""
+        with self.store.env.begin() as txn:
+            meta = self.store.resolve(txn, name)
+            if meta is None:
+                self.store._raise_missing(txn, name)
+        check_readable(meta, time.time())
+
+    @rpc
+    def ListDeletions(  # noqa: N802
+        self, request: lifecycle_pb2.ListDeletionsRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.ListDeletionsResponse:
+        owner = parse_owner(request.parent, "parent")
+        authorize(owner)
+        size = _page_size(request.page_size)
+        after = _decode_token(request.page_token, request.parent)
+        entries, nxt = self.store.list_deletions(owner, after, size)
+        return lifecycle_pb2.ListDeletionsResponse(
+            receipts=[receipt_proto(e) for e in entries],
+            next_page_token=_encode_token(request.parent, nxt) if nxt else "",
+        )
+
+    @rpc
+    def Audit(  # noqa: N802
+        self, request: lifecycle_pb2.AuditRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.AuditReport:
+        owner = parse_owner(request.parent, "parent")
+        authorize(owner)
+        counts = audit(self.store, self.retriever, owner)
+        return lifecycle_pb2.AuditReport(**asdict(counts))
 
     @rpc
     def Forget(  # noqa: N802
@@ -532,13 +607,11 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     ) -> common_pb2.DeletionReceipt:
         if len(request.names) > MAX_BATCH:
             raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
-        parsed: list[tuple[str, str | ThreadName | TurnName]] = []
+        parsed: list[tuple[str, str | ThreadName | TurnName | MemoryName]] = []
         for i, name in enumerate(request.names):
-            if "/memories/" in name:
-                raise Unimplemented("forgetting memories is not served by this release")
             parsed.append((name, parse_any(name, f"names[{i}]")))
         turns: list[tuple[str, int]] = []
-        owners = [t if isinstance(t, str) else t.owner for _, t in parsed]
+        owners = [_owner_of(t) for _, t in parsed]
         if request.HasField("range"):
             rng = request.range
             thread = parse_thread(rng.thread, "range.thread")
@@ -567,11 +640,14 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         whole_owner = any(isinstance(t, str) for _, t in parsed)
         threads = [t.thread for _, t in parsed if isinstance(t, ThreadName)]
         turns.extend((t.thread, t.seq) for _, t in parsed if isinstance(t, TurnName))
+        memories = [t.memory for _, t in parsed if isinstance(t, MemoryName)]
         entry = self.lifecycle.forget(
             owner,
             turns=turns,
             threads=threads,
             whole_owner=whole_owner,
+            memories=memories,
+            delete_responses=request.responses == lifecycle_pb2.ForgetRequest.DELETE,
             reason=reason or "FORGET",
         )
         return receipt_proto(entry)

@@ -26,6 +26,12 @@ tombstones      resource name                                  JSON {time, reaso
 deletions       owner 0x00 deletion id                         deletion-log entry JSON (ids only)
 requests        owner 0x00 thread 0x00 request id              JSON list of rids (idempotency)
 tokens          SHA-256 digest of the bearer token             JSON principal
+memories        rid (8 bytes BE)                               MemMeta JSON (current version)
+memory_ids      owner 0x00 memory id                           rid
+mpayloads       rid + version (8 BE) + code (m, e)             ciphertext of one memory version
+lineage_down    source name 0x00 derivative name               versions (see server._lineage)
+lineage_up      derivative name 0x00 source name               versions
+events          owner 0x00 event number (8 bytes BE)           event JSON (ids only)
 ==============  =============================================  ==================================
 
 Thread rules: every write goes through :class:`server._writer.Writer` (one
@@ -44,6 +50,7 @@ import json
 import logging
 import os
 import secrets
+import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -55,16 +62,21 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from server._names import new_id
+from server._lineage import add_edges, children_of, remove_edges_from, remove_edges_of
+from server._memories import MemoryMixin, MemoryView, memory_ring
 from server._records import (
     COMMITTED,
     PAYLOAD_CONTENT,
     PAYLOAD_EMBEDDING,
+    PAYLOAD_MEMORY,
     PAYLOAD_TITLE,
     PENDING,
+    MemMeta,
     ThreadMeta,
     TurnMeta,
     expiry_key,
+    memory_id_key,
+    memory_payload_key,
     owner_prefix,
     pack_content,
     payload_key,
@@ -115,7 +127,14 @@ _DBS = (
     "deletions",
     "requests",
     "tokens",
+    "memories",
+    "memory_ids",
+    "mpayloads",
+    "lineage_down",
+    "lineage_up",
+    "events",
 )
+EVENT_RETENTION = 7 * 24 * 3600.0  # seconds events are kept for Watch(after=...)
 DESTINATIONS = ("lmdb", "index", "keystore", "cache")
 _OPEN: dict[Path, Store] = {}
 _OPEN_GUARD = threading.Lock()
@@ -205,7 +224,7 @@ def load_kek(data_dir: Path, store_id: str, kek_file: Path | None, *, create: bo
     return KekRing.load_or_create(path, create=create)
 
 
-class Store:
+class Store(MemoryMixin):
     """The data environment, the keystore and the writer for one data directory.
 
     Args:
@@ -473,6 +492,8 @@ class Store:
                     context_manifest=draft.context_manifest,
                     context_refs=list(draft.context_refs),
                 )
+                if meta.context_refs:
+                    meta.context_refs = self._response_lineage(txn, meta, now)
                 self._write_turn(txn, meta, draft)
                 metas.append(meta)
             txn.put(b"next_rid", str(next_rid + len(drafts)).encode(), db=self.db["meta"])
@@ -490,6 +511,32 @@ class Store:
         if retried:  # the keys made for this attempt hold nothing: destroy them
             self.writer.run(WriteOp(_noop, destroy_keys=[(ring, kid) for kid in key_ids]))
         return metas, retried
+
+    def _response_lineage(
+        self, txn: lmdb.Transaction, meta: TurnMeta, now: float
+    ) -> list[tuple[str, int]]:
+        """Write a response's lineage (its ``context_refs``) and taint it at once if
+        any of them is already gone: it was produced from deleted material.
+
+        Returns:
+            The refs with version 0 replaced by the record's current version.
+        """
+        refs: list[tuple[str, int]] = []
+        for name, version in meta.context_refs:
+            source = self.resolve(txn, name)
+            alive = (
+                source is not None
+                and not source.tainted
+                and effective_state(source, now) is not None
+                and (version == 0 or version == source.version)
+            )
+            if not alive:
+                meta.tainted = True
+            refs.append((name, version or (source.version if source is not None else 0)))
+        add_edges(
+            txn, self.db["lineage_down"], self.db["lineage_up"], meta.name, meta.version, refs
+        )
+        return refs
 
     def _check_dims(
         self, txn: lmdb.Transaction, owner: str, drafts: Sequence[TurnDraft], now: float
@@ -553,22 +600,49 @@ class Store:
 
     def fetch(
         self, rids: Sequence[int], payload_types: Sequence[str]
-    ) -> dict[int, tuple[TurnMeta, dict[str, bytes]]]:
+    ) -> dict[int, tuple[TurnMeta | MemMeta, dict[str, bytes]]]:
         """Metadata and ciphertexts of ``rids`` in ONE read transaction (the
-        recheck of search hits); rids without a row are absent from the result."""
-        out: dict[int, tuple[TurnMeta, dict[str, bytes]]] = {}
+        recheck of search hits); rids without a row are absent from the result.
+
+        For a memory, a non-empty ``payload_types`` reads its current version's
+        content payload (key ``"memory"``).
+        """
+        out: dict[int, tuple[TurnMeta | MemMeta, dict[str, bytes]]] = {}
         with self.env.begin() as txn:
             for rid in rids:
                 raw = _get(txn, rid_key(rid), db=self.db["turns"])
+                cts: dict[str, bytes] = {}
                 if raw is None:
+                    raw = _get(txn, rid_key(rid), db=self.db["memories"])
+                    if raw is None:
+                        continue
+                    meta = MemMeta.decode(raw)
+                    if payload_types:
+                        ct = _get(
+                            txn,
+                            memory_payload_key(rid, meta.version, PAYLOAD_MEMORY),
+                            db=self.db["mpayloads"],
+                        )
+                        if ct is not None:
+                            cts[PAYLOAD_MEMORY] = ct
+                    out[rid] = (meta, cts)
                     continue
-                cts = {}
                 for ptype in payload_types:
                     ct = _get(txn, payload_key(rid, ptype), db=self.db["payloads"])
                     if ct is not None:
                         cts[ptype] = ct
                 out[rid] = (TurnMeta.decode(raw), cts)
         return out
+
+    def view_of(self, meta: TurnMeta | MemMeta, cts: dict[str, bytes]) -> TurnView | MemoryView:
+        """Decrypt a fetched row (see :meth:`fetch`).
+
+        Raises:
+            RecordDeleted: its key was destroyed. DataLoss: authentication failed.
+        """
+        if isinstance(meta, MemMeta):
+            return self.memory_view(meta, meta.version, cts.get(PAYLOAD_MEMORY))
+        return self.turn_view(meta, cts, with_embedding=False)
 
     def turn_view(self, meta: TurnMeta, cts: dict[str, bytes], with_embedding: bool) -> TurnView:
         """Decrypt a turn's payloads (``cts`` maps payload type to ciphertext).
@@ -773,36 +847,38 @@ class Store:
         whole_owner: bool,
         reason: str,
         request_time: float,
+        *,
+        memories: Sequence[str] = (),
+        delete_responses: bool = False,
     ) -> DeletionPlan:
-        """Step 1 of a forget: tombstones and the deletion-log entry, one transaction.
+        """Step 1 of a forget, in one transaction: tombstones for the targets and
+        every transitive descendant, tainted responses, events, and the
+        deletion-log entry.
+
+        Cascade (ARCHITECTURE.md, "Lineage and deletion"): every memory derived
+        from a deleted record is deleted; if it had sources that survive, a
+        ``REBUILD_REQUESTED`` event names them. A turn whose ``context_refs``
+        name a deleted record (an assistant response) becomes ``tainted``, or is
+        deleted (and cascades) when ``delete_responses``.
 
         Args:
             turns: (thread, seq) of single turns. threads: thread ids.
-            whole_owner: forget every thread of the owner.
+            whole_owner: forget every thread and memory of the owner.
+            memories: memory ids.
 
         Raises:
-            NotFound: a named turn or thread never existed (nothing is deleted).
+            NotFound / RecordDeleted: a named record never existed / is already
+                gone (nothing is deleted).
         """
-        deletion_id = new_id()
+        deletion_id = _deletion_id()
 
         def apply(txn: lmdb.Transaction) -> DeletionPlan:
             now = _now()
-            targets: list[str] = []
-            rids: list[int] = []
-            record_keys: list[tuple[str, str, str]] = []
-            rings: list[str] = []
-            pending_threads: set[str] = set()
+            plan = _PlanState(self, txn, owner, now, deletion_id, reason)
             thread_ids = list(threads)
             if whole_owner:
-                targets.append(f"owners/{owner}")
-                cur = txn.cursor(db=self.db["threads"])
-                prefix = owner_prefix(owner)
-                if cur.set_range(prefix):
-                    for raw_key in cur.iternext(keys=True, values=False):
-                        key = bytes(raw_key)
-                        if not key.startswith(prefix):
-                            break
-                        thread_ids.append(key[len(prefix) :].decode())
+                plan.targets.append(f"owners/{owner}")
+                thread_ids.extend(self._owner_thread_ids(txn, owner))
             for thread in list(dict.fromkeys(thread_ids)):
                 name = f"owners/{owner}/threads/{thread}"
                 raw_thread = _get(txn, thread_key(owner, thread), db=self.db["threads"])
@@ -817,57 +893,161 @@ class Store:
                 tmeta.deleted = True
                 txn.put(thread_key(owner, thread), tmeta.encode(), db=self.db["threads"])
                 if not whole_owner:
-                    targets.append(name)
-                    rings.append(thread)
+                    plan.targets.append(name)
+                    plan.rings.append(thread)
                 self._tombstone(txn, name, now, deletion_id, reason)
                 for meta in self._thread_metas(txn, owner, thread):
-                    rids.append(meta.rid)
-                    if meta.state == PENDING:
-                        pending_threads.add(thread)
-                    self._mark_deleted(txn, meta, now, deletion_id, reason)
-            done_threads = set(thread_ids)
+                    plan.delete_turn(meta, key_in_ring=True)
+            plan.done_threads = set(thread_ids)
             for thread, seq in turns:
-                if thread in done_threads:
+                if thread in plan.done_threads:
                     continue
                 name = f"owners/{owner}/threads/{thread}/turns/{seq}"
-                rk = _get(txn, seq_key(owner, thread, seq), db=self.db["seqs"])
-                raw = None if rk is None else _get(txn, rk, db=self.db["turns"])
-                if raw is None:
+                found = self.resolve(txn, name)
+                if not isinstance(found, TurnMeta):
                     self._raise_missing(txn, name)
-                meta = TurnMeta.decode(raw)
-                targets.append(name)
-                if meta.deleted:
-                    continue
-                rids.append(meta.rid)
-                record_keys.append((owner, thread, meta.key_id))
-                if meta.state == PENDING:
-                    pending_threads.add(thread)
-                self._mark_deleted(txn, meta, now, deletion_id, reason)
+                plan.targets.append(name)
+                if not found.deleted:
+                    plan.delete_turn(found, key_in_ring=False)
+                    plan.touched_threads.add(thread)
+            memory_ids = list(memories)
+            if whole_owner:
+                memory_ids.extend(m.memory_id for m in self._owner_memory_metas(txn, owner))
+            for memory_id in dict.fromkeys(memory_ids):
+                name = f"owners/{owner}/memories/{memory_id}"
+                mem = self._mem_by_id(txn, owner, memory_id)
+                if mem is None:
+                    self._raise_missing(txn, name)
+                if mem.deleted:
+                    if whole_owner:
+                        continue
+                    raise RecordDeleted(f"{name} was deleted")
+                if not whole_owner:
+                    plan.targets.append(name)
+                plan.delete_memory(mem)
+            plan.cascade(delete_responses)
+            for thread in plan.touched_threads - plan.done_threads:
+                raw_thread = _get(txn, thread_key(owner, thread), db=self.db["threads"])
+                if raw_thread is not None:
+                    tmeta = ThreadMeta.decode(raw_thread)
+                    tmeta.last_deletion_time = now
+                    txn.put(thread_key(owner, thread), tmeta.encode(), db=self.db["threads"])
             if whole_owner:
                 self._tombstone(txn, f"owners/{owner}", now, deletion_id, reason)
-            entry: dict[str, Any] = {
-                "id": deletion_id,
-                "owner": owner,
-                "targets": targets,
-                "rids": rids,
-                "threads": sorted(done_threads),
-                "record_keys": record_keys,
-                "rings": rings,
-                "whole_owner": whole_owner,
-                "reason": reason,
-                "deleted": len(rids),
-                "request_time": request_time,
-                "complete_time": 0.0,
-                "destinations": {d: {"done": False, "time": 0.0} for d in DESTINATIONS},
-            }
+            entry = plan.entry(whole_owner, request_time)
+            for event in plan.events:
+                self._append_event(txn, owner, event, now, entry)
             txn.put(
                 _deletion_key(owner, deletion_id),
                 json.dumps(entry).encode(),
                 db=self.db["deletions"],
             )
-            return DeletionPlan(entry, rids, pending_threads)
+            return DeletionPlan(entry, plan.rids + plan.memory_rids + plan.tainted_rids, set())
 
         return self.writer.run(WriteOp(apply))
+
+    def _owner_thread_ids(self, txn: lmdb.Transaction, owner: str) -> list[str]:
+        out = []
+        cur = txn.cursor(db=self.db["threads"])
+        prefix = owner_prefix(owner)
+        if cur.set_range(prefix):
+            for raw_key in cur.iternext(keys=True, values=False):
+                key = bytes(raw_key)
+                if not key.startswith(prefix):
+                    break
+                out.append(key[len(prefix) :].decode())
+        return out
+
+    def _owner_memory_metas(self, txn: lmdb.Transaction, owner: str) -> list[MemMeta]:
+        out = []
+        prefix = f"{owner}\x00".encode()
+        cur = txn.cursor(db=self.db["memory_ids"])
+        if cur.set_range(prefix):
+            for raw_key, rk in cur:
+                if not bytes(raw_key).startswith(prefix):
+                    break
+                raw = _get(txn, bytes(rk), db=self.db["memories"])
+                if raw is not None:
+                    out.append(MemMeta.decode(raw))
+        return out
+
+    def _append_event(
+        self,
+        txn: lmdb.Transaction,
+        owner: str,
+        event: dict[str, Any],
+        now: float,
+        entry: dict[str, Any],
+    ) -> None:
+        """Append one event (ids only) in the caller's transaction."""
+        number = int(_get(txn, b"next_event", db=self.db["meta"]) or b"1")
+        txn.put(b"next_event", str(number + 1).encode(), db=self.db["meta"])
+        body = {
+            "id": str(number),
+            "owner": owner,
+            "time": now,
+            "receipt": f"owners/{owner}/deletions/{entry['id']}",
+            **event,
+        }
+        txn.put(_event_key(owner, number), json.dumps(body).encode(), db=self.db["events"])
+
+    def events(
+        self, owner: str, after: int, types: set[str], limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        """Events of ``owner`` with a number above ``after``, oldest first."""
+        prefix = owner_prefix(owner)
+        out: list[dict[str, Any]] = []
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db["events"])
+            if cur.set_range(_event_key(owner, after + 1)):
+                for raw_key, raw in cur:
+                    if not bytes(raw_key).startswith(prefix) or len(out) >= limit:
+                        break
+                    event = json.loads(bytes(raw))
+                    if not types or event["type"] in types:
+                        out.append(event)
+        return out
+
+    def prune_events(self, before: float) -> int:
+        """Drop events older than ``before`` (seconds since the epoch)."""
+
+        def apply(txn: lmdb.Transaction) -> int:
+            dropped = 0
+            cur = txn.cursor(db=self.db["events"])
+            if not cur.first():
+                return 0
+            while True:
+                event = json.loads(bytes(cur.value()))
+                if event["time"] < before:
+                    if not cur.delete():
+                        break
+                    dropped += 1
+                    continue
+                if not cur.next():
+                    break
+            return dropped
+
+        return self.writer.run(WriteOp(apply))
+
+    def list_deletions(
+        self, owner: str, after: str, limit: int
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Deletion-log entries of ``owner``, oldest first (ids are time-ordered)."""
+        prefix = owner_prefix(owner)
+        start = prefix + after.encode() + b"\x01" if after else prefix
+        out: list[dict[str, Any]] = []
+        more = False
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db["deletions"])
+            if cur.set_range(start):
+                for raw_key, raw in cur:
+                    if not bytes(raw_key).startswith(prefix):
+                        break
+                    if len(out) == limit:
+                        more = True
+                        break
+                    out.append(json.loads(bytes(raw)))
+        return out, (out[-1]["id"] if more and out else "")
 
     def _thread_metas(self, txn: lmdb.Transaction, owner: str, thread: str) -> list[TurnMeta]:
         prefix = thread_key(owner, thread) + b"\x00"
@@ -891,12 +1071,18 @@ class Store:
         txn.put(name.encode(), json.dumps(stone).encode(), db=self.db["tombstones"])
 
     def _mark_deleted(
-        self, txn: lmdb.Transaction, meta: TurnMeta, now: float, deletion_id: str, reason: str
+        self,
+        txn: lmdb.Transaction,
+        meta: TurnMeta | MemMeta,
+        now: float,
+        deletion_id: str,
+        reason: str,
     ) -> None:
-        if meta.state == PENDING:
+        if meta.expire_time:
             txn.delete(expiry_key(meta.expire_time, meta.rid), db=self.db["expiry"])
         meta.deleted = True
-        txn.put(rid_key(meta.rid), meta.encode(), db=self.db["turns"])
+        db = self.db["memories"] if isinstance(meta, MemMeta) else self.db["turns"]
+        txn.put(rid_key(meta.rid), meta.encode(), db=db)
         self._tombstone(txn, meta.name, now, deletion_id, reason)
 
     def finish_forget(self, entry: dict[str, Any], index_done_time: float) -> dict[str, Any]:
@@ -912,12 +1098,14 @@ class Store:
         owner = entry["owner"]
         whole_owner = bool(entry["whole_owner"])
         rings = [RingRef(owner, t) for t in entry["rings"]]
-        keys = [(RingRef(o, t), k) for o, t, k in entry["record_keys"]]
+        keys = [(RingRef(o, t or None), k) for o, t, k in entry["record_keys"]]
 
         def apply(txn: lmdb.Transaction) -> dict[str, Any]:
             now = _now()
             for rid in entry["rids"]:
                 self._purge_turn(txn, rid)
+            for rid in entry.get("memory_rids", []):
+                self._purge_memory(txn, rid)
             for thread in entry["threads"]:
                 tkey = thread_key(owner, thread)
                 txn.delete(tkey, db=self.db["threads"])
@@ -947,12 +1135,29 @@ class Store:
             )
         )
 
+    def _purge_memory(self, txn: lmdb.Transaction, rid: int) -> None:
+        rk = rid_key(rid)
+        raw = _get(txn, rk, db=self.db["memories"])
+        if raw is None:
+            return
+        meta = MemMeta.decode(raw)
+        _delete_prefix(txn, self.db["mpayloads"], rk)
+        txn.delete(rk, db=self.db["memories"])
+        txn.delete(memory_id_key(meta.owner, meta.memory_id), db=self.db["memory_ids"])
+        txn.delete(owner_prefix(meta.owner) + rk, db=self.db["owner_records"])
+        if meta.expire_time:
+            txn.delete(expiry_key(meta.expire_time, meta.rid), db=self.db["expiry"])
+        remove_edges_of(txn, self.db["lineage_down"], self.db["lineage_up"], meta.name)
+        remove_edges_from(txn, self.db["lineage_down"], self.db["lineage_up"], meta.name)
+
     def _purge_turn(self, txn: lmdb.Transaction, rid: int) -> None:
         rk = rid_key(rid)
         raw = _get(txn, rk, db=self.db["turns"])
         if raw is None:
             return
         meta = TurnMeta.decode(raw)
+        remove_edges_of(txn, self.db["lineage_down"], self.db["lineage_up"], meta.name)
+        remove_edges_from(txn, self.db["lineage_down"], self.db["lineage_up"], meta.name)
         for code in (b"c", b"e"):
             txn.delete(rk + code, db=self.db["payloads"])
         txn.delete(rk, db=self.db["turns"])
@@ -976,8 +1181,8 @@ class Store:
             raw = _get(txn, _deletion_key(owner, deletion_id), db=self.db["deletions"])
         return None if raw is None else dict(json.loads(raw))
 
-    def expired(self, now: float, limit: int = 1000) -> list[TurnMeta]:
-        """Pending turns whose ``expire_time`` ≤ ``now`` (seconds), oldest first."""
+    def expired(self, now: float, limit: int = 1000) -> list[TurnMeta | MemMeta]:
+        """Pending turns and memories whose ``expire_time`` ≤ ``now`` (seconds)."""
         end = struct_time_key(now)
         rids: list[int] = []
         with self.env.begin() as txn:
@@ -987,11 +1192,17 @@ class Store:
                     if key[:8] > end or len(rids) >= limit:
                         break
                     rids.append(rid_from_key(key[8:]))
-            return [m for m in self._metas(txn, rids) if not m.deleted]
+            found: list[TurnMeta | MemMeta] = [m for m in self._metas(txn, rids) if not m.deleted]
+            for rid in rids:
+                raw = _get(txn, rid_key(rid), db=self.db["memories"])
+                if raw is not None and not (mem := MemMeta.decode(raw)).deleted:
+                    found.append(mem)
+            return found
 
-    def records_without_key(self) -> list[TurnMeta]:
-        """Live turns whose record key no longer exists (after a restore, say)."""
-        out = []
+    def records_without_key(self) -> list[TurnMeta | MemMeta]:
+        """Live turns and memories whose (current) record key no longer exists
+        (after a restore, say)."""
+        out: list[TurnMeta | MemMeta] = []
         with self.env.begin() as txn:
             for _, raw in txn.cursor(db=self.db["turns"]):
                 meta = TurnMeta.decode(raw)
@@ -999,6 +1210,12 @@ class Store:
                     RingRef(meta.owner, meta.thread), meta.key_id
                 ):
                     out.append(meta)
+            for _, raw in txn.cursor(db=self.db["memories"]):
+                mem = MemMeta.decode(raw)
+                if not mem.deleted and not self.keystore.has_record_key(
+                    memory_ring(mem), mem.key_id
+                ):
+                    out.append(mem)
         return out
 
     def threads_without_key(self) -> list[ThreadMeta]:
@@ -1052,6 +1269,135 @@ def struct_time_key(t: float) -> bytes:
 
 def _noop(txn: lmdb.Transaction) -> None:
     del txn
+
+
+def _deletion_id() -> str:
+    """A time-ordered deletion id: 12 hex digits of milliseconds, then 8 random."""
+    return f"{int(time.time() * 1000):012x}-{secrets.token_hex(4)}"
+
+
+def _event_key(owner: str, number: int) -> bytes:
+    return owner_prefix(owner) + struct.pack(">Q", number)
+
+
+class _PlanState:
+    """Accumulates one forget's step-1 work inside its write transaction."""
+
+    def __init__(
+        self,
+        store: Store,
+        txn: lmdb.Transaction,
+        owner: str,
+        now: float,
+        deletion_id: str,
+        reason: str,
+    ) -> None:
+        self.store = store
+        self.txn = txn
+        self.owner = owner
+        self.now = now
+        self.deletion_id = deletion_id
+        self.reason = reason
+        self.targets: list[str] = []
+        self.rids: list[int] = []
+        self.memory_rids: list[int] = []
+        self.tainted_rids: list[int] = []
+        self.record_keys: list[tuple[str, str, str]] = []
+        self.rings: list[str] = []
+        self.done_threads: set[str] = set()
+        self.touched_threads: set[str] = set()
+        self.deleted_names: set[str] = set()
+        self.queue: list[str] = []
+        self.cascaded_memories: list[MemMeta] = []
+        self.cascaded = 0
+        self.tainted = 0
+        self.events: list[dict[str, Any]] = []
+
+    def delete_turn(self, meta: TurnMeta, *, key_in_ring: bool) -> None:
+        """Tombstone a turn; its key goes with its thread's ring when ``key_in_ring``."""
+        self.rids.append(meta.rid)
+        if not key_in_ring:
+            self.record_keys.append((meta.owner, meta.thread, meta.key_id))
+        self.store._mark_deleted(self.txn, meta, self.now, self.deletion_id, self.reason)
+        self.deleted_names.add(meta.name)
+        self.queue.append(meta.name)
+
+    def delete_memory(self, meta: MemMeta) -> None:
+        """Tombstone a memory; every version's record key is destroyed."""
+        self.memory_rids.append(meta.rid)
+        ring_gone = meta.ring_thread and meta.ring_thread in self.done_threads
+        if not ring_gone:
+            for key_id in meta.key_ids.values():
+                self.record_keys.append((meta.owner, meta.ring_thread, key_id))
+        self.store._mark_deleted(self.txn, meta, self.now, self.deletion_id, self.reason)
+        self.deleted_names.add(meta.name)
+        self.queue.append(meta.name)
+
+    def cascade(self, delete_responses: bool) -> None:
+        """Follow lineage down from everything deleted so far (transitively)."""
+        store, txn = self.store, self.txn
+        explicit = set(self.deleted_names)
+        while self.queue:
+            source = self.queue.pop()
+            for child, _ in list(children_of(txn, store.db["lineage_down"], source)):
+                if child in self.deleted_names:
+                    continue
+                meta = store.resolve(txn, child)
+                if meta is None or meta.deleted:
+                    continue
+                if isinstance(meta, TurnMeta):
+                    if delete_responses:
+                        self.delete_turn(meta, key_in_ring=meta.thread in self.done_threads)
+                        self.touched_threads.add(meta.thread)
+                        self.cascaded += 1
+                    elif not meta.tainted:
+                        meta.tainted = True
+                        txn.put(rid_key(meta.rid), meta.encode(), db=store.db["turns"])
+                        self.tainted += 1
+                        self.tainted_rids.append(meta.rid)
+                    continue
+                self.delete_memory(meta)
+                self.cascaded += 1
+                self.cascaded_memories.append(meta)
+        for meta in self.cascaded_memories:
+            surviving = [
+                (name, version)
+                for name, version in meta.sources
+                if name not in self.deleted_names and self._alive(name)
+            ]
+            if surviving:
+                self.events.append(
+                    {"type": "REBUILD_REQUESTED", "subject": meta.name, "sources": surviving}
+                )
+        for name in [*self.targets, *(m.name for m in self.cascaded_memories)]:
+            if name not in explicit or name in self.targets:
+                self.events.append({"type": "RECORD_DELETED", "subject": name, "sources": []})
+
+    def _alive(self, name: str) -> bool:
+        meta = self.store.resolve(self.txn, name)
+        return meta is not None and not meta.tainted and effective_state(meta, self.now) is not None
+
+    def entry(self, whole_owner: bool, request_time: float) -> dict[str, Any]:
+        return {
+            "id": self.deletion_id,
+            "owner": self.owner,
+            "targets": self.targets,
+            "rids": self.rids,
+            "memory_rids": self.memory_rids,
+            "tainted_rids": self.tainted_rids,
+            "threads": sorted(self.done_threads),
+            "record_keys": self.record_keys,
+            "rings": self.rings,
+            "whole_owner": whole_owner,
+            "reason": self.reason,
+            "deleted": len(self.rids) + len(self.memory_rids),
+            "cascaded": self.cascaded,
+            "tainted": self.tainted,
+            "rebuilds_requested": sum(1 for e in self.events if e["type"] == "REBUILD_REQUESTED"),
+            "request_time": request_time,
+            "complete_time": 0.0,
+            "destinations": {d: {"done": False, "time": 0.0} for d in DESTINATIONS},
+        }
 
 
 def _deletion_key(owner: str, deletion_id: str) -> bytes:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from server._records import COMMITTED, PENDING, SEALED, TurnMeta
+from server._records import COMMITTED, PENDING, SEALED, MemMeta, TurnMeta
 from server.errors import FailedPrecondition, RecordDeleted
 
+RecordMeta = TurnMeta | MemMeta
 
-def effective_state(meta: TurnMeta, now: float) -> str | None:
+
+def effective_state(meta: RecordMeta, now: float) -> str | None:
     """The state a reader sees, or None when the record is gone.
 
     Gone means tombstoned (``deleted``) or pending past its ``expire_time``
@@ -28,7 +30,7 @@ def effective_state(meta: TurnMeta, now: float) -> str | None:
     return meta.state
 
 
-def check_readable(meta: TurnMeta, now: float) -> None:
+def check_readable(meta: RecordMeta, now: float) -> None:
     """Allow a direct read (GetTurn) or refuse it.
 
     Raises:
@@ -50,23 +52,29 @@ def listable(meta: TurnMeta, now: float, states: Collection[str], include_tainte
     return include_tainted or not meta.tainted
 
 
-def searchable(meta: TurnMeta, now: float, owner: str, pending_thread: str | None) -> bool:
+def searchable(meta: RecordMeta, now: float, owner: str, pending_thread: str | None) -> bool:
     """Whether a search hit may be returned.
 
     General search sees only the owner's ``COMMITTED``, live, untainted
-    records; ``pending_thread`` (a thread id, from ``thread`` +
-    ``include_pending``) adds that thread's pending records.
+    records (for a memory: its current version, never ``SUPERSEDED``);
+    ``pending_thread`` (a thread id, from ``thread`` + ``include_pending``)
+    adds that thread's pending turns. Pending memories (candidates) are never
+    found by search.
     """
     if meta.owner != owner or meta.tainted:
         return False
     state = effective_state(meta, now)
+    if isinstance(meta, MemMeta):
+        return state == COMMITTED and meta.status != "SUPERSEDED"
     if state == COMMITTED:
         return True
     return state == PENDING and pending_thread is not None and meta.thread == pending_thread
 
 
-def general_visible(meta: TurnMeta, now: float) -> bool:
+def general_visible(meta: RecordMeta, now: float) -> bool:
     """Whether the record belongs in its owner's general (committed) lexical indexes."""
+    if isinstance(meta, MemMeta) and meta.status == "SUPERSEDED":
+        return False
     return not meta.tainted and effective_state(meta, now) == COMMITTED
 
 
@@ -76,7 +84,7 @@ def pending_visible(meta: TurnMeta, now: float) -> bool:
     return not meta.tainted and effective_state(meta, now) in (PENDING, COMMITTED)
 
 
-def indexable(meta: TurnMeta, now: float) -> bool:
+def indexable(meta: RecordMeta, now: float) -> bool:
     """Whether the record's vector belongs in its owner's general (committed) index."""
     return meta.has_embedding and general_visible(meta, now)
 

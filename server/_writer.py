@@ -12,7 +12,8 @@ every op already queued (up to ``max_batch``) and runs them as one group:
    destroys (crypto-shredding);
 3. one data-environment write transaction in which each op's ``apply`` runs
    in its own nested transaction, so an op that raises is rolled back alone
-   and its future gets the exception, while the others commit together.
+   and its future gets the exception, while the others commit together;
+4. the record keys made for ops that failed are destroyed again.
 
 Thread rules: ``submit`` from any thread; ``apply`` callables run only on the
 writer thread; ``close`` from the thread that owns the Writer.
@@ -149,16 +150,28 @@ class Writer:
                         results.append((op, False, exc))
         except Exception as exc:
             _log.error("data transaction failed: %s", type(exc).__name__)
+            self._discard_keys(creates)
             for op in live:
                 op.future.set_exception(_storage_error(exc))
             return
         self.batches += 1
         self.ops += len(live)
+        self._discard_keys([ref for op, ok, _ in results if not ok for ref in op.create_keys])
         for op, ok, value in results:
             if ok:
                 op.future.set_result(value)
             else:
                 op.future.set_exception(value)
+
+    def _discard_keys(self, refs: Sequence[tuple[RingRef, str]]) -> None:
+        """Destroy record keys made for ops whose data never committed (no record
+        refers to them, so they would only show up as ``keys_without_record``)."""
+        if not refs:
+            return
+        try:
+            self._keystore.destroy(record_keys=refs)
+        except Exception as exc:  # the audit reports what is left
+            _log.error("discarding unused keys failed: %s", type(exc).__name__)
 
 
 def _storage_error(exc: Exception) -> Exception:

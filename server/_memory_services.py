@@ -1,0 +1,282 @@
+"""The ``lethe.v1.Memories`` and ``lethe.v1.Events`` servicers.
+
+Validation follows API.md: a memory's text is at most 64 KiB of UTF-8 and
+required unless it is a ``GRAPH_EDGE`` with an edge; at most 1000 sources,
+each a turn or memory of the same owner at a version ≥ 1; direction, trigger
+and status default from the kind and may not contradict it.
+``TransitionMemory`` and ``ResolvePreference`` answer UNIMPLEMENTED until
+they are served.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from lethe.v1 import common_pb2, events_pb2, events_pb2_grpc, memories_pb2, memories_pb2_grpc
+from server._auth import authorize
+from server._convert import event_proto, memory_proto, receipt_proto
+from server._memories import KIND_DEFAULTS, MemoryContent, MemoryDraft
+from server._names import check_id, new_id, parse_memory, parse_owner
+from server._records import COMMITTED, PENDING
+from server._search import Retriever
+from server._services import (
+    MAX_BATCH,
+    MAX_TEXT_BYTES,
+    _decode_token,
+    _encode_token,
+    _later,
+    _page_size,
+    _seconds,
+    _states,
+    check_text,
+    check_vector,
+    rpc,
+)
+from server._store import Store
+from server.errors import InvalidArgument
+
+MAX_FIELD_BYTES = 1024
+_MASK_PATHS = {"text", "slot", "scope", "edge", "sources", "due_time", "embedding"}
+_SOURCE_RE = re.compile(
+    r"owners/[a-z0-9][a-z0-9-]{0,62}/(threads/[a-z0-9][a-z0-9-]{0,62}/turns/[1-9][0-9]{0,18}"
+    r"|memories/[a-z0-9][a-z0-9-]{0,62})"
+)
+WATCH_POLL_SECONDS = 0.2
+
+
+def _enum_name(enum: Any, value: int, field: str) -> str:
+    if value == 0:
+        return ""
+    if value not in enum.values():
+        raise InvalidArgument(field, "unknown value")
+    return str(enum.Name(value))
+
+
+def _sources(refs: Any, owner: str) -> list[tuple[str, int]]:
+    if len(refs) > MAX_BATCH:
+        raise InvalidArgument("memory.sources", f"at most {MAX_BATCH} sources")
+    out: list[tuple[str, int]] = []
+    seen = set()
+    for i, ref in enumerate(refs):
+        field = f"memory.sources[{i}]"
+        if not _SOURCE_RE.fullmatch(ref.name):
+            raise InvalidArgument(f"{field}.name", "must be a turn or memory name")
+        if ref.name.split("/")[1] != owner:
+            raise InvalidArgument(f"{field}.name", "must name a record of the same owner")
+        if ref.version < 1:
+            raise InvalidArgument(f"{field}.version", "must be the exact version (>= 1)")
+        if ref.name in seen:
+            raise InvalidArgument(f"{field}.name", "named twice")
+        seen.add(ref.name)
+        out.append((ref.name, int(ref.version)))
+    return out
+
+
+class MemoriesService(memories_pb2_grpc.MemoriesServicer):
+    """``lethe.v1.Memories``."""
+
+    TransitionMemory = _later("TransitionMemory")
+    ResolvePreference = _later("ResolvePreference")
+
+    def __init__(self, store: Store, retriever: Retriever, pending_ttl: float) -> None:
+        self.store = store
+        self.retriever = retriever
+        self.pending_ttl = pending_ttl
+
+    def _draft(self, memory: memories_pb2.Memory, owner: str, *, creating: bool) -> MemoryDraft:
+        kind = _enum_name(memories_pb2.Memory.Kind, memory.kind, "memory.kind")
+        if creating and not kind:
+            raise InvalidArgument("memory.kind", "required")
+        text = check_text(memory.text, "memory.text", limit=MAX_TEXT_BYTES, required=False)
+        slot = check_text(memory.slot, "memory.slot", limit=MAX_FIELD_BYTES, required=False)
+        scope = check_text(memory.scope, "memory.scope", limit=MAX_FIELD_BYTES, required=False)
+        edge = None
+        if memory.HasField("edge"):
+            parts = (memory.edge.subject, memory.edge.predicate, memory.edge.object)
+            for name, part in zip(("subject", "predicate", "object"), parts, strict=True):
+                check_text(part, f"memory.edge.{name}", limit=MAX_FIELD_BYTES, required=True)
+            edge = parts
+        if creating:
+            if kind == "GRAPH_EDGE" and edge is None:
+                raise InvalidArgument("memory.edge", "required for GRAPH_EDGE")
+            if not text.strip() and edge is None:
+                raise InvalidArgument("memory.text", "must not be empty")
+        direction = _enum_name(memories_pb2.Memory.Direction, memory.direction, "memory.direction")
+        trigger = _enum_name(memories_pb2.Trigger, memory.trigger, "memory.trigger")
+        status = _enum_name(memories_pb2.Memory.Status, memory.status, "memory.status")
+        origin = _enum_name(memories_pb2.Memory.Origin, memory.origin, "memory.origin")
+        if kind:
+            want_direction, want_trigger, want_status = KIND_DEFAULTS[kind]
+            for field, given, want in (
+                ("memory.direction", direction, want_direction),
+                ("memory.trigger", trigger, want_trigger),
+                ("memory.status", status, want_status),
+            ):
+                if given and want and given != want:
+                    raise InvalidArgument(field, f"{given} contradicts kind {kind} ({want})")
+                if given and not want:
+                    raise InvalidArgument(field, f"kind {kind} takes no {field.split('.')[1]}")
+        embedding = check_vector(memory.embedding, "memory.embedding")
+        embedder = self.retriever.embedder
+        if embedder and embedding is not None and embedding.shape[0] != embedder.dim:
+            raise InvalidArgument(
+                "memory.embedding",
+                f"dimension {embedding.shape[0]} differs from the server embedder's {embedder.dim}",
+                reason="DIMENSION_MISMATCH",
+            )
+        return MemoryDraft(
+            kind=kind,
+            content=MemoryContent(text, slot, scope, edge),
+            sources=_sources(memory.sources, owner),
+            direction=direction,
+            trigger=trigger,
+            status=status,
+            origin=origin,
+            due_time=_seconds(memory.due_time) if memory.HasField("due_time") else 0.0,
+            embedding=embedding,
+        )
+
+    def _embed(self, draft: MemoryDraft) -> None:
+        if draft.embedding is None:
+            content = draft.content
+            text = content.text or (" ".join(content.edge) if content.edge else "")
+            draft.embedding = self.retriever.embed_texts([text])[0] if text.strip() else None
+
+    @rpc
+    def CreateMemory(  # noqa: N802
+        self, request: memories_pb2.CreateMemoryRequest, context: grpc.ServicerContext
+    ) -> memories_pb2.Memory:
+        owner = parse_owner(request.parent, "parent")
+        authorize(owner)
+        memory_id = check_id(request.memory_id, "memory_id") if request.memory_id else new_id()
+        if request.memory.state not in (0, common_pb2.PENDING, common_pb2.COMMITTED):
+            raise InvalidArgument("memory.state", "must be PENDING or COMMITTED")
+        draft = self._draft(request.memory, owner, creating=True)
+        self._embed(draft)
+        view = self.store.create_memory(
+            owner,
+            memory_id,
+            draft,
+            commit=request.memory.state == common_pb2.COMMITTED,
+            pending_ttl=self.pending_ttl,
+        )
+        self.retriever.on_write(owner, [view.meta])
+        return memory_proto(view)
+
+    @rpc
+    def GetMemory(  # noqa: N802
+        self, request: memories_pb2.GetMemoryRequest, context: grpc.ServicerContext
+    ) -> memories_pb2.Memory:
+        name = parse_memory(request.name, "name")
+        authorize(name.owner)
+        if request.version < 0:
+            raise InvalidArgument("version", "must not be negative")
+        return memory_proto(self.store.get_memory(name.owner, name.memory, request.version))
+
+    @rpc
+    def ListMemories(  # noqa: N802
+        self, request: memories_pb2.ListMemoriesRequest, context: grpc.ServicerContext
+    ) -> memories_pb2.ListMemoriesResponse:
+        owner = parse_owner(request.parent, "parent")
+        authorize(owner)
+        size = _page_size(request.page_size)
+        after = _decode_token(request.page_token, request.parent)
+        kinds = {_enum_name(memories_pb2.Memory.Kind, k, "kinds") for k in request.kinds}
+        statuses = {_enum_name(memories_pb2.Memory.Status, k, "statuses") for k in request.statuses}
+        views, nxt = self.store.list_memories(
+            owner,
+            after,
+            size,
+            kinds=kinds - {""},
+            states=_states(request.states) if request.states else {PENDING, COMMITTED},
+            statuses=statuses - {""},
+        )
+        return memories_pb2.ListMemoriesResponse(
+            memories=[memory_proto(v) for v in views],
+            next_page_token=_encode_token(request.parent, nxt) if nxt else "",
+        )
+
+    @rpc
+    def UpdateMemory(  # noqa: N802
+        self, request: memories_pb2.UpdateMemoryRequest, context: grpc.ServicerContext
+    ) -> memories_pb2.Memory:
+        name = parse_memory(request.memory.name, "memory.name")
+        authorize(name.owner)
+        if request.expected_version < 0:
+            raise InvalidArgument("expected_version", "must not be negative")
+        paths = set(request.update_mask.paths)
+        unknown = paths - _MASK_PATHS
+        if unknown:
+            raise InvalidArgument("update_mask", f"unknown or immutable paths {sorted(unknown)}")
+        if not paths:
+            paths = {"text", "slot", "scope", "edge", "sources", "due_time"}
+            if request.memory.embedding:
+                paths.add("embedding")
+        if request.memory.kind:
+            raise InvalidArgument("memory.kind", "is immutable")
+        draft = self._draft(request.memory, name.owner, creating=False)
+        if "text" in paths and not draft.content.text.strip() and draft.content.edge is None:
+            raise InvalidArgument("memory.text", "must not be empty")
+        if "text" in paths or "edge" in paths:
+            self._embed(draft)  # the vector follows the text
+        elif "embedding" not in paths:
+            draft.embedding = None
+        view = self.store.update_memory(
+            name.owner,
+            name.memory,
+            draft,
+            paths,
+            request.expected_version,
+            self.pending_ttl,
+            keep_embedding="text" not in paths and "edge" not in paths and "embedding" not in paths,
+        )
+        self.retriever.on_write(name.owner, [view.meta])
+        return memory_proto(view)
+
+
+class EventsService(events_pb2_grpc.EventsServicer):
+    """``lethe.v1.Events``: a server stream of the owner's events, resumable
+    with ``after`` (an event id). Events are kept for 7 days."""
+
+    def __init__(self, store: Store, stopping: threading.Event) -> None:
+        self.store = store
+        self.stopping = stopping
+
+    def Watch(  # noqa: N802
+        self, request: events_pb2.WatchRequest, context: grpc.ServicerContext
+    ) -> Iterator[events_pb2.Event]:
+        from server._services import abort
+
+        try:
+            owner = parse_owner(request.parent, "parent")
+            authorize(owner)
+            if (request.after and not request.after.isascii()) or (
+                request.after and not request.after.isdigit()
+            ):
+                raise InvalidArgument("after", "must be an event id")
+            after = int(request.after) if request.after else 0
+            types = set()
+            for i, value in enumerate(request.types):
+                name = _enum_name(events_pb2.EventType, value, f"types[{i}]")
+                if name:
+                    types.add(name)
+        except Exception as exc:
+            abort(context, exc)
+            return
+        receipts: dict[str, common_pb2.DeletionReceipt | None] = {}
+        while context.is_active() and not self.stopping.is_set():
+            batch = self.store.events(owner, after, types)
+            for event in batch:
+                receipt_name = event.get("receipt", "")
+                if receipt_name not in receipts:
+                    entry = self.store.deletion(owner, receipt_name.rsplit("/", 1)[-1])
+                    receipts[receipt_name] = receipt_proto(entry) if entry else None
+                yield event_proto(event, receipts[receipt_name])
+                after = int(event["id"])
+            if not batch:
+                self.stopping.wait(WATCH_POLL_SECONDS)
