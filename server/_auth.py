@@ -147,9 +147,27 @@ def _wrap(
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+    def guard_stream(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        # A streaming behaviour is a generator: the principal must be set while
+        # it runs, not only while it is created.
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                principal = authenticate()
+            except LetheError as exc:
+                abort(context, exc)
+                return
+            token = _principal.set(principal)
+            try:
+                yield from behaviour(request, context)
+            finally:
+                _principal.reset(token)
+
+        return call
+
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(
-            guard(handler.unary_stream),
+            guard_stream(handler.unary_stream),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )

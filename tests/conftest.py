@@ -16,7 +16,9 @@ import grpc
 import pytest
 
 from lethe.v1 import (
+    events_pb2_grpc,
     lifecycle_pb2_grpc,
+    memories_pb2_grpc,
     retrieval_pb2_grpc,
     threads_pb2_grpc,
 )
@@ -33,11 +35,15 @@ class Client:
     threads: threads_pb2_grpc.ThreadsStub = field(init=False)
     retrieval: retrieval_pb2_grpc.RetrievalStub = field(init=False)
     lifecycle: lifecycle_pb2_grpc.LifecycleStub = field(init=False)
+    memories: memories_pb2_grpc.MemoriesStub = field(init=False)
+    events: events_pb2_grpc.EventsStub = field(init=False)
 
     def __post_init__(self) -> None:
         self.threads = threads_pb2_grpc.ThreadsStub(self.channel)
         self.retrieval = retrieval_pb2_grpc.RetrievalStub(self.channel)
         self.lifecycle = lifecycle_pb2_grpc.LifecycleStub(self.channel)
+        self.memories = memories_pb2_grpc.MemoriesStub(self.channel)
+        self.events = events_pb2_grpc.EventsStub(self.channel)
 
     @property
     def md(self) -> list[tuple[str, str]]:
