@@ -244,7 +244,7 @@ def test_search_follows_the_updated_text(lethe: Lethe) -> None:
     c.memories.UpdateMemory(
         memories_pb2.UpdateMemoryRequest(
             memory=memories_pb2.Memory(name=m.name, text="my pet is a parrot called Kiwi"),
-            update_mask={"paths": ["text"]},
+            update_mask=field_mask_pb2.FieldMask(paths=["text"]),
             expected_version=1,
         ),
         metadata=tuple(c.md),
