@@ -31,6 +31,8 @@ from lethe.v1 import (
     lifecycle_pb2_grpc,
     memories_pb2,
     memories_pb2_grpc,
+    repairs_pb2,
+    repairs_pb2_grpc,
     retrieval_pb2,
     retrieval_pb2_grpc,
     threads_pb2,
@@ -41,7 +43,13 @@ from server._lifecycle import Lifecycle, Sweeper
 from server._memory_services import EventsService, MemoriesService
 from server._metrics import Metrics
 from server._search import Retriever
-from server._services import LifecycleService, RetrievalService, ThreadsService, abort
+from server._services import (
+    LifecycleService,
+    RepairsService,
+    RetrievalService,
+    ThreadsService,
+    abort,
+)
 from server._store import Store
 from server.errors import LetheError
 
@@ -141,6 +149,7 @@ class LetheServer:
         self._sweeper: Sweeper | None = None
         self._metrics_server: Any = None
         self._stopping = threading.Event()
+        self._executor: futures.ThreadPoolExecutor | None = None
 
     def start(self) -> int:
         """Recover, then serve. Returns the bound gRPC port."""
@@ -154,10 +163,11 @@ class LetheServer:
             _log.info(
                 "recovered: %d deletions resumed, %d keyless records forgotten", resumed, reconciled
             )
+        self._executor = futures.ThreadPoolExecutor(
+            max_workers=self.config.max_workers, thread_name_prefix="lethe-rpc"
+        )
         server = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=self.config.max_workers, thread_name_prefix="lethe-rpc"
-            ),
+            self._executor,
             interceptors=[
                 _MetricsInterceptor(self.metrics),
                 AuthInterceptor(self.store.get_principal, _abort),
@@ -181,6 +191,7 @@ class LetheServer:
         events_pb2_grpc.add_EventsServicer_to_server(
             EventsService(self.store, self._stopping), server
         )
+        repairs_pb2_grpc.add_RepairsServicer_to_server(RepairsService(), server)
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         names = [
@@ -189,15 +200,19 @@ class LetheServer:
             lifecycle_pb2.DESCRIPTOR.services_by_name["Lifecycle"].full_name,
             memories_pb2.DESCRIPTOR.services_by_name["Memories"].full_name,
             events_pb2.DESCRIPTOR.services_by_name["Events"].full_name,
+            repairs_pb2.DESCRIPTOR.services_by_name["Repairs"].full_name,
             health.SERVICE_NAME,
             reflection.SERVICE_NAME,
         ]
         reflection.enable_server_reflection(names, server)
-        self.port = server.add_insecure_port(self.config.listen)
+        try:
+            self.port = server.add_insecure_port(self.config.listen)
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {self.config.listen}")
+            raise OSError(f"cannot listen on {self.config.listen} (in use, or not an address here)")
         server.start()
-        for name in names[:5]:
+        for name in names[:6]:
             health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         self._grpc = server
@@ -229,6 +244,11 @@ class LetheServer:
         if self._grpc is not None:
             self._grpc.stop(grace).wait()
             self._grpc = None
+        if self._executor is not None:
+            # Handlers cancelled by the grace period may still be running: the
+            # store stays open until every one of them has returned.
+            self._executor.shutdown(wait=True)
+            self._executor = None
         if self._sweeper is not None:
             self._sweeper.stop()
             self._sweeper = None

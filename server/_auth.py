@@ -99,6 +99,8 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
         values = [v for k, v in metadata if k == "authorization"]
         if not values:
             raise Unauthenticated("missing bearer token", reason="MISSING_TOKEN")
+        if len(values) > 1:  # never guess which of two credentials was meant
+            raise Unauthenticated("more than one authorization header", reason="INVALID_TOKEN")
         value = values[0] if isinstance(values[0], str) else values[0].decode()
         scheme, _, token = value.partition(" ")
         if scheme.lower() != "bearer" or not token.startswith(TOKEN_PREFIX):

@@ -8,6 +8,8 @@ on the writer twice); the sweeper runs on its own daemon thread.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -21,6 +23,9 @@ from server._store import EVENT_RETENTION, Store
 
 _log = logging.getLogger(__name__)
 
+# Set to "after-tombstones" to make the process kill itself (SIGKILL) between
+# step 1 and step 2 of every forget: the crash test's fault injection.
+CRASH_ENV = "LETHE_TEST_CRASH"
 REASON_FORGET = "FORGET"
 REASON_EXPIRED = "EXPIRED"
 REASON_KEY_DESTROYED = "KEY_DESTROYED"
@@ -71,6 +76,8 @@ class Lifecycle:
             memories=memories,
             delete_responses=delete_responses,
         )
+        if os.environ.get(CRASH_ENV) == "after-tombstones":  # crash tests only
+            os.kill(os.getpid(), signal.SIGKILL)
         self.retriever.on_forget(
             owner, plan.rids, plan.entry["threads"], whole_owner, touched=list(turns)
         )

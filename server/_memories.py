@@ -342,14 +342,18 @@ class MemoryMixin:
                     json.dumps({"dim": 0, "create_time": now}).encode(),
                     db=self.db["owners"],
                 )
-            txn.delete(f"owners/{owner}/memories/{memory_id}".encode(), db=self.db["tombstones"])
+            name = f"owners/{owner}/memories/{memory_id}"
+            stone = txn.get(name.encode(), db=self.db["tombstones"])
+            # An id used again continues the old numbering: (name, version) is unique.
+            version = int(json.loads(bytes(stone)).get("last_version", 0)) + 1 if stone else 1
+            txn.delete(name.encode(), db=self.db["tombstones"])
             meta = MemMeta(
                 rid=rid,
                 owner=owner,
                 memory_id=memory_id,
                 kind=draft.kind,
                 state=state,
-                version=1,
+                version=version,
                 status=draft.status or status,
                 direction=draft.direction or direction,
                 trigger=draft.trigger or trigger,
@@ -358,7 +362,7 @@ class MemoryMixin:
                 update_time=now,
                 expire_time=now + pending_ttl if state == PENDING else 0.0,
                 ring_thread=ring_thread,
-                key_ids={"1": key_id},
+                key_ids={str(version): key_id},
                 sources=list(draft.sources),
                 due_time=draft.due_time,
             )
@@ -370,9 +374,14 @@ class MemoryMixin:
             txn.put(memory_id_key(owner, memory_id), rid_key(rid), db=self.db["memory_ids"])
             txn.put(owner_prefix(owner) + rid_key(rid), b"", db=self.db["owner_records"])
             add_edges(
-                txn, self.db["lineage_down"], self.db["lineage_up"], meta.name, 1, draft.sources
+                txn,
+                self.db["lineage_down"],
+                self.db["lineage_up"],
+                meta.name,
+                version,
+                draft.sources,
             )
-            return MemoryView(meta, 1, meta.status, draft.content, list(draft.sources))
+            return MemoryView(meta, version, meta.status, draft.content, list(draft.sources))
 
         ring = RingRef(owner, ring_thread or None)
         return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)]))

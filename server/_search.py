@@ -350,8 +350,9 @@ class Retriever:
         join their thread's pending bundle. Bundles not loaded are left alone:
         they are built from LMDB when first needed.
         """
-        metas = [m for m in records if isinstance(m, TurnMeta)]
-        mems = [m for m in records if isinstance(m, MemMeta)]
+        unique = list({m.rid: m for m in records}.values())
+        metas = [m for m in unique if isinstance(m, TurnMeta)]
+        mems = [m for m in unique if isinstance(m, MemMeta)]
         now = time.time()
         if mems:
             with self._lock(owner):

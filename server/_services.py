@@ -31,6 +31,7 @@ from lethe.v1 import (
     lifecycle_pb2,
     lifecycle_pb2_grpc,
     memories_pb2,
+    repairs_pb2_grpc,
     retrieval_pb2,
     retrieval_pb2_grpc,
     threads_pb2,
@@ -435,6 +436,16 @@ def _later(name: str) -> Callable[..., Any]:
     return handler
 
 
+class RepairsService(repairs_pb2_grpc.RepairsServicer):
+    """``lethe.v1.Repairs``: defined in the API, answers UNIMPLEMENTED (after
+    authentication) until it is served."""
+
+    SealRepair = _later("SealRepair")
+    ReopenRepair = _later("ReopenRepair")
+    PauseRepair = _later("PauseRepair")
+    ConcludeRepair = _later("ConcludeRepair")
+
+
 class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
     """``lethe.v1.Retrieval`` (Search; AssembleContext and GetContextManifest
     answer UNIMPLEMENTED until they are served)."""
@@ -461,6 +472,7 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
             thread = parse_thread(request.thread, "thread")
             if thread.owner != owner:
                 raise InvalidArgument("thread", "must be a thread of parent")
+            self.retriever.store.get_thread(owner, thread.thread)  # NOT_FOUND / RECORD_DELETED
             if request.include_pending:
                 pending_thread = thread.thread
         elif request.include_pending:
@@ -536,7 +548,8 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
             raise InvalidArgument("names", "all names must belong to one owner")
         owner = owners.pop()
         authorize(owner)
-        metas = self.store.commit_records(list(request.names), request.include_sources)
+        names = list(dict.fromkeys(request.names))  # a name given twice is committed once
+        metas = self.store.commit_records(names, request.include_sources)
         self.retriever.on_write(owner, metas)
         return lifecycle_pb2.CommitResponse(
             committed=[common_pb2.SourceRef(name=m.name, version=m.version) for m in metas]
@@ -609,7 +622,8 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
             raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
         parsed: list[tuple[str, str | ThreadName | TurnName | MemoryName]] = []
         for i, name in enumerate(request.names):
-            parsed.append((name, parse_any(name, f"names[{i}]")))
+            if name not in {n for n, _ in parsed}:  # a name given twice is forgotten once
+                parsed.append((name, parse_any(name, f"names[{i}]")))
         turns: list[tuple[str, int]] = []
         owners = [_owner_of(t) for _, t in parsed]
         if request.HasField("range"):

@@ -350,12 +350,16 @@ class Store(MemoryMixin):
             key = thread_key(owner, thread)
             if _get(txn, key, db=self.db["threads"]) is not None:
                 raise AlreadyExists(f"{name} already exists")
+            stone = _get(txn, name.encode(), db=self.db["tombstones"])
+            last_seq = int(json.loads(stone).get("last_seq", 0)) if stone else 0
             txn.delete(name.encode(), db=self.db["tombstones"])
             if _get(txn, owner.encode(), db=self.db["owners"]) is None:
                 owner_rec = {"dim": 0, "create_time": now}
                 txn.put(owner.encode(), json.dumps(owner_rec).encode(), db=self.db["owners"])
             txn.delete(f"owners/{owner}".encode(), db=self.db["tombstones"])
-            meta = ThreadMeta(owner, thread, "CONVERSATION", now, now, 0, title_key)
+            # A forgotten thread's id may be used again; its turns number on
+            # after the old ones, so an old turn name stays RECORD_DELETED.
+            meta = ThreadMeta(owner, thread, "CONVERSATION", now, now, last_seq, title_key)
             txn.put(key, meta.encode(), db=self.db["threads"])
             ad = AssociatedData(owner, name, 1, PAYLOAD_TITLE)
             txn.put(key, self._seal(txn, ring, title_key, ad, title.encode()), db=self.db["titles"])
@@ -895,7 +899,7 @@ class Store(MemoryMixin):
                 if not whole_owner:
                     plan.targets.append(name)
                     plan.rings.append(thread)
-                self._tombstone(txn, name, now, deletion_id, reason)
+                self._tombstone(txn, name, now, deletion_id, reason, last_seq=tmeta.last_seq)
                 for meta in self._thread_metas(txn, owner, thread):
                     plan.delete_turn(meta, key_in_ring=True)
             plan.done_threads = set(thread_ids)
@@ -1065,9 +1069,19 @@ class Store(MemoryMixin):
         return out
 
     def _tombstone(
-        self, txn: lmdb.Transaction, name: str, now: float, deletion_id: str, reason: str
+        self,
+        txn: lmdb.Transaction,
+        name: str,
+        now: float,
+        deletion_id: str,
+        reason: str,
+        **numbering: int,
     ) -> None:
-        stone = {"time": now, "reason": reason, "deletion": deletion_id}
+        """Write a tombstone: time, reason, deletion id, and for threads and
+        memories the last seq / version, so that an id used again continues the
+        numbering and no (name, version) ever names two different contents."""
+        stone: dict[str, Any] = {"time": now, "reason": reason, "deletion": deletion_id}
+        stone.update(numbering)
         txn.put(name.encode(), json.dumps(stone).encode(), db=self.db["tombstones"])
 
     def _mark_deleted(
@@ -1081,9 +1095,12 @@ class Store(MemoryMixin):
         if meta.expire_time:
             txn.delete(expiry_key(meta.expire_time, meta.rid), db=self.db["expiry"])
         meta.deleted = True
-        db = self.db["memories"] if isinstance(meta, MemMeta) else self.db["turns"]
-        txn.put(rid_key(meta.rid), meta.encode(), db=db)
-        self._tombstone(txn, meta.name, now, deletion_id, reason)
+        if isinstance(meta, MemMeta):
+            txn.put(rid_key(meta.rid), meta.encode(), db=self.db["memories"])
+            self._tombstone(txn, meta.name, now, deletion_id, reason, last_version=meta.version)
+        else:
+            txn.put(rid_key(meta.rid), meta.encode(), db=self.db["turns"])
+            self._tombstone(txn, meta.name, now, deletion_id, reason)
 
     def finish_forget(self, entry: dict[str, Any], index_done_time: float) -> dict[str, Any]:
         """Steps 3 and 4: destroy the keys (synced), purge the rows, close the log entry.

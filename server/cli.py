@@ -19,6 +19,7 @@ from types import FrameType
 
 from server._auth import new_token, principal_record, token_digest
 from server._names import ID_RE
+from server._probe import add_probe_arguments, run_probe
 from server._store import Store, StoreLockedError, data_paths, open_store_for
 from shredder import (
     EnvironmentConfigError,
@@ -49,6 +50,17 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+def _address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with PORT in 0..65535, got {value!r}")
+    return value
+
+
+def _address_or_off(value: str) -> str:
+    return value if value == "off" else _address(value)
+
+
 def _owner(value: str) -> str:
     if not ID_RE.fullmatch(value):
         raise argparse.ArgumentTypeError("owner ids match [a-z0-9][a-z0-9-]{0,62}")
@@ -61,9 +73,17 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve the gRPC API")
     serve.add_argument("--data", type=Path, default=Path("./lethe-data"))
-    serve.add_argument("--listen", default="127.0.0.1:50051")
     serve.add_argument(
-        "--metrics-listen", default="127.0.0.1:9464", help="HOST:PORT for /metrics, or 'off'"
+        "--listen",
+        type=_address,
+        default="127.0.0.1:50051",
+        help="HOST:PORT for gRPC (default 127.0.0.1:50051)",
+    )
+    serve.add_argument(
+        "--metrics-listen",
+        type=_address_or_off,
+        default="127.0.0.1:9464",
+        help="HOST:PORT for /metrics, or 'off' (default 127.0.0.1:9464)",
     )
     serve.add_argument("--kek-file", type=Path, default=None)
     serve.add_argument("--embedder", choices=["wordllama", "none"], default="wordllama")
@@ -102,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
         "--conversations", type=int, default=0, help="use only the first N conversations (0 = all)"
     )
     demo.add_argument("--kek-file", type=Path, default=None)
+
+    probe = sub.add_parser("probe", help="plant-and-delete probe against a running server")
+    add_probe_arguments(probe)
     return parser
 
 
@@ -118,7 +141,11 @@ def _serve(args: argparse.Namespace) -> int:
         sweep_interval=args.sweep_interval,
     )
     server = LetheServer(config)
-    port = server.start()
+    try:
+        port = server.start()
+    except BaseException:
+        server.stop(grace=0)
+        raise
     print(
         f"lethe serving {args.data.resolve()} on {args.listen.rpartition(':')[0]}:{port}",
         flush=True,
@@ -133,11 +160,16 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     stopped.wait()
-    server.stop(grace=5.0)
+    server.stop(grace=30.0)
     return 0
 
 
 def _token_create(args: argparse.Namespace) -> int:
+    if Keystore.read_store_id(data_paths(args.data.resolve())[1]) is None:
+        raise EnvironmentConfigError(
+            f"{args.data} holds no lethe store; start `lethe serve --data {args.data}` once "
+            "first, or pass the data directory the server uses"
+        )
     store = Store(args.data, kek_file=args.kek_file, lock=False)
     try:
         token = new_token()
@@ -228,7 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from server._demo import run_demo
 
             return run_demo(args)
-    except (EnvironmentConfigError, StoreLockedError, ShredderError) as exc:
+        if args.command == "probe":
+            return run_probe(args)
+    except (EnvironmentConfigError, StoreLockedError, ShredderError, OSError) as exc:
         print(f"lethe: {exc}", file=sys.stderr)
         return 2
     return 2

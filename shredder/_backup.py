@@ -91,11 +91,14 @@ def backup_environment(
         finally:
             own.close()
     data = out_dir / "data.mdb"
+    os.chmod(data, 0o600)
     with data.open("rb+") as f:
         os.fsync(f.fileno())
     manifest = BackupManifest(store_id, time.time(), data.stat().st_size, _digest(data))
     body = {"format": BACKUP_FORMAT, **manifest.__dict__}
-    (out_dir / MANIFEST).write_text(json.dumps(body, indent=2) + "\n")
+    manifest_path = out_dir / MANIFEST
+    manifest_path.write_text(json.dumps(body, indent=2) + "\n")
+    os.chmod(manifest_path, 0o600)
     _fsync_dir(out_dir)
     return manifest
 

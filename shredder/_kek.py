@@ -109,8 +109,9 @@ class KekRing:
             st = path.stat()
         except FileNotFoundError:
             raise EnvironmentConfigError(
-                f"KEK file {path} does not exist; create it (e.g. start with KEK creation "
-                "enabled) or point the server at the right file"
+                f"KEK file {path} does not exist, but the store was created with a KEK: "
+                "pass the KEK's location with --kek-file (or restore the file there); "
+                "without it the store's keys cannot be opened"
             ) from None
         except OSError as exc:
             raise EnvironmentConfigError(f"cannot stat KEK file {path}: {exc.strerror}") from None

@@ -1,0 +1,179 @@
+"""Crash (SIGKILL) between the tombstone transaction and key destruction: after a
+restart the deletion completes and the audit is clean (issue 3, case 7)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from lethe.v1 import (
+    common_pb2,
+    lifecycle_pb2,
+    lifecycle_pb2_grpc,
+    memories_pb2,
+    memories_pb2_grpc,
+    threads_pb2,
+    threads_pb2_grpc,
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _reason(err: grpc.RpcError) -> str:
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    assert status is not None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return str(info.reason)
+    return ""
+
+
+def _serve(data: Path, port: int, env: dict[str, str]) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "server.cli",
+            "serve",
+            "--data",
+            str(data),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-listen",
+            "off",
+            "--embedder",
+            "none",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert "serving" in proc.stdout.readline()
+    return proc
+
+
+@contextlib.contextmanager
+def _killed_at_exit(proc: subprocess.Popen[str]) -> Iterator[None]:
+    """Whatever happens in the block, the server process is gone afterwards."""
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_sigkill_between_tombstones_and_key_destruction_is_completed_at_restart(
+    tmp_path: Path, kek_env: str
+) -> None:
+    data = tmp_path / "d"
+    base = {**os.environ, "LETHE_KEK": kek_env}
+    from server import Store, new_token, principal_record, token_digest
+
+    token = new_token()
+    store = Store(data, lock=False)
+    store.put_token(token_digest(token), principal_record(["alice"], False))
+    store.close()
+    md = (("authorization", f"Bearer {token}"),)
+    port = _free_port()
+    crashing = _serve(data, port, {**base, "LETHE_TEST_CRASH": "after-tombstones"})
+    with _killed_at_exit(crashing), grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        threads = threads_pb2_grpc.ThreadsStub(ch)
+        threads.CreateThread(
+            threads_pb2.CreateThreadRequest(parent="owners/alice", thread_id="t1"), metadata=md
+        )
+        turns = threads.AppendTurns(
+            threads_pb2.AppendTurnsRequest(
+                parent="owners/alice/threads/t1",
+                turns=[
+                    threads_pb2.TurnInput(
+                        role=common_pb2.USER,
+                        text=f"crash plant {i}",
+                        commit=True,
+                        embedding=[1.0, float(i)],
+                    )
+                    for i in range(3)
+                ],
+            ),
+            metadata=md,
+        ).turns
+        memories_pb2_grpc.MemoriesStub(ch).CreateMemory(
+            memories_pb2.CreateMemoryRequest(
+                parent="owners/alice",
+                memory_id="derived",
+                memory=memories_pb2.Memory(
+                    kind=memories_pb2.Memory.FACT,
+                    text="derived from turn 1",
+                    sources=[common_pb2.SourceRef(name=turns[0].name, version=1)],
+                    state=common_pb2.COMMITTED,
+                    embedding=[0.5, 0.5],
+                ),
+            ),
+            metadata=md,
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            lifecycle_pb2_grpc.LifecycleStub(ch).Forget(
+                lifecycle_pb2.ForgetRequest(names=[turns[0].name]), metadata=md
+            )
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert crashing.wait(timeout=30) == -9
+    port = _free_port()
+    server = _serve(data, port, base)
+    with _killed_at_exit(server), grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        threads = threads_pb2_grpc.ThreadsStub(ch)
+        lifecycle = lifecycle_pb2_grpc.LifecycleStub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            threads.GetTurn(threads_pb2.GetTurnRequest(name=turns[0].name), metadata=md)
+        assert (err.value.code(), _reason(err.value)) == (
+            grpc.StatusCode.NOT_FOUND,
+            "RECORD_DELETED",
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            memories_pb2_grpc.MemoriesStub(ch).GetMemory(
+                memories_pb2.GetMemoryRequest(name="owners/alice/memories/derived"),
+                metadata=md,
+            )
+        assert _reason(err.value) == "RECORD_DELETED"
+        receipts = lifecycle.ListDeletions(
+            lifecycle_pb2.ListDeletionsRequest(parent="owners/alice"), metadata=md
+        ).receipts
+        assert len(receipts) == 1
+        assert receipts[0].cascaded == 1
+        assert {d.name: d.done for d in receipts[0].destinations} == {
+            "lmdb": True,
+            "index": True,
+            "keystore": True,
+            "cache": True,
+        }
+        report = lifecycle.Audit(lifecycle_pb2.AuditRequest(parent="owners/alice"), metadata=md)
+        assert (
+            report.orphans,
+            report.keys_without_record,
+            report.records_without_key,
+            report.index_drift,
+        ) == (0, 0, 0, 0)
+        assert report.checked == 2
+        listed = threads.ListTurns(
+            threads_pb2.ListTurnsRequest(parent="owners/alice/threads/t1"), metadata=md
+        ).turns
+        assert [t.text for t in listed] == ["crash plant 1", "crash plant 2"]

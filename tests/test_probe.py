@@ -1,0 +1,149 @@
+"""``lethe probe`` against the real server over a real channel, run in-process
+through ``server.cli.main`` as a user would run it."""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Lethe
+
+from lethe.v1 import common_pb2
+from server import _probe
+from server._probe import STAGES, summarise
+from server.cli import main
+
+CYCLES = 3
+_LINE = re.compile(r"cycle (\d+) ([a-z-]+): (.*)")
+
+
+def _stage_lines(out: str) -> list[tuple[int, str, str]]:
+    return [
+        (int(m.group(1)), m.group(2), m.group(3))
+        for m in (_LINE.fullmatch(line) for line in out.splitlines())
+        if m
+    ]
+
+
+def test_probe_cycles_pass_on_a_healthy_server(
+    lethe: Lethe, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = lethe.token("lethe-probe")
+    rc = main(
+        ["probe", "--target", f"127.0.0.1:{lethe.port}", "--token", token, "--cycles", str(CYCLES)]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    expected = [(n, stage, "ok") for n in range(1, CYCLES + 1) for stage in STAGES]
+    assert _stage_lines(out) == expected, out
+    assert f"probe: {CYCLES} cycles ok" in out
+
+
+def test_probe_leaves_nothing_of_its_own_behind(
+    lethe: Lethe, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lethe.v1 import memories_pb2, threads_pb2
+
+    token = lethe.token("lethe-probe")
+    assert main(["probe", "--target", f"127.0.0.1:{lethe.port}", "--token", token]) == 0
+    capsys.readouterr()
+    c = lethe.client(token=token)
+    threads = c.threads.ListThreads(
+        threads_pb2.ListThreadsRequest(parent="owners/lethe-probe"), metadata=tuple(c.md)
+    )
+    memories = c.memories.ListMemories(
+        memories_pb2.ListMemoriesRequest(parent="owners/lethe-probe"), metadata=tuple(c.md)
+    )
+    assert (list(threads.threads), list(memories.memories)) == ([], [])
+
+
+def test_probe_with_bad_token_exits_2(lethe: Lethe, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["probe", "--target", f"127.0.0.1:{lethe.port}", "--token", "not-a-token"])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert "UNAUTHENTICATED/INVALID_TOKEN" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+    assert _stage_lines(captured.out) == []
+
+
+def test_probe_with_token_for_another_owner_exits_2(
+    lethe: Lethe, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = lethe.token("alice")
+    rc = main(["probe", "--target", f"127.0.0.1:{lethe.port}", "--token", token])
+    assert rc == 2
+    assert "PERMISSION_DENIED/OWNER_NOT_ALLOWED" in capsys.readouterr().err
+
+
+def test_probe_without_a_server_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        rc = main(["probe", "--target", f"127.0.0.1:{port}", "--token", "t"])
+    assert rc == 2
+    assert "cannot connect" in capsys.readouterr().err
+
+
+def test_summariser_is_deterministic() -> None:
+    assert summarise(["a", "b"]) == summarise(["a", "b"]) == "summary: a | b"
+
+
+def test_probe_reports_a_leak_when_the_forget_does_nothing(
+    lethe: Lethe, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injected on the probe's side: the planted turn is never forgotten."""
+
+    def forget_nothing(self: _probe._Cycle, f: object) -> None:
+        assert self.planted is not None
+        assert self.fact is not None
+        assert self.summary is not None
+        self.forgotten = {self.planted.name, self.fact.name, self.summary.name}
+        self.receipt = common_pb2.DeletionReceipt()
+
+    monkeypatch.setattr(_probe._Cycle, "forget", forget_nothing)
+    token = lethe.token("lethe-probe")
+    rc = main(["probe", "--target", f"127.0.0.1:{lethe.port}", "--token", token, "--cycles", "2"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    lines = _stage_lines(out)
+    assert [(n, stage) for n, stage, _ in lines] == [
+        (1, "plant"),
+        (1, "forget"),
+        (1, "before-rebuild"),
+        (1, "cleanup"),
+    ]
+    assert lines[2][2].startswith("LEAK: ")
+    assert "holding the planted value" in lines[2][2]
+    assert lines[3][2] == "ok"
+    assert out.splitlines()[-1] == "probe: LEAK or failure in cycle 1, stage before-rebuild"
+
+
+def test_probe_reports_a_leak_when_a_rebuild_source_holds_the_value(
+    lethe: Lethe, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injected on the probe's side: an offered source reads as the planted text."""
+    monkeypatch.setattr(
+        _probe._Cycle, "_read_offered", lambda self, ref: (self.planted_text, False)
+    )
+    token = lethe.token("lethe-probe")
+    rc = main(["probe", "--target", f"127.0.0.1:{lethe.port}", "--token", token])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    failed = {stage: text for _, stage, text in _stage_lines(out) if text != "ok"}
+    assert list(failed) == ["after-rebuild"], out
+    assert failed["after-rebuild"].startswith("LEAK: offered source")
+
+
+def test_probe_passes_without_an_embedder(
+    lethe_at: Callable[..., Lethe], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DENSE search is not served without an embedder: the probe says so and passes."""
+    server = lethe_at(tmp_path / "data", embedder="none")
+    token = server.token("lethe-probe")
+    rc = main(["probe", "--target", f"127.0.0.1:{server.port}", "--token", token])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "DENSE not served: the server has no embedder" in out.splitlines()[-1]
