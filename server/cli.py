@@ -1,8 +1,9 @@
 """The ``lethe`` command line (API.md, "Command line").
 
-``lethe serve``, ``lethe token create``, ``lethe backup``, ``lethe restore``
-and ``lethe demo``. Errors are printed as one line on stderr with exit
-status 2 (usage or configuration) or 1 (a failed check).
+``lethe serve``, ``lethe token create``, ``lethe backup``, ``lethe restore``,
+``lethe audit``, ``lethe probe`` and ``lethe demo``. Errors are printed as
+one line on stderr with exit status 2 (usage or configuration) or 1 (a failed
+check).
 """
 
 from __future__ import annotations
@@ -103,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
     backup.add_argument("--data", type=Path, default=Path("./lethe-data"))
     backup.add_argument("--out", type=Path, required=True)
     backup.add_argument("--kek-file", type=Path, default=None)
+
+    audit_p = sub.add_parser(
+        "audit", help="print the AuditReport of every owner; exit 1 if any count is non-zero"
+    )
+    audit_p.add_argument("--data", type=Path, default=Path("./lethe-data"))
+    audit_p.add_argument("--kek-file", type=Path, default=None)
 
     restore = sub.add_parser("restore", help="restore a data backup beside the keystore")
     restore.add_argument("--backup", type=Path, required=True)
@@ -208,6 +215,32 @@ def _backup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace) -> int:
+    """Audit every owner from this process (safe beside a running server: reads
+    only). Index drift is checked by ``Lifecycle.Audit`` on the server, which
+    holds the indexes; here it is always 0."""
+    from dataclasses import asdict
+
+    from server._audit import AuditCounts, audit, owners_of
+
+    if Keystore.read_store_id(data_paths(args.data.resolve())[1]) is None:
+        raise EnvironmentConfigError(f"{args.data} holds no lethe store")
+    store = Store(args.data, kek_file=args.kek_file, lock=False)
+    total = AuditCounts()
+    try:
+        for owner in owners_of(store):
+            counts = audit(store, None, owner)
+            for key, value in asdict(counts).items():
+                setattr(total, key, getattr(total, key) + value)
+            if not counts.healthy():
+                print(f"owners/{owner}: {asdict(counts)}")
+    finally:
+        store.close()
+    for key, value in asdict(total).items():
+        print(f"{key}: {value}")
+    return 0 if total.healthy() else 1
+
+
 def _restore(args: argparse.Namespace) -> int:
     from index import load_embedder
     from server._lifecycle import Lifecycle
@@ -256,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _backup(args)
         if args.command == "restore":
             return _restore(args)
+        if args.command == "audit":
+            return _audit(args)
         if args.command == "demo":
             from server._demo import run_demo
 

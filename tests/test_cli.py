@@ -190,3 +190,31 @@ def test_demo_on_two_locomo_conversations(tmp_path: Path, kek_env: str) -> None:
         == 0
     )
     assert json.loads(out.read_text())["turns"] == 419
+
+
+def test_audit_reports_a_healthy_store_and_exits_zero(
+    tmp_path: Path, kek_env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from server import Store
+
+    store = Store(tmp_path / "d")
+    store.create_thread("alice", "t1", "title")
+    store.close()
+    assert main(["audit", "--data", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "orphans: 0" in out
+    assert "checked: 0" in out  # a thread without turns or memories
+
+
+def test_audit_counts_a_key_without_record_and_exits_one(
+    tmp_path: Path, kek_env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from server import Store
+    from shredder import RingRef
+
+    store = Store(tmp_path / "d")
+    store.create_thread("alice", "t1", "")
+    store.keystore.create_record_keys([(RingRef("alice", "t1"), "stray-key")])
+    store.close()
+    assert main(["audit", "--data", str(tmp_path / "d")]) == 1
+    assert "keys_without_record: 1" in capsys.readouterr().out
