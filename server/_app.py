@@ -42,10 +42,10 @@ from server._auth import AuthInterceptor
 from server._lifecycle import Lifecycle, Sweeper
 from server._memory_services import EventsService, MemoriesService
 from server._metrics import Metrics
+from server._repair_services import RepairsService
 from server._search import Retriever
 from server._services import (
     LifecycleService,
-    RepairsService,
     RetrievalService,
     ThreadsService,
     abort,
@@ -68,6 +68,8 @@ class ServerConfig:
         metrics_listen: ``HOST:PORT`` of ``/metrics``, or None for no listener.
         pending_ttl: default pending lifetime, seconds.
         sweep_interval: seconds between expiry sweeps; 0 disables the sweeper.
+        expiry_warning: seconds ahead of a pending record's expiry at which the
+            sweeper emits ``PENDING_EXPIRING``.
         audit_interval: seconds between the periodic audits behind the
             ``lethe_orphan_derivatives`` and ``lethe_stale_summaries`` gauges.
     """
@@ -80,6 +82,7 @@ class ServerConfig:
     pending_ttl: float = DEFAULT_PENDING_TTL
     sweep_interval: float = 5.0
     audit_interval: float = 60.0
+    expiry_warning: float = 3600.0
     max_workers: int = 16
 
 
@@ -191,7 +194,9 @@ class LetheServer:
         events_pb2_grpc.add_EventsServicer_to_server(
             EventsService(self.store, self._stopping), server
         )
-        repairs_pb2_grpc.add_RepairsServicer_to_server(RepairsService(), server)
+        repairs_pb2_grpc.add_RepairsServicer_to_server(
+            RepairsService(self.store, self.retriever, self.lifecycle), server
+        )
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         names = [
@@ -218,7 +223,10 @@ class LetheServer:
         self._grpc = server
         if self.config.sweep_interval > 0:
             self._sweeper = Sweeper(
-                self.lifecycle, self.config.sweep_interval, self.config.audit_interval
+                self.lifecycle,
+                self.config.sweep_interval,
+                self.config.audit_interval,
+                self.config.expiry_warning,
             )
             self._sweeper.start()
         if self.config.metrics_listen:

@@ -74,10 +74,10 @@ def audit(store: Store, retriever: Retriever | None, owner: str) -> AuditCounts:
                 thread_rows[meta.thread] = meta
                 used.add((RingRef(owner, meta.thread), meta.title_key))
         for turn in turns:
-            used.add((RingRef(owner, turn.thread), turn.key_id))
+            used.add((RingRef(owner, turn.ring_thread), turn.key_id))
             if turn.deleted:
                 continue
-            if not store.keystore.has_record_key(RingRef(owner, turn.thread), turn.key_id):
+            if not store.keystore.has_record_key(RingRef(owner, turn.ring_thread), turn.key_id):
                 counts.records_without_key += 1
         for mem in memories:
             for key_id in mem.key_ids.values():

@@ -27,7 +27,7 @@ def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
 
 def thread_proto(view: ThreadView) -> threads_pb2.Thread:
     meta = view.meta
-    return threads_pb2.Thread(
+    thread = threads_pb2.Thread(
         name=f"owners/{meta.owner}/threads/{meta.thread}",
         kind=threads_pb2.Thread.Kind.Value(meta.kind),
         title=view.title,
@@ -35,6 +35,18 @@ def thread_proto(view: ThreadView) -> threads_pb2.Thread:
         update_time=timestamp(meta.update_time),
         last_seq=meta.last_seq,
     )
+    if meta.kind == "REPAIR":
+        thread.repair.CopyFrom(
+            threads_pb2.RepairInfo(
+                source_thread=f"owners/{meta.owner}/threads/{meta.repair_source}",
+                from_seq=meta.repair_from_seq,
+                state=threads_pb2.RepairInfo.State.Value(meta.repair_state),
+                outcome=threads_pb2.RepairInfo.Outcome.Value(meta.repair_outcome)
+                if meta.repair_outcome
+                else threads_pb2.RepairInfo.OUTCOME_UNSPECIFIED,
+            )
+        )
+    return thread
 
 
 def turn_proto(view: TurnView) -> threads_pb2.Turn:

@@ -55,6 +55,8 @@ class Lifecycle:
         memories: Sequence[str] = (),
         delete_responses: bool = False,
         reason: str = REASON_FORGET,
+        extra_rings: Sequence[str] = (),
+        conclude_repair: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
         """Forget turns, threads or a whole owner; returns the completed log entry.
 
@@ -75,6 +77,8 @@ class Lifecycle:
             started,
             memories=memories,
             delete_responses=delete_responses,
+            extra_rings=extra_rings,
+            conclude_repair=conclude_repair,
         )
         if os.environ.get(CRASH_ENV) == "after-tombstones":  # crash tests only
             os.kill(os.getpid(), signal.SIGKILL)
@@ -84,6 +88,16 @@ class Lifecycle:
         entry = self.store.finish_forget(plan.entry, time.time())
         self.metrics.deletion_latency.observe(time.time() - started)
         return entry
+
+    def seal(self, owner: str, thread: str, from_seq: int) -> Any:
+        """Seal a stretch into a new repair; sealed records leave the general
+        index at once, mixed derivatives are deleted like any forget."""
+        view, entry, left = self.store.seal_repair(owner, thread, from_seq)
+        extra = [] if entry is None else entry["memory_rids"] + entry["tainted_rids"]
+        self.retriever.on_forget(owner, left + extra, [], False, touched=[(thread, from_seq)])
+        if entry is not None:
+            self.store.finish_forget(entry, time.time())
+        return view
 
     def resume_outstanding(self) -> int:
         """Finish every deletion a crash interrupted (start-up; indexes are empty)."""
@@ -168,9 +182,16 @@ class Sweeper:
     """Background thread: expiry sweep and gauges every ``interval`` seconds, the
     audit gauges and event pruning every ``audit_interval`` seconds."""
 
-    def __init__(self, lifecycle: Lifecycle, interval: float, audit_interval: float = 60.0) -> None:
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        interval: float,
+        audit_interval: float = 60.0,
+        expiry_warning: float = 3600.0,
+    ) -> None:
         self._lifecycle = lifecycle
         self._interval = interval
+        self._expiry_warning = expiry_warning
         self._audit_interval = audit_interval
         self._last_audit = 0.0
         self._stop = threading.Event()
@@ -188,6 +209,7 @@ class Sweeper:
         while not self._stop.wait(self._interval):
             try:
                 self._lifecycle.sweep()
+                self._lifecycle.store.warn_expiring(time.time(), self._expiry_warning)
                 self._lifecycle.refresh_gauges()
                 if time.time() - self._last_audit >= self._audit_interval:
                     self._last_audit = time.time()

@@ -5,11 +5,25 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-
 # Seconds; finer than Prometheus' defaults below 5 ms, where this server's RPCs live.
 LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.002, 0.0035, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0,
+    0.0005,
+    0.001,
+    0.002,
+    0.0035,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 
 

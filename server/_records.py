@@ -64,6 +64,12 @@ class ThreadMeta:
     # When a turn of this thread was last forgotten (0: never); summaries older
     # than this are stale (Audit).
     last_deletion_time: float = 0.0
+    # Repair threads (kind REPAIR): the sealed source thread and first seq, the
+    # repair's state (PAUSED, CONTINUED, CONCLUDED) and outcome.
+    repair_source: str = ""
+    repair_from_seq: int = 0
+    repair_state: str = ""
+    repair_outcome: str = ""
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -99,10 +105,20 @@ class TurnMeta:
     deleted: bool = False
     context_manifest: str = ""
     context_refs: list[tuple[str, int]] = field(default_factory=list)
+    # The thread whose ring holds the record key: "" for the turn's own thread,
+    # a repair thread's id once the turn is sealed into it.
+    key_ring: str = ""
+    # Set when PENDING_EXPIRING was announced for this turn.
+    expiry_warned: bool = False
 
     @property
     def name(self) -> str:
         return f"owners/{self.owner}/threads/{self.thread}/turns/{self.seq}"
+
+    @property
+    def ring_thread(self) -> str:
+        """The thread id whose ring holds this turn's record key."""
+        return self.key_ring or self.thread
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -183,6 +199,8 @@ class MemMeta:
     supersedes: int = 0
     # Versions whose status is SUPERSEDED (corrections of FACT / PREFERENCE).
     superseded: list[int] = field(default_factory=list)
+    # Set when PENDING_EXPIRING was announced for this memory.
+    expiry_warned: bool = False
 
     @property
     def name(self) -> str:

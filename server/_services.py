@@ -31,7 +31,6 @@ from lethe.v1 import (
     lifecycle_pb2,
     lifecycle_pb2_grpc,
     memories_pb2,
-    repairs_pb2_grpc,
     retrieval_pb2,
     retrieval_pb2_grpc,
     threads_pb2,
@@ -266,7 +265,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         authorize(owner)
         size = _page_size(request.page_size)
         after = _decode_token(request.page_token, request.parent)
-        views, nxt = self.store.list_threads(owner, after, size)
+        views, nxt = self.store.list_threads(owner, after, size, request.include_repairs)
         return threads_pb2.ListThreadsResponse(
             threads=[thread_proto(v) for v in views],
             next_page_token=_encode_token(request.parent, nxt) if nxt else "",
@@ -436,16 +435,6 @@ def _later(name: str) -> Callable[..., Any]:
     return handler
 
 
-class RepairsService(repairs_pb2_grpc.RepairsServicer):
-    """``lethe.v1.Repairs``: defined in the API, answers UNIMPLEMENTED (after
-    authentication) until it is served."""
-
-    SealRepair = _later("SealRepair")
-    ReopenRepair = _later("ReopenRepair")
-    PauseRepair = _later("PauseRepair")
-    ConcludeRepair = _later("ConcludeRepair")
-
-
 class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
     """``lethe.v1.Retrieval`` (Search; AssembleContext and GetContextManifest
     answer UNIMPLEMENTED until they are served)."""
@@ -521,9 +510,34 @@ def _owner_of(target: str | ThreadName | TurnName | MemoryName) -> str:
 
 
 class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
-    """``lethe.v1.Lifecycle`` (ExtendPending answers UNIMPLEMENTED until it is served)."""
+    """``lethe.v1.Lifecycle``."""
 
-    ExtendPending = _later("ExtendPending")
+    @rpc
+    def ExtendPending(  # noqa: N802
+        self, request: lifecycle_pb2.ExtendPendingRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.ExtendPendingResponse:
+        if not request.names:
+            raise InvalidArgument("names", "at least one name is required")
+        if len(request.names) > MAX_BATCH:
+            raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
+        owners = set()
+        for i, name in enumerate(request.names):
+            if "/memories/" in name:
+                owners.add(parse_memory(name, f"names[{i}]").owner)
+            else:
+                owners.add(parse_turn(name, f"names[{i}]").owner)
+        if len(owners) != 1:
+            raise InvalidArgument("names", "all names must belong to one owner")
+        authorize(owners.pop())
+        if not request.HasField("ttl"):
+            raise InvalidArgument("ttl", "required")
+        ttl = _duration(request.ttl, "ttl", 0.0)
+        if ttl <= 0:
+            raise InvalidArgument("ttl", "must be positive")
+        metas = self.store.extend_pending(list(dict.fromkeys(request.names)), ttl)
+        return lifecycle_pb2.ExtendPendingResponse(
+            records=[common_pb2.SourceRef(name=m.name, version=m.version) for m in metas]
+        )
 
     def __init__(self, store: Store, retriever: Retriever, lifecycle: Lifecycle) -> None:
         self.store = store

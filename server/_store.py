@@ -71,6 +71,7 @@ from server._records import (
     PAYLOAD_MEMORY,
     PAYLOAD_TITLE,
     PENDING,
+    SEALED,
     MemMeta,
     ThreadMeta,
     TurnMeta,
@@ -86,11 +87,13 @@ from server._records import (
     thread_key,
     unpack_content,
 )
+from server._repairs import REPAIR_CONTINUED, RepairMixin
 from server._visibility import check_readable, effective_state
 from server._writer import WriteOp, Writer
 from server.errors import (
     AlreadyExists,
     DataLoss,
+    FailedPrecondition,
     InvalidArgument,
     LetheError,
     NotFound,
@@ -224,7 +227,7 @@ def load_kek(data_dir: Path, store_id: str, kek_file: Path | None, *, create: bo
     return KekRing.load_or_create(path, create=create)
 
 
-class Store(MemoryMixin):
+class Store(MemoryMixin, RepairMixin):
     """The data environment, the keystore and the writer for one data directory.
 
     Args:
@@ -310,7 +313,9 @@ class Store(MemoryMixin):
             DataLoss: the ciphertext fails authentication while its key exists.
         """
         ad = AssociatedData(meta.owner, meta.name, meta.version, payload_type)
-        return self._open(RingRef(meta.owner, meta.thread), meta.key_id, ad, ciphertext, meta.name)
+        return self._open(
+            RingRef(meta.owner, meta.ring_thread), meta.key_id, ad, ciphertext, meta.name
+        )
 
     # ------------------------------------------------------------------ owners / tokens
 
@@ -386,7 +391,7 @@ class Store(MemoryMixin):
         key = thread_key(owner, thread)
         with self.env.begin() as txn:
             meta = self._live_thread(txn, owner, thread)
-            ct = _get(txn, key, db=self.db["titles"])
+            ct = _get(txn, key, db=self.db["titles"]) if meta.title_key else None
         return self._thread_view(meta, ct)
 
     def _live_thread(self, txn: lmdb.Transaction, owner: str, thread: str) -> ThreadMeta:
@@ -404,7 +409,9 @@ class Store(MemoryMixin):
             raise RecordDeleted(f"{name} was deleted")
         return meta
 
-    def list_threads(self, owner: str, after: str, limit: int) -> tuple[list[ThreadView], str]:
+    def list_threads(
+        self, owner: str, after: str, limit: int, include_repairs: bool = False
+    ) -> tuple[list[ThreadView], str]:
         """Threads of ``owner`` ordered by id, starting after id ``after``.
 
         Returns:
@@ -421,13 +428,13 @@ class Store(MemoryMixin):
                     if not key.startswith(prefix):
                         break
                     meta = ThreadMeta.decode(raw)
-                    if meta.deleted:
+                    if meta.deleted or (meta.kind == "REPAIR" and not include_repairs):
                         continue
                     if len(rows) == limit:
                         more = True
                         break
                     rows.append((meta, _get(txn, key, db=self.db["titles"])))
-        views = [self._thread_view(meta, ct) for meta, ct in rows]
+        views = [self._thread_view(meta, ct if meta.title_key else None) for meta, ct in rows]
         return views, (views[-1].meta.thread if more and views else "")
 
     def _raise_missing(self, txn: lmdb.Transaction, name: str) -> NoReturn:
@@ -473,13 +480,21 @@ class Store(MemoryMixin):
                 if prior is not None:
                     return self._metas(txn, [int(r) for r in json.loads(prior)]), True
             tmeta = self._live_thread(txn, owner, thread)
+            repair = tmeta.kind == "REPAIR"
+            if repair and tmeta.repair_state != REPAIR_CONTINUED:
+                name = f"owners/{owner}/threads/{thread}"
+                raise FailedPrecondition(
+                    f"{name} is {tmeta.repair_state}: reopen it to append",
+                    reason="REPAIR_NOT_CONTINUED",
+                    subject=name,
+                )
             self._check_dims(txn, owner, drafts, now)
             next_rid = int(_get(txn, b"next_rid", db=self.db["meta"]) or b"1")
             metas: list[TurnMeta] = []
             for i, draft in enumerate(drafts):
                 rid = next_rid + i
                 seq = tmeta.last_seq + 1 + i
-                state = COMMITTED if draft.commit else PENDING
+                state = SEALED if repair else COMMITTED if draft.commit else PENDING
                 meta = TurnMeta(
                     rid=rid,
                     owner=owner,
@@ -490,7 +505,7 @@ class Store(MemoryMixin):
                     version=1,
                     time=draft.time if draft.time is not None else now,
                     create_time=now,
-                    expire_time=0.0 if draft.commit else now + draft.pending_ttl,
+                    expire_time=0.0 if state != PENDING else now + draft.pending_ttl,
                     key_id=key_ids[i],
                     has_embedding=draft.embedding is not None,
                     context_manifest=draft.context_manifest,
@@ -854,6 +869,8 @@ class Store(MemoryMixin):
         *,
         memories: Sequence[str] = (),
         delete_responses: bool = False,
+        extra_rings: Sequence[str] = (),
+        conclude_repair: tuple[str, str] | None = None,
     ) -> DeletionPlan:
         """Step 1 of a forget, in one transaction: tombstones for the targets and
         every transitive descendant, tainted responses, events, and the
@@ -869,6 +886,10 @@ class Store(MemoryMixin):
             turns: (thread, seq) of single turns. threads: thread ids.
             whole_owner: forget every thread and memory of the owner.
             memories: memory ids.
+            extra_rings: thread ids whose rings are destroyed without the
+                thread being forgotten (a repair concluded with DESTROY).
+            conclude_repair: (repair thread id, outcome) marked ``CONCLUDED``
+                in the same transaction, its title removed.
 
         Raises:
             NotFound / RecordDeleted: a named record never existed / is already
@@ -879,6 +900,14 @@ class Store(MemoryMixin):
         def apply(txn: lmdb.Transaction) -> DeletionPlan:
             now = _now()
             plan = _PlanState(self, txn, owner, now, deletion_id, reason)
+            plan.rings.extend(extra_rings)
+            if conclude_repair is not None:
+                repair_id, outcome = conclude_repair
+                rmeta = self._live_thread(txn, owner, repair_id)
+                rmeta.repair_state, rmeta.repair_outcome = "CONCLUDED", outcome
+                rmeta.title_key, rmeta.update_time = "", now
+                txn.put(thread_key(owner, repair_id), rmeta.encode(), db=self.db["threads"])
+                txn.delete(thread_key(owner, repair_id), db=self.db["titles"])
             thread_ids = list(threads)
             if whole_owner:
                 plan.targets.append(f"owners/{owner}")
@@ -938,17 +967,32 @@ class Store(MemoryMixin):
                     txn.put(thread_key(owner, thread), tmeta.encode(), db=self.db["threads"])
             if whole_owner:
                 self._tombstone(txn, f"owners/{owner}", now, deletion_id, reason)
-            entry = plan.entry(whole_owner, request_time)
-            for event in plan.events:
-                self._append_event(txn, owner, event, now, entry)
-            txn.put(
-                _deletion_key(owner, deletion_id),
-                json.dumps(entry).encode(),
-                db=self.db["deletions"],
-            )
+            entry = self._write_plan(txn, plan, request_time, whole_owner)
             return DeletionPlan(entry, plan.rids + plan.memory_rids + plan.tainted_rids, set())
 
         return self.writer.run(WriteOp(apply))
+
+    def _plan_state(self, txn: lmdb.Transaction, owner: str, now: float, reason: str) -> _PlanState:
+        """A fresh deletion plan inside the caller's write transaction."""
+        return _PlanState(self, txn, owner, now, _deletion_id(), reason)
+
+    def _write_plan(
+        self,
+        txn: lmdb.Transaction,
+        plan: _PlanState,
+        request_time: float,
+        whole_owner: bool = False,
+    ) -> dict[str, Any]:
+        """Write a plan's events and deletion-log entry; returns the entry."""
+        entry = plan.entry(whole_owner, request_time)
+        for event in plan.events:
+            self._append_event(txn, plan.owner, event, plan.now, entry)
+        txn.put(
+            _deletion_key(plan.owner, plan.deletion_id),
+            json.dumps(entry).encode(),
+            db=self.db["deletions"],
+        )
+        return entry
 
     def _owner_thread_ids(self, txn: lmdb.Transaction, owner: str) -> list[str]:
         out = []
@@ -981,7 +1025,7 @@ class Store(MemoryMixin):
         owner: str,
         event: dict[str, Any],
         now: float,
-        entry: dict[str, Any],
+        entry: dict[str, Any] | None,
     ) -> None:
         """Append one event (ids only) in the caller's transaction."""
         number = int(_get(txn, b"next_event", db=self.db["meta"]) or b"1")
@@ -990,7 +1034,7 @@ class Store(MemoryMixin):
             "id": str(number),
             "owner": owner,
             "time": now,
-            "receipt": f"owners/{owner}/deletions/{entry['id']}",
+            "receipt": f"owners/{owner}/deletions/{entry['id']}" if entry else "",
             **event,
         }
         txn.put(_event_key(owner, number), json.dumps(body).encode(), db=self.db["events"])
@@ -1224,7 +1268,7 @@ class Store(MemoryMixin):
             for _, raw in txn.cursor(db=self.db["turns"]):
                 meta = TurnMeta.decode(raw)
                 if not meta.deleted and not self.keystore.has_record_key(
-                    RingRef(meta.owner, meta.thread), meta.key_id
+                    RingRef(meta.owner, meta.ring_thread), meta.key_id
                 ):
                     out.append(meta)
             for _, raw in txn.cursor(db=self.db["memories"]):
@@ -1333,8 +1377,8 @@ class _PlanState:
     def delete_turn(self, meta: TurnMeta, *, key_in_ring: bool) -> None:
         """Tombstone a turn; its key goes with its thread's ring when ``key_in_ring``."""
         self.rids.append(meta.rid)
-        if not key_in_ring:
-            self.record_keys.append((meta.owner, meta.thread, meta.key_id))
+        if not key_in_ring or meta.key_ring:  # a sealed turn's key is in its repair's ring
+            self.record_keys.append((meta.owner, meta.ring_thread, meta.key_id))
         self.store._mark_deleted(self.txn, meta, self.now, self.deletion_id, self.reason)
         self.deleted_names.add(meta.name)
         self.queue.append(meta.name)

@@ -49,6 +49,8 @@ class WriteOp(Generic[T]):
         destroy_keys: record keys to destroy (before ``apply``).
         destroy_rings: rings to destroy with all their record keys.
         destroy_owners: owners whose every ring is destroyed.
+        rewrap_keys, rewrap_to: record keys to move into ring ``rewrap_to``
+            before ``apply`` (sealing into a repair); moved back if ``apply`` fails.
     """
 
     apply: Callable[[lmdb.Transaction], T]
@@ -56,6 +58,8 @@ class WriteOp(Generic[T]):
     destroy_keys: Sequence[tuple[RingRef, str]] = ()
     destroy_rings: Sequence[RingRef] = ()
     destroy_owners: Sequence[str] = ()
+    rewrap_keys: Sequence[tuple[RingRef, str]] = ()
+    rewrap_to: RingRef | None = None
     future: Future[T] = field(default_factory=Future)
 
 
@@ -126,6 +130,9 @@ class Writer:
             creates = [ref for op in live for ref in op.create_keys]
             if creates:
                 self._keystore.create_record_keys(creates)
+            for op in live:
+                if op.rewrap_keys and op.rewrap_to is not None:
+                    self._keystore.rewrap_record_keys(op.rewrap_keys, op.rewrap_to)
             destroy_keys = [ref for op in live for ref in op.destroy_keys]
             destroy_rings = [ring for op in live for ring in op.destroy_rings]
             destroy_owners = [owner for op in live for owner in op.destroy_owners]
@@ -152,16 +159,34 @@ class Writer:
             _log.error("data transaction failed: %s", type(exc).__name__)
             self._discard_keys(creates)
             for op in live:
+                if op.rewrap_keys and op.rewrap_to is not None:
+                    self._unwrap_back(op)
+            for op in live:
                 op.future.set_exception(_storage_error(exc))
             return
         self.batches += 1
         self.ops += len(live)
         self._discard_keys([ref for op, ok, _ in results if not ok for ref in op.create_keys])
+        for op, ok, _ in results:
+            if not ok and op.rewrap_keys and op.rewrap_to is not None:
+                self._unwrap_back(op)
         for op, ok, value in results:
             if ok:
                 op.future.set_result(value)
             else:
                 op.future.set_exception(value)
+
+    def _unwrap_back(self, op: WriteOp[Any]) -> None:
+        """Return the keys a failed op moved to their original rings."""
+        assert op.rewrap_to is not None
+        by_ring: dict[RingRef, list[str]] = {}
+        for ring, key_id in op.rewrap_keys:
+            by_ring.setdefault(ring, []).append(key_id)
+        try:
+            for ring, key_ids in by_ring.items():
+                self._keystore.rewrap_record_keys([(op.rewrap_to, k) for k in key_ids], ring)
+        except Exception as exc:  # the audit reports records without key
+            _log.error("moving keys back failed: %s", type(exc).__name__)
 
     def _discard_keys(self, refs: Sequence[tuple[RingRef, str]]) -> None:
         """Destroy record keys made for ops whose data never committed (no record

@@ -116,16 +116,12 @@ def test_backup_files_are_private(lethe: Lethe, tmp_path: Path) -> None:
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o600
 
 
-def test_unserved_repairs_answer_unimplemented_after_auth(lethe: Lethe) -> None:
-    from lethe.v1 import repairs_pb2, repairs_pb2_grpc
-
+def test_unserved_methods_answer_unimplemented_after_auth(lethe: Lethe) -> None:
     c = lethe.client("alice")
-    stub = repairs_pb2_grpc.RepairsStub(c.channel)
+    req = memories_pb2.TransitionMemoryRequest(name="owners/alice/memories/m")
     with pytest.raises(grpc.RpcError) as err:
-        stub.SealRepair(repairs_pb2.SealRepairRequest(thread="owners/alice/threads/t"))
+        c.memories.TransitionMemory(req)
     assert error_reason(err.value) == (grpc.StatusCode.UNAUTHENTICATED, "MISSING_TOKEN")
     with pytest.raises(grpc.RpcError) as err:
-        stub.SealRepair(
-            repairs_pb2.SealRepairRequest(thread="owners/alice/threads/t"), metadata=tuple(c.md)
-        )
+        c.memories.TransitionMemory(req, metadata=tuple(c.md))
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -1,0 +1,142 @@
+"""The ``lethe.v1.Repairs`` servicer and ``Lifecycle.ExtendPending``'s helpers.
+
+Leaving is not concluding: no timer concludes, commits or destroys a repair.
+``ConcludeRepair`` with ``DESTROY`` shreds the repair thread's ring (everything
+sealed and appended is gone; a content-free receipt remains);
+``PRESERVE_RESTRICTED`` keeps it sealed, and reopening then needs
+``acknowledge_restricted``; ``DISTILL`` stores ``lesson_text`` as a committed
+``LESSON`` memory whose only link is the repair's name (in its ``scope``), then
+destroys the rest.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from lethe.v1 import repairs_pb2, repairs_pb2_grpc, threads_pb2
+from server._auth import authorize
+from server._convert import memory_proto, receipt_proto, thread_proto, turn_proto
+from server._lifecycle import Lifecycle
+from server._memories import MemoryContent, MemoryDraft
+from server._names import new_id, parse_thread
+from server._repairs import REPAIR_CONCLUDED, REPAIR_CONTINUED, REPAIR_PAUSED
+from server._search import Retriever
+from server._services import MAX_TEXT_BYTES, check_text, rpc
+from server._store import Store
+from server.errors import FailedPrecondition, InvalidArgument
+
+_OUTCOMES = {
+    threads_pb2.RepairInfo.DESTROY: "DESTROY",
+    threads_pb2.RepairInfo.PRESERVE_RESTRICTED: "PRESERVE_RESTRICTED",
+    threads_pb2.RepairInfo.DISTILL: "DISTILL",
+}
+
+
+class RepairsService(repairs_pb2_grpc.RepairsServicer):
+    """``lethe.v1.Repairs``."""
+
+    def __init__(self, store: Store, retriever: Retriever, lifecycle: Lifecycle) -> None:
+        self.store = store
+        self.retriever = retriever
+        self.lifecycle = lifecycle
+
+    @rpc
+    def SealRepair(  # noqa: N802
+        self, request: repairs_pb2.SealRepairRequest, context: grpc.ServicerContext
+    ) -> threads_pb2.Thread:
+        name = parse_thread(request.thread, "thread")
+        authorize(name.owner)
+        if request.from_seq < 1:
+            raise InvalidArgument("from_seq", "must be >= 1")
+        return thread_proto(self.lifecycle.seal(name.owner, name.thread, request.from_seq))
+
+    @rpc
+    def ReopenRepair(  # noqa: N802
+        self, request: repairs_pb2.ReopenRepairRequest, context: grpc.ServicerContext
+    ) -> repairs_pb2.ReopenRepairResponse:
+        name = parse_thread(request.name, "name")
+        authorize(name.owner)
+        meta = self.store.repair(name.owner, name.thread)
+        allowed = [REPAIR_PAUSED, REPAIR_CONTINUED]
+        if meta.repair_outcome == "PRESERVE_RESTRICTED":
+            if not request.acknowledge_restricted:
+                raise FailedPrecondition(
+                    f"{request.name} is restricted; reopen with acknowledge_restricted",
+                    reason="RESTRICTED",
+                    subject=request.name,
+                )
+            allowed.append(REPAIR_CONCLUDED)
+        meta = self.store.set_repair_state(name.owner, name.thread, allowed, REPAIR_CONTINUED)
+        sealed, own, memories = self.store.repair_contents(name.owner, name.thread)
+        return repairs_pb2.ReopenRepairResponse(
+            repair=thread_proto(self.store._thread_view(meta, None)),
+            turns=[turn_proto(v) for v in [*sealed, *own]],
+            memories=[memory_proto(v) for v in memories],
+        )
+
+    @rpc
+    def PauseRepair(  # noqa: N802
+        self, request: repairs_pb2.PauseRepairRequest, context: grpc.ServicerContext
+    ) -> threads_pb2.Thread:
+        name = parse_thread(request.name, "name")
+        authorize(name.owner)
+        meta = self.store.set_repair_state(
+            name.owner, name.thread, [REPAIR_CONTINUED, REPAIR_PAUSED], REPAIR_PAUSED
+        )
+        return thread_proto(self.store._thread_view(meta, None))
+
+    @rpc
+    def ConcludeRepair(  # noqa: N802
+        self, request: repairs_pb2.ConcludeRepairRequest, context: grpc.ServicerContext
+    ) -> repairs_pb2.ConcludeRepairResponse:
+        name = parse_thread(request.name, "name")
+        authorize(name.owner)
+        if request.outcome not in _OUTCOMES:
+            raise InvalidArgument("outcome", "must be DESTROY, PRESERVE_RESTRICTED or DISTILL")
+        outcome = _OUTCOMES[request.outcome]
+        lesson_text = check_text(
+            request.lesson_text, "lesson_text", limit=MAX_TEXT_BYTES, required=outcome == "DISTILL"
+        )
+        if lesson_text and outcome != "DISTILL":
+            raise InvalidArgument("lesson_text", "only with DISTILL")
+        meta = self.store.repair(name.owner, name.thread)
+        open_states = (REPAIR_PAUSED, REPAIR_CONTINUED)
+        restricted = meta.repair_outcome == "PRESERVE_RESTRICTED"
+        if meta.repair_state not in open_states and not restricted:
+            raise FailedPrecondition(
+                f"{request.name} is already concluded",
+                reason="ILLEGAL_TRANSITION",
+                subject=request.name,
+            )
+        response = repairs_pb2.ConcludeRepairResponse()
+        if outcome == "PRESERVE_RESTRICTED":
+            meta = self.store.set_repair_state(
+                name.owner,
+                name.thread,
+                [*open_states, REPAIR_CONCLUDED],
+                REPAIR_CONCLUDED,
+                outcome,
+            )
+            response.repair.CopyFrom(thread_proto(self.store._thread_view(meta, None)))
+            return response
+        if outcome == "DISTILL":
+            draft = MemoryDraft("LESSON", MemoryContent(lesson_text, "", request.name, None))
+            draft.embedding = self.retriever.embed_texts([lesson_text])[0]
+            lesson = self.store.create_memory(
+                name.owner, new_id(), draft, commit=True, pending_ttl=0.0
+            )
+            self.retriever.on_write(name.owner, [lesson.meta])
+            response.lesson.CopyFrom(memory_proto(lesson))
+        _, turns, memories = self.store.repair_members(name.owner, name.thread)
+        entry = self.lifecycle.forget(
+            name.owner,
+            turns=turns,
+            memories=memories,
+            reason=f"REPAIR_{outcome}",
+            extra_rings=[name.thread],
+            conclude_repair=(name.thread, outcome),
+        )
+        meta = self.store.repair(name.owner, name.thread)
+        response.repair.CopyFrom(thread_proto(self.store._thread_view(meta, None)))
+        response.receipt.CopyFrom(receipt_proto(entry))
+        return response
