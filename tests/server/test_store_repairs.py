@@ -1,0 +1,314 @@
+"""Memory waits and repairs (issue 4), over gRPC against the real server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import grpc
+import pytest
+from _helpers import append, create_thread, error_reason, run_cli
+from conftest import Client, Lethe
+from google.protobuf import duration_pb2
+
+from lethe.v1 import (
+    common_pb2,
+    events_pb2,
+    lifecycle_pb2,
+    memories_pb2,
+    repairs_pb2,
+    repairs_pb2_grpc,
+    retrieval_pb2,
+    threads_pb2,
+)
+
+OWNER = "owners/alice"
+WORDS = [
+    "anchovy",
+    "bramble",
+    "cobalt",
+    "dulcimer",
+    "ember",
+    "fjord",
+    "garnet",
+    "halyard",
+    "indigo",
+    "juniper",
+]
+
+
+def repairs(c: Client) -> repairs_pb2_grpc.RepairsStub:
+    return repairs_pb2_grpc.RepairsStub(c.channel)
+
+
+def texts(c: Client, query: str, mode: int = retrieval_pb2.SearchRequest.LEXICAL) -> list[str]:
+    resp = c.retrieval.Search(
+        retrieval_pb2.SearchRequest(parent=OWNER, query_text=query, top_k=50, mode=mode),  # type: ignore[arg-type]
+        metadata=tuple(c.md),
+    )
+    return [h.turn.text or h.memory.text for h in resp.hits]
+
+
+def memory(c: Client, mid: str, text: str, sources: list[str], kind: int) -> memories_pb2.Memory:
+    return c.memories.CreateMemory(
+        memories_pb2.CreateMemoryRequest(
+            parent=OWNER,
+            memory_id=mid,
+            memory=memories_pb2.Memory(
+                kind=kind,  # type: ignore[arg-type]
+                text=text,
+                sources=[common_pb2.SourceRef(name=n, version=1) for n in sources],
+                state=common_pb2.COMMITTED,
+            ),
+        ),
+        metadata=tuple(c.md),
+    )
+
+
+def drain(stream: Iterable[events_pb2.Event]) -> list[events_pb2.Event]:
+    """Every event a Watch stream yields before its deadline ends it."""
+    out: list[events_pb2.Event] = []
+    try:
+        out.extend(stream)
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise
+    return out
+
+
+def ten_turns(c: Client) -> tuple[str, list[threads_pb2.Turn]]:
+    thread = create_thread(c, "alice", "t1")
+    return thread, append(c, thread, [f"turn about {w}" for w in WORDS], commit=True)
+
+
+def seal(c: Client, thread: str, from_seq: int) -> threads_pb2.Thread:
+    return repairs(c).SealRepair(
+        repairs_pb2.SealRepairRequest(thread=thread, from_seq=from_seq), metadata=tuple(c.md)
+    )
+
+
+def test_seal_from_turn_six_seals_the_fact_and_rebuilds_the_summary(lethe: Lethe) -> None:
+    """Case 3."""
+    c = lethe.client("alice")
+    thread, turns = ten_turns(c)
+    fact = memory(
+        c, "fact", "fact from six to eight", [t.name for t in turns[5:8]], memories_pb2.Memory.FACT
+    )
+    summary = memory(
+        c, "sum", "summary of one to ten", [t.name for t in turns], memories_pb2.Memory.SUMMARY
+    )
+    repair = seal(c, thread, 6)
+    assert repair.kind == threads_pb2.Thread.REPAIR
+    assert (repair.repair.state, repair.repair.from_seq) == (threads_pb2.RepairInfo.PAUSED, 6)
+    with pytest.raises(grpc.RpcError) as err:
+        c.memories.GetMemory(memories_pb2.GetMemoryRequest(name=fact.name), metadata=tuple(c.md))
+    assert error_reason(err.value) == (grpc.StatusCode.FAILED_PRECONDITION, "SEALED")
+    with pytest.raises(grpc.RpcError) as err:
+        c.memories.GetMemory(memories_pb2.GetMemoryRequest(name=summary.name), metadata=tuple(c.md))
+    assert error_reason(err.value) == (grpc.StatusCode.NOT_FOUND, "RECORD_DELETED")
+    stream = c.events.Watch(
+        events_pb2.WatchRequest(parent=OWNER), metadata=tuple(c.md), timeout=1.0
+    )
+    rebuilds = [e for e in drain(stream) if e.type == events_pb2.REBUILD_REQUESTED]
+    assert [(e.subject, [s.name for s in e.sources]) for e in rebuilds] == [
+        (summary.name, [t.name for t in turns[:5]])
+    ]
+    for word in WORDS[5:]:
+        for mode in (1, 2, 3):
+            assert f"turn about {word}" not in texts(c, word, mode)
+    for word in WORDS[:5]:
+        assert f"turn about {word}" in texts(c, word)
+    with pytest.raises(grpc.RpcError) as err:
+        c.threads.GetTurn(threads_pb2.GetTurnRequest(name=turns[6].name), metadata=tuple(c.md))
+    assert error_reason(err.value) == (grpc.StatusCode.FAILED_PRECONDITION, "SEALED")
+    assert "turn about garnet" not in str(err.value.details())
+    listed = c.threads.ListTurns(threads_pb2.ListTurnsRequest(parent=thread), metadata=tuple(c.md))
+    assert [t.seq for t in listed.turns] == [1, 2, 3, 4, 5]
+    after = append(c, thread, ["turn about kelp"], commit=True)[0]
+    assert after.seq == 11  # the source thread numbers on after the sealed stretch
+
+
+def test_reopen_append_pause_reopen_then_destroy_with_a_backup_from_before(
+    lethe: Lethe, tmp_path: Path
+) -> None:
+    """Case 4."""
+    c = lethe.client("alice")
+    thread, turns = ten_turns(c)
+    backup = tmp_path / "before-seal"
+    assert run_cli(["backup", "--data", str(lethe.data_dir), "--out", str(backup)]) == 0
+    repair = seal(c, thread, 6)
+    with pytest.raises(grpc.RpcError) as err:
+        append(c, repair.name, ["too early"])
+    assert error_reason(err.value) == (grpc.StatusCode.FAILED_PRECONDITION, "REPAIR_NOT_CONTINUED")
+    first = repairs(c).ReopenRepair(
+        repairs_pb2.ReopenRepairRequest(name=repair.name), metadata=tuple(c.md)
+    )
+    assert first.repair.repair.state == threads_pb2.RepairInfo.CONTINUED
+    assert [t.text for t in first.turns] == [f"turn about {w}" for w in WORDS[5:]]
+    own = append(c, repair.name, ["i needed a break", "it still hurts"])
+    assert [t.state for t in own] == [common_pb2.SEALED, common_pb2.SEALED]
+    repairs(c).PauseRepair(repairs_pb2.PauseRepairRequest(name=repair.name), metadata=tuple(c.md))
+    again = repairs(c).ReopenRepair(
+        repairs_pb2.ReopenRepairRequest(name=repair.name), metadata=tuple(c.md)
+    )
+    assert [t.text for t in again.turns] == [f"turn about {w}" for w in WORDS[5:]] + [
+        "i needed a break",
+        "it still hurts",
+    ]
+    assert texts(c, "hurts break") == []
+    done = repairs(c).ConcludeRepair(
+        repairs_pb2.ConcludeRepairRequest(name=repair.name, outcome=threads_pb2.RepairInfo.DESTROY),
+        metadata=tuple(c.md),
+    )
+    assert done.repair.repair.state == threads_pb2.RepairInfo.CONCLUDED
+    assert done.receipt.deleted == 7
+    assert "hurts" not in str(done.receipt)
+    for turn in turns[5:]:
+        with pytest.raises(grpc.RpcError) as err:
+            c.threads.GetTurn(threads_pb2.GetTurnRequest(name=turn.name), metadata=tuple(c.md))
+        assert error_reason(err.value) == (grpc.StatusCode.NOT_FOUND, "RECORD_DELETED")
+    with pytest.raises(grpc.RpcError) as err:
+        repairs(c).ReopenRepair(
+            repairs_pb2.ReopenRepairRequest(name=repair.name), metadata=tuple(c.md)
+        )
+    assert error_reason(err.value) == (grpc.StatusCode.FAILED_PRECONDITION, "ILLEGAL_TRANSITION")
+    # The backup from before the seal, restored beside the keystore.
+    lethe.stop()
+    assert run_cli(["restore", "--backup", str(backup), "--data", str(lethe.data_dir)]) == 0
+    lethe.start()
+    c = lethe.client("alice")
+    listed = c.threads.ListTurns(threads_pb2.ListTurnsRequest(parent=thread), metadata=tuple(c.md))
+    assert [t.text for t in listed.turns] == [f"turn about {w}" for w in WORDS[:5]]
+    for word in WORDS[5:]:
+        assert f"turn about {word}" not in texts(c, word, retrieval_pb2.SearchRequest.HYBRID)
+    report = c.lifecycle.Audit(lifecycle_pb2.AuditRequest(parent=OWNER), metadata=tuple(c.md))
+    assert (report.orphans, report.records_without_key) == (0, 0)
+
+
+def test_distill_keeps_only_the_lesson(lethe: Lethe) -> None:
+    """Case 5."""
+    c = lethe.client("alice")
+    thread, turns = ten_turns(c)
+    repair = seal(c, thread, 6)
+    done = repairs(c).ConcludeRepair(
+        repairs_pb2.ConcludeRepairRequest(
+            name=repair.name,
+            outcome=threads_pb2.RepairInfo.DISTILL,
+            lesson_text="ask before bringing up the move to oslo",
+        ),
+        metadata=tuple(c.md),
+    )
+    lesson = done.lesson
+    assert lesson.kind == memories_pb2.Memory.LESSON
+    assert lesson.state == common_pb2.COMMITTED
+    assert list(lesson.sources) == []
+    assert lesson.scope == repair.name
+    assert texts(c, "bringing up the move to oslo")[:1] == [lesson.text]
+    up = c.lifecycle.GetLineage(
+        lifecycle_pb2.GetLineageRequest(
+            name=lesson.name, direction=lifecycle_pb2.GetLineageRequest.ANCESTORS
+        ),
+        metadata=tuple(c.md),
+    )
+    assert list(up.edges) == []
+    with pytest.raises(grpc.RpcError) as err:
+        c.threads.GetTurn(threads_pb2.GetTurnRequest(name=turns[7].name), metadata=tuple(c.md))
+    assert error_reason(err.value) == (grpc.StatusCode.NOT_FOUND, "RECORD_DELETED")
+
+
+def test_derivative_on_a_sealed_source_is_refused(lethe: Lethe) -> None:
+    """Case 6."""
+    c = lethe.client("alice")
+    thread, turns = ten_turns(c)
+    seal(c, thread, 6)
+    with pytest.raises(grpc.RpcError) as err:
+        memory(c, "late", "built on six", [turns[5].name], memories_pb2.Memory.FACT)
+    assert error_reason(err.value) == (grpc.StatusCode.FAILED_PRECONDITION, "SOURCE_SEALED")
+
+
+def test_restricted_repair_needs_acknowledgement_to_reopen(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread, _ = ten_turns(c)
+    repair = seal(c, thread, 9)
+    repairs(c).ConcludeRepair(
+        repairs_pb2.ConcludeRepairRequest(
+            name=repair.name, outcome=threads_pb2.RepairInfo.PRESERVE_RESTRICTED
+        ),
+        metadata=tuple(c.md),
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        repairs(c).ReopenRepair(
+            repairs_pb2.ReopenRepairRequest(name=repair.name), metadata=tuple(c.md)
+        )
+    assert error_reason(err.value) == (grpc.StatusCode.FAILED_PRECONDITION, "RESTRICTED")
+    opened = repairs(c).ReopenRepair(
+        repairs_pb2.ReopenRepairRequest(name=repair.name, acknowledge_restricted=True),
+        metadata=tuple(c.md),
+    )
+    assert [t.text for t in opened.turns] == ["turn about indigo", "turn about juniper"]
+    listed = c.threads.ListThreads(
+        threads_pb2.ListThreadsRequest(parent=OWNER), metadata=tuple(c.md)
+    )
+    assert [t.name for t in listed.threads] == [thread]
+    with_repairs = c.threads.ListThreads(
+        threads_pb2.ListThreadsRequest(parent=OWNER, include_repairs=True), metadata=tuple(c.md)
+    )
+    assert {t.name for t in with_repairs.threads} == {thread, repair.name}
+
+
+def test_sealed_pending_turn_never_expires(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    turns = append(c, thread, ["pending one", "pending two"], ttl=0.5)
+    repair = seal(c, thread, 1)
+    time.sleep(0.7)
+    opened = repairs(c).ReopenRepair(
+        repairs_pb2.ReopenRepairRequest(name=repair.name), metadata=tuple(c.md)
+    )
+    assert [t.name for t in opened.turns] == [t.name for t in turns]
+
+
+def test_extend_pending_keeps_a_turn_alive(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    turn = append(c, thread, ["hold this thought"], ttl=0.5)[0]
+    resp = c.lifecycle.ExtendPending(
+        lifecycle_pb2.ExtendPendingRequest(
+            names=[turn.name], ttl=duration_pb2.Duration(seconds=60)
+        ),
+        metadata=tuple(c.md),
+    )
+    assert [r.name for r in resp.records] == [turn.name]
+    time.sleep(0.7)
+    got = c.threads.GetTurn(threads_pb2.GetTurnRequest(name=turn.name), metadata=tuple(c.md))
+    assert got.state == common_pb2.PENDING
+    assert got.expire_time.seconds > time.time() + 50
+
+
+def test_pending_expiring_is_announced_once(tmp_path: Path, lethe_at: object) -> None:
+    lethe = lethe_at(tmp_path / "d", sweep_interval=0.1, expiry_warning=30.0)  # type: ignore[operator]
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    turn = append(c, thread, ["expiring soon"], ttl=20.0)[0]
+    append(c, thread, ["expiring later"], ttl=3600.0)
+    deadline = time.time() + 3
+    seen: list[events_pb2.Event] = []
+    while time.time() < deadline and not seen:
+        stream = c.events.Watch(
+            events_pb2.WatchRequest(parent=OWNER, types=[events_pb2.PENDING_EXPIRING]),
+            metadata=tuple(c.md),
+            timeout=0.5,
+        )
+        with pytest.raises(grpc.RpcError):
+            seen.extend(stream)
+    time.sleep(0.3)
+    stream = c.events.Watch(
+        events_pb2.WatchRequest(parent=OWNER, types=[events_pb2.PENDING_EXPIRING]),
+        metadata=tuple(c.md),
+        timeout=0.5,
+    )
+    everything: list[events_pb2.Event] = []
+    with pytest.raises(grpc.RpcError):
+        everything.extend(stream)
+    assert [e.subject for e in everything] == [turn.name]
