@@ -43,6 +43,8 @@ from lethe.v1 import (
     common_pb2,
     lifecycle_pb2,
     lifecycle_pb2_grpc,
+    repairs_pb2,
+    repairs_pb2_grpc,
     retrieval_pb2,
     retrieval_pb2_grpc,
     threads_pb2,
@@ -562,6 +564,10 @@ def run_demo(args: argparse.Namespace) -> int:
         if intact != expected_intact or not unchanged or rc != 0:
             failures.append("the rest of the store was not intact")
         shutil.rmtree(backup_dir.parent, ignore_errors=True)
+        repair = _repair_pass(api, convs[-1], names[convs[-1].owner])
+        report["repair"] = repair
+        if repair["failures"]:
+            failures.extend(repair["failures"])
     finally:
         api.close()
         server.stop()
@@ -573,6 +579,94 @@ def run_demo(args: argparse.Namespace) -> int:
         return 1
     print("all forgetting checks passed")
     return 0
+
+
+def _repair_pass(api: _Api, conv: Conversation, names: dict[str, str]) -> dict[str, Any]:
+    """Seal the second half of one session after the fact, reopen it, add a turn,
+    pause, reopen, and conclude with DESTROY; check what stays reachable."""
+    session = next(iter(conv.sessions))
+    thread = f"owners/{conv.owner}/threads/session-{session}"
+    turns = conv.sessions[session]
+    # Seqs number on across re-runs (ids of forgotten threads continue), so the
+    # session's seqs come from the names the server gave its turns.
+    seqs = sorted(int(n.rsplit("/", 1)[-1]) for n in names if n.startswith(thread + "/"))
+    half = max(1, len(turns) // 2)
+    from_seq = seqs[half]
+    sealed_texts = [text for _, _, text in turns[half:]]
+    kept_texts = [text for _, _, text in turns[:half]]
+    repairs = repairs_pb2_grpc.RepairsStub(api.channel)
+    failures: list[str] = []
+
+    sealed_names = {f"{thread}/turns/{seq}" for seq in seqs[half:]}
+    kept_names = {f"{thread}/turns/{seq}" for seq in seqs[:half]}
+
+    def found(text: str) -> bool:
+        resp = api.retrieval.Search(
+            retrieval_pb2.SearchRequest(parent=f"owners/{conv.owner}", query_text=text, top_k=10),
+            metadata=api.md,
+        )
+        return any(
+            h.turn.name in sealed_names | kept_names and h.turn.text == text for h in resp.hits
+        )
+
+    repair = repairs.SealRepair(
+        repairs_pb2.SealRepairRequest(thread=thread, from_seq=from_seq), metadata=api.md
+    )
+    sealed_found = sum(found(t) for t in sealed_texts)
+    kept_found = sum(found(t) for t in kept_texts)
+    opened = repairs.ReopenRepair(
+        repairs_pb2.ReopenRepairRequest(name=repair.name), metadata=api.md
+    )
+    api.threads.AppendTurns(
+        threads_pb2.AppendTurnsRequest(
+            parent=repair.name,
+            turns=[
+                threads_pb2.TurnInput(
+                    role=common_pb2.USER,
+                    text="(repair note) let's leave this part of the conversation here",
+                )
+            ],
+        ),
+        metadata=api.md,
+    )
+    repairs.PauseRepair(repairs_pb2.PauseRepairRequest(name=repair.name), metadata=api.md)
+    again = repairs.ReopenRepair(repairs_pb2.ReopenRepairRequest(name=repair.name), metadata=api.md)
+    done = repairs.ConcludeRepair(
+        repairs_pb2.ConcludeRepairRequest(name=repair.name, outcome=threads_pb2.RepairInfo.DESTROY),
+        metadata=api.md,
+    )
+    probe = f"{thread}/turns/{from_seq}"
+    try:
+        api.threads.GetTurn(threads_pb2.GetTurnRequest(name=probe), metadata=api.md)
+        after = "READABLE"
+    except grpc.RpcError as err:
+        after = f"{err.code().name}/{_reason(err)}"
+    print(
+        f"\nrepair: sealed {thread} from turn {from_seq} ({len(sealed_texts)} turns) into "
+        f"{repair.name}; search finds {sealed_found} sealed and {kept_found}/{len(kept_texts)} "
+        f"kept turns; reopen returned {len(opened.turns)} turns, after one more turn and a "
+        f"pause {len(again.turns)}; DESTROY receipt {done.receipt.name} deleted "
+        f"{done.receipt.deleted}; GetTurn on a sealed turn now {after}"
+    )
+    if sealed_found:
+        failures.append("sealed turns were found by search")
+    if kept_found < len(kept_texts) * 0.8:  # a short text ("Bye!") may rank below its twins
+        failures.append("turns before the seal were mostly not found")
+    if len(opened.turns) != len(sealed_texts) or len(again.turns) != len(sealed_texts) + 1:
+        failures.append("reopen did not return the sealed stretch")
+    if after != "NOT_FOUND/RECORD_DELETED" or done.receipt.deleted != len(sealed_texts) + 1:
+        failures.append("DESTROY left sealed material readable")
+    return {
+        "thread": thread,
+        "from_seq": from_seq,
+        "sealed": len(sealed_texts),
+        "sealed_found_by_search": sealed_found,
+        "kept_found": kept_found,
+        "reopened_turns": len(again.turns),
+        "destroyed": done.receipt.deleted,
+        "get_after_destroy": after,
+        "failures": failures,
+    }
 
 
 def _print_scores(

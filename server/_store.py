@@ -1285,9 +1285,9 @@ class Store(MemoryMixin, RepairMixin):
         with self.env.begin() as txn:
             for _, raw in txn.cursor(db=self.db["threads"]):
                 meta = ThreadMeta.decode(raw)
-                if not self.keystore.has_record_key(
+                if meta.title_key and not self.keystore.has_record_key(
                     RingRef(meta.owner, meta.thread), meta.title_key
-                ):
+                ):  # a repair concluded with DESTROY keeps no title key, by design
                     out.append(meta)
         return out
 
