@@ -268,7 +268,7 @@ def _restore(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(
-        f"restored {args.backup} into {args.data}: {forgotten} records whose keys were "
+        f"restored {args.backup} into {args.data}: {forgotten} turns and memories whose keys were "
         f"destroyed since the backup are forgotten; {resumed} deletions resumed"
     )
     return 0
