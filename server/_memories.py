@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,32 @@ KIND_DEFAULTS: dict[str, tuple[str, str, str]] = {
 }
 # Kinds whose update is a correction: the old version becomes SUPERSEDED.
 CORRECTED_KINDS = ("FACT", "PREFERENCE")
+# Kinds whose (slot, scope) may hold one active memory at a time.
+SLOTTED_KINDS = ("FACT", "PREFERENCE")
+SLOT_KEY_ID = "slot-digest"
+
+# TransitionMemory's state machines: kind -> status -> statuses it may move to.
+# FACT and PREFERENCE change only by correction (UpdateMemory); the derived
+# kinds (SUMMARY, GRAPH_EDGE, ANNOTATION, REFLECTION, LESSON) have no lifecycle
+# of their own. A GOAL may "move" ACTIVE -> ACTIVE to record progress.
+TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
+    "OPEN_QUESTION": {"OPEN": frozenset({"ANSWERED"})},
+    "GOAL": {"ACTIVE": frozenset({"ACTIVE", "ACHIEVED", "ABANDONED"})},
+    "COMMITMENT": {"OPEN": frozenset({"FULFILLED", "CANCELLED", "EXPIRED", "BROKEN"})},
+    "PENDING_POINT": {"PAUSED": frozenset({"RESUMED", "RELEASED"})},
+}
+
+
+def transition_allowed(kind: str, current: str, target: str) -> bool:
+    """Whether ``TransitionMemory`` may move a ``kind`` memory from ``current`` to ``target``."""
+    return target in TRANSITIONS.get(kind, {}).get(current, frozenset())
+
+
+def scope_chain(scope: str) -> list[str]:
+    """Applicable scopes, narrowest first: ``a.b`` -> ``a.b``, ``a``, ``default``."""
+    parts = [p for p in scope.split(".") if p] if scope else []
+    chain = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    return [*chain, "default"] if "default" not in chain else chain
 
 
 @dataclass(slots=True)
@@ -99,6 +126,8 @@ class MemoryContent:
     slot: str = ""
     scope: str = ""
     edge: tuple[str, str, str] | None = None
+    # Progress notes and closing notes of TransitionMemory, oldest first.
+    notes: list[str] = field(default_factory=list)
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -107,6 +136,7 @@ class MemoryContent:
                 "slot": self.slot,
                 "scope": self.scope,
                 "edge": list(self.edge) if self.edge else None,
+                "notes": self.notes,
             }
         ).encode()
 
@@ -114,7 +144,13 @@ class MemoryContent:
     def decode(cls, raw: bytes) -> MemoryContent:
         data = json.loads(raw)
         edge = data.get("edge")
-        return cls(data["text"], data["slot"], data["scope"], tuple(edge) if edge else None)
+        return cls(
+            data["text"],
+            data["slot"],
+            data["scope"],
+            tuple(edge) if edge else None,
+            list(data.get("notes", [])),
+        )
 
 
 @dataclass(slots=True)
@@ -163,8 +199,35 @@ def parse_record_name(name: str) -> tuple[str, str, str, int] | None:
     return None
 
 
+class SlotConflict(AlreadyExists):
+    """A second active memory on the same (kind, slot, scope); ``holder`` names the first."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"{holder} already holds this slot and scope", reason="SLOT_CONFLICT")
+        self.holder = holder
+
+    def details(self) -> list[Any]:
+        from google.protobuf import any_pb2
+        from google.rpc import error_details_pb2
+
+        info = error_details_pb2.ResourceInfo(
+            resource_type="lethe.v1.Memory",
+            resource_name=self.holder,
+            description="holds the slot and scope",
+        )
+        packed = any_pb2.Any()
+        packed.Pack(info)
+        return [packed]
+
+
+def _noop_apply(txn: lmdb.Transaction) -> None:
+    del txn
+
+
 class MemoryMixin:
     """Memory operations of :class:`server._store.Store` (see the module docstring)."""
+
+    _slot_key_guard = threading.Lock()
 
     if TYPE_CHECKING:  # provided by Store
         env: lmdb.Environment
@@ -173,6 +236,12 @@ class MemoryMixin:
         keystore: Keystore
 
         def _raise_missing(self, txn: lmdb.Transaction, name: str) -> NoReturn: ...
+
+        def _owner_memory_metas(self, txn: lmdb.Transaction, owner: str) -> list[MemMeta]: ...
+
+        def _event(
+            self, txn: lmdb.Transaction, owner: str, event: dict[str, Any], now: float
+        ) -> None: ...
 
         def _open(
             self, ring: RingRef, key_id: str, ad: AssociatedData, ciphertext: bytes, name: str
@@ -327,6 +396,8 @@ class MemoryMixin:
         ring_thread = self.ring_for_sources(owner, draft.sources) if draft.sources else ""
         key_id = secrets.token_hex(8)
         direction, trigger, status = KIND_DEFAULTS[draft.kind]
+        if draft.kind in SLOTTED_KINDS and draft.content.slot:
+            self.ensure_slot_key(owner)
 
         def apply(txn: lmdb.Transaction) -> MemoryView:
             now = time.time()
@@ -368,6 +439,7 @@ class MemoryMixin:
             )
             if draft.embedding is not None:
                 self._check_memory_dim(txn, owner, draft.embedding.shape[0], now)
+            self._claim_slot(txn, meta, draft.content, now)
             self._write_version(txn, meta, draft)
             self._put_memory(txn, meta)
             self.mark_pending_expiry(txn, meta)
@@ -385,6 +457,196 @@ class MemoryMixin:
 
         ring = RingRef(owner, ring_thread or None)
         return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)]))
+
+    # ------------------------------------------------------------------ slots
+
+    def emit_event(self, owner: str, event_type: str, subject: str) -> None:
+        """Append one event outside any other write (e.g. ``SLOT_CONFLICT``)."""
+
+        def apply(txn: lmdb.Transaction) -> None:
+            self._event(
+                txn, owner, {"type": event_type, "subject": subject, "sources": []}, time.time()
+            )
+
+        self.writer.run(WriteOp(apply))
+
+    def ensure_slot_key(self, owner: str) -> None:
+        """Create the owner's slot-digest key (in the owner ring) if it is missing."""
+        ring = RingRef(owner, None)
+        with self._slot_key_guard:
+            if not self.keystore.has_record_key(ring, SLOT_KEY_ID):
+                self.writer.run(WriteOp(_noop_apply, create_keys=[(ring, SLOT_KEY_ID)]))
+
+    def _slot_digest(self, meta: MemMeta, content: MemoryContent) -> str:
+        origin = meta.origin if meta.kind == "PREFERENCE" else ""
+        data = "\x00".join((meta.kind, content.slot, content.scope, origin)).encode()
+        return self.keystore.keyed_digest(RingRef(meta.owner, None), SLOT_KEY_ID, data).hex()
+
+    def _claim_slot(
+        self, txn: lmdb.Transaction, meta: MemMeta, content: MemoryContent, now: float
+    ) -> None:
+        """Hold (kind, slot, scope) for ``meta``, or refuse a second active holder.
+
+        Raises:
+            AlreadyExists: reason ``SLOT_CONFLICT``, naming the memory that holds it.
+        """
+        if meta.kind not in SLOTTED_KINDS or not content.slot:
+            self._release_slot(txn, meta)
+            return
+        digest = self._slot_digest(meta, content)
+        key = f"{meta.owner}\x00".encode() + bytes.fromhex(digest)
+        holder_rid = txn.get(key, db=self.db["slots"])
+        if holder_rid is not None and bytes(holder_rid) != rid_key(meta.rid):
+            raw = txn.get(bytes(holder_rid), db=self.db["memories"])
+            holder = None if raw is None else MemMeta.decode(bytes(raw))
+            if holder is not None and effective_state(holder, now) in (PENDING, COMMITTED):
+                raise SlotConflict(holder.name)
+        if meta.slot_digest != digest:
+            self._release_slot(txn, meta)
+        meta.slot_digest = digest
+        txn.put(key, rid_key(meta.rid), db=self.db["slots"])
+
+    def _release_slot(self, txn: lmdb.Transaction, meta: MemMeta) -> None:
+        if not meta.slot_digest:
+            return
+        key = f"{meta.owner}\x00".encode() + bytes.fromhex(meta.slot_digest)
+        if txn.get(key, db=self.db["slots"]) == rid_key(meta.rid):
+            txn.delete(key, db=self.db["slots"])
+        meta.slot_digest = ""
+
+    # ------------------------------------------------------------------ transitions
+
+    def transition_memory(
+        self,
+        owner: str,
+        memory_id: str,
+        status: str,
+        expected_version: int,
+        evidence: tuple[str, int] | None,
+        note: str,
+    ) -> MemoryView:
+        """Move a memory along its kind's state machine (a new version).
+
+        Raises:
+            NotFound / RecordDeleted: the memory. Aborted: ``expected_version``
+            is not current. FailedPrecondition: ``ILLEGAL_TRANSITION``, or the
+            evidence is deleted, stale or sealed; ``SEALED`` for a sealed memory.
+        """
+        with self.env.begin() as txn:
+            current = self._mem_by_id(txn, owner, memory_id)
+            if current is None:
+                self._raise_missing(txn, f"owners/{owner}/memories/{memory_id}")
+        key_id = secrets.token_hex(8)
+        ring_thread = current.ring_thread
+
+        def apply(txn: lmdb.Transaction) -> MemoryView:
+            now = time.time()
+            meta = self._mem_by_id(txn, owner, memory_id)
+            name = f"owners/{owner}/memories/{memory_id}"
+            if meta is None or effective_state(meta, now) is None:
+                raise RecordDeleted(f"{name} was deleted")
+            if meta.state == SEALED:
+                raise FailedPrecondition(f"{name} is sealed", reason="SEALED", subject=name)
+            if expected_version and expected_version != meta.version:
+                raise Aborted(f"{name} is at version {meta.version}, not {expected_version}")
+            if meta.ring_thread != ring_thread:
+                raise Aborted(f"{name} changed concurrently; retry")
+            if not transition_allowed(meta.kind, meta.status, status):
+                hint = " (a FACT or PREFERENCE changes only by correction: UpdateMemory)"
+                raise FailedPrecondition(
+                    f"{meta.kind} {name} cannot go from {meta.status} to {status}"
+                    + (hint if meta.kind in CORRECTED_KINDS else ""),
+                    reason="ILLEGAL_TRANSITION",
+                    subject=name,
+                )
+            if evidence is not None:
+                parsed = parse_record_name(evidence[0])
+                if parsed is None or parsed[1] != owner:
+                    raise InvalidArgument("evidence.name", "must name a record of the same owner")
+                self.check_source(txn, evidence[0], evidence[1], now)
+                meta.evidence.append(evidence)
+            old_ct = txn.get(
+                memory_payload_key(meta.rid, meta.version, PAYLOAD_MEMORY), db=self.db["mpayloads"]
+            )
+            old = self.memory_view(meta, meta.version, None if old_ct is None else bytes(old_ct))
+            content = old.content
+            if note:
+                content.notes.append(note)
+            old_vec = txn.get(
+                memory_payload_key(meta.rid, meta.version, PAYLOAD_EMBEDDING),
+                db=self.db["mpayloads"],
+            )
+            embedding = None
+            if old_vec is not None:
+                raw = self.open_memory(meta, meta.version, PAYLOAD_EMBEDDING, bytes(old_vec))
+                embedding = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+            meta.supersedes = 0
+            meta.version += 1
+            meta.key_ids[str(meta.version)] = key_id
+            meta.status = status
+            meta.update_time = now
+            draft = MemoryDraft(meta.kind, content, list(meta.sources), embedding=embedding)
+            self._write_version(txn, meta, draft)
+            self._put_memory(txn, meta)
+            remove_edges_of(txn, self.db["lineage_down"], self.db["lineage_up"], meta.name)
+            add_edges(
+                txn,
+                self.db["lineage_down"],
+                self.db["lineage_up"],
+                meta.name,
+                meta.version,
+                meta.sources,
+            )
+            return MemoryView(meta, meta.version, meta.status, content, list(meta.sources))
+
+        ring = RingRef(owner, ring_thread or None)
+        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)]))
+
+    # ------------------------------------------------------------------ preferences
+
+    def resolve_preference(
+        self, owner: str, slot: str, scope: str
+    ) -> tuple[MemoryView | None, list[MemoryView]]:
+        """The applicable preference for ``slot`` at ``scope`` and the candidates.
+
+        Resolution: the narrowest applicable scope (:func:`scope_chain`) first;
+        within a scope, a committed ``EXPLICIT`` preference before a committed
+        ``INFERRED`` one. Pending preferences (candidates, inferred or explicit)
+        are never resolved: they are returned as candidates.
+        """
+        now = time.time()
+        prefs: list[MemoryView] = []
+        with self.env.begin() as txn:
+            rows = []
+            for meta in self._owner_memory_metas(txn, owner):
+                state = effective_state(meta, now)
+                if meta.kind != "PREFERENCE" or state not in (PENDING, COMMITTED):
+                    continue
+                ct = txn.get(
+                    memory_payload_key(meta.rid, meta.version, PAYLOAD_MEMORY),
+                    db=self.db["mpayloads"],
+                )
+                rows.append((meta, None if ct is None else bytes(ct)))
+        for meta, ct in rows:
+            try:
+                view = self.memory_view(meta, meta.version, ct)
+            except RecordDeleted:
+                continue
+            if view.content.slot == slot:
+                prefs.append(view)
+        chain = scope_chain(scope)
+        rank = {s: i for i, s in enumerate(chain)}
+
+        def scope_of(view: MemoryView) -> str:
+            return view.content.scope or "default"
+
+        applicable = [v for v in prefs if scope_of(v) in rank]
+        resolved = sorted(
+            (v for v in applicable if v.meta.state == COMMITTED),
+            key=lambda v: (rank[scope_of(v)], 0 if v.meta.origin != "INFERRED" else 1),
+        )
+        candidates = [v for v in applicable if v.meta.state == PENDING]
+        return (resolved[0] if resolved else None), candidates
 
     def _check_memory_dim(self, txn: lmdb.Transaction, owner: str, dim: int, now: float) -> None:
         raw = txn.get(owner.encode(), db=self.db["owners"])
@@ -439,6 +701,8 @@ class MemoryMixin:
                 self._raise_missing(txn, name)
         sources = draft.sources if "sources" in paths else current.sources
         ring_thread = current.ring_thread
+        if current.kind in SLOTTED_KINDS:
+            self.ensure_slot_key(owner)
 
         def apply(txn: lmdb.Transaction) -> MemoryView:
             now = time.time()
@@ -460,6 +724,8 @@ class MemoryMixin:
                 draft.content.edge if "edge" in paths else old.content.edge,
             )
             sources_state = self._sources_state(txn, owner, sources, now)
+            if meta.kind in SLOTTED_KINDS:
+                self._claim_slot(txn, meta, content, now)
             remove_edges_of(txn, self.db["lineage_down"], self.db["lineage_up"], meta.name)
             if meta.kind in CORRECTED_KINDS:
                 meta.superseded.append(meta.version)

@@ -4,8 +4,9 @@ Validation follows API.md: a memory's text is at most 64 KiB of UTF-8 and
 required unless it is a ``GRAPH_EDGE`` with an edge; at most 1000 sources,
 each a turn or memory of the same owner at a version ≥ 1; direction, trigger
 and status default from the kind and may not contradict it.
-``TransitionMemory`` and ``ResolvePreference`` answer UNIMPLEMENTED until
-they are served.
+``TransitionMemory`` follows each kind's state machine
+(:data:`server._memories.TRANSITIONS`); ``ResolvePreference`` picks the
+narrowest applicable scope, ``EXPLICIT`` before ``INFERRED``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import grpc
 from lethe.v1 import common_pb2, events_pb2, events_pb2_grpc, memories_pb2, memories_pb2_grpc
 from server._auth import authorize
 from server._convert import event_proto, memory_proto, receipt_proto
-from server._memories import KIND_DEFAULTS, MemoryContent, MemoryDraft
+from server._memories import KIND_DEFAULTS, MemoryContent, MemoryDraft, SlotConflict
 from server._names import check_id, new_id, parse_memory, parse_owner
 from server._records import COMMITTED, PENDING
 from server._search import Retriever
@@ -29,7 +30,6 @@ from server._services import (
     MAX_TEXT_BYTES,
     _decode_token,
     _encode_token,
-    _later,
     _page_size,
     _seconds,
     _states,
@@ -79,9 +79,6 @@ def _sources(refs: Any, owner: str) -> list[tuple[str, int]]:
 
 class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     """``lethe.v1.Memories``."""
-
-    TransitionMemory = _later("TransitionMemory")
-    ResolvePreference = _later("ResolvePreference")
 
     def __init__(self, store: Store, retriever: Retriever, pending_ttl: float) -> None:
         self.store = store
@@ -158,13 +155,17 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             raise InvalidArgument("memory.state", "must be PENDING or COMMITTED")
         draft = self._draft(request.memory, owner, creating=True)
         self._embed(draft)
-        view = self.store.create_memory(
-            owner,
-            memory_id,
-            draft,
-            commit=request.memory.state == common_pb2.COMMITTED,
-            pending_ttl=self.pending_ttl,
-        )
+        try:
+            view = self.store.create_memory(
+                owner,
+                memory_id,
+                draft,
+                commit=request.memory.state == common_pb2.COMMITTED,
+                pending_ttl=self.pending_ttl,
+            )
+        except SlotConflict as conflict:
+            self.store.emit_event(owner, "SLOT_CONFLICT", conflict.holder)
+            raise
         self.retriever.on_write(owner, [view.meta])
         return memory_proto(view)
 
@@ -226,17 +227,72 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             self._embed(draft)  # the vector follows the text
         elif "embedding" not in paths:
             draft.embedding = None
-        view = self.store.update_memory(
-            name.owner,
-            name.memory,
+        try:
+            view = self._update(name.owner, name.memory, draft, paths, request)
+        except SlotConflict as conflict:
+            self.store.emit_event(name.owner, "SLOT_CONFLICT", conflict.holder)
+            raise
+        self.retriever.on_write(name.owner, [view.meta])
+        return memory_proto(view)
+
+    def _update(
+        self,
+        owner: str,
+        memory_id: str,
+        draft: MemoryDraft,
+        paths: set[str],
+        request: memories_pb2.UpdateMemoryRequest,
+    ) -> Any:
+        return self.store.update_memory(
+            owner,
+            memory_id,
             draft,
             paths,
             request.expected_version,
             self.pending_ttl,
             keep_embedding="text" not in paths and "edge" not in paths and "embedding" not in paths,
         )
+
+    @rpc
+    def TransitionMemory(  # noqa: N802
+        self, request: memories_pb2.TransitionMemoryRequest, context: grpc.ServicerContext
+    ) -> memories_pb2.Memory:
+        name = parse_memory(request.name, "name")
+        authorize(name.owner)
+        status = _enum_name(memories_pb2.Memory.Status, request.status, "status")
+        if not status:
+            raise InvalidArgument("status", "required")
+        if request.expected_version < 0:
+            raise InvalidArgument("expected_version", "must not be negative")
+        note = check_text(request.note, "note", limit=MAX_TEXT_BYTES, required=False)
+        evidence = None
+        if request.HasField("evidence"):
+            if not _SOURCE_RE.fullmatch(request.evidence.name):
+                raise InvalidArgument("evidence.name", "must be a turn or memory name")
+            if request.evidence.version < 1:
+                raise InvalidArgument("evidence.version", "must be the exact version (>= 1)")
+            evidence = (request.evidence.name, int(request.evidence.version))
+        view = self.store.transition_memory(
+            name.owner, name.memory, status, request.expected_version, evidence, note
+        )
         self.retriever.on_write(name.owner, [view.meta])
         return memory_proto(view)
+
+    @rpc
+    def ResolvePreference(  # noqa: N802
+        self, request: memories_pb2.ResolvePreferenceRequest, context: grpc.ServicerContext
+    ) -> memories_pb2.ResolvePreferenceResponse:
+        owner = parse_owner(request.parent, "parent")
+        authorize(owner)
+        slot = check_text(request.slot, "slot", limit=MAX_FIELD_BYTES, required=True)
+        scope = check_text(request.scope, "scope", limit=MAX_FIELD_BYTES, required=False)
+        resolved, candidates = self.store.resolve_preference(owner, slot, scope)
+        response = memories_pb2.ResolvePreferenceResponse(
+            candidates=[memory_proto(v) for v in candidates]
+        )
+        if resolved is not None:
+            response.preference.CopyFrom(memory_proto(resolved))
+        return response
 
 
 class EventsService(events_pb2_grpc.EventsServicer):

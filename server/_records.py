@@ -201,6 +201,11 @@ class MemMeta:
     superseded: list[int] = field(default_factory=list)
     # Set when PENDING_EXPIRING was announced for this memory.
     expiry_warned: bool = False
+    # Hex keyed digest of (kind, slot, scope, origin) under the owner's slot
+    # key: indexes the slot without its plaintext ("" when the memory has none).
+    slot_digest: str = ""
+    # (name, version) of the records that closed or advanced it (TransitionMemory).
+    evidence: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -222,6 +227,7 @@ class MemMeta:
     def decode(cls, raw: bytes) -> MemMeta:
         data: dict[str, Any] = json.loads(raw)
         data["sources"] = [tuple(ref) for ref in data.get("sources", [])]
+        data["evidence"] = [tuple(ref) for ref in data.get("evidence", [])]
         return cls(**data)
 
 

@@ -32,6 +32,7 @@ mpayloads       rid + version (8 BE) + code (m, e)             ciphertext of one
 lineage_down    source name 0x00 derivative name               versions (see server._lineage)
 lineage_up      derivative name 0x00 source name               versions
 events          owner 0x00 event number (8 bytes BE)           event JSON (ids only)
+slots           owner 0x00 keyed digest of kind/slot/scope     rid of the memory holding it
 ==============  =============================================  ==================================
 
 Thread rules: every write goes through :class:`server._writer.Writer` (one
@@ -136,6 +137,7 @@ _DBS = (
     "lineage_down",
     "lineage_up",
     "events",
+    "slots",
 )
 EVENT_RETENTION = 7 * 24 * 3600.0  # seconds events are kept for Watch(after=...)
 DESTINATIONS = ("lmdb", "index", "keystore", "cache")
@@ -1140,6 +1142,7 @@ class Store(MemoryMixin, RepairMixin):
             txn.delete(expiry_key(meta.expire_time, meta.rid), db=self.db["expiry"])
         meta.deleted = True
         if isinstance(meta, MemMeta):
+            self._release_slot(txn, meta)  # the slot is free from the tombstone on
             txn.put(rid_key(meta.rid), meta.encode(), db=self.db["memories"])
             self._tombstone(txn, meta.name, now, deletion_id, reason, last_version=meta.version)
         else:

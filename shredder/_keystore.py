@@ -62,6 +62,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import lmdb
+import nacl.encoding
+import nacl.hash
 
 from shredder._aead import (
     WRAPPED_KEY_SIZE,
@@ -498,6 +500,25 @@ class Keystore:
             ValueError: If an id is malformed.
         """
         return _open_payload(self._record_key(ring, key_id), ad.encode(), ciphertext)
+
+    def keyed_digest(self, ring: RingRef, key_id: str, data: bytes) -> bytes:
+        """A 32-byte keyed BLAKE2b digest of ``data`` under a record key.
+
+        Lets the data environment index a value (a slot name, say) without
+        holding it in plaintext: the digest is useless without the key, and
+        destroying the key (crypto-shredding) makes every stored digest
+        unlinkable. The personalisation ``lethe-digest-v1`` separates these
+        digests from any other use of the key.
+
+        Raises:
+            KeyNotFoundError: the record key or its ring does not exist.
+            IntegrityError: a wrapped key fails to unwrap.
+        """
+        key = self._record_key(ring, key_id)
+        return nacl.hash.blake2b(
+            data, digest_size=32, key=key._material, person=b"lethe-digest-v1",
+            encoder=nacl.encoding.RawEncoder,
+        )
 
     def has_record_key(self, ring: RingRef, key_id: str) -> bool:
         """Return whether the record key and its ring exist (without unwrapping).

@@ -118,10 +118,10 @@ def test_backup_files_are_private(lethe: Lethe, tmp_path: Path) -> None:
 
 def test_unserved_methods_answer_unimplemented_after_auth(lethe: Lethe) -> None:
     c = lethe.client("alice")
-    req = memories_pb2.TransitionMemoryRequest(name="owners/alice/memories/m")
+    req = retrieval_pb2.AssembleContextRequest(thread="owners/alice/threads/t")
     with pytest.raises(grpc.RpcError) as err:
-        c.memories.TransitionMemory(req)
+        c.retrieval.AssembleContext(req)
     assert error_reason(err.value) == (grpc.StatusCode.UNAUTHENTICATED, "MISSING_TOKEN")
     with pytest.raises(grpc.RpcError) as err:
-        c.memories.TransitionMemory(req, metadata=tuple(c.md))
+        c.retrieval.AssembleContext(req, metadata=tuple(c.md))
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
