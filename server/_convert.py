@@ -8,6 +8,7 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 
 from lethe.v1 import common_pb2, memories_pb2, retrieval_pb2, threads_pb2
+from server._context import ContextBundle
 from server._memories import MemoryView
 from server._records import COMMITTED, PENDING, SEALED
 from server._store import ThreadView, TurnView
@@ -148,3 +149,19 @@ def event_proto(event: dict[str, Any], receipt: common_pb2.DeletionReceipt | Non
     if receipt is not None:
         out.receipt.CopyFrom(receipt)
     return out
+
+
+def bundle_proto(bundle: ContextBundle) -> retrieval_pb2.ContextBundle:
+    """A ContextBundle message (see :mod:`server._context`)."""
+    return retrieval_pb2.ContextBundle(
+        manifest=retrieval_pb2.ContextManifest(
+            name=bundle.manifest_name,
+            refs=[common_pb2.SourceRef(name=n, version=v) for n, v in bundle.refs],
+            create_time=timestamp(bundle.create_time),
+        ),
+        recent_turns=[turn_proto(v) for v in bundle.recent_turns],
+        preferences=[memory_proto(v) for v in bundle.preferences],
+        open_items=[memory_proto(v) for v in bundle.open_items],
+        memories=[hit_proto(v, score) for v, score in bundle.memories],
+        summaries=[memory_proto(v) for v in bundle.summaries],
+    )

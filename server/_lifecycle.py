@@ -210,6 +210,8 @@ class Sweeper:
             try:
                 self._lifecycle.sweep()
                 self._lifecycle.store.warn_expiring(time.time(), self._expiry_warning)
+                overdue = self._lifecycle.store.announce_due_commitments(time.time())
+                self._lifecycle.metrics.overdue_commitments.set(overdue)
                 self._lifecycle.refresh_gauges()
                 if time.time() - self._last_audit >= self._audit_interval:
                     self._last_audit = time.time()

@@ -602,6 +602,41 @@ class MemoryMixin:
         ring = RingRef(owner, ring_thread or None)
         return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)]))
 
+    # ------------------------------------------------------------------ commitments
+
+    def announce_due_commitments(self, now: float) -> int:
+        """Emit ``COMMITMENT_DUE`` once for each committed ``OPEN`` commitment whose
+        ``due_time`` has passed; returns how many are overdue now (announced or
+        not): the ``lethe_overdue_commitments`` gauge. They stay at the top of
+        every context assembly until closed (see :mod:`server._context`)."""
+
+        def apply(txn: lmdb.Transaction) -> int:
+            overdue = 0
+            for raw_key, raw in txn.cursor(db=self.db["memories"]):
+                meta = MemMeta.decode(bytes(raw))
+                if (
+                    meta.kind != "COMMITMENT"
+                    or meta.status != "OPEN"
+                    or not meta.due_time
+                    or meta.due_time > now
+                    or effective_state(meta, now) != COMMITTED
+                ):
+                    continue
+                overdue += 1
+                if meta.due_announced:
+                    continue
+                meta.due_announced = True
+                txn.put(bytes(raw_key), meta.encode(), db=self.db["memories"])
+                self._event(
+                    txn,
+                    meta.owner,
+                    {"type": "COMMITMENT_DUE", "subject": meta.name, "sources": []},
+                    now,
+                )
+            return overdue
+
+        return self.writer.run(WriteOp(apply))
+
     # ------------------------------------------------------------------ preferences
 
     def resolve_preference(

@@ -71,6 +71,11 @@ class Metrics:
             "Summaries older than their thread's last deletion, from the periodic audit.",
             registry=self.registry,
         )
+        self.overdue_commitments = Gauge(
+            "lethe_overdue_commitments",
+            "Open commitments past their due time.",
+            registry=self.registry,
+        )
         self.keystore_keys = Gauge(
             "lethe_keystore_keys", "Live wrapped keys.", registry=self.registry
         )

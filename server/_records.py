@@ -206,6 +206,8 @@ class MemMeta:
     slot_digest: str = ""
     # (name, version) of the records that closed or advanced it (TransitionMemory).
     evidence: list[tuple[str, int]] = field(default_factory=list)
+    # Set when COMMITMENT_DUE was announced for this (committed, open) commitment.
+    due_announced: bool = False
 
     @property
     def name(self) -> str:

@@ -38,7 +38,17 @@ from lethe.v1 import (
 )
 from server._audit import audit
 from server._auth import authorize
-from server._convert import STATE_NAMES, hit_proto, receipt_proto, thread_proto, turn_proto
+from server._context import DEFAULT_MAX_CHARS, DEFAULT_RECENT, assemble, get_manifest
+from server._context import DEFAULT_TOP_K as DEFAULT_CONTEXT_TOP_K
+from server._convert import (
+    STATE_NAMES,
+    bundle_proto,
+    hit_proto,
+    receipt_proto,
+    thread_proto,
+    timestamp,
+    turn_proto,
+)
 from server._lifecycle import Lifecycle
 from server._names import (
     MemoryName,
@@ -56,7 +66,7 @@ from server._records import COMMITTED, PAYLOAD_CONTENT, PENDING, TurnMeta
 from server._search import MODE_DENSE, MODE_HYBRID, MODE_LEXICAL, Retriever
 from server._store import Store, TurnDraft, TurnView
 from server._visibility import check_readable
-from server.errors import InvalidArgument, LetheError, Unimplemented
+from server.errors import InvalidArgument, LetheError
 
 _log = logging.getLogger(__name__)
 
@@ -424,23 +434,60 @@ def _indexed_text(speaker: str, text: str) -> str:
 # ---------------------------------------------------------------------- Retrieval
 
 
-def _later(name: str) -> Callable[..., Any]:
-    """A handler for a method defined in the proto but served by a later release."""
+class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
+    """``lethe.v1.Retrieval``."""
 
     @rpc
-    def handler(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
-        raise Unimplemented(f"{name} is not served by this release")
+    def AssembleContext(  # noqa: N802
+        self, request: retrieval_pb2.AssembleContextRequest, context: grpc.ServicerContext
+    ) -> retrieval_pb2.ContextBundle:
+        thread = parse_thread(request.thread, "thread")
+        authorize(thread.owner)
+        for field in ("max_chars", "recent_turns", "top_k"):
+            if getattr(request, field) < 0:
+                raise InvalidArgument(field, "must not be negative")
+        if request.top_k > MAX_TOP_K:
+            raise InvalidArgument("top_k", f"must be in 0..{MAX_TOP_K} (0 = 5)")
+        if request.recent_turns > MAX_PAGE:
+            raise InvalidArgument("recent_turns", f"must be in 0..{MAX_PAGE} (0 = 10)")
+        check_text(request.query_text, "query_text", limit=MAX_TEXT_BYTES, required=False)
+        check_text(request.scope, "scope", limit=1024, required=False)
+        query_vec = check_vector(request.query_embedding, "query_embedding")
+        vec = None
+        if query_vec is not None or request.query_text.strip():
+            vec = self.retriever.query_vector(
+                thread.owner, request.query_text, [] if query_vec is None else query_vec.tolist()
+            )
+        bundle = assemble(
+            self.retriever.store,
+            self.retriever,
+            thread.owner,
+            thread.thread,
+            request.query_text,
+            vec,
+            max_chars=request.max_chars or DEFAULT_MAX_CHARS,
+            recent=request.recent_turns or DEFAULT_RECENT,
+            top_k=request.top_k or DEFAULT_CONTEXT_TOP_K,
+            scope=request.scope,
+        )
+        return bundle_proto(bundle)
 
-    handler.__name__ = name
-    return handler
-
-
-class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
-    """``lethe.v1.Retrieval`` (Search; AssembleContext and GetContextManifest
-    answer UNIMPLEMENTED until they are served)."""
-
-    AssembleContext = _later("AssembleContext")
-    GetContextManifest = _later("GetContextManifest")
+    @rpc
+    def GetContextManifest(  # noqa: N802
+        self, request: retrieval_pb2.GetContextManifestRequest, context: grpc.ServicerContext
+    ) -> retrieval_pb2.ContextManifest:
+        m = re.fullmatch(r"owners/([^/]+)/manifests/([^/]+)", request.name)
+        if m is None:
+            raise InvalidArgument("name", "must be owners/{owner}/manifests/{manifest}")
+        owner = check_id(m.group(1), "name")
+        manifest_id = check_id(m.group(2), "name")
+        authorize(owner)
+        data = get_manifest(self.retriever.store, owner, manifest_id)
+        return retrieval_pb2.ContextManifest(
+            name=request.name,
+            refs=[common_pb2.SourceRef(name=n, version=v) for n, v in data["refs"]],
+            create_time=timestamp(data["create_time"]),
+        )
 
     def __init__(self, retriever: Retriever) -> None:
         self.retriever = retriever

@@ -33,6 +33,7 @@ lineage_down    source name 0x00 derivative name               versions (see ser
 lineage_up      derivative name 0x00 source name               versions
 events          owner 0x00 event number (8 bytes BE)           event JSON (ids only)
 slots           owner 0x00 keyed digest of kind/slot/scope     rid of the memory holding it
+manifests       owner 0x00 manifest id                         JSON {refs, create_time, thread}
 ==============  =============================================  ==================================
 
 Thread rules: every write goes through :class:`server._writer.Writer` (one
@@ -138,6 +139,7 @@ _DBS = (
     "lineage_up",
     "events",
     "slots",
+    "manifests",
 )
 EVENT_RETENTION = 7 * 24 * 3600.0  # seconds events are kept for Watch(after=...)
 DESTINATIONS = ("lmdb", "index", "keystore", "cache")
@@ -513,8 +515,10 @@ class Store(MemoryMixin, RepairMixin):
                     context_manifest=draft.context_manifest,
                     context_refs=list(draft.context_refs),
                 )
-                if meta.context_refs:
-                    meta.context_refs = self._response_lineage(txn, meta, now)
+                if meta.context_refs or meta.context_manifest:
+                    lineage = self._response_lineage(txn, meta, now)
+                    if meta.context_refs:
+                        meta.context_refs = lineage[: len(meta.context_refs)]
                 self._write_turn(txn, meta, draft)
                 metas.append(meta)
             txn.put(b"next_rid", str(next_rid + len(drafts)).encode(), db=self.db["meta"])
@@ -536,20 +540,28 @@ class Store(MemoryMixin, RepairMixin):
     def _response_lineage(
         self, txn: lmdb.Transaction, meta: TurnMeta, now: float
     ) -> list[tuple[str, int]]:
-        """Write a response's lineage (its ``context_refs``) and taint it at once if
-        any of them is already gone: it was produced from deleted material.
+        """Write a response's lineage (its ``context_refs`` plus its
+        ``context_manifest``'s refs) and taint it at once if any of them is
+        already gone: it was produced from deleted material.
 
         Returns:
             The refs with version 0 replaced by the record's current version.
         """
         refs: list[tuple[str, int]] = []
-        for name, version in meta.context_refs:
+        wanted = list(meta.context_refs)
+        if meta.context_manifest:
+            manifest_id = meta.context_manifest.rsplit("/", 1)[-1]
+            raw = _get(txn, f"{meta.owner}\x00{manifest_id}".encode(), db=self.db["manifests"])
+            if raw is None:
+                raise InvalidArgument("context_manifest", f"{meta.context_manifest} not found")
+            wanted += [(n, int(v)) for n, v in json.loads(raw)["refs"]]
+        for name, version in dict.fromkeys(wanted):
             source = self.resolve(txn, name)
+            # A later version (a correction) does not taint; a deletion does.
             alive = (
                 source is not None
                 and not source.tainted
                 and effective_state(source, now) is not None
-                and (version == 0 or version == source.version)
             )
             if not alive:
                 meta.tainted = True

@@ -114,14 +114,3 @@ def test_backup_files_are_private(lethe: Lethe, tmp_path: Path) -> None:
     assert run_cli(["backup", "--data", str(lethe.data_dir), "--out", str(out)]) == 0
     for name in ("data.mdb", "MANIFEST.json"):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o600
-
-
-def test_unserved_methods_answer_unimplemented_after_auth(lethe: Lethe) -> None:
-    c = lethe.client("alice")
-    req = retrieval_pb2.AssembleContextRequest(thread="owners/alice/threads/t")
-    with pytest.raises(grpc.RpcError) as err:
-        c.retrieval.AssembleContext(req)
-    assert error_reason(err.value) == (grpc.StatusCode.UNAUTHENTICATED, "MISSING_TOKEN")
-    with pytest.raises(grpc.RpcError) as err:
-        c.retrieval.AssembleContext(req, metadata=tuple(c.md))
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
