@@ -60,8 +60,8 @@ class Proposal:
 
 # --- sentences ---------------------------------------------------------------------------
 
-_SENTENCE_END = re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+")
-_APOSTROPHE = re.compile(r"[’`]")
+_SENTENCE_END = re.compile("(?<=[.!?\u2026])[\"'\u201d\u2019)\\]]*\\s+")
+_APOSTROPHE = re.compile("[\u2019`]")  # curly apostrophes count as "'"
 
 
 def _sentences(text: str) -> list[str]:
