@@ -68,6 +68,8 @@ class ServerConfig:
         metrics_listen: ``HOST:PORT`` of ``/metrics``, or None for no listener.
         pending_ttl: default pending lifetime, seconds.
         sweep_interval: seconds between expiry sweeps; 0 disables the sweeper.
+        tagger: ``rules`` (write-time rules propose candidates for untagged
+            turns) or ``none``.
         expiry_warning: seconds ahead of a pending record's expiry at which the
             sweeper emits ``PENDING_EXPIRING``.
         audit_interval: seconds between the periodic audits behind the
@@ -83,6 +85,7 @@ class ServerConfig:
     sweep_interval: float = 5.0
     audit_interval: float = 60.0
     expiry_warning: float = 3600.0
+    tagger: str = "rules"
     max_workers: int = 16
 
 
@@ -181,16 +184,21 @@ class LetheServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
+        memories = MemoriesService(self.store, self.retriever, self.config.pending_ttl)
         threads_pb2_grpc.add_ThreadsServicer_to_server(
-            ThreadsService(self.store, self.retriever, self.config.pending_ttl), server
+            ThreadsService(
+                self.store,
+                self.retriever,
+                self.config.pending_ttl,
+                proposer=memories.propose if self.config.tagger == "rules" else None,
+            ),
+            server,
         )
         retrieval_pb2_grpc.add_RetrievalServicer_to_server(RetrievalService(self.retriever), server)
         lifecycle_pb2_grpc.add_LifecycleServicer_to_server(
             LifecycleService(self.store, self.retriever, self.lifecycle), server
         )
-        memories_pb2_grpc.add_MemoriesServicer_to_server(
-            MemoriesService(self.store, self.retriever, self.config.pending_ttl), server
-        )
+        memories_pb2_grpc.add_MemoriesServicer_to_server(memories, server)
         events_pb2_grpc.add_EventsServicer_to_server(
             EventsService(self.store, self._stopping), server
         )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from server._memories import memory_ring, parse_record_name
+from server._memories import SLOT_KEY_ID, memory_ring, parse_record_name
 from server._records import MemMeta, ThreadMeta, TurnMeta, thread_key
 from server._search import Retriever
 from server._store import Store, _get
@@ -61,7 +61,8 @@ def audit(store: Store, retriever: Retriever | None, owner: str) -> AuditCounts:
     turns = list(store.owner_turns(owner))
     memories = store.owner_memories(owner)
     counts.checked = len(turns) + len(memories)
-    used: set[tuple[RingRef, str]] = set()
+    # The owner's slot-digest key indexes slots; it belongs to no single record.
+    used: set[tuple[RingRef, str]] = {(RingRef(owner, None), SLOT_KEY_ID)}
     with store.env.begin() as txn:
         thread_rows = {}
         prefix = f"{owner}\x00".encode()

@@ -18,12 +18,20 @@ from typing import Any
 
 import grpc
 
-from lethe.v1 import common_pb2, events_pb2, events_pb2_grpc, memories_pb2, memories_pb2_grpc
+from lethe.v1 import (
+    common_pb2,
+    events_pb2,
+    events_pb2_grpc,
+    memories_pb2,
+    memories_pb2_grpc,
+    threads_pb2,
+)
+from server import _tagger as tagger
 from server._auth import authorize
 from server._convert import event_proto, memory_proto, receipt_proto
 from server._memories import KIND_DEFAULTS, MemoryContent, MemoryDraft, SlotConflict
 from server._names import check_id, new_id, parse_memory, parse_owner
-from server._records import COMMITTED, PENDING
+from server._records import COMMITTED, PENDING, TurnMeta
 from server._search import Retriever
 from server._services import (
     MAX_BATCH,
@@ -143,6 +151,50 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             content = draft.content
             text = content.text or (" ".join(content.edge) if content.edge else "")
             draft.embedding = self.retriever.embed_texts([text])[0] if text.strip() else None
+
+    def propose(
+        self, owner: str, metas: list[TurnMeta], request: threads_pb2.AppendTurnsRequest
+    ) -> list[memories_pb2.Memory]:
+        """Candidates for freshly appended turns: the client's own ``tags`` where
+        it ``tagged`` the turn, otherwise the write-time rules of
+        :mod:`server._tagger`. Each becomes a ``PENDING`` memory whose source is
+        its turn, announced with a ``CANDIDATE_PROPOSED`` event.
+
+        Raises:
+            InvalidArgument: a client tag is malformed (the turns are stored).
+        """
+        out: list[memories_pb2.Memory] = []
+        for i, (meta, turn) in enumerate(zip(metas, request.turns, strict=True)):
+            if meta.state == "SEALED" or meta.tainted:
+                continue
+            drafts: list[MemoryDraft] = []
+            if turn.tagged or turn.tags:
+                for j, tag in enumerate(turn.tags):
+                    draft = self._draft(tag, owner, creating=True)
+                    drafts.append(draft)
+                    del j
+            else:
+                role = common_pb2.Role.Name(common_pb2.Role.ValueType(meta.role))
+                for proposal in tagger.propose(role, turn.text, meta.time):
+                    drafts.append(
+                        MemoryDraft(
+                            proposal.kind,
+                            MemoryContent(proposal.text),
+                            due_time=proposal.due_time or 0.0,
+                            origin="INFERRED",
+                        )
+                    )
+            for draft in drafts:
+                draft.sources = [(meta.name, meta.version)]
+                self._embed(draft)
+                view = self.store.create_memory(
+                    owner, new_id(), draft, commit=False, pending_ttl=self.pending_ttl
+                )
+                self.store.emit_event(owner, "CANDIDATE_PROPOSED", view.meta.name)
+                self.retriever.on_write(owner, [view.meta])
+                out.append(memory_proto(view))
+            del i
+        return out
 
     @rpc
     def CreateMemory(  # noqa: N802

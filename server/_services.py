@@ -244,10 +244,19 @@ def _source_refs(refs: Any, owner: str, field: str) -> list[tuple[str, int]]:
 class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     """``lethe.v1.Threads``."""
 
-    def __init__(self, store: Store, retriever: Retriever, pending_ttl: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        retriever: Retriever,
+        pending_ttl: float,
+        proposer: Callable[[str, list[TurnMeta], threads_pb2.AppendTurnsRequest], list[Any]]
+        | None = None,
+    ) -> None:
         self.store = store
         self.retriever = retriever
         self.pending_ttl = pending_ttl
+        # Turns -> candidate memories (client tags, or the write-time rules).
+        self.proposer = proposer
 
     @rpc
     def CreateThread(  # noqa: N802
@@ -369,11 +378,13 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         if retried:
             return self._replay([m.rid for m in metas])
         self.retriever.on_write(name.owner, metas)
+        proposed = self.proposer(name.owner, metas, request) if self.proposer else []
         return threads_pb2.AppendTurnsResponse(
             turns=[
                 turn_proto(TurnView(meta, draft.text, draft.speaker))
                 for meta, draft in zip(metas, drafts, strict=True)
-            ]
+            ],
+            proposed=proposed,
         )
 
     def _replay(self, rids: list[int]) -> threads_pb2.AppendTurnsResponse:

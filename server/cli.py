@@ -90,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--embedder", choices=["wordllama", "none"], default="wordllama")
     serve.add_argument("--pending-ttl", type=parse_duration, default=parse_duration("72h"))
     serve.add_argument("--sweep-interval", type=parse_duration, default=parse_duration("5s"))
+    serve.add_argument(
+        "--tagger",
+        choices=["rules", "none"],
+        default="rules",
+        help="propose candidate memories for untagged turns (default rules)",
+    )
 
     token = sub.add_parser("token", help="manage bearer tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True)
@@ -146,6 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
         embedder=args.embedder,
         pending_ttl=args.pending_ttl,
         sweep_interval=args.sweep_interval,
+        tagger=args.tagger,
     )
     server = LetheServer(config)
     try:

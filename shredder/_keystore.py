@@ -516,7 +516,10 @@ class Keystore:
         """
         key = self._record_key(ring, key_id)
         return nacl.hash.blake2b(
-            data, digest_size=32, key=key._material, person=b"lethe-digest-v1",
+            data,
+            digest_size=32,
+            key=key._material,
+            person=b"lethe-digest-v1",
             encoder=nacl.encoding.RawEncoder,
         )
 

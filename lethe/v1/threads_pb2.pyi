@@ -155,6 +155,8 @@ class TurnInput(_message.Message):
     CONTEXT_REFS_FIELD_NUMBER: _builtins.int
     COMMIT_FIELD_NUMBER: _builtins.int
     PENDING_TTL_FIELD_NUMBER: _builtins.int
+    TAGS_FIELD_NUMBER: _builtins.int
+    TAGGED_FIELD_NUMBER: _builtins.int
     role: _common_pb2.Role.ValueType
     speaker: _builtins.str
     """Optional display name (content: encrypted)."""
@@ -164,6 +166,7 @@ class TurnInput(_message.Message):
     """`owners/{o}/manifests/{m}` that produced an assistant turn."""
     commit: _builtins.bool
     """Store as COMMITTED instead of PENDING."""
+    tagged: _builtins.bool
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp:
         """When it was said (imports set it); default: now."""
@@ -178,6 +181,14 @@ class TurnInput(_message.Message):
     def pending_ttl(self) -> _duration_pb2.Duration:
         """Pending lifetime; default the server's --pending-ttl."""
 
+    @_builtins.property
+    def tags(self) -> _containers.RepeatedCompositeFieldContainer[_memories_pb2.Memory]:
+        """Candidate memories the client derived from this turn itself (for example
+        with an LLM): stored as PENDING memories whose source is this turn. Set
+        `tagged` when the client tagged the turn, even with no tags: the server's
+        write-time rules then step aside for it.
+        """
+
     def __init__(
         self,
         *,
@@ -190,10 +201,12 @@ class TurnInput(_message.Message):
         context_refs: _abc.Iterable[_common_pb2.SourceRef] | None = ...,
         commit: _builtins.bool = ...,
         pending_ttl: _duration_pb2.Duration | None = ...,
+        tags: _abc.Iterable[_memories_pb2.Memory] | None = ...,
+        tagged: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["pending_ttl", b"pending_ttl", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "context_manifest", b"context_manifest", "context_refs", b"context_refs", "embedding", b"embedding", "pending_ttl", b"pending_ttl", "role", b"role", "speaker", b"speaker", "text", b"text", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "context_manifest", b"context_manifest", "context_refs", b"context_refs", "embedding", b"embedding", "pending_ttl", b"pending_ttl", "role", b"role", "speaker", b"speaker", "tagged", b"tagged", "tags", b"tags", "text", b"text", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -189,3 +189,64 @@ def test_context_excludes_pending_candidates_sealed_and_respects_the_budget(
     with pytest.raises(grpc.RpcError) as err:
         context(c, "owners/alice/threads/missing")
     assert error_reason(err.value) == (grpc.StatusCode.NOT_FOUND, "NOT_FOUND")
+
+
+def test_tagger_proposes_a_commitment_with_a_due_time_and_client_tags_replace_it(
+    lethe: Lethe,
+) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    said = ts(1_683_122_400.0)  # Wednesday 2023-05-03 14:00 UTC
+    resp = c.threads.AppendTurns(
+        threads_pb2.AppendTurnsRequest(
+            parent=thread,
+            turns=[
+                threads_pb2.TurnInput(
+                    role=common_pb2.USER, text="Did the vendor confirm?", time=said
+                ),
+                threads_pb2.TurnInput(
+                    role=common_pb2.ASSISTANT,
+                    time=said,
+                    text="I'll check whether the vendor confirmed the date by tomorrow.",
+                ),
+                threads_pb2.TurnInput(
+                    role=common_pb2.USER, time=said, text="Hold on, I have a call."
+                ),
+            ],
+        ),
+        metadata=tuple(c.md),
+    )
+    kinds = {M.Kind.Name(m.kind): m for m in resp.proposed}
+    assert set(kinds) == {"COMMITMENT", "PENDING_POINT"}
+    commitment = kinds["COMMITMENT"]
+    assert commitment.state == common_pb2.PENDING
+    assert commitment.direction == M.OWED_BY_SYSTEM
+    assert commitment.due_time.seconds == 1_683_190_800  # tomorrow 09:00 UTC
+    assert [s.name for s in commitment.sources] == [resp.turns[1].name]
+    events = c.events.Watch(
+        events_pb2.WatchRequest(parent=OWNER, types=[events_pb2.CANDIDATE_PROPOSED]),
+        metadata=tuple(c.md),
+        timeout=1.0,
+    )
+    got: list[events_pb2.Event] = []
+    with pytest.raises(grpc.RpcError):
+        got.extend(events)
+    assert {e.subject for e in got} == {m.name for m in resp.proposed}
+    # A client that tags the turn itself replaces the rules, even with no tags.
+    own = c.threads.AppendTurns(
+        threads_pb2.AppendTurnsRequest(
+            parent=thread,
+            turns=[
+                threads_pb2.TurnInput(
+                    role=common_pb2.ASSISTANT, tagged=True, text="I'll check the weather tomorrow."
+                ),
+                threads_pb2.TurnInput(
+                    role=common_pb2.ASSISTANT,
+                    text="Noted: the cake is lemon.",
+                    tags=[M(kind=M.FACT, text="the cake is lemon")],
+                ),
+            ],
+        ),
+        metadata=tuple(c.md),
+    )
+    assert [(M.Kind.Name(m.kind), m.text) for m in own.proposed] == [("FACT", "the cake is lemon")]
