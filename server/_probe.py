@@ -44,8 +44,9 @@ when a check broke without the planted value being reachable):
    answer ``RECORD_DELETED`` and the owner's ``Audit`` is clean (no orphans,
    stale summaries or key/record drift).
 
-Not checked: context assembly (``Retrieval.AssembleContext``) is not served
-yet, so the issue's "context" reachability check is skipped.
+Reachability is checked through search (every mode), context assembly
+(``Retrieval.AssembleContext``, including its manifest), get, lineage and
+listings.
 
 Without ``--interval`` the probe runs ``--cycles`` (default 1) cycles back to
 back; with it, it sleeps that many seconds between cycles, forever or
@@ -529,8 +530,24 @@ class _Cycle:
             elif memory.name in self.forgotten:
                 f.leak(f"ListMemories returns forgotten {memory.name}")
 
+    def _check_context(self, f: _Findings) -> None:
+        """AssembleContext of the probe thread must not carry the value anywhere:
+        recent turns, open items, preferences, memories, summaries."""
+        for query in (self.secret, "probe secret"):
+            bundle = self.c.must(
+                "AssembleContext",
+                self.c.retrieval.AssembleContext,
+                retrieval_pb2.AssembleContextRequest(thread=self.thread, query_text=query),
+            )
+            if self._holds_secret(str(bundle)):
+                f.leak(f"AssembleContext({query!r}) returns the planted value")
+            for ref in bundle.manifest.refs:
+                if ref.name in self.forgotten:
+                    f.leak(f"the context manifest names forgotten {ref.name}")
+
     def _check_unreachable(self, f: _Findings) -> None:
         self._check_search(f)
+        self._check_context(f)
         self._check_gets(f)
         self._check_lineage(f)
         self._check_listings(f)
@@ -891,8 +908,7 @@ def probe(
     notes = "".join(f"; {n}" for n in sorted(state.notes))
     write(
         f"probe: {done} cycle{'s' if done != 1 else ''} ok in {busy:.2f} s "
-        f"({busy / max(done, 1):.3f} s per cycle; AssembleContext not checked: not served"
-        f"{notes})"
+        f"({busy / max(done, 1):.3f} s per cycle{notes})"
     )
     return 0
 
