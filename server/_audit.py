@@ -8,8 +8,10 @@
 - ``keys_without_record``: record keys in the keystore that no record uses;
 - ``records_without_key``: live records whose record key is gone;
 - ``index_drift``: ids in a loaded index that are not live and visible, plus
-  live visible records missing from a loaded index (indexes not loaded in
-  this process are built from LMDB when needed, so they cannot drift).
+  live visible records missing from a loaded index, plus contextual texts
+  that quote a turn other than the nearest earlier visible one (indexes not
+  loaded in this process are built from LMDB when needed, so they cannot
+  drift).
 
 Thread rules: read-only; any thread.
 """
@@ -131,4 +133,20 @@ def _index_drift(
     held_plain = {int(i) for i in bundle.plain.ids()}
     # Records without text tokens are held but never match; count only ids held
     # that should not be, and visible records missing from the plain leg.
-    return len(held_dense ^ dense) + len(held_plain - visible) + len(visible - held_plain)
+    drift = len(held_dense ^ dense) + len(held_plain - visible) + len(visible - held_plain)
+    # A contextual text quotes the turn before it: that must still be the
+    # nearest earlier visible turn of the thread (a forgotten or sealed one
+    # must have been re-indexed away).
+    expected_prev: dict[int, int] = {}
+    by_thread: dict[str, list[TurnMeta]] = {}
+    for turn in turns:
+        if general_visible(turn, now):
+            by_thread.setdefault(turn.thread, []).append(turn)
+    for ordered in by_thread.values():
+        ordered.sort(key=lambda t: t.seq)
+        for i, turn in enumerate(ordered):
+            expected_prev[turn.rid] = ordered[i - 1].rid if i > 0 else 0
+    for rid, prev in bundle.ctx_prev.items():
+        if rid in expected_prev and prev not in (0, expected_prev[rid]):
+            drift += 1
+    return drift

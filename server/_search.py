@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import numpy as np
@@ -99,6 +99,9 @@ class _Bundle:
     dense: VectorIndex
     plain: LexicalIndex
     ctx: LexicalIndex
+    # rid -> rid of the turn its contextual text quotes (0: none). The context
+    # is derived from that record; the audit checks it is still the right one.
+    ctx_prev: dict[int, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         """Vectors held (``lethe_index_vectors``)."""
@@ -220,10 +223,15 @@ class Retriever:
             bundle.dense.add(np.asarray(rids, np.int64), vecs)
 
     def _contexts(
-        self, ordered: Sequence[TurnMeta], targets: Iterable[int], texts: dict[int, str]
+        self,
+        ordered: Sequence[TurnMeta],
+        targets: Iterable[int],
+        texts: dict[int, str],
+        prev_of: dict[int, int],
     ) -> dict[int, str]:
         """Contextual texts of ``targets`` (rids) within ``ordered`` (one thread's
-        visible turns in seq order); ``texts`` must hold each target and its predecessor."""
+        visible turns in seq order); ``texts`` must hold each target and its
+        predecessor. Records in ``prev_of`` which turn each text quotes."""
         position = {m.rid: i for i, m in enumerate(ordered)}
         out: dict[int, str] = {}
         for rid in targets:
@@ -232,6 +240,7 @@ class Retriever:
                 continue
             meta = ordered[i]
             prev = texts.get(ordered[i - 1].rid, "") if i > 0 else ""
+            prev_of[rid] = ordered[i - 1].rid if i > 0 and prev else 0
             out[rid] = f"{date_text(meta.time)}. {prev} {texts[rid]}".replace("  ", " ")
         return out
 
@@ -257,7 +266,11 @@ class Retriever:
             bundle.plain.add(np.asarray(plain_ids, np.int64), [texts[r] for r in plain_ids])
         ctx: dict[int, str] = {}
         for thread, ordered in ordered_by_thread.items():
-            ctx.update(self._contexts(ordered, [m.rid for m in metas if m.thread == thread], texts))
+            ctx.update(
+                self._contexts(
+                    ordered, [m.rid for m in metas if m.thread == thread], texts, bundle.ctx_prev
+                )
+            )
         if ctx:
             bundle.ctx.add(np.asarray(list(ctx), np.int64), list(ctx.values()))
         rids, vecs = self.store.embeddings(list(with_dense))
@@ -335,7 +348,7 @@ class Retriever:
                 if i > 0:
                     need.setdefault(ordered[i - 1].rid, ordered[i - 1])
             texts = self._texts(list(need.values()))
-            ctx = self._contexts(ordered, [m.rid for m in targets], texts)
+            ctx = self._contexts(ordered, [m.rid for m in targets], texts, bundle.ctx_prev)
             if ctx:
                 bundle.ctx.add(np.asarray(list(ctx), np.int64), list(ctx.values()))
 
@@ -416,6 +429,8 @@ class Retriever:
             bundle.dense.remove(ids)
             bundle.plain.remove(ids)
             bundle.ctx.remove(ids)
+            for rid in rids:
+                bundle.ctx_prev.pop(rid, None)
             survivors = {t for t, _ in touched} - set(threads)
             if survivors:
                 self._reindex_threads(owner, bundle, survivors, set(rids))

@@ -142,7 +142,7 @@ _DBS = (
     "manifests",
 )
 EVENT_RETENTION = 7 * 24 * 3600.0  # seconds events are kept for Watch(after=...)
-DESTINATIONS = ("lmdb", "index", "keystore", "cache")
+DESTINATIONS = ("lmdb", "index", "lexical", "keystore", "cache")
 _OPEN: dict[Path, Store] = {}
 _OPEN_GUARD = threading.Lock()
 
@@ -1191,6 +1191,7 @@ class Store(MemoryMixin, RepairMixin):
                 txn.delete(owner.encode(), db=self.db["owners"])
             dests = entry["destinations"]
             dests["index"] = {"done": True, "time": index_done_time}
+            dests["lexical"] = {"done": True, "time": index_done_time}
             dests["cache"] = {"done": True, "time": index_done_time}
             dests["keystore"] = {"done": True, "time": now}
             dests["lmdb"] = {"done": True, "time": now}

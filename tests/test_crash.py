@@ -162,6 +162,7 @@ def test_sigkill_between_tombstones_and_key_destruction_is_completed_at_restart(
         assert {d.name: d.done for d in receipts[0].destinations} == {
             "lmdb": True,
             "index": True,
+            "lexical": True,
             "keystore": True,
             "cache": True,
         }

@@ -121,7 +121,7 @@ class Destination(_message.Message):
     DONE_FIELD_NUMBER: _builtins.int
     COMPLETE_TIME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """"lmdb", "index", "keystore" or "cache"."""
+    """"lmdb", "index" (FAISS), "lexical" (BM25), "keystore" or "cache"."""
     done: _builtins.bool
     @_builtins.property
     def complete_time(self) -> _timestamp_pb2.Timestamp: ...

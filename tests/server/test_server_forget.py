@@ -20,7 +20,7 @@ from conftest import Lethe
 
 from lethe.v1 import common_pb2, lifecycle_pb2, threads_pb2
 
-DESTINATIONS = {"lmdb", "index", "keystore", "cache"}
+DESTINATIONS = {"lmdb", "index", "lexical", "keystore", "cache"}
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
 
 
@@ -32,7 +32,7 @@ def _assert_receipt(
     assert list(receipt.targets) == targets
     assert receipt.deleted == deleted
     assert {d.name for d in receipt.destinations} == DESTINATIONS
-    assert len(receipt.destinations) == 4
+    assert len(receipt.destinations) == len(DESTINATIONS)
     for dest in receipt.destinations:
         assert dest.done, dest.name
         assert dest.HasField("complete_time"), dest.name

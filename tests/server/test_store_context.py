@@ -91,18 +91,36 @@ def test_event_planning_scenario(tmp_path: Path, lethe_at: Callable[..., Lethe])
     )
     bundle = context(c, t2)
     assert [m.name for m in bundle.open_items] == [budget.name]
-    # The assistant will check with the vendor (a commitment, due soon).
-    commitment = create(
-        c,
-        "vendor",
-        M.COMMITMENT,
-        "check whether the vendor confirmed the date",
-        due_time=ts(time.time() + 0.3),
-    )
+    # The assistant will check with the vendor by tomorrow: the tagger proposes a
+    # commitment with a due time. Said two days ago, it is due now once committed.
+    said = ts(time.time() - 2 * 86400)
+    proposed = c.threads.AppendTurns(
+        threads_pb2.AppendTurnsRequest(
+            parent=t2,
+            turns=[
+                threads_pb2.TurnInput(
+                    role=common_pb2.ASSISTANT,
+                    time=said,
+                    text="I'll check whether the vendor confirmed the date by tomorrow.",
+                )
+            ],
+        ),
+        metadata=tuple(c.md),
+    ).proposed
+    assert [M.Kind.Name(m.kind) for m in proposed] == ["COMMITMENT"]
+    commitment = proposed[0]
     assert commitment.direction == M.OWED_BY_SYSTEM
+    assert commitment.due_time.seconds < time.time()
+    assert [m.name for m in context(c, t2).open_items] == [
+        budget.name
+    ]  # candidates are not offered
+    c.lifecycle.Commit(
+        lifecycle_pb2.CommitRequest(names=[commitment.name], include_sources=True),
+        metadata=tuple(c.md),
+    )
     # The person breaks off for a call (a pending point).
     point = create(c, "seating", M.PENDING_POINT, "was describing the seating chart")
-    time.sleep(0.6)
+    time.sleep(0.4)
     bundle = context(c, t2)
     assert [m.name for m in bundle.open_items] == [commitment.name, point.name, budget.name]
     assert all(m.kind != M.FACT for m in bundle.open_items)

@@ -312,3 +312,48 @@ def test_pending_expiring_is_announced_once(tmp_path: Path, lethe_at: object) ->
     with pytest.raises(grpc.RpcError):
         everything.extend(stream)
     assert [e.subject for e in everything] == [turn.name]
+
+
+def test_backup_taken_while_continued_reveals_nothing_after_destroy(
+    lethe: Lethe, tmp_path: Path
+) -> None:
+    c = lethe.client("alice")
+    thread, _ = ten_turns(c)
+    repair = seal(c, thread, 8)
+    repairs(c).ReopenRepair(repairs_pb2.ReopenRepairRequest(name=repair.name), metadata=tuple(c.md))
+    append(c, repair.name, ["the zanzibar incident still bothers me"])
+    backup = tmp_path / "while-continued"
+    assert run_cli(["backup", "--data", str(lethe.data_dir), "--out", str(backup)]) == 0
+    repairs(c).ConcludeRepair(
+        repairs_pb2.ConcludeRepairRequest(name=repair.name, outcome=threads_pb2.RepairInfo.DESTROY),
+        metadata=tuple(c.md),
+    )
+    lethe.stop()
+    assert run_cli(["restore", "--backup", str(backup), "--data", str(lethe.data_dir)]) == 0
+    lethe.start()
+    c = lethe.client("alice")
+    for mode in (1, 2, 3):
+        assert "zanzibar" not in str(texts(c, "zanzibar incident", mode))
+    with pytest.raises(grpc.RpcError) as err:
+        repairs(c).ReopenRepair(
+            repairs_pb2.ReopenRepairRequest(name=repair.name), metadata=tuple(c.md)
+        )
+    assert err.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+    listed = c.threads.ListTurns(threads_pb2.ListTurnsRequest(parent=thread), metadata=tuple(c.md))
+    assert [t.seq for t in listed.turns] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_expired_pending_turn_is_not_in_context(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    append(c, thread, ["kept turn"], commit=True)
+    append(c, thread, ["fleeting turn"], ttl=0.4)
+    bundle = c.retrieval.AssembleContext(
+        retrieval_pb2.AssembleContextRequest(thread=thread), metadata=tuple(c.md)
+    )
+    assert [t.text for t in bundle.recent_turns] == ["kept turn", "fleeting turn"]
+    time.sleep(0.6)
+    bundle = c.retrieval.AssembleContext(
+        retrieval_pb2.AssembleContextRequest(thread=thread), metadata=tuple(c.md)
+    )
+    assert [t.text for t in bundle.recent_turns] == ["kept turn"]

@@ -101,3 +101,25 @@ def test_pending_previous_turn_never_enters_the_general_index(lethe: Lethe) -> N
         "the password hint is quixotic",
         "anyway how was your day",
     }
+
+
+def test_audit_sees_a_context_that_quotes_the_wrong_turn(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    turns = append(c, thread, ["first words", "second words", "third words"], commit=True)
+    forget(c, turns[1].name)
+    _texts(c, "words", "LEXICAL")  # loads the owner's indexes
+    report = c.lifecycle.Audit(
+        lifecycle_pb2.AuditRequest(parent="owners/alice"), metadata=tuple(c.md)
+    )
+    assert report.index_drift == 0
+    # White-box: make the third turn's context claim it quotes the forgotten turn.
+    assert lethe.server is not None
+    bundle = lethe.server.retriever.cache.get("o/alice")
+    assert bundle is not None
+    rids = sorted(bundle.ctx_prev)
+    bundle.ctx_prev[rids[-1]] = 999_999
+    report = c.lifecycle.Audit(
+        lifecycle_pb2.AuditRequest(parent="owners/alice"), metadata=tuple(c.md)
+    )
+    assert report.index_drift == 1
