@@ -184,13 +184,19 @@ class LetheServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        memories = MemoriesService(self.store, self.retriever, self.config.pending_ttl)
+        memories = MemoriesService(
+            self.store,
+            self.retriever,
+            self.config.pending_ttl,
+            rules=self.config.tagger == "rules",
+        )
         threads_pb2_grpc.add_ThreadsServicer_to_server(
             ThreadsService(
                 self.store,
                 self.retriever,
                 self.config.pending_ttl,
-                proposer=memories.propose if self.config.tagger == "rules" else None,
+                proposer=memories.propose,
+                check_tags=memories.check_tags,
             ),
             server,
         )

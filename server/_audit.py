@@ -103,12 +103,34 @@ def audit(store: Store, retriever: Retriever | None, owner: str) -> AuditCounts:
                     if last and last > mem.update_time:
                         counts.stale_summaries += 1
                         break
-    for ring, key_id in store.keystore.list_record_keys(owner):
-        if (ring, key_id) not in used:
-            counts.keys_without_record += 1
+    counts.keys_without_record = len(_unused(store, owner, used))
     if retriever is not None:
         counts.index_drift = _index_drift(retriever, owner, turns, memories, now)
     return counts
+
+
+def _unused(store: Store, owner: str, used: set[tuple[RingRef, str]]) -> list[tuple[RingRef, str]]:
+    return [ref for ref in store.keystore.list_record_keys(owner) if ref not in used]
+
+
+def unreferenced_keys(store: Store, owner: str) -> list[tuple[RingRef, str]]:
+    """Record keys of ``owner`` that no record uses (``keys_without_record``)."""
+    used: set[tuple[RingRef, str]] = {(RingRef(owner, None), SLOT_KEY_ID)}
+    with store.env.begin() as txn:
+        prefix = f"{owner}\x00".encode()
+        cur = txn.cursor(db=store.db["threads"])
+        if cur.set_range(prefix):
+            for raw_key, raw in cur:
+                if not bytes(raw_key).startswith(prefix):
+                    break
+                meta = ThreadMeta.decode(bytes(raw))
+                used.add((RingRef(owner, meta.thread), meta.title_key))
+    for turn in store.owner_turns(owner):
+        used.add((RingRef(owner, turn.ring_thread), turn.key_id))
+    for mem in store.owner_memories(owner):
+        for key_id in mem.key_ids.values():
+            used.add((memory_ring(mem), key_id))
+    return _unused(store, owner, used)
 
 
 def _gone(store: Store, txn: object, name: str, now: float) -> bool:

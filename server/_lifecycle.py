@@ -137,7 +137,23 @@ class Lifecycle:
                 reason=REASON_KEY_DESTROYED,
             )
             count += int(entry["deleted"])
+        self.destroy_unreferenced_keys()
         return count
+
+    def destroy_unreferenced_keys(self) -> int:
+        """Destroy record keys no record uses: keys made for writes a crash cut
+        short, or the keys of records a restored backup does not hold. Only at
+        start-up and restore, when no write is in flight."""
+        from server._audit import owners_of, unreferenced_keys
+        from server._writer import WriteOp
+
+        owners = set(owners_of(self.store)) | {
+            ring.owner for ring, _ in self.store.keystore.list_record_keys()
+        }
+        stray = [ref for owner in sorted(owners) for ref in unreferenced_keys(self.store, owner)]
+        if stray:
+            self.store.writer.run(WriteOp(lambda txn: None, destroy_keys=stray))
+        return len(stray)
 
     def sweep(self, now: float | None = None) -> int:
         """Forget every pending turn past its expiry; returns how many."""

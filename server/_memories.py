@@ -220,6 +220,11 @@ class SlotConflict(AlreadyExists):
         return [packed]
 
 
+def _earliest(own: float, sources: float) -> float:
+    """A pending derivative's expiry: its own, or its first pending source's if sooner."""
+    return min(own, sources) if sources else own
+
+
 def _noop_apply(txn: lmdb.Transaction) -> None:
     del txn
 
@@ -367,7 +372,18 @@ class MemoryMixin:
         now: float,
     ) -> str:
         """Check every source; COMMITTED only when all of them are."""
-        state = COMMITTED
+        return self._sources_window(txn, owner, sources, now)[0]
+
+    def _sources_window(
+        self,
+        txn: lmdb.Transaction,
+        owner: str,
+        sources: Sequence[tuple[str, int]],
+        now: float,
+    ) -> tuple[str, float]:
+        """(COMMITTED or PENDING, earliest expire_time of a pending source or 0):
+        a derivative never outlives a pending source."""
+        state, earliest = COMMITTED, 0.0
         for name, version in sources:
             parsed = parse_record_name(name)
             if parsed is None or parsed[1] != owner:
@@ -375,7 +391,9 @@ class MemoryMixin:
             meta = self.check_source(txn, name, version, now)
             if meta.state == PENDING:
                 state = PENDING
-        return state
+                if meta.expire_time and (not earliest or meta.expire_time < earliest):
+                    earliest = meta.expire_time
+        return state, earliest
 
     def create_memory(
         self,
@@ -403,7 +421,7 @@ class MemoryMixin:
             now = time.time()
             if txn.get(memory_id_key(owner, memory_id), db=self.db["memory_ids"]) is not None:
                 raise AlreadyExists(f"owners/{owner}/memories/{memory_id} already exists")
-            sources_state = self._sources_state(txn, owner, draft.sources, now)
+            sources_state, sources_expiry = self._sources_window(txn, owner, draft.sources, now)
             state = COMMITTED if commit and sources_state == COMMITTED else PENDING
             rid = int(txn.get(b"next_rid", db=self.db["meta"]) or b"1")
             txn.put(b"next_rid", str(rid + 1).encode(), db=self.db["meta"])
@@ -431,7 +449,9 @@ class MemoryMixin:
                 origin=draft.origin,
                 create_time=now,
                 update_time=now,
-                expire_time=now + pending_ttl if state == PENDING else 0.0,
+                expire_time=_earliest(now + pending_ttl, sources_expiry)
+                if state == PENDING
+                else 0.0,
                 ring_thread=ring_thread,
                 key_ids={str(version): key_id},
                 sources=list(draft.sources),
@@ -744,10 +764,22 @@ class MemoryMixin:
             meta = self._mem_by_id(txn, owner, memory_id)
             if meta is None or meta.deleted or effective_state(meta, now) is None:
                 raise RecordDeleted(f"owners/{owner}/memories/{memory_id} was deleted")
+            if meta.state == SEALED:
+                raise FailedPrecondition(
+                    f"{meta.name} is sealed", reason="SEALED", subject=meta.name
+                )
             if expected_version and expected_version != meta.version:
                 raise Aborted(f"{meta.name} is at version {meta.version}, not {expected_version}")
             if meta.ring_thread != ring_thread:
                 raise Aborted(f"{meta.name} changed concurrently; retry")
+            for src, _ in meta.sources:  # no patching a derivative out of its lineage
+                src_meta = self.resolve(txn, src)
+                if src_meta is None or src_meta.tainted or effective_state(src_meta, now) is None:
+                    raise FailedPrecondition(
+                        f"source {src} is gone; rebuild {meta.name} instead of updating it",
+                        reason="SOURCE_DELETED",
+                        subject=src,
+                    )
             old_ct = txn.get(
                 memory_payload_key(meta.rid, meta.version, PAYLOAD_MEMORY), db=self.db["mpayloads"]
             )
@@ -758,7 +790,7 @@ class MemoryMixin:
                 draft.content.scope if "scope" in paths else old.content.scope,
                 draft.content.edge if "edge" in paths else old.content.edge,
             )
-            sources_state = self._sources_state(txn, owner, sources, now)
+            sources_state, sources_expiry = self._sources_window(txn, owner, sources, now)
             if meta.kind in SLOTTED_KINDS:
                 self._claim_slot(txn, meta, content, now)
             remove_edges_of(txn, self.db["lineage_down"], self.db["lineage_up"], meta.name)
@@ -775,7 +807,7 @@ class MemoryMixin:
                 meta.state = PENDING  # a derivative is never more durable than its sources
             if meta.state == PENDING:
                 txn.delete(expiry_key(meta.expire_time, meta.rid), db=self.db["expiry"])
-                meta.expire_time = now + pending_ttl
+                meta.expire_time = _earliest(now + pending_ttl, sources_expiry)
                 txn.put(expiry_key(meta.expire_time, meta.rid), b"", db=self.db["expiry"])
             embedding = draft.embedding
             if keep_embedding and meta.has_embedding:
@@ -940,7 +972,11 @@ class MemoryMixin:
                 if isinstance(meta, MemMeta):
                     for src, _ in meta.sources:
                         src_meta = self.resolve(txn, src)
-                        if src_meta is None or effective_state(src_meta, now) is None:
+                        if (
+                            src_meta is None
+                            or src_meta.tainted
+                            or effective_state(src_meta, now) is None
+                        ):
                             raise FailedPrecondition(
                                 f"source {src} was deleted", reason="SOURCE_DELETED", subject=src
                             )

@@ -55,6 +55,7 @@ _SOURCE_RE = re.compile(
     r"|memories/[a-z0-9][a-z0-9-]{0,62})"
 )
 WATCH_POLL_SECONDS = 0.2
+MAX_TAGS = 32
 
 
 def _enum_name(enum: Any, value: int, field: str) -> str:
@@ -88,10 +89,13 @@ def _sources(refs: Any, owner: str) -> list[tuple[str, int]]:
 class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     """``lethe.v1.Memories``."""
 
-    def __init__(self, store: Store, retriever: Retriever, pending_ttl: float) -> None:
+    def __init__(
+        self, store: Store, retriever: Retriever, pending_ttl: float, *, rules: bool = True
+    ) -> None:
         self.store = store
         self.retriever = retriever
         self.pending_ttl = pending_ttl
+        self.rules = rules  # the write-time rules (``--tagger rules``)
 
     def _draft(self, memory: memories_pb2.Memory, owner: str, *, creating: bool) -> MemoryDraft:
         kind = _enum_name(memories_pb2.Memory.Kind, memory.kind, "memory.kind")
@@ -115,6 +119,8 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         trigger = _enum_name(memories_pb2.Trigger, memory.trigger, "memory.trigger")
         status = _enum_name(memories_pb2.Memory.Status, memory.status, "memory.status")
         origin = _enum_name(memories_pb2.Memory.Origin, memory.origin, "memory.origin")
+        if creating and kind == "PREFERENCE" and not origin:
+            origin = "EXPLICIT"  # a preference the client states is explicit
         if kind:
             want_direction, want_trigger, want_status = KIND_DEFAULTS[kind]
             for field, given, want in (
@@ -152,6 +158,26 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             text = content.text or (" ".join(content.edge) if content.edge else "")
             draft.embedding = self.retriever.embed_texts([text])[0] if text.strip() else None
 
+    def check_tags(self, owner: str, request: threads_pb2.AppendTurnsRequest) -> None:
+        """Validate client tags before any turn is stored.
+
+        Raises:
+            InvalidArgument: more than ``MAX_TAGS`` tags on a turn, or a malformed tag
+                (the field names the turn and tag).
+        """
+        for i, turn in enumerate(request.turns):
+            if len(turn.tags) > MAX_TAGS:
+                raise InvalidArgument(f"turns[{i}].tags", f"at most {MAX_TAGS} tags per turn")
+            for j, tag in enumerate(turn.tags):
+                try:
+                    self._draft(tag, owner, creating=True)
+                except InvalidArgument as exc:
+                    raise InvalidArgument(
+                        f"turns[{i}].tags[{j}].{exc.field.removeprefix('memory.')}",
+                        exc.description,
+                        reason=exc.reason,
+                    ) from None
+
     def propose(
         self, owner: str, metas: list[TurnMeta], request: threads_pb2.AppendTurnsRequest
     ) -> list[memories_pb2.Memory]:
@@ -173,7 +199,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
                     draft = self._draft(tag, owner, creating=True)
                     drafts.append(draft)
                     del j
-            else:
+            elif self.rules:
                 role = common_pb2.Role.Name(common_pb2.Role.ValueType(meta.role))
                 for proposal in tagger.propose(role, turn.text, meta.time):
                     drafts.append(
@@ -187,9 +213,13 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             for draft in drafts:
                 draft.sources = [(meta.name, meta.version)]
                 self._embed(draft)
-                view = self.store.create_memory(
-                    owner, new_id(), draft, commit=False, pending_ttl=self.pending_ttl
-                )
+                try:
+                    view = self.store.create_memory(
+                        owner, new_id(), draft, commit=False, pending_ttl=self.pending_ttl
+                    )
+                except SlotConflict as conflict:  # the turn is stored; the candidate is not
+                    self.store.emit_event(owner, "SLOT_CONFLICT", conflict.holder)
+                    continue
                 self.store.emit_event(owner, "CANDIDATE_PROPOSED", view.meta.name)
                 self.retriever.on_write(owner, [view.meta])
                 out.append(memory_proto(view))
@@ -363,9 +393,7 @@ class EventsService(events_pb2_grpc.EventsServicer):
         try:
             owner = parse_owner(request.parent, "parent")
             authorize(owner)
-            if (request.after and not request.after.isascii()) or (
-                request.after and not request.after.isdigit()
-            ):
+            if request.after and not re.fullmatch(r"[0-9]{1,18}", request.after):
                 raise InvalidArgument("after", "must be an event id")
             after = int(request.after) if request.after else 0
             types = set()

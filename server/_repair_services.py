@@ -11,6 +11,8 @@ destroys the rest.
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 
 from lethe.v1 import repairs_pb2, repairs_pb2_grpc, threads_pb2
@@ -39,6 +41,14 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
         self.store = store
         self.retriever = retriever
         self.lifecycle = lifecycle
+        # One conclusion at a time per repair: the state check, the lesson and
+        # the shred must not interleave with another ConcludeRepair.
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _lock(self, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(name, threading.Lock())
 
     @rpc
     def SealRepair(  # noqa: N802
@@ -99,20 +109,26 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
         )
         if lesson_text and outcome != "DISTILL":
             raise InvalidArgument("lesson_text", "only with DISTILL")
-        meta = self.store.repair(name.owner, name.thread)
+        with self._lock(request.name):
+            return self._conclude(name.owner, name.thread, request.name, outcome, lesson_text)
+
+    def _conclude(
+        self, owner: str, repair_id: str, full_name: str, outcome: str, lesson_text: str
+    ) -> repairs_pb2.ConcludeRepairResponse:
+        meta = self.store.repair(owner, repair_id)
         open_states = (REPAIR_PAUSED, REPAIR_CONTINUED)
         restricted = meta.repair_outcome == "PRESERVE_RESTRICTED"
         if meta.repair_state not in open_states and not restricted:
             raise FailedPrecondition(
-                f"{request.name} is already concluded",
+                f"{full_name} is already concluded",
                 reason="ILLEGAL_TRANSITION",
-                subject=request.name,
+                subject=full_name,
             )
         response = repairs_pb2.ConcludeRepairResponse()
         if outcome == "PRESERVE_RESTRICTED":
             meta = self.store.set_repair_state(
-                name.owner,
-                name.thread,
+                owner,
+                repair_id,
                 [*open_states, REPAIR_CONCLUDED],
                 REPAIR_CONCLUDED,
                 outcome,
@@ -120,23 +136,21 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
             response.repair.CopyFrom(thread_proto(self.store._thread_view(meta, None)))
             return response
         if outcome == "DISTILL":
-            draft = MemoryDraft("LESSON", MemoryContent(lesson_text, "", request.name, None))
+            draft = MemoryDraft("LESSON", MemoryContent(lesson_text, "", full_name, None))
             draft.embedding = self.retriever.embed_texts([lesson_text])[0]
-            lesson = self.store.create_memory(
-                name.owner, new_id(), draft, commit=True, pending_ttl=0.0
-            )
-            self.retriever.on_write(name.owner, [lesson.meta])
+            lesson = self.store.create_memory(owner, new_id(), draft, commit=True, pending_ttl=0.0)
+            self.retriever.on_write(owner, [lesson.meta])
             response.lesson.CopyFrom(memory_proto(lesson))
-        _, turns, memories = self.store.repair_members(name.owner, name.thread)
+        _, turns, memories = self.store.repair_members(owner, repair_id)
         entry = self.lifecycle.forget(
-            name.owner,
+            owner,
             turns=turns,
             memories=memories,
             reason=f"REPAIR_{outcome}",
-            extra_rings=[name.thread],
-            conclude_repair=(name.thread, outcome),
+            extra_rings=[repair_id],
+            conclude_repair=(repair_id, outcome),
         )
-        meta = self.store.repair(name.owner, name.thread)
+        meta = self.store.repair(owner, repair_id)
         response.repair.CopyFrom(thread_proto(self.store._thread_view(meta, None)))
         response.receipt.CopyFrom(receipt_proto(entry))
         return response

@@ -200,6 +200,22 @@ class RepairMixin:
                     txn.delete(expiry_key(mem.expire_time, mem.rid), db=self.db["expiry"])
                 mem.state, mem.expire_time, mem.ring_thread = SEALED, 0.0, repair_id
                 txn.put(rid_key(mem.rid), mem.encode(), db=self.db["memories"])
+            # Responses elsewhere that used the sealed stretch are tainted: they
+            # may repeat it, and sealed material is invisible everywhere.
+            sealed_now = {t.name for t in turns_now} | {m.name for m in mems_now}
+            tainted: list[int] = []
+            for source in sealed_now:
+                for child, _ in list(children_of(txn, self.db["lineage_down"], source)):
+                    found = self.resolve(txn, child)
+                    if (
+                        isinstance(found, TurnMeta)
+                        and child not in sealed_now
+                        and not found.tainted
+                        and not found.deleted
+                    ):
+                        found.tainted = True
+                        txn.put(rid_key(found.rid), found.encode(), db=self.db["turns"])
+                        tainted.append(found.rid)
             entry = None
             if mixed:
                 sealed_names = {t.name for t in turns_now} | {m.name for m in mems_now}
@@ -219,7 +235,7 @@ class RepairMixin:
                 entry = self._write_plan(txn, plan, now)
             view = self._thread_view(meta, None)
             view.title = title.decode()
-            left = [t.rid for t in turns_now] + [m.rid for m in mems_now]
+            left = [t.rid for t in turns_now] + [m.rid for m in mems_now] + tainted
             return view, entry, left
 
         return self.writer.run(

@@ -65,7 +65,7 @@ from server._names import (
 from server._records import COMMITTED, PAYLOAD_CONTENT, PENDING, TurnMeta
 from server._search import MODE_DENSE, MODE_HYBRID, MODE_LEXICAL, Retriever
 from server._store import Store, TurnDraft, TurnView
-from server._visibility import check_readable
+from server._visibility import check_readable, listable
 from server.errors import InvalidArgument, LetheError
 
 _log = logging.getLogger(__name__)
@@ -251,12 +251,14 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         pending_ttl: float,
         proposer: Callable[[str, list[TurnMeta], threads_pb2.AppendTurnsRequest], list[Any]]
         | None = None,
+        check_tags: Callable[[str, threads_pb2.AppendTurnsRequest], None] | None = None,
     ) -> None:
         self.store = store
         self.retriever = retriever
         self.pending_ttl = pending_ttl
         # Turns -> candidate memories (client tags, or the write-time rules).
         self.proposer = proposer
+        self.check_tags = check_tags
 
     @rpc
     def CreateThread(  # noqa: N802
@@ -349,6 +351,8 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         if request.request_id and not _REQUEST_ID_RE.fullmatch(request.request_id):
             raise InvalidArgument("request_id", "must match [A-Za-z0-9._:-]{1,128}")
         drafts = self._drafts(request, name.owner)
+        if self.check_tags is not None:
+            self.check_tags(name.owner, request)
         embedder = self.retriever.embedder
         for i, draft in enumerate(drafts):
             if (
@@ -388,13 +392,18 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         )
 
     def _replay(self, rids: list[int]) -> threads_pb2.AppendTurnsResponse:
+        """The first result of a retried append, through the visibility rules:
+        a turn since deleted, expired, sealed or tainted is left out."""
         rows = self.store.fetch(rids, (PAYLOAD_CONTENT,))
+        now = time.time()
         turns = []
         for rid in rids:
-            if rid not in rows or rows[rid][0].deleted:
+            if rid not in rows:
                 continue
             meta, cts = rows[rid]
-            if not isinstance(meta, TurnMeta):
+            if not isinstance(meta, TurnMeta) or not listable(
+                meta, now, {PENDING, COMMITTED}, include_tainted=False
+            ):
                 continue
             try:
                 turns.append(turn_proto(self.store.turn_view(meta, cts, with_embedding=False)))

@@ -945,6 +945,16 @@ class Store(MemoryMixin, RepairMixin):
                 self._tombstone(txn, name, now, deletion_id, reason, last_seq=tmeta.last_seq)
                 for meta in self._thread_metas(txn, owner, thread):
                     plan.delete_turn(meta, key_in_ring=True)
+                if tmeta.kind == "REPAIR":
+                    # The repair's ring holds the sealed stretch's keys and its
+                    # sealed memories' keys: they go with it.
+                    for meta in self._thread_metas(txn, owner, tmeta.repair_source):
+                        if meta.key_ring == thread:
+                            plan.delete_turn(meta, key_in_ring=False)
+                            plan.touched_threads.add(tmeta.repair_source)
+                    for sealed_mem in self._owner_memory_metas(txn, owner):
+                        if sealed_mem.ring_thread == thread and not sealed_mem.deleted:
+                            plan.delete_memory(sealed_mem)
             plan.done_threads = set(thread_ids)
             for thread, seq in turns:
                 if thread in plan.done_threads:
@@ -1432,6 +1442,9 @@ class _PlanState:
                         txn.put(rid_key(meta.rid), meta.encode(), db=store.db["turns"])
                         self.tainted += 1
                         self.tainted_rids.append(meta.rid)
+                        # What was derived from a tainted response carries the
+                        # forgotten material too: it cascades like a deletion.
+                        self.queue.append(meta.name)
                     continue
                 self.delete_memory(meta)
                 self.cascaded += 1
