@@ -36,7 +36,6 @@ import grpc
 import numpy as np
 from google.protobuf import timestamp_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_status import rpc_status
 from tqdm import tqdm
 
 from lethe.v1 import (
@@ -164,17 +163,9 @@ def _ts(seconds: float) -> timestamp_pb2.Timestamp:
 
 
 def _reason(err: grpc.RpcError) -> str:
-    from google.rpc import error_details_pb2
+    from server._probe import reason_of
 
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    if status is None:
-        return ""
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return str(info.reason)
-    return ""
+    return reason_of(err)
 
 
 def _pct(values: list[float], q: float) -> float:

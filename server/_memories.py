@@ -925,18 +925,8 @@ class MemoryMixin:
 
     def owner_memories(self, owner: str) -> list[MemMeta]:
         """Every stored memory of an owner (one read transaction)."""
-        out = []
-        prefix = f"{owner}\x00".encode()
         with self.env.begin() as txn:
-            cur = txn.cursor(db=self.db["memory_ids"])
-            if cur.set_range(prefix):
-                for raw_key, rk in cur:
-                    if not bytes(raw_key).startswith(prefix):
-                        break
-                    raw = txn.get(bytes(rk), db=self.db["memories"])
-                    if raw is not None:
-                        out.append(MemMeta.decode(bytes(raw)))
-        return out
+            return self._owner_memory_metas(txn, owner)
 
     # ------------------------------------------------------------------ commit
 

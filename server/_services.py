@@ -17,7 +17,7 @@ import logging
 import re
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, TypeVar
 
@@ -572,6 +572,27 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
 # ---------------------------------------------------------------------- Lifecycle
 
 
+def _record_names_owner(names: Sequence[str]) -> str:
+    """The one owner of 1..1000 turn or memory names (Commit, ExtendPending).
+
+    Raises:
+        InvalidArgument: empty, too many, malformed, or several owners.
+    """
+    if not names:
+        raise InvalidArgument("names", "at least one name is required")
+    if len(names) > MAX_BATCH:
+        raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
+    owners = set()
+    for i, name in enumerate(names):
+        if "/memories/" in name:
+            owners.add(parse_memory(name, f"names[{i}]").owner)
+        else:
+            owners.add(parse_turn(name, f"names[{i}]").owner)
+    if len(owners) != 1:
+        raise InvalidArgument("names", "all names must belong to one owner")
+    return owners.pop()
+
+
 def _owner_of(target: str | ThreadName | TurnName | MemoryName) -> str:
     return target if isinstance(target, str) else target.owner
 
@@ -583,19 +604,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     def ExtendPending(  # noqa: N802
         self, request: lifecycle_pb2.ExtendPendingRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.ExtendPendingResponse:
-        if not request.names:
-            raise InvalidArgument("names", "at least one name is required")
-        if len(request.names) > MAX_BATCH:
-            raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
-        owners = set()
-        for i, name in enumerate(request.names):
-            if "/memories/" in name:
-                owners.add(parse_memory(name, f"names[{i}]").owner)
-            else:
-                owners.add(parse_turn(name, f"names[{i}]").owner)
-        if len(owners) != 1:
-            raise InvalidArgument("names", "all names must belong to one owner")
-        authorize(owners.pop())
+        authorize(_record_names_owner(request.names))
         if not request.HasField("ttl"):
             raise InvalidArgument("ttl", "required")
         ttl = _duration(request.ttl, "ttl", 0.0)
@@ -615,19 +624,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     def Commit(  # noqa: N802
         self, request: lifecycle_pb2.CommitRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.CommitResponse:
-        if not request.names:
-            raise InvalidArgument("names", "at least one name is required")
-        if len(request.names) > MAX_BATCH:
-            raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
-        owners = set()
-        for i, name in enumerate(request.names):
-            if "/memories/" in name:
-                owners.add(parse_memory(name, f"names[{i}]").owner)
-            else:
-                owners.add(parse_turn(name, f"names[{i}]").owner)
-        if len(owners) != 1:
-            raise InvalidArgument("names", "all names must belong to one owner")
-        owner = owners.pop()
+        owner = _record_names_owner(request.names)
         authorize(owner)
         names = list(dict.fromkeys(request.names))  # a name given twice is committed once
         metas = self.store.commit_records(names, request.include_sources)
