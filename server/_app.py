@@ -68,6 +68,8 @@ class ServerConfig:
         metrics_listen: ``HOST:PORT`` of ``/metrics``, or None for no listener.
         pending_ttl: default pending lifetime, seconds.
         sweep_interval: seconds between expiry sweeps; 0 disables the sweeper.
+        rotation_interval: seconds between rotations that complete shreds
+            cryptographically (0: never; an in-memory ``LETHE_KEK`` is never rotated).
         tagger: ``rules`` (write-time rules propose candidates for untagged
             turns) or ``none``.
         expiry_warning: seconds ahead of a pending record's expiry at which the
@@ -86,6 +88,7 @@ class ServerConfig:
     audit_interval: float = 60.0
     expiry_warning: float = 3600.0
     tagger: str = "rules"
+    rotation_interval: float = 3600.0
     max_workers: int = 16
 
 
@@ -149,7 +152,9 @@ class LetheServer:
         self.metrics = Metrics()
         self.store = Store(config.data_dir, kek_file=config.kek_file)
         self.retriever = Retriever(self.store, load_embedder(config.embedder))
-        self.lifecycle = Lifecycle(self.store, self.retriever, self.metrics)
+        self.lifecycle = Lifecycle(
+            self.store, self.retriever, self.metrics, config.rotation_interval
+        )
         self.port = 0
         self._grpc: grpc.Server | None = None
         self._sweeper: Sweeper | None = None

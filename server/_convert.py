@@ -91,6 +91,8 @@ def receipt_proto(entry: dict[str, Any]) -> common_pb2.DeletionReceipt:
             d.complete_time.CopyFrom(timestamp(status["time"]))
     if entry["complete_time"]:
         receipt.complete_time.CopyFrom(timestamp(entry["complete_time"]))
+    if entry.get("shred_horizon_time"):
+        receipt.shred_horizon_time.CopyFrom(timestamp(entry["shred_horizon_time"]))
     return receipt
 
 

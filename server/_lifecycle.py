@@ -40,10 +40,37 @@ class Lifecycle:
         metrics: deletion latency and outstanding gauges.
     """
 
-    def __init__(self, store: Store, retriever: Retriever, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        store: Store,
+        retriever: Retriever,
+        metrics: Metrics,
+        rotation_interval: float = 3600.0,
+    ) -> None:
         self.store = store
         self.retriever = retriever
         self.metrics = metrics
+        # Seconds between rotations (0: never); only a KEK file can be rotated.
+        self.rotation_interval = rotation_interval if store.kek.path is not None else 0.0
+        self.last_rotation = time.time()
+
+    def shred_horizon(self) -> float:
+        """When the next rotation completes today's shreds (seconds), 0 if none is due."""
+        if not self.rotation_interval:
+            return 0.0
+        return self.last_rotation + self.rotation_interval
+
+    def rotate_if_due(self, now: float, force: bool = False) -> bool:
+        """Rotate when a shred awaits completion and the interval has passed."""
+        if not self.rotation_interval and not force:
+            return False
+        if self.store.keystore.unrotated_since() is None:
+            return False
+        if not force and now - self.last_rotation < self.rotation_interval:
+            return False
+        self.store.rotate()
+        self.last_rotation = time.time()
+        return True
 
     def forget(
         self,
@@ -85,7 +112,7 @@ class Lifecycle:
         self.retriever.on_forget(
             owner, plan.rids, plan.entry["threads"], whole_owner, touched=list(turns)
         )
-        entry = self.store.finish_forget(plan.entry, time.time())
+        entry = self.store.finish_forget(plan.entry, time.time(), self.shred_horizon())
         self.metrics.deletion_latency.observe(time.time() - started)
         return entry
 
@@ -192,6 +219,8 @@ class Lifecycle:
         self.metrics.outstanding_deletions.set(len(self.store.outstanding_deletions()))
         self.metrics.index_vectors.set(self.retriever.cache.total_vectors())
         self.metrics.keystore_keys.set(self.store.keystore.key_count())
+        since = self.store.keystore.unrotated_since()
+        self.metrics.shred_horizon.set(0.0 if since is None else now - since)
 
 
 class Sweeper:
@@ -225,6 +254,7 @@ class Sweeper:
         while not self._stop.wait(self._interval):
             try:
                 self._lifecycle.sweep()
+                self._lifecycle.rotate_if_due(time.time())
                 self._lifecycle.store.warn_expiring(time.time(), self._expiry_warning)
                 overdue = self._lifecycle.store.announce_due_commitments(time.time())
                 self._lifecycle.metrics.overdue_commitments.set(overdue)

@@ -76,6 +76,12 @@ class Metrics:
             "Open commitments past their due time.",
             registry=self.registry,
         )
+        self.shred_horizon = Gauge(
+            "lethe_shred_horizon_seconds",
+            "How long a destroyed key may still exist in free pages or keystore snapshots "
+            "(age of the oldest shred not yet completed by rotation).",
+            registry=self.registry,
+        )
         self.keystore_keys = Gauge(
             "lethe_keystore_keys", "Live wrapped keys.", registry=self.registry
         )

@@ -1171,7 +1171,9 @@ class Store(MemoryMixin, RepairMixin):
             txn.put(rid_key(meta.rid), meta.encode(), db=self.db["turns"])
             self._tombstone(txn, meta.name, now, deletion_id, reason)
 
-    def finish_forget(self, entry: dict[str, Any], index_done_time: float) -> dict[str, Any]:
+    def finish_forget(
+        self, entry: dict[str, Any], index_done_time: float, shred_horizon: float = 0.0
+    ) -> dict[str, Any]:
         """Steps 3 and 4: destroy the keys (synced), purge the rows, close the log entry.
 
         Args:
@@ -1206,6 +1208,7 @@ class Store(MemoryMixin, RepairMixin):
             dests["keystore"] = {"done": True, "time": now}
             dests["lmdb"] = {"done": True, "time": now}
             entry["complete_time"] = now
+            entry["shred_horizon_time"] = shred_horizon
             txn.put(
                 _deletion_key(owner, entry["id"]),
                 json.dumps(entry).encode(),
@@ -1252,6 +1255,11 @@ class Store(MemoryMixin, RepairMixin):
         txn.delete(owner_prefix(meta.owner) + rk, db=self.db["owner_records"])
         if meta.expire_time:
             txn.delete(expiry_key(meta.expire_time, meta.rid), db=self.db["expiry"])
+
+    def rotate(self) -> tuple[int, int, list[int]]:
+        """Complete pending shreds now (:meth:`shredder.Keystore.rotate`), on the
+        writer thread like every keystore write."""
+        return self.writer.run(WriteOp(lambda txn: self.keystore.rotate()))
 
     def outstanding_deletions(self) -> list[dict[str, Any]]:
         """Deletion-log entries with a destination not yet done."""

@@ -91,6 +91,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--pending-ttl", type=parse_duration, default=parse_duration("72h"))
     serve.add_argument("--sweep-interval", type=parse_duration, default=parse_duration("5s"))
     serve.add_argument(
+        "--rotation-interval",
+        type=parse_duration,
+        default=parse_duration("1h"),
+        help="complete shreds cryptographically this often (default 1h)",
+    )
+    serve.add_argument(
         "--tagger",
         choices=["rules", "none"],
         default="rules",
@@ -110,6 +116,12 @@ def _parser() -> argparse.ArgumentParser:
     backup.add_argument("--data", type=Path, default=Path("./lethe-data"))
     backup.add_argument("--out", type=Path, required=True)
     backup.add_argument("--kek-file", type=Path, default=None)
+
+    rotate = sub.add_parser(
+        "rotate", help="complete pending shreds now: new ring and KEK keys (server stopped)"
+    )
+    rotate.add_argument("--data", type=Path, default=Path("./lethe-data"))
+    rotate.add_argument("--kek-file", type=Path, default=None)
 
     audit_p = sub.add_parser(
         "audit", help="print the AuditReport of every owner; exit 1 if any count is non-zero"
@@ -153,6 +165,7 @@ def _serve(args: argparse.Namespace) -> int:
         pending_ttl=args.pending_ttl,
         sweep_interval=args.sweep_interval,
         tagger=args.tagger,
+        rotation_interval=args.rotation_interval,
     )
     server = LetheServer(config)
     try:
@@ -218,6 +231,29 @@ def _backup(args: argparse.Namespace) -> int:
     print(
         f"backup of {args.data} written to {args.out} ({manifest.bytes} bytes, "
         f"sha256 {manifest.sha256[:16]}…); keystore and KEK not included"
+    )
+    return 0
+
+
+def _rotate(args: argparse.Namespace) -> int:
+    """Rotate with the server stopped: a running server holds the KEK in memory
+    and rotates itself every ``--rotation-interval``."""
+    if Keystore.read_store_id(data_paths(args.data.resolve())[1]) is None:
+        raise EnvironmentConfigError(f"{args.data} holds no lethe store")
+    try:
+        store = Store(args.data, kek_file=args.kek_file)
+    except StoreLockedError:
+        raise StoreLockedError(
+            f"{args.data} is served by a running lethe; it rotates every --rotation-interval "
+            "(stop it to rotate now)"
+        ) from None
+    try:
+        renewed, rewrapped, retired = store.rotate()
+    finally:
+        store.close()
+    print(
+        f"rotated: {renewed} rings renewed, {rewrapped} ring keys moved to a new KEK version, "
+        f"KEK versions {retired} destroyed"
     )
     return 0
 
@@ -298,6 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _restore(args)
         if args.command == "audit":
             return _audit(args)
+        if args.command == "rotate":
+            return _rotate(args)
         if args.command == "demo":
             from server._demo import run_demo
 

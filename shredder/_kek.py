@@ -209,6 +209,59 @@ class KekRing:
 
     __str__ = __repr__
 
+    def add_version(self) -> int:
+        """Add a new random KEK version and make it current (persisted first).
+
+        Returns:
+            The new version.
+
+        Raises:
+            EnvironmentConfigError: the ring lives in memory only (``from_env``).
+            OSError: the KEK file cannot be rewritten.
+        """
+        if self._path is None:
+            raise EnvironmentConfigError(
+                "an in-memory KEK (LETHE_KEK) cannot be rotated: the new version would not "
+                "survive a restart; use a KEK file"
+            )
+        version = max(self._keys) + 1
+        keys = {**self._keys, version: _Key.generate()}
+        self._persist(keys, version)
+        self._keys, self._current = keys, version
+        return version
+
+    def retire(self, versions: Sequence[int]) -> None:
+        """Destroy KEK versions other than the current one (persisted).
+
+        After this, nothing wrapped under a retired version can be unwrapped by
+        anyone: copies of destroyed ring keys in free pages or old keystore
+        snapshots become useless (the cryptographic completion of a shred).
+
+        Raises:
+            ValueError: a version is the current one.
+            OSError: the KEK file cannot be rewritten.
+        """
+        if self._current in versions:
+            raise ValueError("the current KEK version cannot be retired")
+        keys = {v: k for v, k in self._keys.items() if v not in set(versions)}
+        self._persist(keys, self._current)
+        self._keys = keys
+
+    def _persist(self, keys: Mapping[int, _Key], current: int) -> None:
+        """Replace the KEK file atomically (temp file 0600, fsync, rename, fsync
+        dir); an in-memory ring (``from_env``) only changes in memory."""
+        if self._path is None:
+            return
+        tmp = self._path.parent / f".{self._path.name}.{nacl.utils.random(8).hex()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, _dump(keys, current))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self._path)
+        _fsync_dir(self._path.parent)
+
     def __reduce__(self) -> NoReturn:
         raise TypeError("KekRing cannot be pickled")
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -92,7 +93,9 @@ _FORMAT = b"lethe-keystore/1"
 _META = b"meta"
 _RINGS = b"rings"
 _RECORDS = b"records"
-_MAX_DBS = 3
+_DIRTY = b"dirty"  # rings that lost or gave away a record key since the last rotation
+_MAX_DBS = 4
+_UNROTATED = b"unrotated_since"  # meta: seconds of the oldest shred not yet rotated
 _SEP = b"\x00"
 _THREAD_RING = b"T"
 _OWNER_RING = b"O"
@@ -202,6 +205,8 @@ class Keystore:
                 with self._env.begin(write=True) as txn:
                     self._rings = self._env.open_db(_RINGS, txn=txn)
                     self._records = self._env.open_db(_RECORDS, txn=txn)
+                    self._dirty = self._env.open_db(_DIRTY, txn=txn)
+                    self._meta = self._env.open_db(_META, txn=txn)
             except BaseException:
                 self._env.close()
                 raise
@@ -380,8 +385,12 @@ class Keystore:
         evict: set[bytes] = set(ring_prefixes)
         deleted = 0
         with self._env.begin(write=True) as txn:
-            for lmdb_key in record_lmdb_keys:
-                deleted += bool(txn.delete(lmdb_key, db=self._records))
+            for (ring, _), lmdb_key in zip(record_keys, record_lmdb_keys, strict=True):
+                if txn.delete(lmdb_key, db=self._records):
+                    deleted += 1
+                    txn.put(_ring_prefix(ring), b"", db=self._dirty)
+            if record_lmdb_keys or ring_prefixes or owner_prefixes:
+                self._mark_unrotated(txn)
             for prefix in ring_prefixes:
                 deleted += bool(txn.delete(prefix, db=self._rings))
                 deleted += _delete_prefix(txn, self._records, prefix)
@@ -455,8 +464,98 @@ class Keystore:
                 ):
                     raise KeyExistsError(f"record key {key_id!r} already exists in target ring")
                 txn.delete(old_lmdb_key, db=self._records)
+                # The old wrapped copy may linger in a free page: its ring must be renewed.
+                txn.put(prefix, b"", db=self._dirty)
+                self._mark_unrotated(txn)
         if new_ring is not None:
             self._cache_put(to_prefix, new_ring[0], new_ring[1], self._epoch)
+
+    def _mark_unrotated(self, txn: lmdb.Transaction) -> None:
+        if txn.get(_UNROTATED, db=self._meta) is None:
+            txn.put(_UNROTATED, repr(time.time()).encode(), db=self._meta)
+
+    def unrotated_since(self) -> float | None:
+        """When the oldest key destruction not yet completed by :meth:`rotate`
+        happened (seconds since the epoch), or None when there is none."""
+        with self._env.begin() as txn:
+            raw = txn.get(_UNROTATED, db=self._meta)
+        return None if raw is None else float(bytes(raw))
+
+    def rotate(self) -> tuple[int, int, list[int]]:
+        """Complete every shred cryptographically (ARCHITECTURE.md, "Keys and
+        crypto-shredding", phase 2).
+
+        1. A new KEK version is added and made current (the KEK file first).
+        2. In one synced transaction: every ring that lost or gave away a record
+           key since the last rotation gets a new random ring key (generation
+           + 1) and its live record keys are re-wrapped under it; then every
+           ring key is re-wrapped under the new KEK version.
+        3. Every older KEK version is destroyed.
+
+        After this, a destroyed wrapped key that lingers in a free page or a
+        keystore snapshot is wrapped under a ring key that exists nowhere, or
+        under a KEK version that exists nowhere: it opens nothing.
+
+        Returns:
+            (rings renewed, ring keys re-wrapped, KEK versions retired).
+
+        Raises:
+            CryptoError: a stored key fails to unwrap (nothing is changed).
+            OSError: the KEK file cannot be rewritten.
+        """
+        old_versions = sorted(self._kek.versions)
+        self._kek.add_version()
+        renewed = rewrapped = 0
+        with self._env.begin(write=True) as txn:
+            dirty = {bytes(k) for k, _ in txn.cursor(db=self._dirty)}
+            rings = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=self._rings)]
+            for prefix, value in rings:
+                ring, _ = _decode_ring_prefix(prefix)
+                generation, ring_key = self._unwrap_ring(ring, prefix, value, self._epoch)
+                if prefix in dirty:
+                    new_generation = generation + 1
+                    new_key = _Key.generate()
+                    cur = txn.cursor(db=self._records)
+                    updates = []
+                    if cur.set_range(prefix):
+                        for raw_key, wrapped in cur:
+                            lmdb_key = bytes(raw_key)
+                            if not lmdb_key.startswith(prefix):
+                                break
+                            key_id = lmdb_key[len(prefix) :].decode("utf-8")
+                            record_key = _unwrap_key(
+                                ring_key, _record_ad(ring, key_id, generation), bytes(wrapped)
+                            )
+                            updates.append(
+                                (
+                                    lmdb_key,
+                                    _wrap_key(
+                                        new_key,
+                                        new_generation,
+                                        _record_ad(ring, key_id, new_generation),
+                                        record_key,
+                                    ),
+                                )
+                            )
+                    for lmdb_key, wrapped in updates:
+                        txn.put(lmdb_key, wrapped, db=self._records)
+                    generation, ring_key = new_generation, new_key
+                    renewed += 1
+                txn.put(
+                    prefix,
+                    struct.pack(">I", generation)
+                    + self._kek._wrap(_ring_ad_builder(ring, generation), ring_key),
+                    db=self._rings,
+                )
+                rewrapped += 1
+            txn.drop(self._dirty, delete=False)
+            txn.delete(_UNROTATED, db=self._meta)
+        self._env.sync(True)
+        with self._cache_lock:
+            self._epoch += 1
+            self._cache.clear()
+        self._kek.retire(old_versions)
+        return renewed, rewrapped, old_versions
 
     # ----------------------------------------------------------------- reads
 
