@@ -22,6 +22,10 @@ KINDS = {
     M.PENDING_POINT: M.PAUSED,
     M.PREFERENCE: M.ACTIVE,
     M.SUMMARY: M.ACTIVE,
+    M.GRAPH_EDGE: M.ACTIVE,
+    M.ANNOTATION: M.ACTIVE,
+    M.REFLECTION: M.ACTIVE,
+    M.LESSON: M.ACTIVE,
 }
 ALLOWED = {
     M.OPEN_QUESTION: {M.ANSWERED},
@@ -54,7 +58,12 @@ def test_transition_matrix_every_kind_and_status(lethe: Lethe) -> None:
     for kind, initial in KINDS.items():
         for status in ALL_STATUSES:
             mid = f"k{kind}-s{status}"
-            created = create(c, mid, kind, f"{M.Kind.Name(kind)} example")
+            extra = (
+                {"edge": memories_pb2.GraphEdge(subject="a", predicate="b", object="c")}
+                if kind == M.GRAPH_EDGE
+                else {}
+            )
+            created = create(c, mid, kind, f"{M.Kind.Name(kind)} example", **extra)
             assert created.status == initial
             allowed = status in ALLOWED.get(kind, set())
             if allowed:
