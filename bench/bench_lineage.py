@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import grpc
 import numpy as np
+from _server import free_port, served
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lethe.v1 import (
@@ -37,13 +34,6 @@ from lethe.v1 import (
     threads_pb2,
     threads_pb2_grpc,
 )
-from shredder import KekRing
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -77,39 +67,11 @@ def main() -> int:
     parser.add_argument("--descendants", type=int, default=100)
     parser.add_argument("--out", type=Path, default=Path("bench-lineage.json"))
     args = parser.parse_args()
-    data = Path(tempfile.mkdtemp(prefix="lethe-bench-")) / "data"
-    env = {**os.environ, "LETHE_KEK": KekRing.generate_env_value()}
-    port, metrics_port = _free_port(), _free_port()
-    lethe = [sys.executable, "-m", "server.cli"]
-    proc = subprocess.Popen(
-        [
-            *lethe,
-            "serve",
-            "--data",
-            str(data),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--metrics-listen",
-            f"127.0.0.1:{metrics_port}",
-            "--embedder",
-            "none",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        if "serving" not in proc.stdout.readline():
-            return 1
-        token = subprocess.run(
-            [*lethe, "token", "create", "--data", str(data), "--admin"],
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
+    metrics_port = free_port()
+    with served("--metrics-listen", f"127.0.0.1:{metrics_port}", "--embedder", "none") as (
+        port,
+        token,
+    ):
         md = (("authorization", f"Bearer {token}"),)
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         threads = threads_pb2_grpc.ThreadsStub(channel)
@@ -179,11 +141,6 @@ def main() -> int:
             print(f"{key:40} {value}")
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         channel.close()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        if proc.stdout is not None:
-            proc.stdout.close()
     return 0
 
 

@@ -24,12 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +33,7 @@ from typing import Any
 import faiss
 import grpc
 import numpy as np
+from _server import served
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from index import WordLlamaEmbedder
@@ -50,15 +47,8 @@ from lethe.v1 import (
     threads_pb2_grpc,
 )
 from server._demo import Conversation, load_locomo, sample_conversation
-from shredder import KekRing
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _ms(values: list[float], q: float) -> float:
@@ -123,39 +113,7 @@ def main() -> int:
 
     convs = load_locomo(args.locomo) if args.locomo.exists() else sample_conversation()
     convs = convs[: args.conversations]
-    data = Path(tempfile.mkdtemp(prefix="lethe-bench-")) / "data"
-    env = {**os.environ, "LETHE_KEK": KekRing.generate_env_value()}
-    port = _free_port()
-    lethe = [sys.executable, "-m", "server.cli"]
-    proc = subprocess.Popen(
-        [
-            *lethe,
-            "serve",
-            "--data",
-            str(data),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--metrics-listen",
-            "off",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if "serving" not in line:
-            print(line + proc.stdout.read(), file=sys.stderr)
-            return 1
-        token = subprocess.run(
-            [*lethe, "token", "create", "--data", str(data), "--admin"],
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
+    with served("--metrics-listen", "off") as (port, token):
         stubs = _Stubs(port, token)
         seconds, turns = _ingest(stubs, convs, args.copies, args.batch)
         print(
@@ -267,9 +225,6 @@ def main() -> int:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"written to {args.out}")
         stubs.channel.close()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     return 0
 
 

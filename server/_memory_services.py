@@ -36,13 +36,12 @@ from server._search import Retriever
 from server._services import (
     MAX_BATCH,
     MAX_TEXT_BYTES,
-    _decode_token,
     _encode_token,
-    _page_size,
     _seconds,
     _states,
     check_text,
     check_vector,
+    owner_page,
     rpc,
 )
 from server._store import Store
@@ -265,10 +264,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def ListMemories(  # noqa: N802
         self, request: memories_pb2.ListMemoriesRequest, context: grpc.ServicerContext
     ) -> memories_pb2.ListMemoriesResponse:
-        owner = parse_owner(request.parent, "parent")
-        authorize(owner)
-        size = _page_size(request.page_size)
-        after = _decode_token(request.page_token, request.parent)
+        owner, size, after = owner_page(request)
         kinds = {_enum_name(memories_pb2.Memory.Kind, k, "kinds") for k in request.kinds}
         statuses = {_enum_name(memories_pb2.Memory.Status, k, "statuses") for k in request.statuses}
         views, nxt = self.store.list_memories(

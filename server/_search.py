@@ -504,39 +504,19 @@ class Retriever:
         kinds: frozenset[str],
         include_turns: bool,
     ) -> list[SearchHit]:
-        legs: list[Ranked] = []
-        for bundle in bundles:
-            idx = bundle.dense
-            if len(idx) == 0 or idx.dim != query.shape[0]:
-                continue
-            k = min(len(idx), top_k + OVERFETCH)
-            while True:
-                raw = idx.search(query, k)
-                visible = self._visible(
-                    [rid for rid, _ in raw], owner, pending_thread, kinds, include_turns
-                )
-                if sum(1 for rid, _ in raw if rid in visible) >= top_k or k >= len(idx):
-                    break
-                k = min(len(idx), k * 4)
-            legs.append(raw)
-        return self._materialise(_merge(legs), owner, top_k, pending_thread, kinds, include_turns)
-
-    def _visible(
-        self,
-        rids: list[int],
-        owner: str,
-        pending_thread: str | None,
-        kinds: frozenset[str],
-        include_turns: bool,
-    ) -> set[int]:
-        rows = self.store.fetch(rids, ())
-        now = time.time()
-        return {
-            rid
-            for rid, (meta, _) in rows.items()
-            if searchable(meta, now, owner, pending_thread)
-            and self._kind_ok(meta, kinds, include_turns)
-        }
+        """Dense leg only. The recheck happens once, in :meth:`_materialise`; only
+        when it drops so many candidates that fewer than ``top_k`` survive does
+        the fetch from FAISS grow (4x per round) and the recheck run again."""
+        indexes = [b.dense for b in bundles if len(b.dense) and b.dense.dim == query.shape[0]]
+        k = top_k + OVERFETCH
+        while True:
+            legs = [idx.search(query, min(len(idx), k)) for idx in indexes]
+            hits = self._materialise(
+                _merge(legs), owner, top_k, pending_thread, kinds, include_turns
+            )
+            if len(hits) >= top_k or all(k >= len(idx) for idx in indexes):
+                return hits
+            k *= 4
 
     def _materialise(
         self,

@@ -192,6 +192,18 @@ def _decode_token(token: str, parent: str) -> str:
     raise InvalidArgument("page_token", "not a token from a previous page of this listing")
 
 
+def owner_page(request: Any) -> tuple[str, int, str]:
+    """The authorised owner of a list request's ``parent``, its page size and the
+    position its ``page_token`` resumes after (the shared head of every List method).
+
+    Raises:
+        InvalidArgument: bad parent, page size or token. PermissionDenied: owner.
+    """
+    owner = parse_owner(request.parent, "parent")
+    authorize(owner)
+    return owner, _page_size(request.page_size), _decode_token(request.page_token, request.parent)
+
+
 def _states(values: Any) -> set[str]:
     if not values:
         return {PENDING, COMMITTED}
@@ -282,10 +294,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     def ListThreads(  # noqa: N802
         self, request: threads_pb2.ListThreadsRequest, context: grpc.ServicerContext
     ) -> threads_pb2.ListThreadsResponse:
-        owner = parse_owner(request.parent, "parent")
-        authorize(owner)
-        size = _page_size(request.page_size)
-        after = _decode_token(request.page_token, request.parent)
+        owner, size, after = owner_page(request)
         views, nxt = self.store.list_threads(owner, after, size, request.include_repairs)
         return threads_pb2.ListThreadsResponse(
             threads=[thread_proto(v) for v in views],
@@ -673,10 +682,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     def ListDeletions(  # noqa: N802
         self, request: lifecycle_pb2.ListDeletionsRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.ListDeletionsResponse:
-        owner = parse_owner(request.parent, "parent")
-        authorize(owner)
-        size = _page_size(request.page_size)
-        after = _decode_token(request.page_token, request.parent)
+        owner, size, after = owner_page(request)
         entries, nxt = self.store.list_deletions(owner, after, size)
         return lifecycle_pb2.ListDeletionsResponse(
             receipts=[receipt_proto(e) for e in entries],

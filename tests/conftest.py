@@ -121,3 +121,12 @@ def lethe_at(kek_env: str) -> Iterator[Callable[..., Lethe]]:
     yield start
     for server in started:
         server.stop()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for subprocess servers)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

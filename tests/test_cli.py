@@ -7,25 +7,19 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import grpc
 import pytest
+from conftest import free_port as _free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lethe.v1 import threads_pb2, threads_pb2_grpc
 from server.cli import main, parse_duration
 
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo10.json"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,8 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
+from conftest import free_port as _free_port
 
 from lethe.v1 import (
     common_pb2,
@@ -25,23 +23,7 @@ from lethe.v1 import (
     threads_pb2,
     threads_pb2_grpc,
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _reason(err: grpc.RpcError) -> str:
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    assert status is not None
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return str(info.reason)
-    return ""
+from server._probe import reason_of as _reason
 
 
 def _serve(data: Path, port: int, env: dict[str, str]) -> subprocess.Popen[str]:

@@ -22,3 +22,35 @@ def test_server_public_names_are_pinned() -> None:
 def test_server_public_names_resolve() -> None:
     for name in server.__all__:
         assert getattr(server, name).__module__.startswith("server"), name
+
+
+def test_every_rpc_of_the_api_is_served_by_our_servicers() -> None:
+    """The generated ``*Servicer`` base classes answer NotImplementedError; every
+    method of every lethe.v1 service must be overridden by the class we register."""
+    from lethe.v1 import (
+        events_pb2,
+        lifecycle_pb2,
+        memories_pb2,
+        repairs_pb2,
+        retrieval_pb2,
+        threads_pb2,
+    )
+    from server._memory_services import EventsService, MemoriesService
+    from server._repair_services import RepairsService
+    from server._services import LifecycleService, RetrievalService, ThreadsService
+
+    servicers = {
+        (threads_pb2, "Threads"): ThreadsService,
+        (memories_pb2, "Memories"): MemoriesService,
+        (retrieval_pb2, "Retrieval"): RetrievalService,
+        (lifecycle_pb2, "Lifecycle"): LifecycleService,
+        (repairs_pb2, "Repairs"): RepairsService,
+        (events_pb2, "Events"): EventsService,
+    }
+    missing = []
+    for (module, service), cls in servicers.items():
+        base = cls.__mro__[1]
+        for method in module.DESCRIPTOR.services_by_name[service].methods:
+            if getattr(cls, method.name) is getattr(base, method.name):
+                missing.append(f"{service}.{method.name}")
+    assert missing == []

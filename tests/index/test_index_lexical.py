@@ -126,7 +126,9 @@ def test_contains_only_ints() -> None:
     assert 10 in ix
     assert np.int64(11) in ix
     assert "10" not in ix
-    assert True not in ix
+    ix.add([1], ["one"])
+    assert 1 in ix
+    assert True not in ix  # True == 1, yet a bool is not an id
 
 
 def test_pickling_is_refused() -> None:

@@ -153,7 +153,7 @@ def test_contains_rejects_non_ints() -> None:
     ix.add([1], [[1.0, 0.0]])
     assert np.int64(1) in ix
     assert "1" not in ix
-    assert True not in ix
+    assert True not in ix  # True == 1 and id 1 is held, yet a bool is not an id
 
 
 def test_vector_index_refuses_pickling() -> None:

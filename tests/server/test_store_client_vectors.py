@@ -9,21 +9,9 @@ from typing import Any
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from lethe.v1 import common_pb2, retrieval_pb2, threads_pb2
-
-
-def _reason(err: grpc.RpcError) -> str:
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    assert status is not None
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return str(info.reason)
-    return ""
+from server._probe import reason_of as _reason
 
 
 def _vec(i: int, d: int = 8) -> list[float]:

@@ -11,10 +11,9 @@ from typing import Any
 import grpc
 import lmdb
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from lethe.v1 import common_pb2, threads_pb2
+from server._probe import reason_of as _reason
 from server._store import Store, TurnDraft
 from server._writer import WriteOp
 from shredder import RingRef
@@ -32,17 +31,6 @@ def _draft(text: str, commit: bool = True) -> TurnDraft:
         commit=commit,
         pending_ttl=3600.0,
     )
-
-
-def _reason(err: grpc.RpcError) -> str:
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    assert status is not None
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return str(info.reason)
-    return ""
 
 
 def test_forget_interrupted_after_tombstones_is_resumed_at_start(

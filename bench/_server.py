@@ -1,0 +1,61 @@
+"""One ``lethe serve`` in its own process for a benchmark (client and server
+must not share a GIL), with an admin token and a throwaway data directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from shredder import KekRing
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def served(*serve_args: str) -> Iterator[tuple[int, str]]:
+    """Start ``lethe serve`` on a free port (extra flags in ``serve_args``) and
+    yield ``(port, admin token)``; the server is stopped on exit.
+
+    Raises:
+        RuntimeError: the server did not report that it is serving.
+    """
+    data = Path(tempfile.mkdtemp(prefix="lethe-bench-")) / "data"
+    env = {**os.environ, "LETHE_KEK": KekRing.generate_env_value()}
+    port = free_port()
+    lethe = [sys.executable, "-m", "server.cli"]
+    proc = subprocess.Popen(
+        [*lethe, "serve", "--data", str(data), "--listen", f"127.0.0.1:{port}", *serve_args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "serving" not in line:
+            raise RuntimeError(f"lethe serve did not start: {line}{proc.stdout.read()}")
+        token = subprocess.run(
+            [*lethe, "token", "create", "--data", str(data), "--admin"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        yield port, token
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
