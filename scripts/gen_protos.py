@@ -2,7 +2,7 @@
 
 Usage: ``python scripts/gen_protos.py [--out DIR]`` (default: the repository
 root, which writes ``lethe/v1/*_pb2.py``, ``*_pb2.pyi`` and ``*_pb2_grpc.py``
-/ ``.pyi``). Uses the ``protoc`` bundled with ``grpcio-tools`` and the
+/ ``.pyi``; the rest of ``lethe/`` is hand-written and never touched). Uses the ``protoc`` bundled with ``grpcio-tools`` and the
 ``mypy-protobuf`` plugins, so the output depends only on those pinned
 versions. ``tests/test_generated_code.py`` regenerates into a temporary
 directory and fails on any difference.
@@ -57,17 +57,15 @@ def generate(out: Path) -> list[Path]:
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
-    for init in (out / "lethe" / "__init__.py", pkg / "__init__.py"):
-        init.write_text(PACKAGE_INIT)
-    (out / "lethe" / "py.typed").write_text("")
-    return sorted(p for p in (out / "lethe").rglob("*") if p.is_file())
+    (pkg / "__init__.py").write_text(PACKAGE_INIT)
+    return sorted(p for p in pkg.rglob("*") if p.is_file())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT)
     written = generate(parser.parse_args().out)
-    print(f"wrote {len(written)} files under {parser.parse_args().out / 'lethe'}")
+    print(f"wrote {len(written)} files under {parser.parse_args().out / 'lethe' / 'v1'}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The committed ``lethe.v1`` package must be exactly what ``scripts/gen_protos.py``
+"""The committed generated package ``lethe/v1`` must be exactly what ``scripts/gen_protos.py``
 produces from ``proto/``: a stale generated file fails here."""
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
-    fresh = sorted(p.relative_to(tmp_path) for p in (tmp_path / "lethe").rglob("*") if p.is_file())
+    fresh = sorted(
+        p.relative_to(tmp_path) for p in (tmp_path / "lethe" / "v1").rglob("*") if p.is_file()
+    )
     committed = sorted(
         p.relative_to(ROOT)
-        for p in (ROOT / "lethe").rglob("*")
+        for p in (ROOT / "lethe" / "v1").rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     )
     assert fresh == committed, "generated file set differs; run scripts/gen_protos.py"
