@@ -1,5 +1,5 @@
 """The Lethe server: gRPC services, validation, auth, the record store on
-LMDB, lifecycle rules and the CLI.
+LMDB (``server.store``), lifecycle rules and the CLI.
 
 ``server`` knows records and rules but never sees a raw key (``shredder``
 holds them) and leaves vectors to ``index``.
@@ -7,8 +7,8 @@ holds them) and leaves vectors to ``index``.
 
 from server._app import LetheServer, ServerConfig
 from server._auth import new_token, principal_record, token_digest
-from server._store import Store, StoreLockedError
 from server.errors import LetheError
+from server.store import Store, StoreLockedError
 
 __all__ = [
     "LetheError",

@@ -50,8 +50,8 @@ from server._services import (
     ThreadsService,
     abort,
 )
-from server._store import Store
 from server.errors import LetheError
+from server.store import Store
 
 _log = logging.getLogger(__name__)
 
@@ -143,8 +143,8 @@ class LetheServer:
     Call :meth:`start`, then :meth:`stop` (also on SIGTERM, from the CLI).
 
     Raises:
-        server._store.StoreLockedError, shredder.EnvironmentConfigError: from
-            opening the store (see :class:`server._store.Store`).
+        server.store.StoreLockedError, shredder.EnvironmentConfigError: from
+            opening the store (see :class:`server.store.Store`).
     """
 
     def __init__(self, config: ServerConfig) -> None:

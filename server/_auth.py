@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from server.errors import LetheError, PermissionDenied, Unauthenticated
+from server.errors import LetheError, PermissionDenied, Reason, Unauthenticated
 
 TOKEN_PREFIX = "lethe_"  # noqa: S105 (a prefix, not a secret)
 UNAUTHENTICATED_SERVICES = ("/grpc.health.v1.Health/",)
@@ -69,7 +69,7 @@ def authorize(owner: str) -> None:
     """
     principal = _principal.get()
     if principal is None:
-        raise Unauthenticated("no credentials", reason="MISSING_TOKEN")
+        raise Unauthenticated("no credentials", reason=Reason.MISSING_TOKEN)
     if not principal.may_act_for(owner):
         raise PermissionDenied(f"token may not act for owners/{owner}")
 
@@ -98,16 +98,16 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
     def _authenticate(self, metadata: Sequence[tuple[str, Any]]) -> Principal:
         values = [v for k, v in metadata if k == "authorization"]
         if not values:
-            raise Unauthenticated("missing bearer token", reason="MISSING_TOKEN")
+            raise Unauthenticated("missing bearer token", reason=Reason.MISSING_TOKEN)
         if len(values) > 1:  # never guess which of two credentials was meant
-            raise Unauthenticated("more than one authorization header", reason="INVALID_TOKEN")
+            raise Unauthenticated("more than one authorization header", reason=Reason.INVALID_TOKEN)
         value = values[0] if isinstance(values[0], str) else values[0].decode()
         scheme, _, token = value.partition(" ")
         if scheme.lower() != "bearer" or not token.startswith(TOKEN_PREFIX):
-            raise Unauthenticated("malformed bearer token", reason="INVALID_TOKEN")
+            raise Unauthenticated("malformed bearer token", reason=Reason.INVALID_TOKEN)
         record = self._lookup(token_digest(token.strip()))
         if record is None:
-            raise Unauthenticated("unknown bearer token", reason="INVALID_TOKEN")
+            raise Unauthenticated("unknown bearer token", reason=Reason.INVALID_TOKEN)
         return Principal(frozenset(record.get("owners", [])), bool(record.get("admin")))
 
     def intercept_service(

@@ -13,32 +13,23 @@ A bundle holds, within ``max_chars`` (characters of text, default 8000):
 5. the newest valid summaries, with their sources (provenance).
 
 Items are taken in that order until the budget is spent. The manifest — every
-(name, version) returned — is stored (``manifests`` database: ids only) and
-returned; an assistant turn that names it in ``context_manifest`` has those
-records as its lineage.
+(name, version) returned — is stored by the store (ids only) and returned; an
+assistant turn that names it in ``context_manifest`` has those records as its
+lineage. What may be offered at all (visibility) the store decides.
 
 Thread rules: any thread (writes go through the store's writer).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from server._memories import MemoryView, scope_chain
-from server._names import new_id
-from server._records import COMMITTED, PAYLOAD_MEMORY, MemMeta, memory_payload_key
 from server._search import MODE_HYBRID, Retriever
-from server._store import Store, TurnView
-from server._visibility import effective_state, listable
-from server._writer import WriteOp
-from server.errors import NotFound, RecordDeleted
+from server.store import MemoryView, Store, TurnView, scope_chain
 
 DEFAULT_MAX_CHARS = 8000
 DEFAULT_RECENT = 10
@@ -73,26 +64,6 @@ def _text_len(view: TurnView | MemoryView) -> int:
     return len(view.content.text)
 
 
-def _committed_memories(store: Store, owner: str) -> list[MemoryView]:
-    now = time.time()
-    rows: list[tuple[MemMeta, bytes | None]] = []
-    with store.env.begin() as txn:
-        for meta in store._owner_memory_metas(txn, owner):
-            if effective_state(meta, now) != COMMITTED or meta.tainted:
-                continue
-            ct = txn.get(
-                memory_payload_key(meta.rid, meta.version, PAYLOAD_MEMORY), db=store.db["mpayloads"]
-            )
-            rows.append((meta, None if ct is None else bytes(ct)))
-    out = []
-    for meta, ct in rows:
-        try:
-            out.append(store.memory_view(meta, meta.version, ct))
-        except RecordDeleted:
-            continue
-    return out
-
-
 def assemble(
     store: Store,
     retriever: Retriever,
@@ -113,7 +84,7 @@ def assemble(
     """
     now = time.time()
     store.get_thread(owner, thread)  # NOT_FOUND / RECORD_DELETED
-    committed = _committed_memories(store, owner)
+    committed = store.committed_memories(owner)
     budget = max_chars
     taken: set[str] = set()
     bundle = ContextBundle("", [], now)
@@ -163,23 +134,9 @@ def assemble(
         if fits(view):
             bundle.preferences.append(view)
             taken.add(view.meta.name)
-    turns = [
-        m
-        for m in store.thread_turns(owner, thread)
-        if listable(m, now, {"PENDING", "COMMITTED"}, include_tainted=False)
-    ]
-    recent_metas = turns[-recent:] if recent else []
-    rows = store.fetch([m.rid for m in recent_metas], ("content",))
     chosen: list[TurnView] = []
-    for meta in reversed(recent_metas):  # newest first when the budget is short
-        row = rows.get(meta.rid)
-        if row is None:
-            continue
-        try:
-            turn_view = store.view_of(row[0], row[1])
-        except RecordDeleted:
-            continue
-        if isinstance(turn_view, TurnView) and fits(turn_view):
+    for turn_view in reversed(store.recent_turns(owner, thread, recent)):
+        if fits(turn_view):  # newest first when the budget is short
             chosen.append(turn_view)
     bundle.recent_turns = list(reversed(chosen))
     if query_text.strip() or query_vector is not None:
@@ -208,40 +165,5 @@ def assemble(
     refs += [(v.meta.name, v.version) for v, _ in bundle.memories]
     refs += [(v.meta.name, v.version) for v in bundle.summaries]
     bundle.refs = refs
-    bundle.manifest_name = store_manifest(store, owner, thread, refs, now)
+    bundle.manifest_name = store.put_manifest(owner, thread, refs, now)
     return bundle
-
-
-def store_manifest(
-    store: Store, owner: str, thread: str, refs: list[tuple[str, int]], now: float
-) -> str:
-    """Store a manifest (ids and versions only) and return its name."""
-    manifest_id = new_id()
-
-    def apply(txn: lmdb.Transaction) -> None:
-        body = {"refs": refs, "create_time": now, "thread": thread}
-        txn.put(
-            _manifest_key(owner, manifest_id), json.dumps(body).encode(), db=store.db["manifests"]
-        )
-
-    store.writer.run(WriteOp(apply))
-    return f"owners/{owner}/manifests/{manifest_id}"
-
-
-def get_manifest(store: Store, owner: str, manifest_id: str) -> dict[str, Any]:
-    """A stored manifest: {refs, create_time, thread}.
-
-    Raises:
-        NotFound: no such manifest.
-    """
-    with store.env.begin() as txn:
-        raw = txn.get(_manifest_key(owner, manifest_id), db=store.db["manifests"])
-    if raw is None:
-        raise NotFound(f"owners/{owner}/manifests/{manifest_id} not found")
-    data: dict[str, Any] = json.loads(bytes(raw))
-    data["refs"] = [tuple(r) for r in data["refs"]]
-    return data
-
-
-def _manifest_key(owner: str, manifest_id: str) -> bytes:
-    return f"{owner}\x00{manifest_id}".encode()

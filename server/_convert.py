@@ -1,5 +1,6 @@
-"""Records to protobuf messages (the only module that builds response protos
-from store objects)."""
+"""Store objects to protobuf messages: threads, turns, memories, hits, receipts,
+events and context bundles. The servicers build their own small responses
+(lists, lineage edges, SourceRefs) around these."""
 
 from __future__ import annotations
 
@@ -9,9 +10,16 @@ from google.protobuf import timestamp_pb2
 
 from lethe.v1 import common_pb2, memories_pb2, retrieval_pb2, threads_pb2
 from server._context import ContextBundle
-from server._memories import MemoryView
-from server._records import COMMITTED, PENDING, SEALED
-from server._store import ThreadView, TurnView
+from server.store import (
+    COMMITTED,
+    PENDING,
+    SEALED,
+    DeletionEntry,
+    EventRow,
+    MemoryView,
+    ThreadView,
+    TurnView,
+)
 
 _STATES = {PENDING: common_pb2.PENDING, COMMITTED: common_pb2.COMMITTED, SEALED: common_pb2.SEALED}
 STATE_NAMES = {v: k for k, v in _STATES.items()}
@@ -73,26 +81,26 @@ def turn_proto(view: TurnView) -> threads_pb2.Turn:
     return turn
 
 
-def receipt_proto(entry: dict[str, Any]) -> common_pb2.DeletionReceipt:
+def receipt_proto(entry: DeletionEntry) -> common_pb2.DeletionReceipt:
     """A DeletionReceipt from a deletion-log entry (ids and counts only)."""
     receipt = common_pb2.DeletionReceipt(
-        name=f"owners/{entry['owner']}/deletions/{entry['id']}",
-        targets=entry["targets"],
-        cascaded=int(entry.get("cascaded", 0)),
-        tainted=int(entry.get("tainted", 0)),
-        rebuilds_requested=int(entry.get("rebuilds_requested", 0)),
-        request_time=timestamp(entry["request_time"]),
-        reason=entry["reason"],
-        deleted=int(entry["deleted"]),
+        name=entry.name,
+        targets=entry.targets,
+        cascaded=entry.cascaded,
+        tainted=entry.tainted,
+        rebuilds_requested=entry.rebuilds_requested,
+        request_time=timestamp(entry.request_time),
+        reason=entry.reason,
+        deleted=entry.deleted,
     )
-    for dest, status in entry["destinations"].items():
-        d = receipt.destinations.add(name=dest, done=bool(status["done"]))
-        if status["done"]:
-            d.complete_time.CopyFrom(timestamp(status["time"]))
-    if entry["complete_time"]:
-        receipt.complete_time.CopyFrom(timestamp(entry["complete_time"]))
-    if entry.get("shred_horizon_time"):
-        receipt.shred_horizon_time.CopyFrom(timestamp(entry["shred_horizon_time"]))
+    for dest, status in entry.destinations.items():
+        d = receipt.destinations.add(name=dest, done=status.done)
+        if status.done:
+            d.complete_time.CopyFrom(timestamp(status.time))
+    if entry.complete_time:
+        receipt.complete_time.CopyFrom(timestamp(entry.complete_time))
+    if entry.shred_horizon_time:
+        receipt.shred_horizon_time.CopyFrom(timestamp(entry.shred_horizon_time))
     return receipt
 
 
@@ -137,16 +145,16 @@ def hit_proto(view: TurnView | MemoryView, score: float) -> retrieval_pb2.Hit:
     return retrieval_pb2.Hit(score=score, memory=memory_proto(view))
 
 
-def event_proto(event: dict[str, Any], receipt: common_pb2.DeletionReceipt | None) -> Any:
+def event_proto(event: EventRow, receipt: common_pb2.DeletionReceipt | None) -> Any:
     """An Event message from a stored event (ids only)."""
     from lethe.v1 import events_pb2
 
     out = events_pb2.Event(
-        id=event["id"],
-        type=events_pb2.EventType.Value(event["type"]),
-        time=timestamp(event["time"]),
-        subject=event["subject"],
-        sources=[common_pb2.SourceRef(name=n, version=v) for n, v in event.get("sources", [])],
+        id=event.id,
+        type=events_pb2.EventType.Value(event.type),
+        time=timestamp(event.time),
+        subject=event.subject,
+        sources=[common_pb2.SourceRef(name=n, version=v) for n, v in event.sources],
     )
     if receipt is not None:
         out.receipt.CopyFrom(receipt)

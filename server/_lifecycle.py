@@ -14,12 +14,10 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
 
 from server._metrics import Metrics
-from server._records import MemMeta
 from server._search import Retriever
-from server._store import EVENT_RETENTION, Store
+from server.store import EVENT_RETENTION, AuditCounts, DeletionEntry, MemMeta, Store, ThreadView
 
 _log = logging.getLogger(__name__)
 
@@ -51,7 +49,7 @@ class Lifecycle:
         self.retriever = retriever
         self.metrics = metrics
         # Seconds between rotations (0: never); only a KEK file can be rotated.
-        self.rotation_interval = rotation_interval if store.kek.path is not None else 0.0
+        self.rotation_interval = rotation_interval if store.kek_rotatable else 0.0
         self.last_rotation = time.time()
 
     def shred_horizon(self) -> float:
@@ -64,7 +62,7 @@ class Lifecycle:
         """Rotate when a shred awaits completion and the interval has passed."""
         if not self.rotation_interval and not force:
             return False
-        if self.store.keystore.unrotated_since() is None:
+        if self.store.unrotated_since() is None:
             return False
         if not force and now - self.last_rotation < self.rotation_interval:
             return False
@@ -77,6 +75,7 @@ class Lifecycle:
         owner: str,
         *,
         turns: Sequence[tuple[str, int]] = (),
+        ranges: Sequence[tuple[str, int, int]] = (),
         threads: Sequence[str] = (),
         whole_owner: bool = False,
         memories: Sequence[str] = (),
@@ -84,24 +83,27 @@ class Lifecycle:
         reason: str = REASON_FORGET,
         extra_rings: Sequence[str] = (),
         conclude_repair: tuple[str, str] | None = None,
-    ) -> dict[str, Any]:
-        """Forget turns, threads or a whole owner; returns the completed log entry.
+    ) -> DeletionEntry:
+        """Forget turns, turn ranges, threads, memories or a whole owner; returns
+        the completed log entry (arguments as :meth:`server.store.Store.plan_forget`).
 
         When this returns, the deletion is effective for every reader: the
         tombstones committed in step 1, the index entries are gone, the keys
         are destroyed in the keystore (synced) and the ciphertext is purged.
 
         Raises:
-            NotFound: a named turn or thread never existed (nothing deleted).
+            NotFound / RecordDeleted: a named record never existed / is gone
+                (nothing deleted).
         """
         started = time.time()
-        plan = self.store.plan_forget(
+        entry = self.store.plan_forget(
             owner,
-            turns,
-            threads,
-            whole_owner,
-            reason,
-            started,
+            reason=reason,
+            request_time=started,
+            turns=turns,
+            ranges=ranges,
+            threads=threads,
+            whole_owner=whole_owner,
             memories=memories,
             delete_responses=delete_responses,
             extra_rings=extra_rings,
@@ -110,18 +112,18 @@ class Lifecycle:
         if os.environ.get(CRASH_ENV) == "after-tombstones":  # crash tests only
             os.kill(os.getpid(), signal.SIGKILL)
         self.retriever.on_forget(
-            owner, plan.rids, plan.entry["threads"], whole_owner, touched=list(turns)
+            owner, entry.index_rids(), entry.threads, whole_owner, touched_threads=entry.touched
         )
-        entry = self.store.finish_forget(plan.entry, time.time(), self.shred_horizon())
+        entry = self.store.finish_forget(entry, time.time(), self.shred_horizon())
         self.metrics.deletion_latency.observe(time.time() - started)
         return entry
 
-    def seal(self, owner: str, thread: str, from_seq: int) -> Any:
+    def seal(self, owner: str, thread: str, from_seq: int) -> ThreadView:
         """Seal a stretch into a new repair; sealed records leave the general
         index at once, mixed derivatives are deleted like any forget."""
         view, entry, left = self.store.seal_repair(owner, thread, from_seq)
-        extra = [] if entry is None else entry["memory_rids"] + entry["tainted_rids"]
-        self.retriever.on_forget(owner, left + extra, [], False, touched=[(thread, from_seq)])
+        extra = [] if entry is None else entry.memory_rids + entry.tainted_rids
+        self.retriever.on_forget(owner, left + extra, [], False, touched_threads=[thread])
         if entry is not None:
             self.store.finish_forget(entry, time.time())
         return view
@@ -130,9 +132,8 @@ class Lifecycle:
         """Finish every deletion a crash interrupted (start-up; indexes are empty)."""
         entries = self.store.outstanding_deletions()
         for entry in entries:
-            rids = entry["rids"] + entry.get("memory_rids", []) + entry.get("tainted_rids", [])
             self.retriever.on_forget(
-                entry["owner"], rids, entry["threads"], bool(entry["whole_owner"])
+                entry.owner, entry.index_rids(), entry.threads, entry.whole_owner
             )
             self.store.finish_forget(entry, time.time())
         return len(entries)
@@ -148,7 +149,7 @@ class Lifecycle:
         count = 0
         for meta in self.store.threads_without_key():
             entry = self.forget(meta.owner, threads=[meta.thread], reason=REASON_KEY_DESTROYED)
-            count += int(entry["deleted"])
+            count += entry.deleted
         by_owner: dict[str, list[tuple[str, int]]] = defaultdict(list)
         mems_by_owner: dict[str, list[str]] = defaultdict(list)
         for record in self.store.records_without_key():
@@ -163,24 +164,9 @@ class Lifecycle:
                 memories=mems_by_owner[owner],
                 reason=REASON_KEY_DESTROYED,
             )
-            count += int(entry["deleted"])
-        self.destroy_unreferenced_keys()
+            count += entry.deleted
+        self.store.destroy_unreferenced_keys()
         return count
-
-    def destroy_unreferenced_keys(self) -> int:
-        """Destroy record keys no record uses: keys made for writes a crash cut
-        short, or the keys of records a restored backup does not hold. Only at
-        start-up and restore, when no write is in flight."""
-        from server._audit import owners_of, unreferenced_keys
-        from server._writer import WriteOp
-
-        owners = set(owners_of(self.store)) | {
-            ring.owner for ring, _ in self.store.keystore.list_record_keys()
-        }
-        stray = [ref for owner in sorted(owners) for ref in unreferenced_keys(self.store, owner)]
-        if stray:
-            self.store.writer.run(WriteOp(lambda txn: None, destroy_keys=stray))
-        return len(stray)
 
     def sweep(self, now: float | None = None) -> int:
         """Forget every pending turn past its expiry; returns how many."""
@@ -198,13 +184,17 @@ class Lifecycle:
             )
         return len(expired)
 
+    def audit(self, owner: str) -> AuditCounts:
+        """The owner's AuditReport: the store's counts plus the loaded index's drift."""
+        counts = self.store.audit(owner)
+        counts.index_drift = self.retriever.index_drift(owner)
+        return counts
+
     def periodic_audit(self) -> None:
         """Audit every owner into the orphan / stale-summary gauges; prune old events."""
-        from server._audit import audit, owners_of
-
         orphans = stale = 0
-        for owner in owners_of(self.store):
-            counts = audit(self.store, self.retriever, owner)
+        for owner in self.store.owners():
+            counts = self.audit(owner)
             orphans += counts.orphans
             stale += counts.stale_summaries
         self.metrics.orphan_derivatives.set(orphans)
@@ -218,8 +208,8 @@ class Lifecycle:
         self.metrics.oldest_pending_age.set(age)
         self.metrics.outstanding_deletions.set(len(self.store.outstanding_deletions()))
         self.metrics.index_vectors.set(self.retriever.cache.total_vectors())
-        self.metrics.keystore_keys.set(self.store.keystore.key_count())
-        since = self.store.keystore.unrotated_since()
+        self.metrics.keystore_keys.set(self.store.key_count())
+        since = self.store.unrotated_since()
         self.metrics.shred_horizon.set(0.0 if since is None else now - since)
 
 

@@ -5,7 +5,7 @@ required unless it is a ``GRAPH_EDGE`` with an edge; at most 1000 sources,
 each a turn or memory of the same owner at a version ≥ 1; direction, trigger
 and status default from the kind and may not contradict it.
 ``TransitionMemory`` follows each kind's state machine
-(:data:`server._memories.TRANSITIONS`); ``ResolvePreference`` picks the
+(:data:`server.store._shapes.TRANSITIONS`); ``ResolvePreference`` picks the
 narrowest applicable scope, ``EXPLICIT`` before ``INFERRED``.
 """
 
@@ -29,9 +29,7 @@ from lethe.v1 import (
 from server import _tagger as tagger
 from server._auth import authorize
 from server._convert import event_proto, memory_proto, receipt_proto
-from server._memories import KIND_DEFAULTS, MemoryContent, MemoryDraft, SlotConflict
-from server._names import check_id, new_id, parse_memory, parse_owner
-from server._records import COMMITTED, PENDING, TurnMeta
+from server._names import check_id, new_id, parse_memory, parse_owner, parse_record
 from server._search import Retriever
 from server._services import (
     MAX_BATCH,
@@ -44,15 +42,20 @@ from server._services import (
     owner_page,
     rpc,
 )
-from server._store import Store
-from server.errors import InvalidArgument
+from server.errors import InvalidArgument, Reason
+from server.store import (
+    COMMITTED,
+    KIND_DEFAULTS,
+    PENDING,
+    MemoryContent,
+    MemoryDraft,
+    SlotConflict,
+    Store,
+    TurnMeta,
+)
 
 MAX_FIELD_BYTES = 1024
 _MASK_PATHS = {"text", "slot", "scope", "edge", "sources", "due_time", "embedding"}
-_SOURCE_RE = re.compile(
-    r"owners/[a-z0-9][a-z0-9-]{0,62}/(threads/[a-z0-9][a-z0-9-]{0,62}/turns/[1-9][0-9]{0,18}"
-    r"|memories/[a-z0-9][a-z0-9-]{0,62})"
-)
 WATCH_POLL_SECONDS = 0.2
 MAX_TAGS = 32
 
@@ -72,9 +75,7 @@ def _sources(refs: Any, owner: str) -> list[tuple[str, int]]:
     seen = set()
     for i, ref in enumerate(refs):
         field = f"memory.sources[{i}]"
-        if not _SOURCE_RE.fullmatch(ref.name):
-            raise InvalidArgument(f"{field}.name", "must be a turn or memory name")
-        if ref.name.split("/")[1] != owner:
+        if parse_record(ref.name, f"{field}.name").owner != owner:
             raise InvalidArgument(f"{field}.name", "must name a record of the same owner")
         if ref.version < 1:
             raise InvalidArgument(f"{field}.version", "must be the exact version (>= 1)")
@@ -137,7 +138,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             raise InvalidArgument(
                 "memory.embedding",
                 f"dimension {embedding.shape[0]} differs from the server embedder's {embedder.dim}",
-                reason="DIMENSION_MISMATCH",
+                reason=Reason.DIMENSION_MISMATCH,
             )
         return MemoryDraft(
             kind=kind,
@@ -345,8 +346,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         note = check_text(request.note, "note", limit=MAX_TEXT_BYTES, required=False)
         evidence = None
         if request.HasField("evidence"):
-            if not _SOURCE_RE.fullmatch(request.evidence.name):
-                raise InvalidArgument("evidence.name", "must be a turn or memory name")
+            parse_record(request.evidence.name, "evidence.name")
             if request.evidence.version < 1:
                 raise InvalidArgument("evidence.version", "must be the exact version (>= 1)")
             evidence = (request.evidence.name, int(request.evidence.version))
@@ -404,11 +404,10 @@ class EventsService(events_pb2_grpc.EventsServicer):
         while context.is_active() and not self.stopping.is_set():
             batch = self.store.events(owner, after, types)
             for event in batch:
-                receipt_name = event.get("receipt", "")
-                if receipt_name not in receipts:
-                    entry = self.store.deletion(owner, receipt_name.rsplit("/", 1)[-1])
-                    receipts[receipt_name] = receipt_proto(entry) if entry else None
-                yield event_proto(event, receipts[receipt_name])
-                after = int(event["id"])
+                if event.receipt not in receipts:
+                    entry = self.store.deletion(owner, event.receipt.rsplit("/", 1)[-1])
+                    receipts[event.receipt] = receipt_proto(entry) if entry else None
+                yield event_proto(event, receipts[event.receipt])
+                after = int(event.id)
             if not batch:
                 self.stopping.wait(WATCH_POLL_SECONDS)

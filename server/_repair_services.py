@@ -19,13 +19,18 @@ from lethe.v1 import repairs_pb2, repairs_pb2_grpc, threads_pb2
 from server._auth import authorize
 from server._convert import memory_proto, receipt_proto, thread_proto, turn_proto
 from server._lifecycle import Lifecycle
-from server._memories import MemoryContent, MemoryDraft
 from server._names import new_id, parse_thread
-from server._repairs import REPAIR_CONCLUDED, REPAIR_CONTINUED, REPAIR_PAUSED
 from server._search import Retriever
 from server._services import MAX_TEXT_BYTES, check_text, rpc
-from server._store import Store
-from server.errors import FailedPrecondition, InvalidArgument
+from server.errors import FailedPrecondition, InvalidArgument, Reason
+from server.store import (
+    REPAIR_CONCLUDED,
+    REPAIR_CONTINUED,
+    REPAIR_PAUSED,
+    MemoryContent,
+    MemoryDraft,
+    Store,
+)
 
 _OUTCOMES = {
     threads_pb2.RepairInfo.DESTROY: "DESTROY",
@@ -66,20 +71,20 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
     ) -> repairs_pb2.ReopenRepairResponse:
         name = parse_thread(request.name, "name")
         authorize(name.owner)
-        meta = self.store.repair(name.owner, name.thread)
+        meta = self.store.repair(name.owner, name.thread).meta
         allowed = [REPAIR_PAUSED, REPAIR_CONTINUED]
         if meta.repair_outcome == "PRESERVE_RESTRICTED":
             if not request.acknowledge_restricted:
                 raise FailedPrecondition(
                     f"{request.name} is restricted; reopen with acknowledge_restricted",
-                    reason="RESTRICTED",
+                    reason=Reason.RESTRICTED,
                     subject=request.name,
                 )
             allowed.append(REPAIR_CONCLUDED)
-        meta = self.store.set_repair_state(name.owner, name.thread, allowed, REPAIR_CONTINUED)
+        repair = self.store.set_repair_state(name.owner, name.thread, allowed, REPAIR_CONTINUED)
         sealed, own, memories = self.store.repair_contents(name.owner, name.thread)
         return repairs_pb2.ReopenRepairResponse(
-            repair=thread_proto(self.store._thread_view(meta, None)),
+            repair=thread_proto(repair),
             turns=[turn_proto(v) for v in [*sealed, *own]],
             memories=[memory_proto(v) for v in memories],
         )
@@ -90,10 +95,10 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
     ) -> threads_pb2.Thread:
         name = parse_thread(request.name, "name")
         authorize(name.owner)
-        meta = self.store.set_repair_state(
+        repair = self.store.set_repair_state(
             name.owner, name.thread, [REPAIR_CONTINUED, REPAIR_PAUSED], REPAIR_PAUSED
         )
-        return thread_proto(self.store._thread_view(meta, None))
+        return thread_proto(repair)
 
     @rpc
     def ConcludeRepair(  # noqa: N802
@@ -115,25 +120,25 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
     def _conclude(
         self, owner: str, repair_id: str, full_name: str, outcome: str, lesson_text: str
     ) -> repairs_pb2.ConcludeRepairResponse:
-        meta = self.store.repair(owner, repair_id)
+        meta = self.store.repair(owner, repair_id).meta
         open_states = (REPAIR_PAUSED, REPAIR_CONTINUED)
         restricted = meta.repair_outcome == "PRESERVE_RESTRICTED"
         if meta.repair_state not in open_states and not restricted:
             raise FailedPrecondition(
                 f"{full_name} is already concluded",
-                reason="ILLEGAL_TRANSITION",
+                reason=Reason.ILLEGAL_TRANSITION,
                 subject=full_name,
             )
         response = repairs_pb2.ConcludeRepairResponse()
         if outcome == "PRESERVE_RESTRICTED":
-            meta = self.store.set_repair_state(
+            repair = self.store.set_repair_state(
                 owner,
                 repair_id,
                 [*open_states, REPAIR_CONCLUDED],
                 REPAIR_CONCLUDED,
                 outcome,
             )
-            response.repair.CopyFrom(thread_proto(self.store._thread_view(meta, None)))
+            response.repair.CopyFrom(thread_proto(repair))
             return response
         if outcome == "DISTILL":
             draft = MemoryDraft("LESSON", MemoryContent(lesson_text, "", full_name, None))
@@ -141,7 +146,7 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
             lesson = self.store.create_memory(owner, new_id(), draft, commit=True, pending_ttl=0.0)
             self.retriever.on_write(owner, [lesson.meta])
             response.lesson.CopyFrom(memory_proto(lesson))
-        _, turns, memories = self.store.repair_members(owner, repair_id)
+        turns, memories = self.store.repair_members(owner, repair_id)
         entry = self.lifecycle.forget(
             owner,
             turns=turns,
@@ -150,7 +155,6 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
             extra_rings=[repair_id],
             conclude_repair=(repair_id, outcome),
         )
-        meta = self.store.repair(owner, repair_id)
-        response.repair.CopyFrom(thread_proto(self.store._thread_view(meta, None)))
+        response.repair.CopyFrom(thread_proto(self.store.repair(owner, repair_id)))
         response.receipt.CopyFrom(receipt_proto(entry))
         return response

@@ -20,7 +20,7 @@ Search modes (API.md): ``DENSE`` searches the dense leg only; ``LEXICAL`` fuses
 the two BM25 legs; ``HYBRID`` (the default) fuses all three with
 :func:`index.convex_fusion` and :data:`index.HYBRID_WEIGHTS` (tuned on LoCoMo
 conversations 1-5 by ``bench/eval_retrieval.py``). Every candidate is then
-rechecked through :func:`server._visibility.searchable` in one read
+rechecked through :func:`server.store.searchable` in one read
 transaction and only the survivors are decrypted.
 
 Thread rules: every public method may be called from any thread. Builds and
@@ -49,18 +49,21 @@ from index import (
     convex_fusion,
     normalize,
 )
-from server._memories import MemoryView
-from server._records import PAYLOAD_CONTENT, PENDING, MemMeta, TurnMeta
-from server._store import Store, TurnView
-from server._visibility import (
+from server.errors import DataLoss, InvalidArgument, Reason, RecordDeleted
+from server.store import (
+    PENDING,
+    MemMeta,
+    MemoryView,
     RecordMeta,
+    Store,
+    TurnMeta,
+    TurnView,
     general_visible,
     indexable,
     pending_indexable,
     pending_visible,
     searchable,
 )
-from server.errors import DataLoss, InvalidArgument, RecordDeleted
 
 # First fetch: top_k + OVERFETCH candidates; most survive the recheck, and every
 # candidate costs a metadata decode, so the margin is small and the fetch grows
@@ -179,7 +182,7 @@ class Retriever:
                 raise InvalidArgument(
                     "query_embedding",
                     f"dimension {vec.shape[0]} differs from the owner's {dim}",
-                    reason="DIMENSION_MISMATCH",
+                    reason=Reason.DIMENSION_MISMATCH,
                 )
             return vec
         if self.embedder is None or not query_text:
@@ -195,7 +198,7 @@ class Retriever:
         """What the plain legs index for each record whose content can be opened:
         ``speaker: text`` of a turn; a memory's text (a graph edge's
         ``subject predicate object`` when it has no text)."""
-        rows = self.store.fetch([m.rid for m in metas], (PAYLOAD_CONTENT,))
+        rows = self.store.fetch([m.rid for m in metas])
         out: dict[int, str] = {}
         for rid, (meta, cts) in rows.items():
             try:
@@ -405,20 +408,23 @@ class Retriever:
         rids: Sequence[int],
         threads: Sequence[str],
         whole_owner: bool,
-        touched: Sequence[tuple[str, int]] = (),
+        touched_threads: Sequence[str] = (),
     ) -> None:
         """Remove forgotten records from every loaded bundle (step 2 of a forget).
 
         Args:
-            touched: (thread, seq) of forgotten single turns: the turn after each
-                is re-indexed with its new context.
+            rids: record numbers leaving the indexes.
+            threads: thread ids forgotten whole.
+            whole_owner: the owner is forgotten (its bundles are dropped).
+            touched_threads: threads that lost single turns: the turn after each
+                forgotten one is re-indexed with its new context.
         """
         with self._lock(owner):
             if whole_owner:
                 self.cache.evict(_owner_key(owner))
                 self.cache.evict_prefix(f"p/{owner}/")
                 return
-            for thread in {*threads, *(t for t, _ in touched)}:
+            for thread in {*threads, *touched_threads}:
                 self.cache.evict(_pending_key(owner, thread))
             if not rids:
                 return
@@ -431,9 +437,19 @@ class Retriever:
             bundle.ctx.remove(ids)
             for rid in rids:
                 bundle.ctx_prev.pop(rid, None)
-            survivors = {t for t, _ in touched} - set(threads)
+            survivors = set(touched_threads) - set(threads)
             if survivors:
                 self._reindex_threads(owner, bundle, survivors, set(rids))
+
+    def index_drift(self, owner: str) -> int:
+        """The audit's ``index_drift`` for ``owner`` (see :func:`index_drift`)."""
+        bundle = self.cache.get(_owner_key(owner))
+        if bundle is None:
+            return 0
+        now = time.time()
+        return index_drift(
+            bundle, self.store.owner_turns(owner), self.store.owner_memories(owner), now
+        )
 
     # ------------------------------------------------------------------ search
 
@@ -533,7 +549,7 @@ class Retriever:
         chunk = top_k + OVERFETCH
         for start in range(0, len(ranked), chunk):
             part = ranked[start : start + chunk]
-            rows = self.store.fetch([rid for rid, _ in part], (PAYLOAD_CONTENT,))
+            rows = self.store.fetch([rid for rid, _ in part])
             now = time.time()
             for rid, score in part:
                 row = rows.get(rid)
@@ -555,6 +571,42 @@ class Retriever:
         if isinstance(meta, MemMeta):
             return not kinds or meta.kind in kinds
         return include_turns
+
+
+def index_drift(
+    bundle: _Bundle | None, turns: Sequence[TurnMeta], memories: Sequence[MemMeta], now: float
+) -> int:
+    """The audit's ``index_drift`` of one owner's loaded bundle (0 when none is
+    loaded: an index built from LMDB when needed cannot drift).
+
+    Counts ids held that should not be, visible records missing from the
+    plain leg, and contextual texts that quote a turn other than the nearest
+    earlier visible one (a forgotten or sealed one must have been re-indexed
+    away). ``turns`` and ``memories`` are every stored record of the owner.
+    """
+    if bundle is None:
+        return 0
+    records: list[RecordMeta] = [*turns, *memories]
+    visible = {m.rid for m in records if general_visible(m, now)}
+    dense = {m.rid for m in records if indexable(m, now)}
+    held_dense = {int(i) for i in bundle.dense.ids()}
+    held_plain = {int(i) for i in bundle.plain.ids()}
+    # Records without text tokens are held but never match; count only ids held
+    # that should not be, and visible records missing from the plain leg.
+    drift = len(held_dense ^ dense) + len(held_plain - visible) + len(visible - held_plain)
+    expected_prev: dict[int, int] = {}
+    by_thread: dict[str, list[TurnMeta]] = {}
+    for turn in turns:
+        if general_visible(turn, now):
+            by_thread.setdefault(turn.thread, []).append(turn)
+    for ordered in by_thread.values():
+        ordered.sort(key=lambda t: t.seq)
+        for i, turn in enumerate(ordered):
+            expected_prev[turn.rid] = ordered[i - 1].rid if i > 0 else 0
+    for rid, prev in bundle.ctx_prev.items():
+        if rid in expected_prev and prev not in (0, expected_prev[rid]):
+            drift += 1
+    return drift
 
 
 def _merge(legs: Sequence[Ranked]) -> Ranked:

@@ -15,7 +15,6 @@ import functools
 import json
 import logging
 import re
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -36,9 +35,8 @@ from lethe.v1 import (
     threads_pb2,
     threads_pb2_grpc,
 )
-from server._audit import audit
 from server._auth import authorize
-from server._context import DEFAULT_MAX_CHARS, DEFAULT_RECENT, assemble, get_manifest
+from server._context import DEFAULT_MAX_CHARS, DEFAULT_RECENT, assemble
 from server._context import DEFAULT_TOP_K as DEFAULT_CONTEXT_TOP_K
 from server._convert import (
     STATE_NAMES,
@@ -52,21 +50,21 @@ from server._convert import (
 from server._lifecycle import Lifecycle
 from server._names import (
     MemoryName,
+    OwnerName,
     ThreadName,
     TurnName,
     check_id,
     new_id,
-    parse_any,
-    parse_memory,
+    parse_manifest,
     parse_owner,
+    parse_record,
+    parse_target,
     parse_thread,
     parse_turn,
 )
-from server._records import COMMITTED, PAYLOAD_CONTENT, PENDING, TurnMeta
 from server._search import MODE_DENSE, MODE_HYBRID, MODE_LEXICAL, Retriever
-from server._store import Store, TurnDraft, TurnView
-from server._visibility import check_readable, listable
-from server.errors import InvalidArgument, LetheError
+from server.errors import InvalidArgument, LetheError, Reason
+from server.store import COMMITTED, PENDING, Store, TurnDraft, TurnMeta, TurnView
 
 _log = logging.getLogger(__name__)
 
@@ -234,15 +232,8 @@ def _source_refs(refs: Any, owner: str, field: str) -> list[tuple[str, int]]:
     out = []
     for i, ref in enumerate(refs):
         name = ref.name
-        try:
-            target = parse_any(name, f"{field}[{i}].name")
-        except InvalidArgument:
-            if re.fullmatch(r"owners/[^/]+/memories/[a-z0-9][a-z0-9-]{0,62}", name):
-                target = parse_owner("/".join(name.split("/")[:2]), f"{field}[{i}].name")
-            else:
-                raise
-        ref_owner = target if isinstance(target, str) else target.owner
-        if ref_owner != owner:
+        target = parse_target(name, f"{field}[{i}].name")
+        if target.owner != owner:
             raise InvalidArgument(f"{field}[{i}].name", "must name a record of the same owner")
         if ref.version < 0:
             raise InvalidArgument(f"{field}[{i}].version", "must not be negative")
@@ -328,12 +319,15 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
                     raise InvalidArgument(f"{field}.time", "out of range")
                 when = _seconds(turn.time)
             manifest = turn.context_manifest
-            if manifest and not re.fullmatch(
-                rf"owners/{owner}/manifests/[a-z0-9][a-z0-9-]{{0,62}}", manifest
-            ):
-                raise InvalidArgument(
-                    f"{field}.context_manifest", "must be a manifest name of the same owner"
-                )
+            if manifest:
+                try:
+                    manifest_owner = parse_manifest(manifest, f"{field}.context_manifest").owner
+                except InvalidArgument:
+                    manifest_owner = ""
+                if manifest_owner != owner:
+                    raise InvalidArgument(
+                        f"{field}.context_manifest", "must be a manifest name of the same owner"
+                    )
             drafts.append(
                 TurnDraft(
                     role=int(turn.role),
@@ -373,7 +367,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
                     f"turns[{i}].embedding",
                     f"dimension {draft.embedding.shape[0]} differs from the server embedder's "
                     f"{embedder.dim}",
-                    reason="DIMENSION_MISMATCH",
+                    reason=Reason.DIMENSION_MISMATCH,
                 )
         if request.request_id:
             prior = self.store.find_request(name.owner, name.thread, request.request_id)
@@ -403,22 +397,9 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     def _replay(self, rids: list[int]) -> threads_pb2.AppendTurnsResponse:
         """The first result of a retried append, through the visibility rules:
         a turn since deleted, expired, sealed or tainted is left out."""
-        rows = self.store.fetch(rids, (PAYLOAD_CONTENT,))
-        now = time.time()
-        turns = []
-        for rid in rids:
-            if rid not in rows:
-                continue
-            meta, cts = rows[rid]
-            if not isinstance(meta, TurnMeta) or not listable(
-                meta, now, {PENDING, COMMITTED}, include_tainted=False
-            ):
-                continue
-            try:
-                turns.append(turn_proto(self.store.turn_view(meta, cts, with_embedding=False)))
-            except LetheError:
-                continue
-        return threads_pb2.AppendTurnsResponse(turns=turns)
+        return threads_pb2.AppendTurnsResponse(
+            turns=[turn_proto(v) for v in self.store.replay_turns(rids)]
+        )
 
     @rpc
     def ListTurns(  # noqa: N802
@@ -505,17 +486,13 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
     def GetContextManifest(  # noqa: N802
         self, request: retrieval_pb2.GetContextManifestRequest, context: grpc.ServicerContext
     ) -> retrieval_pb2.ContextManifest:
-        m = re.fullmatch(r"owners/([^/]+)/manifests/([^/]+)", request.name)
-        if m is None:
-            raise InvalidArgument("name", "must be owners/{owner}/manifests/{manifest}")
-        owner = check_id(m.group(1), "name")
-        manifest_id = check_id(m.group(2), "name")
-        authorize(owner)
-        data = get_manifest(self.retriever.store, owner, manifest_id)
+        name = parse_manifest(request.name, "name")
+        authorize(name.owner)
+        row = self.retriever.store.get_manifest(name.owner, name.manifest)
         return retrieval_pb2.ContextManifest(
             name=request.name,
-            refs=[common_pb2.SourceRef(name=n, version=v) for n, v in data["refs"]],
-            create_time=timestamp(data["create_time"]),
+            refs=[common_pb2.SourceRef(name=n, version=v) for n, v in row.refs],
+            create_time=timestamp(row.create_time),
         )
 
     def __init__(self, retriever: Retriever) -> None:
@@ -591,19 +568,10 @@ def _record_names_owner(names: Sequence[str]) -> str:
         raise InvalidArgument("names", "at least one name is required")
     if len(names) > MAX_BATCH:
         raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
-    owners = set()
-    for i, name in enumerate(names):
-        if "/memories/" in name:
-            owners.add(parse_memory(name, f"names[{i}]").owner)
-        else:
-            owners.add(parse_turn(name, f"names[{i}]").owner)
+    owners = {parse_record(name, f"names[{i}]").owner for i, name in enumerate(names)}
     if len(owners) != 1:
         raise InvalidArgument("names", "all names must belong to one owner")
     return owners.pop()
-
-
-def _owner_of(target: str | ThreadName | TurnName | MemoryName) -> str:
-    return target if isinstance(target, str) else target.owner
 
 
 class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
@@ -646,7 +614,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     def GetLineage(  # noqa: N802
         self, request: lifecycle_pb2.GetLineageRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.GetLineageResponse:
-        target = parse_any(request.name, "name")
+        target = parse_target(request.name, "name")
         if not isinstance(target, TurnName | MemoryName):
             raise InvalidArgument("name", "must be a turn or memory name")
         authorize(target.owner)
@@ -654,7 +622,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
             raise InvalidArgument("direction", "must be ANCESTORS or DESCENDANTS")
         if not 0 <= request.max_depth <= MAX_LINEAGE_DEPTH:
             raise InvalidArgument("max_depth", f"must be in 0..{MAX_LINEAGE_DEPTH} (0 = 10)")
-        self._check_exists(request.name)
+        self.store.check_live(request.name)
         edges = self.store.lineage(
             request.name,
             request.direction == lifecycle_pb2.GetLineageRequest.ANCESTORS,
@@ -669,14 +637,6 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
                 for (s, sv), (d, dv) in edges
             ]
         )
-
-    def _check_exists(self, name: str) -> None:
-        """NOT_FOUND / RECORD_DELETED for a record that is not live."""
-        with self.store.env.begin() as txn:
-            meta = self.store.resolve(txn, name)
-            if meta is None:
-                self.store._raise_missing(txn, name)
-        check_readable(meta, time.time())
 
     @rpc
     def ListDeletions(  # noqa: N802
@@ -695,7 +655,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     ) -> lifecycle_pb2.AuditReport:
         owner = parse_owner(request.parent, "parent")
         authorize(owner)
-        counts = audit(self.store, self.retriever, owner)
+        counts = self.lifecycle.audit(owner)
         return lifecycle_pb2.AuditReport(**asdict(counts))
 
     @rpc
@@ -704,12 +664,12 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     ) -> common_pb2.DeletionReceipt:
         if len(request.names) > MAX_BATCH:
             raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
-        parsed: list[tuple[str, str | ThreadName | TurnName | MemoryName]] = []
+        parsed: list[tuple[str, OwnerName | ThreadName | TurnName | MemoryName]] = []
         for i, name in enumerate(request.names):
             if name not in {n for n, _ in parsed}:  # a name given twice is forgotten once
-                parsed.append((name, parse_any(name, f"names[{i}]")))
-        turns: list[tuple[str, int]] = []
-        owners = [_owner_of(t) for _, t in parsed]
+                parsed.append((name, parse_target(name, f"names[{i}]")))
+        owners = [t.owner for _, t in parsed]
+        ranges: list[tuple[str, int, int]] = []
         if request.HasField("range"):
             rng = request.range
             thread = parse_thread(rng.thread, "range.thread")
@@ -717,15 +677,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
                 raise InvalidArgument("range", "need 1 <= from_seq <= to_seq")
             owners.append(thread.owner)
             authorize(thread.owner)
-            last = self.store.get_thread(thread.owner, thread.thread).meta.last_seq
-            present = {
-                m.seq for m in self.store.thread_turns(thread.owner, thread.thread) if not m.deleted
-            }
-            turns.extend(
-                (thread.thread, s)
-                for s in range(rng.from_seq, min(rng.to_seq, last) + 1)
-                if s in present
-            )
+            ranges.append((thread.thread, int(rng.from_seq), int(rng.to_seq)))
         if not owners:
             raise InvalidArgument("names", "name at least one record, or a range")
         if len(set(owners)) != 1:
@@ -735,16 +687,13 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         reason = check_text(request.reason, "reason", limit=MAX_REASON_BYTES, required=False)
         if request.responses not in (0, 1, 2):
             raise InvalidArgument("responses", "must be TAINT or DELETE")
-        whole_owner = any(isinstance(t, str) for _, t in parsed)
-        threads = [t.thread for _, t in parsed if isinstance(t, ThreadName)]
-        turns.extend((t.thread, t.seq) for _, t in parsed if isinstance(t, TurnName))
-        memories = [t.memory for _, t in parsed if isinstance(t, MemoryName)]
         entry = self.lifecycle.forget(
             owner,
-            turns=turns,
-            threads=threads,
-            whole_owner=whole_owner,
-            memories=memories,
+            turns=[(t.thread, t.seq) for _, t in parsed if isinstance(t, TurnName)],
+            ranges=ranges,
+            threads=[t.thread for _, t in parsed if isinstance(t, ThreadName)],
+            whole_owner=any(isinstance(t, OwnerName) for _, t in parsed),
+            memories=[t.memory for _, t in parsed if isinstance(t, MemoryName)],
             delete_responses=request.responses == lifecycle_pb2.ForgetRequest.DELETE,
             reason=reason or "FORGET",
         )

@@ -21,7 +21,7 @@ from types import FrameType
 from server._auth import new_token, principal_record, token_digest
 from server._names import ID_RE
 from server._probe import add_probe_arguments, run_probe
-from server._store import Store, StoreLockedError, data_paths, open_store_for
+from server.store import Store, StoreLockedError, acquire_lock, data_paths, open_store_for
 from shredder import (
     EnvironmentConfigError,
     Keystore,
@@ -264,15 +264,15 @@ def _audit(args: argparse.Namespace) -> int:
     holds the indexes; here it is always 0."""
     from dataclasses import asdict
 
-    from server._audit import AuditCounts, audit, owners_of
+    from server.store import AuditCounts
 
     if Keystore.read_store_id(data_paths(args.data.resolve())[1]) is None:
         raise EnvironmentConfigError(f"{args.data} holds no lethe store")
     store = Store(args.data, kek_file=args.kek_file, lock=False)
     total = AuditCounts()
     try:
-        for owner in owners_of(store):
-            counts = audit(store, None, owner)
+        for owner in store.owners():
+            counts = store.audit(owner)
             for key, value in asdict(counts).items():
                 setattr(total, key, getattr(total, key) + value)
             if not counts.healthy():
@@ -296,9 +296,7 @@ def _restore(args: argparse.Namespace) -> int:
         raise EnvironmentConfigError(f"{args.data} has no keystore to restore beside")
     import os
 
-    from server._store import _acquire_lock
-
-    fd = _acquire_lock(args.data.resolve() / "lethe.lock")
+    fd = acquire_lock(args.data.resolve())
     try:
         restore_environment(args.backup, data_env, store_id)
     finally:

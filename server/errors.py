@@ -1,8 +1,10 @@
 """Domain errors of the server and their mapping to gRPC status.
 
 Every error a client can see is a ``LetheError``: it knows its gRPC status
-code, its ``ErrorInfo`` reason (domain ``lethe``; the values of
-``lethe.v1.errors.ErrorReason``) and, where it applies, the offending field
+code, its ``ErrorInfo`` reason (domain ``lethe``; a constant of
+:data:`Reason`, which *is* the proto enum ``lethe.v1.errors.ErrorReason``, so
+the server cannot raise a reason clients do not have) and, where it applies,
+the offending field
 (``BadRequest``) or source (``PreconditionFailure``). The one boundary that
 turns them into ``google.rpc.Status`` is :func:`to_rpc_status`; anything else
 that escapes a handler becomes ``INTERNAL`` with no internals in the message.
@@ -29,7 +31,12 @@ import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from lethe.v1 import errors_pb2
+
 DOMAIN = "lethe"
+Reason = errors_pb2.ErrorReason
+"""The reasons, as the proto enum: ``Reason.SEALED``, ``Reason.RECORD_DELETED``, …"""
+NO_REASON = Reason.ERROR_REASON_UNSPECIFIED
 
 
 class LetheError(Exception):
@@ -37,16 +44,28 @@ class LetheError(Exception):
 
     Args:
         message: Human-readable text; never content of a record.
-        reason: An ``ErrorReason`` value name, or "" for none.
+        reason: A :data:`Reason` constant (default: the class's), or
+            ``NO_REASON`` for none.
+
+    Raises:
+        ValueError: ``reason`` is not a value of ``ErrorReason``.
     """
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
-    default_reason: str = ""
+    default_reason: errors_pb2.ErrorReason.ValueType = NO_REASON
 
-    def __init__(self, message: str, *, reason: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, reason: errors_pb2.ErrorReason.ValueType | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.reason = self.default_reason if reason is None else reason
+        Reason.Name(self.reason)  # ValueError for a number outside the enum
+
+    @property
+    def reason_name(self) -> str:
+        """The ErrorInfo reason string (the enum value's name), "" for none."""
+        return "" if self.reason == NO_REASON else Reason.Name(self.reason)
 
     def details(self) -> list[any_pb2.Any]:
         """The ``google.rpc`` detail messages beyond ErrorInfo."""
@@ -55,21 +74,27 @@ class LetheError(Exception):
 
 class Unauthenticated(LetheError):
     code = grpc.StatusCode.UNAUTHENTICATED
-    default_reason = "INVALID_TOKEN"
+    default_reason = Reason.INVALID_TOKEN
 
 
 class PermissionDenied(LetheError):
     code = grpc.StatusCode.PERMISSION_DENIED
-    default_reason = "OWNER_NOT_ALLOWED"
+    default_reason = Reason.OWNER_NOT_ALLOWED
 
 
 class InvalidArgument(LetheError):
     """A request field is malformed; ``field`` is its path (``turns[3].text``)."""
 
     code = grpc.StatusCode.INVALID_ARGUMENT
-    default_reason = "BAD_FIELD"
+    default_reason = Reason.BAD_FIELD
 
-    def __init__(self, field: str, description: str, *, reason: str | None = None) -> None:
+    def __init__(
+        self,
+        field: str,
+        description: str,
+        *,
+        reason: errors_pb2.ErrorReason.ValueType | None = None,
+    ) -> None:
         super().__init__(f"{field}: {description}", reason=reason)
         self.field = field
         self.description = description
@@ -89,13 +114,13 @@ class InvalidArgument(LetheError):
 
 class NotFound(LetheError):
     code = grpc.StatusCode.NOT_FOUND
-    default_reason = "NOT_FOUND"
+    default_reason = Reason.NOT_FOUND
 
 
 class RecordDeleted(NotFound):
     """The record existed and was deleted or has expired (a tombstone)."""
 
-    default_reason = "RECORD_DELETED"
+    default_reason = Reason.RECORD_DELETED
 
 
 class FailedPrecondition(LetheError):
@@ -103,7 +128,9 @@ class FailedPrecondition(LetheError):
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 
-    def __init__(self, message: str, *, reason: str, subject: str = "") -> None:
+    def __init__(
+        self, message: str, *, reason: errors_pb2.ErrorReason.ValueType, subject: str = ""
+    ) -> None:
         super().__init__(message, reason=reason)
         self.subject = subject
 
@@ -113,7 +140,7 @@ class FailedPrecondition(LetheError):
         failure = error_details_pb2.PreconditionFailure(
             violations=[
                 error_details_pb2.PreconditionFailure.Violation(
-                    type=self.reason, subject=self.subject, description=self.message
+                    type=self.reason_name, subject=self.subject, description=self.message
                 )
             ]
         )
@@ -124,27 +151,26 @@ class FailedPrecondition(LetheError):
 
 class AlreadyExists(LetheError):
     code = grpc.StatusCode.ALREADY_EXISTS
-    default_reason = "ALREADY_EXISTS"
+    default_reason = Reason.ALREADY_EXISTS
 
 
 class Aborted(LetheError):
     code = grpc.StatusCode.ABORTED
-    default_reason = "VERSION_MISMATCH"
+    default_reason = Reason.VERSION_MISMATCH
 
 
 class StoreFull(LetheError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    default_reason = "STORE_FULL"
+    default_reason = Reason.STORE_FULL
 
 
 class DataLoss(LetheError):
     code = grpc.StatusCode.DATA_LOSS
-    default_reason = "INTEGRITY"
+    default_reason = Reason.INTEGRITY
 
 
 class Unimplemented(LetheError):
     code = grpc.StatusCode.UNIMPLEMENTED
-    default_reason = ""
 
 
 def to_rpc_status(error: BaseException) -> status_pb2.Status:
@@ -157,9 +183,9 @@ def to_rpc_status(error: BaseException) -> status_pb2.Status:
     if not isinstance(error, LetheError):
         return status_pb2.Status(code=code_pb2.INTERNAL, message="internal error")
     details: list[any_pb2.Any] = []
-    if error.reason:
+    if error.reason_name:
         info = any_pb2.Any()
-        info.Pack(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN))
+        info.Pack(error_details_pb2.ErrorInfo(reason=error.reason_name, domain=DOMAIN))
         details.append(info)
     details.extend(error.details())
     return status_pb2.Status(code=error.code.value[0], message=error.message, details=details)

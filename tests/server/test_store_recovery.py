@@ -14,8 +14,8 @@ import pytest
 
 from lethe.v1 import common_pb2, threads_pb2
 from server._probe import reason_of as _reason
-from server._store import Store, TurnDraft
-from server._writer import WriteOp
+from server.store import Store, TurnDraft
+from server.store._writer import WriteOp
 from shredder import RingRef
 
 
@@ -40,10 +40,10 @@ def test_forget_interrupted_after_tombstones_is_resumed_at_start(
     store.create_thread("alice", "t1", "")
     metas, _ = store.append_turns("alice", "t1", [_draft("one"), _draft("two")], "")
     # Step 1 only, as if the process died before destroying keys and purging.
-    plan = store.plan_forget("alice", [("t1", 1)], [], False, "FORGET", 0.0)
+    plan = store.plan_forget("alice", turns=[("t1", 1)], reason="FORGET", request_time=0.0)
     ring = RingRef("alice", "t1")
     assert store.keystore.has_record_key(ring, metas[0].key_id)
-    assert [e["id"] for e in store.outstanding_deletions()] == [plan.entry["id"]]
+    assert [e.id for e in store.outstanding_deletions()] == [plan.id]
     store.close()
 
     lethe = lethe_at(tmp_path / "d")
@@ -52,10 +52,10 @@ def test_forget_interrupted_after_tombstones_is_resumed_at_start(
     assert st.outstanding_deletions() == []
     assert not st.keystore.has_record_key(ring, metas[0].key_id)
     assert st.keystore.has_record_key(ring, metas[1].key_id)
-    entry = st.deletion("alice", plan.entry["id"])
+    entry = st.deletion("alice", plan.id)
     assert entry is not None
-    assert entry["complete_time"] > 0
-    assert all(d["done"] for d in entry["destinations"].values())
+    assert entry.complete_time > 0
+    assert all(d.done for d in entry.destinations.values())
     c = lethe.client("alice")
     with pytest.raises(grpc.RpcError) as err:
         c.threads.GetTurn(
@@ -72,7 +72,7 @@ def test_forget_interrupted_after_tombstones_is_resumed_at_start(
 def test_failing_op_is_rolled_back_alone_in_its_group(tmp_path: Path, kek_env: str) -> None:
     store = Store(tmp_path / "d")
     try:
-        db = store.db["meta"]
+        db = store.t.meta
         gate = threading.Event()
 
         def slow(txn: lmdb.Transaction) -> None:

@@ -13,7 +13,6 @@ from conftest import Lethe
 
 from lethe.v1 import threads_pb2
 from server import Store
-from server._records import PAYLOAD_CONTENT
 
 
 def _read_forgotten(data_dir: Path, kek_file: Path, seq: int) -> str | None:
@@ -23,7 +22,7 @@ def _read_forgotten(data_dir: Path, kek_file: Path, seq: int) -> str | None:
         metas = [m for m in store.thread_turns("alice", "t1") if m.seq == seq]
         if not metas:
             return None
-        rows = store.fetch([metas[0].rid], (PAYLOAD_CONTENT,))
+        rows = store.fetch([metas[0].rid])
         meta, cts = rows[metas[0].rid]
         try:
             return store.turn_view(meta, cts, with_embedding=False).text  # type: ignore[arg-type]

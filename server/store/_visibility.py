@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from server._records import COMMITTED, PENDING, SEALED, MemMeta, TurnMeta
-from server.errors import FailedPrecondition, RecordDeleted
-
-RecordMeta = TurnMeta | MemMeta
+from server.errors import FailedPrecondition, Reason, RecordDeleted
+from server.store._records import COMMITTED, PENDING, SEALED, MemMeta, RecordMeta, TurnMeta
 
 
 def effective_state(meta: RecordMeta, now: float) -> str | None:
@@ -41,7 +39,14 @@ def check_readable(meta: RecordMeta, now: float) -> None:
     if state is None:
         raise RecordDeleted(f"{meta.name} was deleted")
     if state == SEALED:
-        raise FailedPrecondition(f"{meta.name} is sealed", reason="SEALED", subject=meta.name)
+        raise FailedPrecondition(f"{meta.name} is sealed", reason=Reason.SEALED, subject=meta.name)
+
+
+def source_alive(meta: RecordMeta, now: float) -> bool:
+    """Whether a record still counts as a source: live (not deleted or expired)
+    and not tainted. A sealed source is alive here; publication refuses it
+    separately (``SOURCE_SEALED``)."""
+    return not meta.tainted and effective_state(meta, now) is not None
 
 
 def listable(meta: TurnMeta, now: float, states: Collection[str], include_tainted: bool) -> bool:

@@ -1,9 +1,11 @@
-"""Non-content metadata of records as stored in the data environment.
+"""Rows of the data environment: non-content metadata of records, and the
+small JSON rows beside them (owners, tombstones, manifests, events).
 
 Only ids, states, versions, times, key references and lineage names live
 here, JSON-encoded; every client-supplied string except ids (text, speaker,
 title) and every vector is sealed by ``shredder`` and stored separately in the
-``payloads`` database. Times are float seconds since the Unix epoch (UTC).
+``payloads`` / ``mpayloads`` databases. Times are float seconds since the Unix
+epoch (UTC). Which database holds which row: :mod:`server.store._schema`.
 """
 
 from __future__ import annotations
@@ -18,14 +20,21 @@ PENDING = "PENDING"
 COMMITTED = "COMMITTED"
 SEALED = "SEALED"
 
-# Payload types: the last byte of a ``payloads`` key, and the payload_type of
-# the associated data each ciphertext is bound to.
+# Thread kinds, and the states of a repair thread (lethe.v1.RepairInfo.State).
+CONVERSATION = "CONVERSATION"
+REPAIR = "REPAIR"
+REPAIR_PAUSED = "PAUSED"
+REPAIR_CONTINUED = "CONTINUED"
+REPAIR_CONCLUDED = "CONCLUDED"
+
+# Payload types: the payload_type of the associated data each ciphertext is
+# bound to (their key codes are in :mod:`server.store._schema`).
 # A turn's content (speaker and text) is one payload so that a search hit
 # costs one AEAD open: 4-byte big-endian speaker length | speaker | text, UTF-8.
 PAYLOAD_CONTENT = "content"
 PAYLOAD_EMBEDDING = "embedding"
 PAYLOAD_TITLE = "title"
-PAYLOAD_CODES = {PAYLOAD_CONTENT: b"c", PAYLOAD_EMBEDDING: b"e"}
+PAYLOAD_MEMORY = "memory"  # JSON {text, slot, scope, edge: [s, p, o]} of one memory version
 
 
 def pack_content(speaker: str, text: str) -> bytes:
@@ -130,41 +139,6 @@ class TurnMeta:
         return cls(**data)
 
 
-def rid_key(rid: int) -> bytes:
-    """8-byte big-endian key of a record number (sorts numerically)."""
-    return struct.pack(">Q", rid)
-
-
-def rid_from_key(key: bytes) -> int:
-    return int(struct.unpack(">Q", key[:8])[0])
-
-
-def thread_key(owner: str, thread: str) -> bytes:
-    """``owner 0x00 thread``: ids never contain 0x00, so prefixes cannot collide."""
-    return f"{owner}\x00{thread}".encode()
-
-
-def owner_prefix(owner: str) -> bytes:
-    return f"{owner}\x00".encode()
-
-
-def seq_key(owner: str, thread: str, seq: int) -> bytes:
-    return thread_key(owner, thread) + b"\x00" + struct.pack(">Q", seq)
-
-
-def payload_key(rid: int, payload_type: str) -> bytes:
-    return rid_key(rid) + PAYLOAD_CODES[payload_type]
-
-
-def expiry_key(expire_time: float, rid: int) -> bytes:
-    """Key of the pending-expiry queue: microseconds (8 bytes BE) then rid."""
-    return struct.pack(">Q", max(0, int(expire_time * 1_000_000))) + rid_key(rid)
-
-
-PAYLOAD_MEMORY = "memory"  # JSON {text, slot, scope, edge: [s, p, o]} of one memory version
-MEMORY_CODES = {PAYLOAD_MEMORY: b"m", PAYLOAD_EMBEDDING: b"e"}
-
-
 @dataclass(slots=True)
 class MemMeta:
     """A memory's metadata (current version); non-content only.
@@ -233,15 +207,101 @@ class MemMeta:
         return cls(**data)
 
 
-def memory_payload_key(rid: int, version: int, payload_type: str) -> bytes:
-    """``rid (8 BE) | version (8 BE) | code``: every version's payloads are kept."""
-    return rid_key(rid) + struct.pack(">Q", version) + MEMORY_CODES[payload_type]
+RecordMeta = TurnMeta | MemMeta
 
 
-def memory_id_key(owner: str, memory_id: str) -> bytes:
-    return f"{owner}\x00{memory_id}".encode()
+@dataclass(slots=True)
+class OwnerRow:
+    """An owner's row: its fixed vector dimension (0 before its first vector)."""
+
+    dim: int = 0
+    create_time: float = 0.0
+
+    def encode(self) -> bytes:
+        return json.dumps({"dim": self.dim, "create_time": self.create_time}).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> OwnerRow:
+        data = json.loads(raw)
+        return cls(int(data.get("dim") or 0), float(data.get("create_time", 0.0)))
 
 
-def edge_key(first: str, second: str) -> bytes:
-    """Key of a lineage edge row: ``first 0x00 second`` (resource names never hold 0x00)."""
-    return f"{first}\x00{second}".encode()
+@dataclass(slots=True)
+class Tombstone:
+    """What remains of a deleted record: time, reason, deletion id, and for
+    threads and memories the last seq / version, so that an id used again
+    continues the numbering and no (name, version) ever names two contents."""
+
+    time: float
+    reason: str
+    deletion: str
+    last_seq: int = 0
+    last_version: int = 0
+
+    def encode(self) -> bytes:
+        body: dict[str, Any] = {"time": self.time, "reason": self.reason, "deletion": self.deletion}
+        if self.last_seq:
+            body["last_seq"] = self.last_seq
+        if self.last_version:
+            body["last_version"] = self.last_version
+        return json.dumps(body).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Tombstone:
+        data = json.loads(raw)
+        return cls(
+            float(data["time"]),
+            str(data["reason"]),
+            str(data["deletion"]),
+            int(data.get("last_seq", 0)),
+            int(data.get("last_version", 0)),
+        )
+
+
+@dataclass(slots=True)
+class ManifestRow:
+    """A context manifest: the (name, version) refs one assembly returned."""
+
+    refs: list[tuple[str, int]]
+    create_time: float
+    thread: str
+
+    def encode(self) -> bytes:
+        body = {"refs": self.refs, "create_time": self.create_time, "thread": self.thread}
+        return json.dumps(body).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ManifestRow:
+        data = json.loads(raw)
+        refs = [(str(n), int(v)) for n, v in data["refs"]]
+        return cls(refs, float(data["create_time"]), str(data.get("thread", "")))
+
+
+@dataclass(slots=True)
+class EventRow:
+    """One event (ids only): ``id`` is its decimal number within the store;
+    ``receipt`` names the deletion receipt it belongs to, or is ""."""
+
+    id: str
+    owner: str
+    time: float
+    type: str
+    subject: str
+    sources: list[tuple[str, int]] = field(default_factory=list)
+    receipt: str = ""
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> EventRow:
+        data = json.loads(raw)
+        return cls(
+            str(data["id"]),
+            str(data["owner"]),
+            float(data["time"]),
+            str(data["type"]),
+            str(data["subject"]),
+            [(str(n), int(v)) for n, v in data.get("sources", [])],
+            str(data.get("receipt", "")),
+        )

@@ -4,7 +4,7 @@ deletion").
 
 A memory's content (text, slot, scope, graph edge) is one JSON payload per
 version, sealed under that version's record key; its vector is a second
-payload. Metadata (:class:`server._records.MemMeta`) holds ids, states,
+payload. Metadata (:class:`server.store.MemMeta`) holds ids, states,
 versions, times and lineage names only.
 
 Conditional publication: creating or updating a derivative re-reads every
@@ -17,43 +17,22 @@ can never publish after the deletion.
 Inherited state: a derivative of a pending source is pending; committing it
 needs its pending sources committed first, or ``include_sources``.
 
-Thread rules: as :class:`server._store.Store` (writes on the writer thread
-through ``WriteOp``; reads from any thread).
+Thread rules: as every part of :class:`server.store.Store` (writes on the
+writer thread through ``WriteOp``; reads from any thread).
 """
 
 from __future__ import annotations
 
-import json
-import re
 import secrets
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn
 
 import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from server._lineage import add_edges, ancestors_of, children_of, remove_edges_of
-from server._records import (
-    COMMITTED,
-    PAYLOAD_EMBEDDING,
-    PAYLOAD_MEMORY,
-    PENDING,
-    SEALED,
-    MemMeta,
-    TurnMeta,
-    expiry_key,
-    memory_id_key,
-    memory_payload_key,
-    owner_prefix,
-    rid_key,
-    seq_key,
-)
-from server._visibility import effective_state
-from server._writer import WriteOp
+from lethe.names import InvalidName, MemoryName, TurnName, parse_record
 from server.errors import (
     Aborted,
     AlreadyExists,
@@ -61,163 +40,34 @@ from server.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    Reason,
     RecordDeleted,
 )
-from shredder import AssociatedData, RingRef
-
-if TYPE_CHECKING:
-    from server._writer import Writer
-    from shredder import Keystore
-
-_TURN_RE = re.compile(
-    r"owners/([a-z0-9][a-z0-9-]{0,62})/threads/([a-z0-9][a-z0-9-]{0,62})/turns/([1-9][0-9]{0,18})"
+from server.store import _schema as sk
+from server.store._base import StoreBase
+from server.store._lineage import add_edges, ancestors_of, children_of, remove_edges_of
+from server.store._records import (
+    COMMITTED,
+    PAYLOAD_EMBEDDING,
+    PAYLOAD_MEMORY,
+    PENDING,
+    SEALED,
+    MemMeta,
+    RecordMeta,
 )
-_MEMORY_RE = re.compile(r"owners/([a-z0-9][a-z0-9-]{0,62})/memories/([a-z0-9][a-z0-9-]{0,62})")
-
-# Shapes (ARCHITECTURE.md): kind -> (direction, trigger, initial status).
-KIND_DEFAULTS: dict[str, tuple[str, str, str]] = {
-    "FACT": ("ABOUT_PERSON", "CORRECTION_ONLY", "ACTIVE"),
-    "OPEN_QUESTION": ("ABOUT_PERSON", "ANSWERED", "OPEN"),
-    "GOAL": ("ABOUT_PERSON", "PROGRESS_OR_ABANDONED", "ACTIVE"),
-    "COMMITMENT": ("OWED_BY_SYSTEM", "FULFILLED_CANCELLED_EXPIRED_OR_BROKEN", "OPEN"),
-    "PENDING_POINT": ("ABOUT_PERSON", "RESUMED_OR_RELEASED", "PAUSED"),
-    "PREFERENCE": ("ABOUT_PERSON", "CORRECTION_ONLY", "ACTIVE"),
-    "SUMMARY": ("", "", "ACTIVE"),
-    "GRAPH_EDGE": ("", "", "ACTIVE"),
-    "ANNOTATION": ("", "", "ACTIVE"),
-    "REFLECTION": ("", "", "ACTIVE"),
-    "LESSON": ("", "", "ACTIVE"),
-}
-# Kinds whose update is a correction: the old version becomes SUPERSEDED.
-CORRECTED_KINDS = ("FACT", "PREFERENCE")
-# Kinds whose (slot, scope) may hold one active memory at a time.
-SLOTTED_KINDS = ("FACT", "PREFERENCE")
-SLOT_KEY_ID = "slot-digest"
-
-# TransitionMemory's state machines: kind -> status -> statuses it may move to.
-# FACT and PREFERENCE change only by correction (UpdateMemory); the derived
-# kinds (SUMMARY, GRAPH_EDGE, ANNOTATION, REFLECTION, LESSON) have no lifecycle
-# of their own. A GOAL may "move" ACTIVE -> ACTIVE to record progress.
-TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
-    "OPEN_QUESTION": {"OPEN": frozenset({"ANSWERED"})},
-    "GOAL": {"ACTIVE": frozenset({"ACTIVE", "ACHIEVED", "ABANDONED"})},
-    "COMMITMENT": {"OPEN": frozenset({"FULFILLED", "CANCELLED", "EXPIRED", "BROKEN"})},
-    "PENDING_POINT": {"PAUSED": frozenset({"RESUMED", "RELEASED"})},
-}
-
-
-def transition_allowed(kind: str, current: str, target: str) -> bool:
-    """Whether ``TransitionMemory`` may move a ``kind`` memory from ``current`` to ``target``."""
-    return target in TRANSITIONS.get(kind, {}).get(current, frozenset())
-
-
-def scope_chain(scope: str) -> list[str]:
-    """Applicable scopes, narrowest first: ``a.b`` -> ``a.b``, ``a``, ``default``."""
-    parts = [p for p in scope.split(".") if p] if scope else []
-    chain = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
-    return [*chain, "default"] if "default" not in chain else chain
-
-
-@dataclass(slots=True)
-class MemoryContent:
-    """The sealed part of one memory version."""
-
-    text: str = ""
-    slot: str = ""
-    scope: str = ""
-    edge: tuple[str, str, str] | None = None
-    # Progress notes and closing notes of TransitionMemory, oldest first.
-    notes: list[str] = field(default_factory=list)
-
-    def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "text": self.text,
-                "slot": self.slot,
-                "scope": self.scope,
-                "edge": list(self.edge) if self.edge else None,
-                "notes": self.notes,
-            }
-        ).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> MemoryContent:
-        data = json.loads(raw)
-        edge = data.get("edge")
-        return cls(
-            data["text"],
-            data["slot"],
-            data["scope"],
-            tuple(edge) if edge else None,
-            list(data.get("notes", [])),
-        )
-
-
-@dataclass(slots=True)
-class MemoryDraft:
-    """A validated memory to create, or the fields of an update.
-
-    Attributes:
-        embedding: ``(d,) float32`` client vector, or None (the server embeds the text).
-        due_time: seconds since the epoch, 0 for none.
-    """
-
-    kind: str
-    content: MemoryContent
-    sources: list[tuple[str, int]] = field(default_factory=list)
-    direction: str = ""
-    trigger: str = ""
-    status: str = ""
-    origin: str = ""
-    due_time: float = 0.0
-    embedding: npt.NDArray[np.float32] | None = None
-
-
-@dataclass(slots=True)
-class MemoryView:
-    """A readable memory version: metadata plus decrypted content."""
-
-    meta: MemMeta
-    version: int
-    status: str
-    content: MemoryContent
-    sources: list[tuple[str, int]]
-
-
-def memory_ring(meta: MemMeta) -> RingRef:
-    return RingRef(meta.owner, meta.ring_thread or None)
-
-
-def parse_record_name(name: str) -> tuple[str, str, str, int] | None:
-    """``("turn", owner, thread, seq)`` or ``("memory", owner, memory_id, 0)`` or None."""
-    m = _TURN_RE.fullmatch(name)
-    if m:
-        return ("turn", m.group(1), m.group(2), int(m.group(3)))
-    m = _MEMORY_RE.fullmatch(name)
-    if m:
-        return ("memory", m.group(1), m.group(2), 0)
-    return None
-
-
-class SlotConflict(AlreadyExists):
-    """A second active memory on the same (kind, slot, scope); ``holder`` names the first."""
-
-    def __init__(self, holder: str) -> None:
-        super().__init__(f"{holder} already holds this slot and scope", reason="SLOT_CONFLICT")
-        self.holder = holder
-
-    def details(self) -> list[Any]:
-        from google.protobuf import any_pb2
-        from google.rpc import error_details_pb2
-
-        info = error_details_pb2.ResourceInfo(
-            resource_type="lethe.v1.Memory",
-            resource_name=self.holder,
-            description="holds the slot and scope",
-        )
-        packed = any_pb2.Any()
-        packed.Pack(info)
-        return [packed]
+from server.store._shapes import (
+    CORRECTED_KINDS,
+    KIND_DEFAULTS,
+    SLOT_KEY_ID,
+    SLOTTED_KINDS,
+    SlotConflict,
+    scope_chain,
+    transition_allowed,
+)
+from server.store._views import MemoryContent, MemoryDraft, MemoryView
+from server.store._visibility import effective_state, source_alive
+from server.store._writer import WriteOp
+from shredder import RingRef
 
 
 def _earliest(own: float, sources: float) -> float:
@@ -229,53 +79,21 @@ def _noop_apply(txn: lmdb.Transaction) -> None:
     del txn
 
 
-class MemoryMixin:
-    """Memory operations of :class:`server._store.Store` (see the module docstring)."""
+def _record_name(name: str) -> TurnName | MemoryName | None:
+    try:
+        return parse_record(name)
+    except InvalidName:
+        return None
+
+
+class MemoriesPart(StoreBase):
+    """Memory operations of :class:`server.store.Store` (see the module docstring)."""
 
     _slot_key_guard = threading.Lock()
 
-    if TYPE_CHECKING:  # provided by Store
-        env: lmdb.Environment
-        db: dict[str, Any]
-        writer: Writer
-        keystore: Keystore
-
-        def _raise_missing(self, txn: lmdb.Transaction, name: str) -> NoReturn: ...
-
-        def _owner_memory_metas(self, txn: lmdb.Transaction, owner: str) -> list[MemMeta]: ...
-
-        def _event(
-            self, txn: lmdb.Transaction, owner: str, event: dict[str, Any], now: float
-        ) -> None: ...
-
-        def _open(
-            self, ring: RingRef, key_id: str, ad: AssociatedData, ciphertext: bytes, name: str
-        ) -> bytes: ...
-
-    # ------------------------------------------------------------------ lookups
-
-    def _mem_by_id(self, txn: lmdb.Transaction, owner: str, memory_id: str) -> MemMeta | None:
-        rk = txn.get(memory_id_key(owner, memory_id), db=self.db["memory_ids"])
-        if rk is None:
-            return None
-        raw = txn.get(bytes(rk), db=self.db["memories"])
-        return None if raw is None else MemMeta.decode(bytes(raw))
-
-    def resolve(self, txn: lmdb.Transaction, name: str) -> TurnMeta | MemMeta | None:
-        """The metadata row a turn or memory name points at (deleted rows included)."""
-        parsed = parse_record_name(name)
-        if parsed is None:
-            return None
-        kind, owner, second, seq = parsed
-        if kind == "memory":
-            return self._mem_by_id(txn, owner, second)
-        rk = txn.get(seq_key(owner, second, seq), db=self.db["seqs"])
-        raw = None if rk is None else txn.get(bytes(rk), db=self.db["turns"])
-        return None if raw is None else TurnMeta.decode(bytes(raw))
-
     def check_source(
         self, txn: lmdb.Transaction, name: str, version: int, now: float
-    ) -> TurnMeta | MemMeta:
+    ) -> RecordMeta:
         """Conditional publication of one source (see the module docstring).
 
         Raises:
@@ -284,24 +102,23 @@ class MemoryMixin:
         """
         meta = self.resolve(txn, name)
         if meta is None:
-            if txn.get(name.encode(), db=self.db["tombstones"]) is not None:
+            if self._tombstone_of(txn, name) is not None:
                 raise FailedPrecondition(
-                    f"source {name} was deleted", reason="SOURCE_DELETED", subject=name
+                    f"source {name} was deleted", reason=Reason.SOURCE_DELETED, subject=name
                 )
             raise InvalidArgument("sources", f"{name} does not exist")
-        state = effective_state(meta, now)
-        if state is None or meta.tainted:
+        if not source_alive(meta, now):
             raise FailedPrecondition(
-                f"source {name} was deleted", reason="SOURCE_DELETED", subject=name
+                f"source {name} was deleted", reason=Reason.SOURCE_DELETED, subject=name
             )
-        if state == SEALED:
+        if meta.state == SEALED:
             raise FailedPrecondition(
-                f"source {name} is sealed", reason="SOURCE_SEALED", subject=name
+                f"source {name} is sealed", reason=Reason.SOURCE_SEALED, subject=name
             )
         if version != meta.version:
             raise FailedPrecondition(
                 f"source {name} is at version {meta.version}, not {version}",
-                reason="SOURCE_STALE",
+                reason=Reason.SOURCE_STALE,
                 subject=name,
             )
         return meta
@@ -311,56 +128,31 @@ class MemoryMixin:
         threads: set[str] = set()
         with self.env.begin() as txn:
             for name, _ in sources:
-                parsed = parse_record_name(name)
+                parsed = _record_name(name)
                 if parsed is None:
                     return ""
-                if parsed[0] == "turn":
-                    threads.add(parsed[2])
+                if isinstance(parsed, TurnName):
+                    threads.add(parsed.thread)
                 else:
-                    meta = self._mem_by_id(txn, owner, parsed[2])
+                    meta = self._mem_by_id(txn, owner, parsed.memory)
                     threads.add(meta.ring_thread if meta is not None else "")
         return threads.pop() if len(threads) == 1 else ""
-
-    # ------------------------------------------------------------------ crypto
-
-    def _seal_memory(self, meta: MemMeta, version: int, ptype: str, plain: bytes) -> bytes:
-        ad = AssociatedData(meta.owner, meta.name, version, ptype)
-        return self.keystore.seal(memory_ring(meta), meta.key_ids[str(version)], ad, plain)
-
-    def open_memory(self, meta: MemMeta, version: int, ptype: str, ct: bytes) -> bytes:
-        """Decrypt one payload of one memory version.
-
-        Raises:
-            RecordDeleted: its key was destroyed. DataLoss: authentication failed.
-        """
-        ad = AssociatedData(meta.owner, meta.name, version, ptype)
-        return self._open(memory_ring(meta), meta.key_ids[str(version)], ad, ct, meta.name)
-
-    def memory_view(self, meta: MemMeta, version: int, ct: bytes | None) -> MemoryView:
-        if ct is None:
-            raise RecordDeleted(f"{meta.name} was deleted")
-        try:
-            content = MemoryContent.decode(self.open_memory(meta, version, PAYLOAD_MEMORY, ct))
-        except (ValueError, KeyError, TypeError):
-            raise DataLoss(f"stored content of {meta.name} is malformed") from None
-        status = "SUPERSEDED" if version in meta.superseded else meta.status
-        return MemoryView(meta, version, status, content, list(meta.sources))
 
     # ------------------------------------------------------------------ writes
 
     def _write_version(self, txn: lmdb.Transaction, meta: MemMeta, draft: MemoryDraft) -> None:
         txn.put(
-            memory_payload_key(meta.rid, meta.version, PAYLOAD_MEMORY),
+            sk.memory_payload_key(meta.rid, meta.version, PAYLOAD_MEMORY),
             self._seal_memory(meta, meta.version, PAYLOAD_MEMORY, draft.content.encode()),
-            db=self.db["mpayloads"],
+            db=self.t.mpayloads,
         )
         if draft.embedding is not None:
             txn.put(
-                memory_payload_key(meta.rid, meta.version, PAYLOAD_EMBEDDING),
+                sk.memory_payload_key(meta.rid, meta.version, PAYLOAD_EMBEDDING),
                 self._seal_memory(
                     meta, meta.version, PAYLOAD_EMBEDDING, draft.embedding.astype("<f4").tobytes()
                 ),
-                db=self.db["mpayloads"],
+                db=self.t.mpayloads,
             )
         meta.has_embedding = draft.embedding is not None
 
@@ -385,8 +177,8 @@ class MemoryMixin:
         a derivative never outlives a pending source."""
         state, earliest = COMMITTED, 0.0
         for name, version in sources:
-            parsed = parse_record_name(name)
-            if parsed is None or parsed[1] != owner:
+            parsed = _record_name(name)
+            if parsed is None or parsed.owner != owner:
                 raise InvalidArgument("sources", f"{name} is not a record of owners/{owner}")
             meta = self.check_source(txn, name, version, now)
             if meta.state == PENDING:
@@ -419,23 +211,17 @@ class MemoryMixin:
 
         def apply(txn: lmdb.Transaction) -> MemoryView:
             now = time.time()
-            if txn.get(memory_id_key(owner, memory_id), db=self.db["memory_ids"]) is not None:
+            if txn.get(sk.memory_id_key(owner, memory_id), db=self.t.memory_ids) is not None:
                 raise AlreadyExists(f"owners/{owner}/memories/{memory_id} already exists")
             sources_state, sources_expiry = self._sources_window(txn, owner, draft.sources, now)
             state = COMMITTED if commit and sources_state == COMMITTED else PENDING
-            rid = int(txn.get(b"next_rid", db=self.db["meta"]) or b"1")
-            txn.put(b"next_rid", str(rid + 1).encode(), db=self.db["meta"])
-            if txn.get(owner.encode(), db=self.db["owners"]) is None:
-                txn.put(
-                    owner.encode(),
-                    json.dumps({"dim": 0, "create_time": now}).encode(),
-                    db=self.db["owners"],
-                )
+            rid = self._next_rids(txn, 1)
+            self._ensure_owner(txn, owner, now)
             name = f"owners/{owner}/memories/{memory_id}"
-            stone = txn.get(name.encode(), db=self.db["tombstones"])
+            stone = self._tombstone_of(txn, name)
             # An id used again continues the old numbering: (name, version) is unique.
-            version = int(json.loads(bytes(stone)).get("last_version", 0)) + 1 if stone else 1
-            txn.delete(name.encode(), db=self.db["tombstones"])
+            version = stone.last_version + 1 if stone is not None else 1
+            txn.delete(sk.tombstone_key(name), db=self.t.tombstones)
             meta = MemMeta(
                 rid=rid,
                 owner=owner,
@@ -462,13 +248,13 @@ class MemoryMixin:
             self._claim_slot(txn, meta, draft.content, now)
             self._write_version(txn, meta, draft)
             self._put_memory(txn, meta)
-            self.mark_pending_expiry(txn, meta)
-            txn.put(memory_id_key(owner, memory_id), rid_key(rid), db=self.db["memory_ids"])
-            txn.put(owner_prefix(owner) + rid_key(rid), b"", db=self.db["owner_records"])
+            if meta.state == PENDING:
+                self._queue_expiry(txn, meta)
+            txn.put(sk.memory_id_key(owner, memory_id), sk.rid_key(rid), db=self.t.memory_ids)
+            txn.put(sk.owner_record_key(owner, rid), b"", db=self.t.owner_records)
             add_edges(
                 txn,
-                self.db["lineage_down"],
-                self.db["lineage_up"],
+                self.t,
                 meta.name,
                 version,
                 draft.sources,
@@ -479,16 +265,6 @@ class MemoryMixin:
         return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)]))
 
     # ------------------------------------------------------------------ slots
-
-    def emit_event(self, owner: str, event_type: str, subject: str) -> None:
-        """Append one event outside any other write (e.g. ``SLOT_CONFLICT``)."""
-
-        def apply(txn: lmdb.Transaction) -> None:
-            self._event(
-                txn, owner, {"type": event_type, "subject": subject, "sources": []}, time.time()
-            )
-
-        self.writer.run(WriteOp(apply))
 
     def ensure_slot_key(self, owner: str) -> None:
         """Create the owner's slot-digest key (in the owner ring) if it is missing."""
@@ -514,25 +290,16 @@ class MemoryMixin:
             self._release_slot(txn, meta)
             return
         digest = self._slot_digest(meta, content)
-        key = f"{meta.owner}\x00".encode() + bytes.fromhex(digest)
-        holder_rid = txn.get(key, db=self.db["slots"])
-        if holder_rid is not None and bytes(holder_rid) != rid_key(meta.rid):
-            raw = txn.get(bytes(holder_rid), db=self.db["memories"])
-            holder = None if raw is None else MemMeta.decode(bytes(raw))
+        key = sk.slot_key(meta.owner, digest)
+        holder_rid = sk.get(txn, self.t.slots, key)
+        if holder_rid is not None and holder_rid != sk.rid_key(meta.rid):
+            holder = self._memory(txn, sk.rid_of(holder_rid))
             if holder is not None and effective_state(holder, now) in (PENDING, COMMITTED):
                 raise SlotConflict(holder.name)
         if meta.slot_digest != digest:
             self._release_slot(txn, meta)
         meta.slot_digest = digest
-        txn.put(key, rid_key(meta.rid), db=self.db["slots"])
-
-    def _release_slot(self, txn: lmdb.Transaction, meta: MemMeta) -> None:
-        if not meta.slot_digest:
-            return
-        key = f"{meta.owner}\x00".encode() + bytes.fromhex(meta.slot_digest)
-        if txn.get(key, db=self.db["slots"]) == rid_key(meta.rid):
-            txn.delete(key, db=self.db["slots"])
-        meta.slot_digest = ""
+        txn.put(key, sk.rid_key(meta.rid), db=self.t.slots)
 
     # ------------------------------------------------------------------ transitions
 
@@ -566,7 +333,7 @@ class MemoryMixin:
             if meta is None or effective_state(meta, now) is None:
                 raise RecordDeleted(f"{name} was deleted")
             if meta.state == SEALED:
-                raise FailedPrecondition(f"{name} is sealed", reason="SEALED", subject=name)
+                raise FailedPrecondition(f"{name} is sealed", reason=Reason.SEALED, subject=name)
             if expected_version and expected_version != meta.version:
                 raise Aborted(f"{name} is at version {meta.version}, not {expected_version}")
             if meta.ring_thread != ring_thread:
@@ -576,25 +343,22 @@ class MemoryMixin:
                 raise FailedPrecondition(
                     f"{meta.kind} {name} cannot go from {meta.status} to {status}"
                     + (hint if meta.kind in CORRECTED_KINDS else ""),
-                    reason="ILLEGAL_TRANSITION",
+                    reason=Reason.ILLEGAL_TRANSITION,
                     subject=name,
                 )
             if evidence is not None:
-                parsed = parse_record_name(evidence[0])
-                if parsed is None or parsed[1] != owner:
+                parsed = _record_name(evidence[0])
+                if parsed is None or parsed.owner != owner:
                     raise InvalidArgument("evidence.name", "must name a record of the same owner")
                 self.check_source(txn, evidence[0], evidence[1], now)
                 meta.evidence.append(evidence)
-            old_ct = txn.get(
-                memory_payload_key(meta.rid, meta.version, PAYLOAD_MEMORY), db=self.db["mpayloads"]
-            )
-            old = self.memory_view(meta, meta.version, None if old_ct is None else bytes(old_ct))
+            old = self.memory_view(meta, meta.version, self._memory_ct(txn, meta, meta.version))
             content = old.content
             if note:
                 content.notes.append(note)
             old_vec = txn.get(
-                memory_payload_key(meta.rid, meta.version, PAYLOAD_EMBEDDING),
-                db=self.db["mpayloads"],
+                sk.memory_payload_key(meta.rid, meta.version, PAYLOAD_EMBEDDING),
+                db=self.t.mpayloads,
             )
             embedding = None
             if old_vec is not None:
@@ -608,11 +372,10 @@ class MemoryMixin:
             draft = MemoryDraft(meta.kind, content, list(meta.sources), embedding=embedding)
             self._write_version(txn, meta, draft)
             self._put_memory(txn, meta)
-            remove_edges_of(txn, self.db["lineage_down"], self.db["lineage_up"], meta.name)
+            remove_edges_of(txn, self.t, meta.name)
             add_edges(
                 txn,
-                self.db["lineage_down"],
-                self.db["lineage_up"],
+                self.t,
                 meta.name,
                 meta.version,
                 meta.sources,
@@ -632,7 +395,7 @@ class MemoryMixin:
 
         def apply(txn: lmdb.Transaction) -> int:
             overdue = 0
-            for raw_key, raw in txn.cursor(db=self.db["memories"]):
+            for raw_key, raw in txn.cursor(db=self.t.memories):
                 meta = MemMeta.decode(bytes(raw))
                 if (
                     meta.kind != "COMMITMENT"
@@ -646,13 +409,8 @@ class MemoryMixin:
                 if meta.due_announced:
                     continue
                 meta.due_announced = True
-                txn.put(bytes(raw_key), meta.encode(), db=self.db["memories"])
-                self._event(
-                    txn,
-                    meta.owner,
-                    {"type": "COMMITMENT_DUE", "subject": meta.name, "sources": []},
-                    now,
-                )
+                txn.put(bytes(raw_key), meta.encode(), db=self.t.memories)
+                self._append_event(txn, meta.owner, "COMMITMENT_DUE", meta.name, now)
             return overdue
 
         return self.writer.run(WriteOp(apply))
@@ -677,11 +435,7 @@ class MemoryMixin:
                 state = effective_state(meta, now)
                 if meta.kind != "PREFERENCE" or state not in (PENDING, COMMITTED):
                     continue
-                ct = txn.get(
-                    memory_payload_key(meta.rid, meta.version, PAYLOAD_MEMORY),
-                    db=self.db["mpayloads"],
-                )
-                rows.append((meta, None if ct is None else bytes(ct)))
+                rows.append((meta, self._memory_ct(txn, meta, meta.version)))
         for meta, ct in rows:
             try:
                 view = self.memory_view(meta, meta.version, ct)
@@ -704,21 +458,16 @@ class MemoryMixin:
         return (resolved[0] if resolved else None), candidates
 
     def _check_memory_dim(self, txn: lmdb.Transaction, owner: str, dim: int, now: float) -> None:
-        raw = txn.get(owner.encode(), db=self.db["owners"])
-        rec: dict[str, Any] = json.loads(bytes(raw)) if raw else {"dim": 0, "create_time": now}
-        have = int(rec.get("dim") or 0)
-        if have and have != dim:
+        row = self._ensure_owner(txn, owner, now)
+        if row.dim and row.dim != dim:
             raise InvalidArgument(
                 "memory.embedding",
-                f"dimension {dim} differs from the owner's {have}",
-                reason="DIMENSION_MISMATCH",
+                f"dimension {dim} differs from the owner's {row.dim}",
+                reason=Reason.DIMENSION_MISMATCH,
             )
-        if not have:
-            rec["dim"] = dim
-            txn.put(owner.encode(), json.dumps(rec).encode(), db=self.db["owners"])
-
-    def _put_memory(self, txn: lmdb.Transaction, meta: MemMeta) -> None:
-        txn.put(rid_key(meta.rid), meta.encode(), db=self.db["memories"])
+        if not row.dim:
+            row.dim = dim
+            self._put_owner(txn, owner, row)
 
     def update_memory(
         self,
@@ -766,7 +515,7 @@ class MemoryMixin:
                 raise RecordDeleted(f"owners/{owner}/memories/{memory_id} was deleted")
             if meta.state == SEALED:
                 raise FailedPrecondition(
-                    f"{meta.name} is sealed", reason="SEALED", subject=meta.name
+                    f"{meta.name} is sealed", reason=Reason.SEALED, subject=meta.name
                 )
             if expected_version and expected_version != meta.version:
                 raise Aborted(f"{meta.name} is at version {meta.version}, not {expected_version}")
@@ -774,16 +523,13 @@ class MemoryMixin:
                 raise Aborted(f"{meta.name} changed concurrently; retry")
             for src, _ in meta.sources:  # no patching a derivative out of its lineage
                 src_meta = self.resolve(txn, src)
-                if src_meta is None or src_meta.tainted or effective_state(src_meta, now) is None:
+                if src_meta is None or not source_alive(src_meta, now):
                     raise FailedPrecondition(
                         f"source {src} is gone; rebuild {meta.name} instead of updating it",
-                        reason="SOURCE_DELETED",
+                        reason=Reason.SOURCE_DELETED,
                         subject=src,
                     )
-            old_ct = txn.get(
-                memory_payload_key(meta.rid, meta.version, PAYLOAD_MEMORY), db=self.db["mpayloads"]
-            )
-            old = self.memory_view(meta, meta.version, None if old_ct is None else bytes(old_ct))
+            old = self.memory_view(meta, meta.version, self._memory_ct(txn, meta, meta.version))
             content = MemoryContent(
                 draft.content.text if "text" in paths else old.content.text,
                 draft.content.slot if "slot" in paths else old.content.slot,
@@ -793,7 +539,7 @@ class MemoryMixin:
             sources_state, sources_expiry = self._sources_window(txn, owner, sources, now)
             if meta.kind in SLOTTED_KINDS:
                 self._claim_slot(txn, meta, content, now)
-            remove_edges_of(txn, self.db["lineage_down"], self.db["lineage_up"], meta.name)
+            remove_edges_of(txn, self.t, meta.name)
             if meta.kind in CORRECTED_KINDS:
                 meta.superseded.append(meta.version)
             meta.supersedes = meta.version
@@ -806,14 +552,14 @@ class MemoryMixin:
             if sources_state == PENDING and meta.state == COMMITTED:
                 meta.state = PENDING  # a derivative is never more durable than its sources
             if meta.state == PENDING:
-                txn.delete(expiry_key(meta.expire_time, meta.rid), db=self.db["expiry"])
+                self._unqueue_expiry(txn, meta)
                 meta.expire_time = _earliest(now + pending_ttl, sources_expiry)
-                txn.put(expiry_key(meta.expire_time, meta.rid), b"", db=self.db["expiry"])
+                self._queue_expiry(txn, meta)
             embedding = draft.embedding
             if keep_embedding and meta.has_embedding:
                 old_vec = txn.get(
-                    memory_payload_key(meta.rid, meta.version - 1, PAYLOAD_EMBEDDING),
-                    db=self.db["mpayloads"],
+                    sk.memory_payload_key(meta.rid, meta.version - 1, PAYLOAD_EMBEDDING),
+                    db=self.t.mpayloads,
                 )
                 if old_vec is not None:
                     prev = MemMeta.decode(meta.encode())
@@ -827,8 +573,7 @@ class MemoryMixin:
             self._put_memory(txn, meta)
             add_edges(
                 txn,
-                self.db["lineage_down"],
-                self.db["lineage_up"],
+                self.t,
                 meta.name,
                 meta.version,
                 sources,
@@ -837,10 +582,6 @@ class MemoryMixin:
 
         ring = RingRef(owner, ring_thread or None)
         return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)]))
-
-    def mark_pending_expiry(self, txn: lmdb.Transaction, meta: MemMeta) -> None:
-        if meta.state == PENDING and meta.expire_time:
-            txn.put(expiry_key(meta.expire_time, meta.rid), b"", db=self.db["expiry"])
 
     # ------------------------------------------------------------------ reads
 
@@ -859,14 +600,12 @@ class MemoryMixin:
             if effective_state(meta, time.time()) is None:
                 raise RecordDeleted(f"{name} was deleted")
             if meta.state == SEALED:
-                raise FailedPrecondition(f"{name} is sealed", reason="SEALED", subject=name)
+                raise FailedPrecondition(f"{name} is sealed", reason=Reason.SEALED, subject=name)
             wanted = version or meta.version
             if str(wanted) not in meta.key_ids:
                 raise NotFound(f"{name} has no version {wanted}")
-            ct = txn.get(
-                memory_payload_key(meta.rid, wanted, PAYLOAD_MEMORY), db=self.db["mpayloads"]
-            )
-        view = self.memory_view(meta, wanted, None if ct is None else bytes(ct))
+            ct = self._memory_ct(txn, meta, wanted)
+        view = self.memory_view(meta, wanted, ct)
         if wanted != meta.version:
             view.sources = []  # lineage is kept for the current version only
         return view
@@ -885,36 +624,25 @@ class MemoryMixin:
 
         Sealed, deleted and expired memories are never listed.
         """
-        prefix = f"{owner}\x00".encode()
-        start = prefix + after.encode() + b"\x01" if after else prefix
+        prefix = sk.owner_prefix(owner)
+        start = prefix + after.encode() + b"\x01" if after else None
         now = time.time()
         rows: list[tuple[MemMeta, bytes | None]] = []
         more = False
         with self.env.begin() as txn:
-            cur = txn.cursor(db=self.db["memory_ids"])
-            if cur.set_range(start):
-                for raw_key, rk in cur:
-                    if not bytes(raw_key).startswith(prefix):
-                        break
-                    raw = txn.get(bytes(rk), db=self.db["memories"])
-                    if raw is None:
-                        continue
-                    meta = MemMeta.decode(bytes(raw))
-                    state = effective_state(meta, now)
-                    if state is None or state == SEALED or state not in states:
-                        continue
-                    if (kinds and meta.kind not in kinds) or (
-                        statuses and meta.status not in statuses
-                    ):
-                        continue
-                    if len(rows) == limit:
-                        more = True
-                        break
-                    ct = txn.get(
-                        memory_payload_key(meta.rid, meta.version, PAYLOAD_MEMORY),
-                        db=self.db["mpayloads"],
-                    )
-                    rows.append((meta, None if ct is None else bytes(ct)))
+            for _, rk in sk.scan(txn, self.t.memory_ids, prefix, start=start):
+                meta = self._memory(txn, sk.rid_of(rk))
+                if meta is None:
+                    continue
+                state = effective_state(meta, now)
+                if state is None or state == SEALED or state not in states:
+                    continue
+                if (kinds and meta.kind not in kinds) or (statuses and meta.status not in statuses):
+                    continue
+                if len(rows) == limit:
+                    more = True
+                    break
+                rows.append((meta, self._memory_ct(txn, meta, meta.version)))
         views = []
         for meta, ct in rows:
             try:
@@ -928,71 +656,23 @@ class MemoryMixin:
         with self.env.begin() as txn:
             return self._owner_memory_metas(txn, owner)
 
-    # ------------------------------------------------------------------ commit
-
-    def commit_records(
-        self, names: Sequence[str], include_sources: bool
-    ) -> list[TurnMeta | MemMeta]:
-        """Commit turns and memories in one transaction.
-
-        A memory with a pending source fails with ``SOURCE_PENDING`` naming it,
-        unless ``include_sources``, which commits those sources (transitively).
-
-        Raises:
-            NotFound / RecordDeleted: a record never existed / is gone.
-            FailedPrecondition: ``SOURCE_PENDING``, or a record is sealed.
-        """
-
-        def apply(txn: lmdb.Transaction) -> list[TurnMeta | MemMeta]:
-            now = time.time()
-            out: list[TurnMeta | MemMeta] = []
-            done: set[str] = set()
-
-            def commit_one(name: str, explicit: bool) -> TurnMeta | MemMeta:
-                meta = self.resolve(txn, name)
-                if meta is None:
-                    self._raise_missing(txn, name)
-                state = effective_state(meta, now)
-                if state is None or meta.tainted:
-                    raise RecordDeleted(f"{name} was deleted")
-                if state == SEALED:
-                    raise FailedPrecondition(f"{name} is sealed", reason="SEALED", subject=name)
-                if name in done or meta.state == COMMITTED:
-                    return meta
-                if isinstance(meta, MemMeta):
-                    for src, _ in meta.sources:
-                        src_meta = self.resolve(txn, src)
-                        if (
-                            src_meta is None
-                            or src_meta.tainted
-                            or effective_state(src_meta, now) is None
-                        ):
-                            raise FailedPrecondition(
-                                f"source {src} was deleted", reason="SOURCE_DELETED", subject=src
-                            )
-                        if src_meta.state == PENDING:
-                            if not include_sources:
-                                raise FailedPrecondition(
-                                    f"source {src} is pending; commit it first or set "
-                                    "include_sources",
-                                    reason="SOURCE_PENDING",
-                                    subject=src,
-                                )
-                            commit_one(src, False)
-                txn.delete(expiry_key(meta.expire_time, meta.rid), db=self.db["expiry"])
-                meta.state = COMMITTED
-                meta.expire_time = 0.0
-                db = self.db["memories"] if isinstance(meta, MemMeta) else self.db["turns"]
-                txn.put(rid_key(meta.rid), meta.encode(), db=db)
-                done.add(name)
-                if not explicit:
-                    out.append(meta)
-                return meta
-
-            explicit = [commit_one(name, True) for name in names]
-            return explicit + out
-
-        return self.writer.run(WriteOp(apply))
+    def committed_memories(self, owner: str) -> list[MemoryView]:
+        """The current versions of the owner's committed, live, untainted
+        memories (what context assembly may offer), by id."""
+        now = time.time()
+        with self.env.begin() as txn:
+            rows = [
+                (meta, self._memory_ct(txn, meta, meta.version))
+                for meta in self._owner_memory_metas(txn, owner)
+                if effective_state(meta, now) == COMMITTED and not meta.tainted
+            ]
+        out = []
+        for meta, ct in rows:
+            try:
+                out.append(self.memory_view(meta, meta.version, ct))
+            except RecordDeleted:
+                continue
+        return out
 
     # ------------------------------------------------------------------ lineage
 
@@ -1009,13 +689,13 @@ class MemoryMixin:
                 nxt = []
                 for node in frontier:
                     if ancestors:
-                        for src, (sv, dv) in ancestors_of(txn, self.db["lineage_up"], node):
+                        for src, (sv, dv) in ancestors_of(txn, self.t, node):
                             edges.append(((src, sv), (node, dv)))
                             if src not in seen:
                                 seen.add(src)
                                 nxt.append(src)
                     else:
-                        for child, (sv, dv) in children_of(txn, self.db["lineage_down"], node):
+                        for child, (sv, dv) in children_of(txn, self.t, node):
                             edges.append(((node, sv), (child, dv)))
                             if child not in seen:
                                 seen.add(child)
@@ -1033,8 +713,10 @@ class MemoryMixin:
         vecs: list[npt.NDArray[np.float32]] = []
         with self.env.begin() as txn:
             cts = {
-                m.rid: txn.get(
-                    memory_payload_key(m.rid, m.version, PAYLOAD_EMBEDDING), db=self.db["mpayloads"]
+                m.rid: sk.get(
+                    txn,
+                    self.t.mpayloads,
+                    sk.memory_payload_key(m.rid, m.version, PAYLOAD_EMBEDDING),
                 )
                 for m in metas
                 if m.has_embedding

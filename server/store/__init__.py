@@ -1,0 +1,121 @@
+"""The record store on LMDB, behind one face.
+
+Everything in ``server/`` that reads or writes records goes through the names
+below; nothing outside ``server/store/`` opens an LMDB transaction, queues a
+write op, spells a key layout or imports a ``server.store._*`` module
+(``tests/test_layout.py`` checks it). Only this package touches LMDB.
+
+Rooms inside:
+
+==================  ===========================================================
+module              holds
+==================  ===========================================================
+``_schema``         every named database (``Tables``) and every key layout
+``_records``        the rows: TurnMeta, ThreadMeta, MemMeta, tombstones, events…
+``_views``          decrypted views and validated drafts handed in and out
+``_visibility``     the one place that decides visibility (state, expiry, taint)
+``_shapes``         kinds, their defaults and state machines, slots, scopes
+``_lineage``        both directions of every lineage edge
+``_writer``         the one writer thread and its group commit
+``_base``           the declared base every part inherits (env, tables, keystore,
+                    writer, lookups, views, the one event writer, tombstones)
+``_threads``        threads and turns
+``_memories``       memories: publication, corrections, transitions, preferences
+``_pending``        commit, ExtendPending, expiry queue, ``PENDING_EXPIRING``
+``_forget``         the forget plan, cascade, purge and the deletion log
+``_repairs``        sealing, reopening and pausing repairs
+``_events``         reading, emitting and pruning events
+``_manifests``      context manifests
+``_audit``          the audit's store counts and key/record reconciliation
+``_store``          opening a data directory; ``Store`` composes the parts
+==================  ===========================================================
+
+May import: ``lethe`` (names, generated messages), ``server.errors`` and
+``shredder``; never another ``server`` module, never ``index``.
+"""
+
+from server.store._audit import AuditCounts
+from server.store._events import EVENT_RETENTION
+from server.store._forget import DESTINATIONS, DeletionEntry, Destination
+from server.store._records import (
+    COMMITTED,
+    PENDING,
+    REPAIR_CONCLUDED,
+    REPAIR_CONTINUED,
+    REPAIR_PAUSED,
+    SEALED,
+    EventRow,
+    ManifestRow,
+    MemMeta,
+    RecordMeta,
+    ThreadMeta,
+    TurnMeta,
+)
+from server.store._shapes import KIND_DEFAULTS, SlotConflict, scope_chain
+from server.store._store import (
+    KEK_ENV,
+    Store,
+    StoreLockedError,
+    acquire_lock,
+    data_paths,
+    open_store_for,
+)
+from server.store._views import (
+    MemoryContent,
+    MemoryDraft,
+    MemoryView,
+    RecordView,
+    ThreadView,
+    TurnDraft,
+    TurnView,
+)
+from server.store._visibility import (
+    effective_state,
+    general_visible,
+    indexable,
+    pending_indexable,
+    pending_visible,
+    searchable,
+)
+
+__all__ = [
+    "COMMITTED",
+    "DESTINATIONS",
+    "EVENT_RETENTION",
+    "KEK_ENV",
+    "KIND_DEFAULTS",
+    "PENDING",
+    "REPAIR_CONCLUDED",
+    "REPAIR_CONTINUED",
+    "REPAIR_PAUSED",
+    "SEALED",
+    "AuditCounts",
+    "DeletionEntry",
+    "Destination",
+    "EventRow",
+    "ManifestRow",
+    "MemMeta",
+    "MemoryContent",
+    "MemoryDraft",
+    "MemoryView",
+    "RecordMeta",
+    "RecordView",
+    "SlotConflict",
+    "Store",
+    "StoreLockedError",
+    "ThreadMeta",
+    "ThreadView",
+    "TurnDraft",
+    "TurnMeta",
+    "TurnView",
+    "acquire_lock",
+    "data_paths",
+    "effective_state",
+    "general_visible",
+    "indexable",
+    "open_store_for",
+    "pending_indexable",
+    "pending_visible",
+    "scope_chain",
+    "searchable",
+]

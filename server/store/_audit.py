@@ -1,0 +1,201 @@
+"""The store's half of the audit, and the key/record reconciliation queries
+(API.md, ``Lifecycle.Audit``; ``lethe audit``).
+
+Counts that must all be zero in a healthy store:
+
+- ``orphans``: live derivatives with a source that is missing, deleted or
+  expired (zero by construction: a deletion cascades in its own transaction);
+- ``stale_summaries``: live ``SUMMARY`` memories older than the last deletion
+  in a thread one of their sources belongs to;
+- ``keys_without_record``: record keys in the keystore that no record uses;
+- ``records_without_key``: live records whose record key is gone.
+
+``index_drift`` needs the in-memory indexes, which the store does not hold:
+the retriever measures it (:meth:`server._search.Retriever.index_drift`).
+
+Thread rules: read-only except :meth:`AuditPart.destroy_unreferenced_keys`
+(writer thread, through a ``WriteOp``); any thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import lmdb
+
+from lethe.names import InvalidName, TurnName, parse_record
+from server.store import _schema as sk
+from server.store._base import StoreBase, memory_ring
+from server.store._records import MemMeta, ThreadMeta, TurnMeta
+from server.store._shapes import SLOT_KEY_ID
+from server.store._visibility import effective_state
+from server.store._writer import WriteOp
+from shredder import RingRef
+
+
+@dataclass(slots=True)
+class AuditCounts:
+    """Counts of an audit (see the module docstring); ``checked`` = records examined."""
+
+    checked: int = 0
+    orphans: int = 0
+    stale_summaries: int = 0
+    keys_without_record: int = 0
+    records_without_key: int = 0
+    index_drift: int = 0
+
+    def healthy(self) -> bool:
+        return not (
+            self.orphans
+            or self.stale_summaries
+            or self.keys_without_record
+            or self.records_without_key
+            or self.index_drift
+        )
+
+
+def _noop(txn: lmdb.Transaction) -> None:
+    del txn
+
+
+class AuditPart(StoreBase):
+    """Audit and reconciliation queries of :class:`server.store.Store`."""
+
+    def owners(self) -> list[str]:
+        """Every owner with a row in the store."""
+        with self.env.begin() as txn:
+            return [key.decode() for key in sk.scan_keys(txn, self.t.owners, b"")]
+
+    def audit(self, owner: str) -> AuditCounts:
+        """Audit one owner's records and keys (``index_drift`` left at 0)."""
+        counts = AuditCounts()
+        now = time.time()
+        with self.env.begin() as txn:
+            turns = self._owner_turn_metas(txn, owner)
+            memories = self._owner_memory_metas(txn, owner)
+            threads = {meta.thread: meta for meta in self._owner_threads(txn, owner)}
+            counts.checked = len(turns) + len(memories)
+            for turn in turns:
+                if not turn.deleted and not self.keystore.has_record_key(
+                    RingRef(owner, turn.ring_thread), turn.key_id
+                ):
+                    counts.records_without_key += 1
+            for mem in memories:
+                if mem.deleted or effective_state(mem, now) is None:
+                    continue
+                if not self.keystore.has_record_key(memory_ring(mem), mem.key_id):
+                    counts.records_without_key += 1
+                if any(self._gone(txn, name, now) for name, _ in mem.sources):
+                    counts.orphans += 1
+                if mem.kind == "SUMMARY" and self._stale(mem, threads):
+                    counts.stale_summaries += 1
+        used = self._used_keys(owner, threads.values(), turns, memories)
+        counts.keys_without_record = len(self._unused(owner, used))
+        return counts
+
+    @staticmethod
+    def _stale(mem: MemMeta, threads: dict[str, ThreadMeta]) -> bool:
+        for name, _ in mem.sources:
+            try:
+                parsed = parse_record(name)
+            except InvalidName:
+                continue
+            if not isinstance(parsed, TurnName) or parsed.thread not in threads:
+                continue
+            last = threads[parsed.thread].last_deletion_time
+            if last and last > mem.update_time:
+                return True
+        return False
+
+    def _gone(self, txn: lmdb.Transaction, name: str, now: float) -> bool:
+        meta = self.resolve(txn, name)
+        return meta is None or effective_state(meta, now) is None
+
+    @staticmethod
+    def _used_keys(
+        owner: str,
+        threads: Iterable[ThreadMeta],
+        turns: list[TurnMeta],
+        memories: list[MemMeta],
+    ) -> set[tuple[RingRef, str]]:
+        # The owner's slot-digest key indexes slots; it belongs to no single record.
+        used: set[tuple[RingRef, str]] = {(RingRef(owner, None), SLOT_KEY_ID)}
+        for meta in threads:
+            used.add((RingRef(owner, meta.thread), meta.title_key))
+        for turn in turns:
+            used.add((RingRef(owner, turn.ring_thread), turn.key_id))
+        for mem in memories:
+            for key_id in mem.key_ids.values():
+                used.add((memory_ring(mem), key_id))
+        return used
+
+    def _unused(self, owner: str, used: set[tuple[RingRef, str]]) -> list[tuple[RingRef, str]]:
+        return [ref for ref in self.keystore.list_record_keys(owner) if ref not in used]
+
+    def unreferenced_keys(self, owner: str) -> list[tuple[RingRef, str]]:
+        """Record keys of ``owner`` that no record uses (``keys_without_record``)."""
+        with self.env.begin() as txn:
+            threads = self._owner_threads(txn, owner)
+            turns = self._owner_turn_metas(txn, owner)
+            memories = self._owner_memory_metas(txn, owner)
+        return self._unused(owner, self._used_keys(owner, threads, turns, memories))
+
+    def destroy_unreferenced_keys(self) -> int:
+        """Destroy record keys no record uses: keys made for writes a crash cut
+        short, or the keys of records a restored backup does not hold. Only at
+        start-up and restore, when no write is in flight. Returns how many."""
+        owners = set(self.owners()) | {ring.owner for ring, _ in self.keystore.list_record_keys()}
+        stray = [ref for owner in sorted(owners) for ref in self.unreferenced_keys(owner)]
+        if stray:
+            self.writer.run(WriteOp(_noop, destroy_keys=stray))
+        return len(stray)
+
+    def records_without_key(self) -> list[TurnMeta | MemMeta]:
+        """Live turns and memories whose (current) record key no longer exists
+        (after a restore, say)."""
+        out: list[TurnMeta | MemMeta] = []
+        with self.env.begin() as txn:
+            for _, raw in sk.scan(txn, self.t.turns, b""):
+                meta = TurnMeta.decode(raw)
+                if not meta.deleted and not self.keystore.has_record_key(
+                    RingRef(meta.owner, meta.ring_thread), meta.key_id
+                ):
+                    out.append(meta)
+            for _, raw in sk.scan(txn, self.t.memories, b""):
+                mem = MemMeta.decode(raw)
+                if not mem.deleted and not self.keystore.has_record_key(
+                    memory_ring(mem), mem.key_id
+                ):
+                    out.append(mem)
+        return out
+
+    def threads_without_key(self) -> list[ThreadMeta]:
+        """Threads whose ring was destroyed (their title key is gone)."""
+        out = []
+        with self.env.begin() as txn:
+            for _, raw in sk.scan(txn, self.t.threads, b""):
+                meta = ThreadMeta.decode(raw)
+                if meta.title_key and not self.keystore.has_record_key(
+                    RingRef(meta.owner, meta.thread), meta.title_key
+                ):  # a repair concluded with DESTROY keeps no title key, by design
+                    out.append(meta)
+        return out
+
+    def key_count(self) -> int:
+        """Live wrapped keys in the keystore (``lethe_keystore_keys``)."""
+        return self.keystore.key_count()
+
+    def unrotated_since(self) -> float | None:
+        """When the oldest shred not yet completed by a rotation happened (seconds), or None."""
+        return self.keystore.unrotated_since()
+
+    def rotate(self) -> tuple[int, int, list[int]]:
+        """Complete pending shreds now (:meth:`shredder.Keystore.rotate`), on the
+        writer thread like every keystore write.
+
+        Returns:
+            (rings renewed, ring keys moved to a new KEK version, KEK versions destroyed).
+        """
+        return self.writer.run(WriteOp(lambda txn: self.keystore.rotate()))

@@ -1,0 +1,382 @@
+"""The declared base of every part of the record store.
+
+:class:`StoreBase` names what every part may use — the data environment, its
+:class:`~server.store._schema.Tables`, the keystore, the KEK ring and the one
+writer — and holds the helpers the parts share: record lookups, the one event
+writer, tombstones, the pending-expiry queue, and decrypting rows into views.
+The parts (:mod:`._threads`, :mod:`._memories`, :mod:`._repairs`,
+:mod:`._forget`, :mod:`._audit`) inherit it and :class:`~server.store.Store`
+composes them (chroma's ``chromadb/db/base.py``: mixins over a declared base,
+never over stubs).
+
+Thread rules: every ``txn`` argument is a transaction the caller owns; write
+helpers run only inside a :class:`~server.store._writer.WriteOp` on the writer
+thread. Read helpers are safe from any thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NoReturn
+
+import lmdb
+import numpy as np
+
+from lethe.names import InvalidName, MemoryName, parse_record
+from server.errors import DataLoss, NotFound, RecordDeleted
+from server.store import _schema as sk
+from server.store._records import (
+    PAYLOAD_CONTENT,
+    PAYLOAD_EMBEDDING,
+    PAYLOAD_MEMORY,
+    PAYLOAD_TITLE,
+    EventRow,
+    MemMeta,
+    OwnerRow,
+    RecordMeta,
+    ThreadMeta,
+    Tombstone,
+    TurnMeta,
+    unpack_content,
+)
+from server.store._schema import Tables
+from server.store._views import MemoryContent, MemoryView, ThreadView, TurnView
+from server.store._writer import Writer
+from shredder import (
+    AssociatedData,
+    IntegrityError,
+    KekRing,
+    KeyNotFoundError,
+    Keystore,
+    RingRef,
+)
+
+
+def memory_ring(meta: MemMeta) -> RingRef:
+    """The ring holding a memory's record keys (its thread's, or the owner's)."""
+    return RingRef(meta.owner, meta.ring_thread or None)
+
+
+def thread_name(owner: str, thread: str) -> str:
+    return f"owners/{owner}/threads/{thread}"
+
+
+class StoreBase:
+    """Declared state and shared helpers of the record store (see the module docstring)."""
+
+    env: lmdb.Environment
+    t: Tables
+    keystore: Keystore
+    kek: KekRing
+    writer: Writer
+
+    # ------------------------------------------------------------------ crypto
+
+    def _seal(self, ring: RingRef, key_id: str, ad: AssociatedData, plaintext: bytes) -> bytes:
+        return self.keystore.seal(ring, key_id, ad, plaintext)
+
+    def _open(
+        self, ring: RingRef, key_id: str, ad: AssociatedData, ciphertext: bytes, name: str
+    ) -> bytes:
+        """Open one payload of record ``name``.
+
+        Raises:
+            RecordDeleted: its record key was destroyed.
+            DataLoss: the ciphertext fails authentication while its key exists.
+        """
+        try:
+            return self.keystore.open(ring, key_id, ad, ciphertext)
+        except KeyNotFoundError:
+            raise RecordDeleted(f"{name} was deleted") from None
+        except IntegrityError:
+            raise DataLoss(f"stored ciphertext of {name} failed authentication") from None
+
+    def open_turn_payload(self, meta: TurnMeta, payload_type: str, ciphertext: bytes) -> bytes:
+        """Decrypt one payload of a turn.
+
+        Raises:
+            RecordDeleted: its record key was destroyed.
+            DataLoss: the ciphertext fails authentication while its key exists.
+        """
+        ad = AssociatedData(meta.owner, meta.name, meta.version, payload_type)
+        return self._open(
+            RingRef(meta.owner, meta.ring_thread), meta.key_id, ad, ciphertext, meta.name
+        )
+
+    def open_memory(self, meta: MemMeta, version: int, ptype: str, ct: bytes) -> bytes:
+        """Decrypt one payload of one memory version.
+
+        Raises:
+            RecordDeleted: its key was destroyed. DataLoss: authentication failed.
+        """
+        ad = AssociatedData(meta.owner, meta.name, version, ptype)
+        return self._open(memory_ring(meta), meta.key_ids[str(version)], ad, ct, meta.name)
+
+    def _seal_memory(self, meta: MemMeta, version: int, ptype: str, plain: bytes) -> bytes:
+        ad = AssociatedData(meta.owner, meta.name, version, ptype)
+        return self._seal(memory_ring(meta), meta.key_ids[str(version)], ad, plain)
+
+    # ------------------------------------------------------------------ views
+
+    def turn_view(self, meta: TurnMeta, cts: dict[str, bytes], with_embedding: bool) -> TurnView:
+        """Decrypt a turn's payloads (``cts`` maps payload type to ciphertext).
+
+        Raises:
+            RecordDeleted: its key was destroyed. DataLoss: a ciphertext is corrupt
+                or missing while the record is live.
+        """
+        if PAYLOAD_CONTENT not in cts:
+            raise RecordDeleted(f"{meta.name} was deleted")
+        try:
+            speaker, text = unpack_content(
+                self.open_turn_payload(meta, PAYLOAD_CONTENT, cts[PAYLOAD_CONTENT])
+            )
+        except (ValueError, UnicodeDecodeError):
+            raise DataLoss(f"stored content of {meta.name} is malformed") from None
+        emb = None
+        if with_embedding and meta.has_embedding and PAYLOAD_EMBEDDING in cts:
+            raw = self.open_turn_payload(meta, PAYLOAD_EMBEDDING, cts[PAYLOAD_EMBEDDING])
+            emb = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        return TurnView(meta, text, speaker, emb)
+
+    def memory_view(self, meta: MemMeta, version: int, ct: bytes | None) -> MemoryView:
+        """Decrypt one memory version's content payload (``ct``; None when absent).
+
+        Raises:
+            RecordDeleted: the payload or its key is gone. DataLoss: corrupt.
+        """
+        if ct is None:
+            raise RecordDeleted(f"{meta.name} was deleted")
+        try:
+            content = MemoryContent.decode(self.open_memory(meta, version, PAYLOAD_MEMORY, ct))
+        except (ValueError, KeyError, TypeError):
+            raise DataLoss(f"stored content of {meta.name} is malformed") from None
+        status = "SUPERSEDED" if version in meta.superseded else meta.status
+        return MemoryView(meta, version, status, content, list(meta.sources))
+
+    def view_of(self, meta: RecordMeta, cts: dict[str, bytes]) -> TurnView | MemoryView:
+        """Decrypt a fetched row (see ``fetch``).
+
+        Raises:
+            RecordDeleted: its key was destroyed. DataLoss: authentication failed.
+        """
+        if isinstance(meta, MemMeta):
+            return self.memory_view(meta, meta.version, cts.get(PAYLOAD_MEMORY))
+        return self.turn_view(meta, cts, with_embedding=False)
+
+    def _thread_view(self, meta: ThreadMeta, ciphertext: bytes | None) -> ThreadView:
+        title = ""
+        if ciphertext is not None:
+            name = thread_name(meta.owner, meta.thread)
+            ad = AssociatedData(meta.owner, name, 1, PAYLOAD_TITLE)
+            ring = RingRef(meta.owner, meta.thread)
+            title = self._open(ring, meta.title_key, ad, ciphertext, name).decode()
+        return ThreadView(meta, title)
+
+    def _read_payloads(
+        self, txn: lmdb.Transaction, rid: int, with_embedding: bool
+    ) -> dict[str, bytes]:
+        """A turn's ciphertexts: content, and its vector when ``with_embedding``."""
+        types = [PAYLOAD_CONTENT] + ([PAYLOAD_EMBEDDING] if with_embedding else [])
+        out = {}
+        for ptype in types:
+            ct = sk.get(txn, self.t.payloads, sk.payload_key(rid, ptype))
+            if ct is not None:
+                out[ptype] = ct
+        return out
+
+    def _memory_ct(self, txn: lmdb.Transaction, meta: MemMeta, version: int) -> bytes | None:
+        """The content ciphertext of one memory version, or None."""
+        return sk.get(
+            txn, self.t.mpayloads, sk.memory_payload_key(meta.rid, version, PAYLOAD_MEMORY)
+        )
+
+    # ------------------------------------------------------------------ lookups
+
+    def _raise_missing(self, txn: lmdb.Transaction, name: str) -> NoReturn:
+        """Raise ``RecordDeleted`` if ``name`` has a tombstone, else ``NotFound``."""
+        if self._tombstone_of(txn, name) is not None:
+            raise RecordDeleted(f"{name} was deleted")
+        raise NotFound(f"{name} not found")
+
+    def _tombstone_of(self, txn: lmdb.Transaction, name: str) -> Tombstone | None:
+        raw = sk.get(txn, self.t.tombstones, sk.tombstone_key(name))
+        return None if raw is None else Tombstone.decode(raw)
+
+    def _turn(self, txn: lmdb.Transaction, rid: int) -> TurnMeta | None:
+        raw = sk.get(txn, self.t.turns, sk.rid_key(rid))
+        return None if raw is None else TurnMeta.decode(raw)
+
+    def _turns(self, txn: lmdb.Transaction, rids: Sequence[int]) -> list[TurnMeta]:
+        """Metadata of ``rids`` that are turns (missing ones skipped), in order."""
+        return [m for m in (self._turn(txn, rid) for rid in rids) if m is not None]
+
+    def _turn_at(self, txn: lmdb.Transaction, owner: str, thread: str, seq: int) -> TurnMeta | None:
+        rk = sk.get(txn, self.t.seqs, sk.seq_key(owner, thread, seq))
+        return None if rk is None else self._turn(txn, sk.rid_of(rk))
+
+    def _memory(self, txn: lmdb.Transaction, rid: int) -> MemMeta | None:
+        raw = sk.get(txn, self.t.memories, sk.rid_key(rid))
+        return None if raw is None else MemMeta.decode(raw)
+
+    def _mem_by_id(self, txn: lmdb.Transaction, owner: str, memory_id: str) -> MemMeta | None:
+        rk = sk.get(txn, self.t.memory_ids, sk.memory_id_key(owner, memory_id))
+        return None if rk is None else self._memory(txn, sk.rid_of(rk))
+
+    def _record(self, txn: lmdb.Transaction, rid: int) -> RecordMeta | None:
+        """The turn or memory with record number ``rid``."""
+        return self._turn(txn, rid) or self._memory(txn, rid)
+
+    def resolve(self, txn: lmdb.Transaction, name: str) -> RecordMeta | None:
+        """The metadata row a turn or memory name points at (deleted rows included)."""
+        try:
+            parsed = parse_record(name)
+        except InvalidName:
+            return None
+        if isinstance(parsed, MemoryName):
+            return self._mem_by_id(txn, parsed.owner, parsed.memory)
+        return self._turn_at(txn, parsed.owner, parsed.thread, parsed.seq)
+
+    def _thread_row(self, txn: lmdb.Transaction, owner: str, thread: str) -> ThreadMeta | None:
+        raw = sk.get(txn, self.t.threads, sk.thread_key(owner, thread))
+        return None if raw is None else ThreadMeta.decode(raw)
+
+    def _live_thread(self, txn: lmdb.Transaction, owner: str, thread: str) -> ThreadMeta:
+        """The thread's metadata if it exists and is not being forgotten.
+
+        Raises:
+            RecordDeleted: forgotten (tombstone) or being forgotten. NotFound: never existed.
+        """
+        meta = self._thread_row(txn, owner, thread)
+        name = thread_name(owner, thread)
+        if meta is None:
+            self._raise_missing(txn, name)
+        if meta.deleted:
+            raise RecordDeleted(f"{name} was deleted")
+        return meta
+
+    def _thread_metas(
+        self, txn: lmdb.Transaction, owner: str, thread: str, *, with_deleted: bool = False
+    ) -> list[TurnMeta]:
+        """A thread's stored turns in seq order (tombstoned ones only ``with_deleted``)."""
+        out = []
+        for _, rk in sk.scan(txn, self.t.seqs, sk.thread_prefix(owner, thread)):
+            meta = self._turn(txn, sk.rid_of(rk))
+            if meta is not None and (with_deleted or not meta.deleted):
+                out.append(meta)
+        return out
+
+    def _owner_threads(self, txn: lmdb.Transaction, owner: str) -> list[ThreadMeta]:
+        """Every thread row of ``owner`` by id (being-forgotten ones included)."""
+        return [
+            ThreadMeta.decode(raw)
+            for _, raw in sk.scan(txn, self.t.threads, sk.owner_prefix(owner))
+        ]
+
+    def _owner_thread_ids(self, txn: lmdb.Transaction, owner: str) -> list[str]:
+        prefix = sk.owner_prefix(owner)
+        return [key[len(prefix) :].decode() for key in sk.scan_keys(txn, self.t.threads, prefix)]
+
+    def _owner_memory_metas(self, txn: lmdb.Transaction, owner: str) -> list[MemMeta]:
+        """Every stored memory of ``owner`` by id (deleted rows included)."""
+        out = []
+        for _, rk in sk.scan(txn, self.t.memory_ids, sk.owner_prefix(owner)):
+            meta = self._memory(txn, sk.rid_of(rk))
+            if meta is not None:
+                out.append(meta)
+        return out
+
+    def _owner_turn_metas(self, txn: lmdb.Transaction, owner: str) -> list[TurnMeta]:
+        """Every stored turn of ``owner`` by record number (deleted rows included)."""
+        prefix = sk.owner_prefix(owner)
+        out = []
+        for key in sk.scan_keys(txn, self.t.owner_records, prefix):
+            meta = self._turn(txn, sk.rid_of(key[len(prefix) :]))
+            if meta is not None:
+                out.append(meta)
+        return out
+
+    def _owner_row(self, txn: lmdb.Transaction, owner: str) -> OwnerRow | None:
+        raw = sk.get(txn, self.t.owners, sk.owner_key(owner))
+        return None if raw is None else OwnerRow.decode(raw)
+
+    # ------------------------------------------------------------------ writes
+
+    def _put_turn(self, txn: lmdb.Transaction, meta: TurnMeta) -> None:
+        txn.put(sk.rid_key(meta.rid), meta.encode(), db=self.t.turns)
+
+    def _put_memory(self, txn: lmdb.Transaction, meta: MemMeta) -> None:
+        txn.put(sk.rid_key(meta.rid), meta.encode(), db=self.t.memories)
+
+    def _put_record(self, txn: lmdb.Transaction, meta: RecordMeta) -> None:
+        if isinstance(meta, MemMeta):
+            self._put_memory(txn, meta)
+        else:
+            self._put_turn(txn, meta)
+
+    def _put_thread(self, txn: lmdb.Transaction, meta: ThreadMeta) -> None:
+        txn.put(sk.thread_key(meta.owner, meta.thread), meta.encode(), db=self.t.threads)
+
+    def _put_owner(self, txn: lmdb.Transaction, owner: str, row: OwnerRow) -> None:
+        txn.put(sk.owner_key(owner), row.encode(), db=self.t.owners)
+
+    def _ensure_owner(self, txn: lmdb.Transaction, owner: str, now: float) -> OwnerRow:
+        """The owner's row, created (dimension 0) when missing."""
+        row = self._owner_row(txn, owner)
+        if row is None:
+            row = OwnerRow(0, now)
+            self._put_owner(txn, owner, row)
+        return row
+
+    def _next_rids(self, txn: lmdb.Transaction, count: int) -> int:
+        """Reserve ``count`` record numbers; returns the first."""
+        return sk.take_numbers(txn, self.t.meta, sk.NEXT_RID, count)
+
+    def _queue_expiry(self, txn: lmdb.Transaction, meta: RecordMeta) -> None:
+        """Put a pending record on the expiry queue at its ``expire_time``."""
+        if meta.expire_time:
+            txn.put(sk.expiry_key(meta.expire_time, meta.rid), b"", db=self.t.expiry)
+
+    def _unqueue_expiry(self, txn: lmdb.Transaction, meta: RecordMeta) -> None:
+        """Take a record off the expiry queue (its ``expire_time`` is unchanged)."""
+        if meta.expire_time:
+            txn.delete(sk.expiry_key(meta.expire_time, meta.rid), db=self.t.expiry)
+
+    def _append_event(
+        self,
+        txn: lmdb.Transaction,
+        owner: str,
+        event_type: str,
+        subject: str,
+        now: float,
+        sources: Sequence[tuple[str, int]] = (),
+        receipt: str = "",
+    ) -> None:
+        """Append one event (ids only) in the caller's transaction: the one event writer."""
+        number = sk.take_numbers(txn, self.t.meta, sk.NEXT_EVENT)
+        row = EventRow(str(number), owner, now, event_type, subject, list(sources), receipt)
+        txn.put(sk.event_key(owner, number), row.encode(), db=self.t.events)
+
+    def _tombstone(
+        self,
+        txn: lmdb.Transaction,
+        name: str,
+        now: float,
+        deletion_id: str,
+        reason: str,
+        *,
+        last_seq: int = 0,
+        last_version: int = 0,
+    ) -> None:
+        """Write a tombstone (see :class:`~server.store._records.Tombstone`)."""
+        stone = Tombstone(now, reason, deletion_id, last_seq, last_version)
+        txn.put(sk.tombstone_key(name), stone.encode(), db=self.t.tombstones)
+
+    def _release_slot(self, txn: lmdb.Transaction, meta: MemMeta) -> None:
+        """Free the slot ``meta`` holds, if it holds one."""
+        if not meta.slot_digest:
+            return
+        key = sk.slot_key(meta.owner, meta.slot_digest)
+        if sk.get(txn, self.t.slots, key) == sk.rid_key(meta.rid):
+            txn.delete(key, db=self.t.slots)
+        meta.slot_digest = ""

@@ -1,0 +1,173 @@
+"""The pending window: committing, extending, announcing and finding expiry
+(API.md, ``Lifecycle.Commit`` and ``ExtendPending``; ``PENDING_EXPIRING``).
+
+Pending records sit on the ``expiry`` queue keyed by their ``expire_time``;
+expiry itself is decided on every read by :mod:`server.store._visibility`, and
+the sweeper forgets what :meth:`PendingPart.expired` finds.
+
+Thread rules: as every part of :class:`server.store.Store`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import lmdb
+
+from server.errors import FailedPrecondition, Reason, RecordDeleted
+from server.store import _schema as sk
+from server.store._base import StoreBase
+from server.store._records import COMMITTED, PENDING, SEALED, MemMeta, RecordMeta
+from server.store._visibility import effective_state, source_alive
+from server.store._writer import WriteOp
+
+
+class PendingPart(StoreBase):
+    """Pending-window operations of :class:`server.store.Store`."""
+
+    def commit_records(self, names: Sequence[str], include_sources: bool) -> list[RecordMeta]:
+        """Commit turns and memories in one transaction.
+
+        A memory with a pending source fails with ``SOURCE_PENDING`` naming it,
+        unless ``include_sources``, which commits those sources (transitively).
+
+        Raises:
+            NotFound / RecordDeleted: a record never existed / is gone.
+            FailedPrecondition: ``SOURCE_PENDING``, or a record is sealed.
+        """
+
+        def apply(txn: lmdb.Transaction) -> list[RecordMeta]:
+            now = time.time()
+            out: list[RecordMeta] = []
+            done: set[str] = set()
+
+            def commit_one(name: str, explicit: bool) -> RecordMeta:
+                meta = self.resolve(txn, name)
+                if meta is None:
+                    self._raise_missing(txn, name)
+                state = effective_state(meta, now)
+                if state is None or meta.tainted:
+                    raise RecordDeleted(f"{name} was deleted")
+                if state == SEALED:
+                    raise FailedPrecondition(
+                        f"{name} is sealed", reason=Reason.SEALED, subject=name
+                    )
+                if name in done or meta.state == COMMITTED:
+                    return meta
+                if isinstance(meta, MemMeta):
+                    for src, _ in meta.sources:
+                        src_meta = self.resolve(txn, src)
+                        if src_meta is None or not source_alive(src_meta, now):
+                            raise FailedPrecondition(
+                                f"source {src} was deleted",
+                                reason=Reason.SOURCE_DELETED,
+                                subject=src,
+                            )
+                        if src_meta.state == PENDING:
+                            if not include_sources:
+                                raise FailedPrecondition(
+                                    f"source {src} is pending; commit it first or set "
+                                    "include_sources",
+                                    reason=Reason.SOURCE_PENDING,
+                                    subject=src,
+                                )
+                            commit_one(src, False)
+                self._unqueue_expiry(txn, meta)
+                meta.state = COMMITTED
+                meta.expire_time = 0.0
+                self._put_record(txn, meta)
+                done.add(name)
+                if not explicit:
+                    out.append(meta)
+                return meta
+
+            explicit = [commit_one(name, True) for name in names]
+            return explicit + out
+
+        return self.writer.run(WriteOp(apply))
+
+    def extend_pending(self, names: Sequence[str], ttl: float) -> list[RecordMeta]:
+        """Give pending records ``ttl`` seconds from now; committed ones are returned
+        unchanged.
+
+        Raises:
+            NotFound / RecordDeleted: a record never existed / is gone or expired.
+            FailedPrecondition: a record is sealed (``SEALED``).
+        """
+
+        def apply(txn: lmdb.Transaction) -> list[RecordMeta]:
+            now = time.time()
+            out: list[RecordMeta] = []
+            for name in names:
+                meta = self.resolve(txn, name)
+                if meta is None:
+                    self._raise_missing(txn, name)
+                state = effective_state(meta, now)
+                if state is None:
+                    raise RecordDeleted(f"{name} was deleted")
+                if state == SEALED:
+                    raise FailedPrecondition(
+                        f"{name} is sealed", reason=Reason.SEALED, subject=name
+                    )
+                if state == PENDING:
+                    self._unqueue_expiry(txn, meta)
+                    meta.expire_time = now + ttl
+                    meta.expiry_warned = False
+                    self._queue_expiry(txn, meta)
+                    self._put_record(txn, meta)
+                out.append(meta)
+            return out
+
+        return self.writer.run(WriteOp(apply))
+
+    def _queued(self, txn: lmdb.Transaction, until: float, limit: int) -> list[int]:
+        """Record numbers on the expiry queue with ``expire_time`` ≤ ``until``, soonest first."""
+        end = sk.expiry_bound(until)
+        rids: list[int] = []
+        for key in sk.scan_keys(txn, self.t.expiry, b""):
+            if key[:8] > end or len(rids) >= limit:
+                break
+            rids.append(sk.rid_of(key[8:]))
+        return rids
+
+    def warn_expiring(self, now: float, window: float, limit: int = 1000) -> int:
+        """Emit ``PENDING_EXPIRING`` once for each pending record expiring within
+        ``window`` seconds; returns how many were announced."""
+
+        def apply(txn: lmdb.Transaction) -> int:
+            announced = 0
+            for rid in self._queued(txn, now + window, limit):
+                meta = self._record(txn, rid)
+                if meta is None or meta.deleted or meta.expiry_warned or meta.state != PENDING:
+                    continue
+                meta.expiry_warned = True
+                self._put_record(txn, meta)
+                self._append_event(txn, meta.owner, "PENDING_EXPIRING", meta.name, now)
+                announced += 1
+            return announced
+
+        return self.writer.run(WriteOp(apply))
+
+    def expired(self, now: float, limit: int = 1000) -> list[RecordMeta]:
+        """Pending turns and memories whose ``expire_time`` ≤ ``now`` (seconds)."""
+        with self.env.begin() as txn:
+            rids = self._queued(txn, now, limit)
+            found: list[RecordMeta] = [m for m in self._turns(txn, rids) if not m.deleted]
+            for rid in rids:
+                mem = self._memory(txn, rid)
+                if mem is not None and not mem.deleted:
+                    found.append(mem)
+            return found
+
+    def pending_stats(self, now: float) -> tuple[int, float]:
+        """(number of pending records, age in seconds of the soonest-expiring pending turn)."""
+        oldest = now
+        with self.env.begin() as txn:
+            count = int(txn.stat(self.t.expiry)["entries"])
+            for key in sk.scan_keys(txn, self.t.expiry, b""):
+                turn = self._turn(txn, sk.rid_of(key[8:]))
+                if turn is not None:
+                    oldest = min(oldest, turn.create_time)
+                break
+        return count, max(0.0, now - oldest)

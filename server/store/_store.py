@@ -1,0 +1,186 @@
+"""Opening a data directory, and :class:`Store`, which composes the parts.
+
+Layout of a data directory ``DIR``::
+
+    DIR/data/       the data environment (ciphertext and non-content metadata;
+                    databases and keys in :mod:`server.store._schema`)
+    DIR/keystore/   the keystore environment (wrapped keys), never backed up
+    DIR/lethe.lock  held (flock) by the one server process using DIR
+
+Thread rules: every write goes through the one :class:`~server.store._writer.Writer`
+thread; read methods open their own read transactions and are safe from any
+thread. ``close`` from the thread that opened the store, once no call is
+running.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from server.errors import LetheError
+from server.store import _schema as sk
+from server.store._audit import AuditPart
+from server.store._events import EventsPart
+from server.store._forget import ForgetPart
+from server.store._manifests import ManifestsPart
+from server.store._memories import MemoriesPart
+from server.store._pending import PendingPart
+from server.store._repairs import RepairsPart
+from server.store._schema import Tables
+from server.store._threads import ThreadsPart
+from server.store._writer import Writer
+from shredder import (
+    EnvironmentConfigError,
+    KekRing,
+    Keystore,
+    check_kek_placement,
+    default_kek_path,
+    open_durable_env,
+)
+
+KEK_ENV = "LETHE_KEK"
+DATA_MAP_SIZE = 64 << 30  # bytes of address space; the file grows as needed
+KEYSTORE_MAP_SIZE = 8 << 30
+_OPEN: dict[Path, Store] = {}
+_OPEN_GUARD = threading.Lock()
+
+
+def open_store_for(data_dir: Path) -> Store | None:
+    """The Store this process has open on ``data_dir``, if any (LMDB allows one
+    handle per environment and process, so an in-process backup must reuse it)."""
+    with _OPEN_GUARD:
+        return _OPEN.get(data_dir.resolve())
+
+
+class StoreLockedError(LetheError):
+    """Another process holds the data directory."""
+
+
+def data_paths(data_dir: Path) -> tuple[Path, Path]:
+    """``(data environment dir, keystore dir)`` of a data directory."""
+    return data_dir / "data", data_dir / "keystore"
+
+
+def load_kek(data_dir: Path, store_id: str, kek_file: Path | None, *, create: bool) -> KekRing:
+    """Load the KEK ring for a store.
+
+    ``LETHE_KEK`` (tests) wins; otherwise ``kek_file`` or the default path in
+    the user's config directory, never inside the data directory.
+
+    Raises:
+        EnvironmentConfigError: KEK inside ``data_dir``, missing (when not
+            creating), unreadable or too permissive.
+    """
+    env_value = os.environ.get(KEK_ENV)
+    if env_value:
+        return KekRing.from_env(env_value)
+    path = kek_file if kek_file is not None else default_kek_path(store_id)
+    check_kek_placement(path, [data_dir])
+    return KekRing.load_or_create(path, create=create)
+
+
+def acquire_lock(data_dir: Path) -> int:
+    """Take the exclusive lock of a data directory; returns its file descriptor
+    (close it to release).
+
+    Raises:
+        StoreLockedError: another process holds it.
+    """
+    path = data_dir / "lethe.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLockedError(
+            f"{data_dir} is in use by another lethe process (one server per data directory)"
+        ) from None
+    return fd
+
+
+class Store(
+    ThreadsPart,
+    MemoriesPart,
+    RepairsPart,
+    PendingPart,
+    ForgetPart,
+    EventsPart,
+    ManifestsPart,
+    AuditPart,
+):
+    """The data environment, the keystore and the writer for one data directory.
+
+    Args:
+        data_dir: The data directory (created if missing).
+        kek_file: The KEK file; default in the user's config directory.
+        lock: Take the exclusive directory lock (a serving process must).
+
+    Raises:
+        StoreLockedError: another process holds ``data_dir``.
+        EnvironmentConfigError: LMDB flags or KEK placement are unsafe, or the
+            data environment belongs to another keystore.
+    """
+
+    def __init__(self, data_dir: Path, *, kek_file: Path | None = None, lock: bool = True) -> None:
+        self.data_dir = data_dir.resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd: int | None = acquire_lock(self.data_dir) if lock else None
+        data_path, ks_path = data_paths(self.data_dir)
+        first_start = Keystore.read_store_id(ks_path) is None
+        store_id = Keystore.init_store_id(ks_path)
+        self.kek = load_kek(self.data_dir, store_id, kek_file, create=first_start)
+        self.keystore = Keystore(ks_path, self.kek, map_size=KEYSTORE_MAP_SIZE)
+        data_path.mkdir(parents=True, exist_ok=True)
+        names = Tables.names()
+        self.env = open_durable_env(data_path, map_size=DATA_MAP_SIZE, max_dbs=len(names) + 2)
+        with self.env.begin(write=True) as txn:
+            self.t = Tables.open(self.env, txn)
+            stored = sk.get(txn, self.t.meta, sk.STORE_ID)
+            if stored is None:
+                txn.put(sk.STORE_ID, store_id.encode(), db=self.t.meta)
+                txn.put(sk.NEXT_RID, b"1", db=self.t.meta)
+            elif stored.decode() != store_id:
+                raise EnvironmentConfigError(
+                    "the data environment belongs to another keystore; restore only "
+                    "beside the keystore it was backed up from"
+                )
+        self.store_id = store_id
+        self.writer = Writer(self.env, self.keystore)
+        with _OPEN_GUARD:
+            _OPEN[self.data_dir] = self
+
+    def close(self) -> None:
+        """Stop the writer (finishing queued writes) and close both environments."""
+        with _OPEN_GUARD:
+            if _OPEN.get(self.data_dir) is self:
+                del _OPEN[self.data_dir]
+        self.writer.close()
+        self.env.close()
+        self.keystore.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    @property
+    def kek_rotatable(self) -> bool:
+        """Whether the KEK lives in a file that rotation can rewrite (an in-memory
+        ``LETHE_KEK`` could not survive a restart, so it is never rotated)."""
+        return self.kek.path is not None
+
+    # ------------------------------------------------------------------ tokens
+
+    def put_token(self, digest: bytes, principal: dict[str, Any]) -> None:
+        """Store a token digest (used by ``lethe token create``, any process)."""
+        with self.env.begin(write=True) as txn:
+            txn.put(digest, json.dumps(principal).encode(), db=self.t.tokens)
+
+    def get_principal(self, digest: bytes) -> dict[str, Any] | None:
+        """The principal record stored under a token digest, or None."""
+        with self.env.begin() as txn:
+            raw = sk.get(txn, self.t.tokens, digest)
+        return None if raw is None else dict(json.loads(raw))

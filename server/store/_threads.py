@@ -1,0 +1,480 @@
+"""Threads and turns: creating threads, appending turns (with a response's
+lineage), reading them through the visibility rules, and the bulk reads the
+index builds and context assembly need (API.md, ``Threads``).
+
+Thread rules: writes run on the writer thread through ``WriteOp``; reads open
+their own read transactions and are safe from any thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+
+import lmdb
+import numpy as np
+import numpy.typing as npt
+
+from lethe.names import parse_manifest
+from server.errors import (
+    AlreadyExists,
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    Reason,
+    RecordDeleted,
+)
+from server.store import _schema as sk
+from server.store._base import StoreBase, thread_name
+from server.store._lineage import add_edges
+from server.store._records import (
+    COMMITTED,
+    CONVERSATION,
+    PAYLOAD_CONTENT,
+    PAYLOAD_EMBEDDING,
+    PAYLOAD_MEMORY,
+    PAYLOAD_TITLE,
+    PENDING,
+    REPAIR,
+    REPAIR_CONTINUED,
+    SEALED,
+    ManifestRow,
+    RecordMeta,
+    ThreadMeta,
+    TurnMeta,
+    pack_content,
+)
+from server.store._views import ThreadView, TurnDraft, TurnView
+from server.store._visibility import check_readable, listable, source_alive
+from server.store._writer import WriteOp
+from shredder import AssociatedData, RingRef
+
+_log = logging.getLogger(__name__)
+
+
+def _noop(txn: lmdb.Transaction) -> None:
+    del txn
+
+
+class ThreadsPart(StoreBase):
+    """Thread and turn operations of :class:`~server.store.Store`."""
+
+    # ------------------------------------------------------------------ threads
+
+    def create_thread(self, owner: str, thread: str, title: str) -> ThreadView:
+        """Create a thread (and its ring key).
+
+        Raises:
+            AlreadyExists: a live thread has that id.
+        """
+        now = time.time()
+        ring = RingRef(owner, thread)
+        title_key = "title-" + secrets.token_hex(8)
+        name = thread_name(owner, thread)
+
+        def apply(txn: lmdb.Transaction) -> ThreadView:
+            if self._thread_row(txn, owner, thread) is not None:
+                raise AlreadyExists(f"{name} already exists")
+            stone = self._tombstone_of(txn, name)
+            last_seq = stone.last_seq if stone is not None else 0
+            txn.delete(sk.tombstone_key(name), db=self.t.tombstones)
+            self._ensure_owner(txn, owner, now)
+            txn.delete(sk.tombstone_key(f"owners/{owner}"), db=self.t.tombstones)
+            # A forgotten thread's id may be used again; its turns number on
+            # after the old ones, so an old turn name stays RECORD_DELETED.
+            meta = ThreadMeta(owner, thread, CONVERSATION, now, now, last_seq, title_key)
+            self._put_thread(txn, meta)
+            ad = AssociatedData(owner, name, 1, PAYLOAD_TITLE)
+            txn.put(
+                sk.thread_key(owner, thread),
+                self._seal(ring, title_key, ad, title.encode()),
+                db=self.t.titles,
+            )
+            return ThreadView(meta, title)
+
+        return self.writer.run(WriteOp(apply, create_keys=[(ring, title_key)]))
+
+    def get_thread(self, owner: str, thread: str) -> ThreadView:
+        """Read a thread.
+
+        Raises:
+            RecordDeleted: it was forgotten.
+            NotFound: it never existed.
+        """
+        with self.env.begin() as txn:
+            meta = self._live_thread(txn, owner, thread)
+            ct = self._title_ct(txn, meta)
+        return self._thread_view(meta, ct)
+
+    def _title_ct(self, txn: lmdb.Transaction, meta: ThreadMeta) -> bytes | None:
+        if not meta.title_key:
+            return None
+        return sk.get(txn, self.t.titles, sk.thread_key(meta.owner, meta.thread))
+
+    def list_threads(
+        self, owner: str, after: str, limit: int, include_repairs: bool = False
+    ) -> tuple[list[ThreadView], str]:
+        """Threads of ``owner`` ordered by id, starting after id ``after``.
+
+        Returns:
+            (threads, next id to resume after or "" at the end).
+        """
+        prefix = sk.owner_prefix(owner)
+        start = prefix + after.encode() + b"\x01" if after else None
+        rows: list[tuple[ThreadMeta, bytes | None]] = []
+        more = False
+        with self.env.begin() as txn:
+            for _, raw in sk.scan(txn, self.t.threads, prefix, start=start):
+                meta = ThreadMeta.decode(raw)
+                if meta.deleted or (meta.kind == REPAIR and not include_repairs):
+                    continue
+                if len(rows) == limit:
+                    more = True
+                    break
+                rows.append((meta, self._title_ct(txn, meta)))
+        views = [self._thread_view(meta, ct) for meta, ct in rows]
+        return views, (views[-1].meta.thread if more and views else "")
+
+    # ------------------------------------------------------------------ appends
+
+    def find_request(self, owner: str, thread: str, request_id: str) -> list[int] | None:
+        """Rids recorded for an idempotent AppendTurns, or None."""
+        with self.env.begin() as txn:
+            raw = sk.get(txn, self.t.requests, sk.request_key(owner, thread, request_id))
+        return None if raw is None else [int(r) for r in json.loads(raw)]
+
+    def append_turns(
+        self, owner: str, thread: str, drafts: Sequence[TurnDraft], request_id: str
+    ) -> tuple[list[TurnMeta], bool]:
+        """Append turns at the end of a thread in one transaction.
+
+        Drafts must already carry their embeddings (or None when the owner has
+        no embedder and the client sent none).
+
+        Returns:
+            (the stored turns' metadata, True if this was a retry of
+            ``request_id`` that appended nothing).
+
+        Raises:
+            NotFound / RecordDeleted: the thread does not exist / was forgotten.
+            FailedPrecondition: a repair thread that is not ``CONTINUED``
+                (reason ``REPAIR_NOT_CONTINUED``).
+            InvalidArgument: an embedding's dimension differs from the owner's
+                (reason ``DIMENSION_MISMATCH``), or a named manifest is missing.
+        """
+        now = time.time()
+        ring = RingRef(owner, thread)
+        key_ids = [secrets.token_hex(8) for _ in drafts]
+        req_key = sk.request_key(owner, thread, request_id) if request_id else b""
+
+        def apply(txn: lmdb.Transaction) -> tuple[list[TurnMeta], bool]:
+            if req_key:
+                prior = sk.get(txn, self.t.requests, req_key)
+                if prior is not None:
+                    return self._turns(txn, [int(r) for r in json.loads(prior)]), True
+            tmeta = self._live_thread(txn, owner, thread)
+            repair = tmeta.kind == REPAIR
+            if repair and tmeta.repair_state != REPAIR_CONTINUED:
+                name = thread_name(owner, thread)
+                raise FailedPrecondition(
+                    f"{name} is {tmeta.repair_state}: reopen it to append",
+                    reason=Reason.REPAIR_NOT_CONTINUED,
+                    subject=name,
+                )
+            self._check_dims(txn, owner, drafts, now)
+            next_rid = self._next_rids(txn, len(drafts))
+            metas: list[TurnMeta] = []
+            for i, draft in enumerate(drafts):
+                state = SEALED if repair else COMMITTED if draft.commit else PENDING
+                meta = TurnMeta(
+                    rid=next_rid + i,
+                    owner=owner,
+                    thread=thread,
+                    seq=tmeta.last_seq + 1 + i,
+                    role=draft.role,
+                    state=state,
+                    version=1,
+                    time=draft.time if draft.time is not None else now,
+                    create_time=now,
+                    expire_time=0.0 if state != PENDING else now + draft.pending_ttl,
+                    key_id=key_ids[i],
+                    has_embedding=draft.embedding is not None,
+                    context_manifest=draft.context_manifest,
+                    context_refs=list(draft.context_refs),
+                )
+                if meta.context_refs or meta.context_manifest:
+                    lineage = self._response_lineage(txn, meta, now)
+                    if meta.context_refs:
+                        meta.context_refs = lineage[: len(meta.context_refs)]
+                self._write_turn(txn, meta, draft)
+                metas.append(meta)
+            tmeta.last_seq += len(drafts)
+            tmeta.update_time = now
+            self._put_thread(txn, tmeta)
+            if req_key:
+                txn.put(req_key, json.dumps([m.rid for m in metas]).encode(), db=self.t.requests)
+            return metas, False
+
+        metas, retried = self.writer.run(
+            WriteOp(apply, create_keys=[(ring, kid) for kid in key_ids])
+        )
+        if retried:  # the keys made for this attempt hold nothing: destroy them
+            self.writer.run(WriteOp(_noop, destroy_keys=[(ring, kid) for kid in key_ids]))
+        return metas, retried
+
+    def _response_lineage(
+        self, txn: lmdb.Transaction, meta: TurnMeta, now: float
+    ) -> list[tuple[str, int]]:
+        """Write a response's lineage (its ``context_refs`` plus its
+        ``context_manifest``'s refs) and taint it at once if any of them is
+        already gone: it was produced from deleted material.
+
+        Returns:
+            The refs with version 0 replaced by the record's current version.
+        """
+        refs: list[tuple[str, int]] = []
+        wanted = list(meta.context_refs)
+        if meta.context_manifest:
+            manifest = parse_manifest(meta.context_manifest)
+            raw = sk.get(txn, self.t.manifests, sk.manifest_key(meta.owner, manifest.manifest))
+            if raw is None:
+                raise InvalidArgument("context_manifest", f"{meta.context_manifest} not found")
+            wanted += ManifestRow.decode(raw).refs
+        for name, version in dict.fromkeys(wanted):
+            source = self.resolve(txn, name)
+            # A later version (a correction) does not taint; a deletion does.
+            if source is None or not source_alive(source, now):
+                meta.tainted = True
+            refs.append((name, version or (source.version if source is not None else 0)))
+        add_edges(txn, self.t, meta.name, meta.version, refs)
+        return refs
+
+    def _check_dims(
+        self, txn: lmdb.Transaction, owner: str, drafts: Sequence[TurnDraft], now: float
+    ) -> None:
+        dims = {d.embedding.shape[0] for d in drafts if d.embedding is not None}
+        if not dims:
+            return
+        row = self._ensure_owner(txn, owner, now)
+        expected = row.dim or min(dims)
+        for i, draft in enumerate(drafts):
+            if draft.embedding is not None and draft.embedding.shape[0] != expected:
+                raise InvalidArgument(
+                    f"turns[{i}].embedding",
+                    f"dimension {draft.embedding.shape[0]} differs from the owner's {expected}",
+                    reason=Reason.DIMENSION_MISMATCH,
+                )
+        if not row.dim:
+            row.dim = expected
+            self._put_owner(txn, owner, row)
+
+    def _write_turn(self, txn: lmdb.Transaction, meta: TurnMeta, draft: TurnDraft) -> None:
+        ring = RingRef(meta.owner, meta.thread)
+        payloads = [(PAYLOAD_CONTENT, pack_content(draft.speaker, draft.text))]
+        if draft.embedding is not None:
+            payloads.append((PAYLOAD_EMBEDDING, draft.embedding.astype("<f4").tobytes()))
+        for ptype, plain in payloads:
+            ad = AssociatedData(meta.owner, meta.name, meta.version, ptype)
+            ct = self._seal(ring, meta.key_id, ad, plain)
+            txn.put(sk.payload_key(meta.rid, ptype), ct, db=self.t.payloads)
+        self._put_turn(txn, meta)
+        txn.put(sk.seq_key(meta.owner, meta.thread, meta.seq), sk.rid_key(meta.rid), db=self.t.seqs)
+        txn.put(sk.owner_record_key(meta.owner, meta.rid), b"", db=self.t.owner_records)
+        if meta.state == PENDING:
+            self._queue_expiry(txn, meta)
+
+    # ------------------------------------------------------------------ reads
+
+    def owner_dim(self, owner: str) -> int | None:
+        """The owner's fixed vector dimension, or None before its first vector."""
+        with self.env.begin() as txn:
+            row = self._owner_row(txn, owner)
+        return row.dim if row is not None and row.dim else None
+
+    def metas(self, rids: Sequence[int]) -> list[TurnMeta]:
+        """Current metadata of the turns ``rids`` in one read transaction (missing ones skipped)."""
+        with self.env.begin() as txn:
+            return self._turns(txn, rids)
+
+    def fetch(self, rids: Sequence[int]) -> dict[int, tuple[RecordMeta, dict[str, bytes]]]:
+        """Metadata and content ciphertexts of ``rids`` in ONE read transaction
+        (the recheck of search hits); rids without a row are absent.
+
+        A turn's entry maps ``content`` to its ciphertext; a memory's maps
+        ``memory`` to its current version's content ciphertext.
+        """
+        out: dict[int, tuple[RecordMeta, dict[str, bytes]]] = {}
+        with self.env.begin() as txn:
+            for rid in rids:
+                turn = self._turn(txn, rid)
+                if turn is not None:
+                    out[rid] = (turn, self._read_payloads(txn, rid, False))
+                    continue
+                mem = self._memory(txn, rid)
+                if mem is None:
+                    continue
+                ct = self._memory_ct(txn, mem, mem.version)
+                out[rid] = (mem, {PAYLOAD_MEMORY: ct} if ct is not None else {})
+        return out
+
+    def get_turn(self, owner: str, thread: str, seq: int, with_embedding: bool) -> TurnView:
+        """Read one turn through the visibility rules.
+
+        Raises:
+            NotFound: never existed. RecordDeleted: deleted or expired.
+            FailedPrecondition: sealed. DataLoss: ciphertext fails authentication.
+        """
+        name = f"{thread_name(owner, thread)}/turns/{seq}"
+        with self.env.begin() as txn:
+            meta = self._turn_at(txn, owner, thread, seq)
+            if meta is None:
+                self._raise_missing(txn, name)
+            check_readable(meta, time.time())
+            cts = self._read_payloads(txn, meta.rid, with_embedding)
+        return self.turn_view(meta, cts, with_embedding)
+
+    def check_live(self, name: str) -> None:
+        """Refuse a turn or memory name that is not readable now.
+
+        Raises:
+            NotFound: never existed. RecordDeleted: deleted or expired.
+            FailedPrecondition: sealed (reason ``SEALED``).
+        """
+        with self.env.begin() as txn:
+            meta = self.resolve(txn, name)
+            if meta is None:
+                self._raise_missing(txn, name)
+        check_readable(meta, time.time())
+
+    def list_turns(
+        self,
+        owner: str,
+        thread: str,
+        after_seq: int,
+        limit: int,
+        *,
+        states: set[str],
+        include_tainted: bool,
+        with_embedding: bool,
+    ) -> tuple[list[TurnView], int]:
+        """Turns of a thread in seq order after ``after_seq``.
+
+        Returns:
+            (turns, the seq to resume after, or 0 at the end).
+
+        Raises:
+            NotFound / RecordDeleted: the thread.
+        """
+        now = time.time()
+        rows: list[tuple[TurnMeta, dict[str, bytes]]] = []
+        more = False
+        with self.env.begin() as txn:
+            self._live_thread(txn, owner, thread)
+            start = sk.seq_key(owner, thread, after_seq + 1)
+            for _, rk in sk.scan(txn, self.t.seqs, sk.thread_prefix(owner, thread), start=start):
+                meta = self._turn(txn, sk.rid_of(rk))
+                if meta is None or not listable(meta, now, states, include_tainted):
+                    continue
+                if len(rows) == limit:
+                    more = True
+                    break
+                rows.append((meta, self._read_payloads(txn, meta.rid, with_embedding)))
+        views = []
+        for meta, cts in rows:
+            try:
+                views.append(self.turn_view(meta, cts, with_embedding))
+            except RecordDeleted:  # key shredded under us: it is gone
+                continue
+        return views, (rows[-1][0].seq if more and rows else 0)
+
+    def replay_turns(self, rids: Sequence[int]) -> list[TurnView]:
+        """The turns of a retried append, through the visibility rules: a turn
+        since deleted, expired, sealed or tainted is left out."""
+        rows = self.fetch(rids)
+        now = time.time()
+        out = []
+        for rid in rids:
+            row = rows.get(rid)
+            if row is None:
+                continue
+            meta, cts = row
+            if not isinstance(meta, TurnMeta) or not listable(
+                meta, now, {PENDING, COMMITTED}, include_tainted=False
+            ):
+                continue
+            try:
+                out.append(self.turn_view(meta, cts, with_embedding=False))
+            except (RecordDeleted, DataLoss):
+                continue
+        return out
+
+    def recent_turns(self, owner: str, thread: str, count: int) -> list[TurnView]:
+        """The last ``count`` turns of a thread that serve its immediate context
+        (pending or committed, live, untainted), oldest first.
+
+        Raises:
+            NotFound / RecordDeleted: the thread.
+        """
+        if count <= 0:
+            return []
+        now = time.time()
+        with self.env.begin() as txn:
+            self._live_thread(txn, owner, thread)
+            metas = [
+                m
+                for m in self._thread_metas(txn, owner, thread)
+                if listable(m, now, {PENDING, COMMITTED}, include_tainted=False)
+            ][-count:]
+            rows = [(m, self._read_payloads(txn, m.rid, False)) for m in metas]
+        out = []
+        for meta, cts in rows:
+            try:
+                out.append(self.turn_view(meta, cts, with_embedding=False))
+            except RecordDeleted:
+                continue
+        return out
+
+    def owner_turns(self, owner: str) -> list[TurnMeta]:
+        """Every stored turn of an owner (one read transaction)."""
+        with self.env.begin() as txn:
+            return self._owner_turn_metas(txn, owner)
+
+    def thread_turns(self, owner: str, thread: str) -> list[TurnMeta]:
+        """Every stored turn of a thread in seq order (deleted rows included)."""
+        with self.env.begin() as txn:
+            return self._thread_metas(txn, owner, thread, with_deleted=True)
+
+    def embeddings(self, metas: Sequence[TurnMeta]) -> tuple[list[int], npt.NDArray[np.float32]]:
+        """Decrypt the stored vectors of ``metas``.
+
+        Returns:
+            (rids, ``(n, d) float32`` vectors); records whose key is gone or
+            whose vector fails authentication (logged by rid) are skipped.
+        """
+        with self.env.begin() as txn:
+            cts = {
+                m.rid: ct
+                for m in metas
+                if (ct := sk.get(txn, self.t.payloads, sk.payload_key(m.rid, PAYLOAD_EMBEDDING)))
+            }
+        rids: list[int] = []
+        vecs: list[npt.NDArray[np.float32]] = []
+        for meta in metas:
+            ct = cts.get(meta.rid)
+            if ct is None:
+                continue
+            try:
+                raw = self.open_turn_payload(meta, PAYLOAD_EMBEDDING, ct)
+            except RecordDeleted:
+                continue
+            except DataLoss:  # one corrupt vector must not take the owner's index down
+                _log.error("vector of record %d fails authentication; not indexed", meta.rid)
+                continue
+            rids.append(meta.rid)
+            vecs.append(np.frombuffer(raw, dtype="<f4"))
+        if not vecs:
+            return [], np.zeros((0, 0), dtype=np.float32)
+        return rids, np.vstack(vecs).astype(np.float32)

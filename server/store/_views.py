@@ -1,0 +1,124 @@
+"""What the store hands out and takes in: decrypted views of records and the
+validated drafts of writes. Plain dataclasses; no storage code.
+
+Times are float seconds since the Unix epoch; vectors are ``(d,) float32``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from server.store._records import MemMeta, ThreadMeta, TurnMeta
+
+
+@dataclass(slots=True)
+class TurnDraft:
+    """A validated turn to append.
+
+    Attributes:
+        embedding: ``(d,) float32`` finite vector, or None to let the server embed.
+        pending_ttl: seconds a pending turn lives (ignored when ``commit``).
+        time: when it was said, seconds since the epoch, or None for now.
+    """
+
+    role: int
+    speaker: str
+    text: str
+    time: float | None
+    embedding: npt.NDArray[np.float32] | None
+    context_manifest: str
+    context_refs: list[tuple[str, int]]
+    commit: bool
+    pending_ttl: float
+
+
+@dataclass(slots=True)
+class TurnView:
+    """A readable turn: metadata plus decrypted content."""
+
+    meta: TurnMeta
+    text: str
+    speaker: str
+    embedding: npt.NDArray[np.float32] | None = None
+
+
+@dataclass(slots=True)
+class ThreadView:
+    """A readable thread: metadata plus its decrypted title ("" when it has none)."""
+
+    meta: ThreadMeta
+    title: str
+
+
+@dataclass(slots=True)
+class MemoryContent:
+    """The sealed part of one memory version (one JSON payload)."""
+
+    text: str = ""
+    slot: str = ""
+    scope: str = ""
+    edge: tuple[str, str, str] | None = None
+    # Progress notes and closing notes of TransitionMemory, oldest first.
+    notes: list[str] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "text": self.text,
+                "slot": self.slot,
+                "scope": self.scope,
+                "edge": list(self.edge) if self.edge else None,
+                "notes": self.notes,
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> MemoryContent:
+        """Raises: ValueError, KeyError or TypeError on a malformed payload."""
+        data = json.loads(raw)
+        edge = data.get("edge")
+        return cls(
+            data["text"],
+            data["slot"],
+            data["scope"],
+            tuple(edge) if edge else None,
+            list(data.get("notes", [])),
+        )
+
+
+@dataclass(slots=True)
+class MemoryDraft:
+    """A validated memory to create, or the fields of an update.
+
+    Attributes:
+        embedding: ``(d,) float32`` client vector, or None (the server embeds the text).
+        due_time: seconds since the epoch, 0 for none.
+    """
+
+    kind: str
+    content: MemoryContent
+    sources: list[tuple[str, int]] = field(default_factory=list)
+    direction: str = ""
+    trigger: str = ""
+    status: str = ""
+    origin: str = ""
+    due_time: float = 0.0
+    embedding: npt.NDArray[np.float32] | None = None
+
+
+@dataclass(slots=True)
+class MemoryView:
+    """A readable memory version: metadata plus decrypted content."""
+
+    meta: MemMeta
+    version: int
+    status: str
+    content: MemoryContent
+    sources: list[tuple[str, int]]
+
+
+RecordView = TurnView | MemoryView
