@@ -2,8 +2,9 @@
 
 Usage: ``python scripts/gen_protos.py [--out DIR]`` (default: the repository
 root, which writes ``lethe/v1/*_pb2.py``, ``*_pb2.pyi`` and ``*_pb2_grpc.py``
-/ ``.pyi``; the rest of ``lethe/`` is hand-written and never touched). Uses the ``protoc`` bundled with ``grpcio-tools`` and the
-``mypy-protobuf`` plugins, so the output depends only on those pinned
+/ ``.pyi``; the rest of ``lethe/`` is hand-written and never touched). Uses
+the ``protoc`` bundled with ``grpcio-tools`` and the ``mypy-protobuf`` plugins,
+so the output depends only on those pinned
 versions. ``tests/test_generated_code.py`` regenerates into a temporary
 directory and fails on any difference.
 """
