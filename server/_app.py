@@ -40,17 +40,18 @@ from lethe.v1 import (
 )
 from server._auth import AuthInterceptor
 from server._lifecycle import Lifecycle, Sweeper
-from server._memory_services import EventsService, MemoriesService
 from server._metrics import Metrics
-from server._repair_services import RepairsService
 from server._search import Retriever
-from server._services import (
+from server.errors import LetheError
+from server.services import (
+    EventsService,
     LifecycleService,
+    MemoriesService,
+    RepairsService,
     RetrievalService,
     ThreadsService,
     abort,
 )
-from server.errors import LetheError
 from server.store import Store
 
 _log = logging.getLogger(__name__)

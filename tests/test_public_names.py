@@ -35,9 +35,14 @@ def test_every_rpc_of_the_api_is_served_by_our_servicers() -> None:
         retrieval_pb2,
         threads_pb2,
     )
-    from server._memory_services import EventsService, MemoriesService
-    from server._repair_services import RepairsService
-    from server._services import LifecycleService, RetrievalService, ThreadsService
+    from server.services import (
+        EventsService,
+        LifecycleService,
+        MemoriesService,
+        RepairsService,
+        RetrievalService,
+        ThreadsService,
+    )
 
     servicers = {
         (threads_pb2, "Threads"): ThreadsService,

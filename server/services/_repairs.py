@@ -1,4 +1,4 @@
-"""The ``lethe.v1.Repairs`` servicer and ``Lifecycle.ExtendPending``'s helpers.
+"""The ``lethe.v1.Repairs`` servicer.
 
 Leaving is not concluding: no timer concludes, commits or destroys a repair.
 ``ConcludeRepair`` with ``DESTROY`` shreds the repair thread's ring (everything
@@ -21,8 +21,8 @@ from server._convert import memory_proto, receipt_proto, thread_proto, turn_prot
 from server._lifecycle import Lifecycle
 from server._names import new_id, parse_thread
 from server._search import Retriever
-from server._services import MAX_TEXT_BYTES, check_text, rpc
 from server.errors import FailedPrecondition, InvalidArgument, Reason
+from server.services._common import MAX_TEXT_BYTES, check_text, rpc
 from server.store import (
     REPAIR_CONCLUDED,
     REPAIR_CONTINUED,
@@ -132,11 +132,7 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
         response = repairs_pb2.ConcludeRepairResponse()
         if outcome == "PRESERVE_RESTRICTED":
             repair = self.store.set_repair_state(
-                owner,
-                repair_id,
-                [*open_states, REPAIR_CONCLUDED],
-                REPAIR_CONCLUDED,
-                outcome,
+                owner, repair_id, [*open_states, REPAIR_CONCLUDED], REPAIR_CONCLUDED, outcome
             )
             response.repair.CopyFrom(thread_proto(repair))
             return response

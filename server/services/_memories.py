@@ -1,4 +1,4 @@
-"""The ``lethe.v1.Memories`` and ``lethe.v1.Events`` servicers.
+"""The ``lethe.v1.Memories`` servicer.
 
 Validation follows API.md: a memory's text is at most 64 KiB of UTF-8 and
 required unless it is a ``GRAPH_EDGE`` with an edge; at most 1000 sources,
@@ -11,38 +11,29 @@ narrowest applicable scope, ``EXPLICIT`` before ``INFERRED``.
 
 from __future__ import annotations
 
-import re
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
 
-from lethe.v1 import (
-    common_pb2,
-    events_pb2,
-    events_pb2_grpc,
-    memories_pb2,
-    memories_pb2_grpc,
-    threads_pb2,
-)
+from lethe.v1 import common_pb2, memories_pb2, memories_pb2_grpc, threads_pb2
 from server import _tagger as tagger
 from server._auth import authorize
-from server._convert import event_proto, memory_proto, receipt_proto
+from server._convert import memory_proto
 from server._names import check_id, new_id, parse_memory, parse_owner, parse_record
 from server._search import Retriever
-from server._services import (
+from server.errors import InvalidArgument, Reason
+from server.services._common import (
     MAX_BATCH,
     MAX_TEXT_BYTES,
-    _encode_token,
-    _seconds,
-    _states,
     check_text,
     check_vector,
+    encode_token,
+    enum_name,
     owner_page,
     rpc,
+    seconds,
+    states,
 )
-from server.errors import InvalidArgument, Reason
 from server.store import (
     COMMITTED,
     KIND_DEFAULTS,
@@ -56,16 +47,7 @@ from server.store import (
 
 MAX_FIELD_BYTES = 1024
 _MASK_PATHS = {"text", "slot", "scope", "edge", "sources", "due_time", "embedding"}
-WATCH_POLL_SECONDS = 0.2
 MAX_TAGS = 32
-
-
-def _enum_name(enum: Any, value: int, field: str) -> str:
-    if value == 0:
-        return ""
-    if value not in enum.values():
-        raise InvalidArgument(field, "unknown value")
-    return str(enum.Name(value))
 
 
 def _sources(refs: Any, owner: str) -> list[tuple[str, int]]:
@@ -98,7 +80,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         self.rules = rules  # the write-time rules (``--tagger rules``)
 
     def _draft(self, memory: memories_pb2.Memory, owner: str, *, creating: bool) -> MemoryDraft:
-        kind = _enum_name(memories_pb2.Memory.Kind, memory.kind, "memory.kind")
+        kind = enum_name(memories_pb2.Memory.Kind, memory.kind, "memory.kind")
         if creating and not kind:
             raise InvalidArgument("memory.kind", "required")
         text = check_text(memory.text, "memory.text", limit=MAX_TEXT_BYTES, required=False)
@@ -115,10 +97,10 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
                 raise InvalidArgument("memory.edge", "required for GRAPH_EDGE")
             if not text.strip() and edge is None:
                 raise InvalidArgument("memory.text", "must not be empty")
-        direction = _enum_name(memories_pb2.Memory.Direction, memory.direction, "memory.direction")
-        trigger = _enum_name(memories_pb2.Trigger, memory.trigger, "memory.trigger")
-        status = _enum_name(memories_pb2.Memory.Status, memory.status, "memory.status")
-        origin = _enum_name(memories_pb2.Memory.Origin, memory.origin, "memory.origin")
+        direction = enum_name(memories_pb2.Memory.Direction, memory.direction, "memory.direction")
+        trigger = enum_name(memories_pb2.Trigger, memory.trigger, "memory.trigger")
+        status = enum_name(memories_pb2.Memory.Status, memory.status, "memory.status")
+        origin = enum_name(memories_pb2.Memory.Origin, memory.origin, "memory.origin")
         if creating and kind == "PREFERENCE" and not origin:
             origin = "EXPLICIT"  # a preference the client states is explicit
         if kind:
@@ -148,7 +130,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             trigger=trigger,
             status=status,
             origin=origin,
-            due_time=_seconds(memory.due_time) if memory.HasField("due_time") else 0.0,
+            due_time=seconds(memory.due_time) if memory.HasField("due_time") else 0.0,
             embedding=embedding,
         )
 
@@ -266,19 +248,19 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         self, request: memories_pb2.ListMemoriesRequest, context: grpc.ServicerContext
     ) -> memories_pb2.ListMemoriesResponse:
         owner, size, after = owner_page(request)
-        kinds = {_enum_name(memories_pb2.Memory.Kind, k, "kinds") for k in request.kinds}
-        statuses = {_enum_name(memories_pb2.Memory.Status, k, "statuses") for k in request.statuses}
+        kinds = {enum_name(memories_pb2.Memory.Kind, k, "kinds") for k in request.kinds}
+        statuses = {enum_name(memories_pb2.Memory.Status, k, "statuses") for k in request.statuses}
         views, nxt = self.store.list_memories(
             owner,
             after,
             size,
             kinds=kinds - {""},
-            states=_states(request.states) if request.states else {PENDING, COMMITTED},
+            states=states(request.states) if request.states else {PENDING, COMMITTED},
             statuses=statuses - {""},
         )
         return memories_pb2.ListMemoriesResponse(
             memories=[memory_proto(v) for v in views],
-            next_page_token=_encode_token(request.parent, nxt) if nxt else "",
+            next_page_token=encode_token(request.parent, nxt) if nxt else "",
         )
 
     @rpc
@@ -338,7 +320,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     ) -> memories_pb2.Memory:
         name = parse_memory(request.name, "name")
         authorize(name.owner)
-        status = _enum_name(memories_pb2.Memory.Status, request.status, "status")
+        status = enum_name(memories_pb2.Memory.Status, request.status, "status")
         if not status:
             raise InvalidArgument("status", "required")
         if request.expected_version < 0:
@@ -371,43 +353,3 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         if resolved is not None:
             response.preference.CopyFrom(memory_proto(resolved))
         return response
-
-
-class EventsService(events_pb2_grpc.EventsServicer):
-    """``lethe.v1.Events``: a server stream of the owner's events, resumable
-    with ``after`` (an event id). Events are kept for 7 days."""
-
-    def __init__(self, store: Store, stopping: threading.Event) -> None:
-        self.store = store
-        self.stopping = stopping
-
-    def Watch(  # noqa: N802
-        self, request: events_pb2.WatchRequest, context: grpc.ServicerContext
-    ) -> Iterator[events_pb2.Event]:
-        from server._services import abort
-
-        try:
-            owner = parse_owner(request.parent, "parent")
-            authorize(owner)
-            if request.after and not re.fullmatch(r"[0-9]{1,18}", request.after):
-                raise InvalidArgument("after", "must be an event id")
-            after = int(request.after) if request.after else 0
-            types = set()
-            for i, value in enumerate(request.types):
-                name = _enum_name(events_pb2.EventType, value, f"types[{i}]")
-                if name:
-                    types.add(name)
-        except Exception as exc:
-            abort(context, exc)
-            return
-        receipts: dict[str, common_pb2.DeletionReceipt | None] = {}
-        while context.is_active() and not self.stopping.is_set():
-            batch = self.store.events(owner, after, types)
-            for event in batch:
-                if event.receipt not in receipts:
-                    entry = self.store.deletion(owner, event.receipt.rsplit("/", 1)[-1])
-                    receipts[event.receipt] = receipt_proto(entry) if entry else None
-                yield event_proto(event, receipts[event.receipt])
-                after = int(event.id)
-            if not batch:
-                self.stopping.wait(WATCH_POLL_SECONDS)

@@ -1,0 +1,219 @@
+"""The servicers' shared edge: the error boundary, request limits and the
+validation helpers every handler uses.
+
+Each handler is wrapped by :func:`rpc`, the one boundary where exceptions
+become ``google.rpc.Status`` (STYLE.md, "Exceptions inside, status at the
+edge"). Limits (API.md, "Views and sizes"): at most 1000 turns per append and
+1000 names per call, texts at most 64 KiB of UTF-8, page size default 100 and
+at most 1000, ``top_k`` 1..1000 (0 means 10).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import logging
+import re
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from google.protobuf import duration_pb2, timestamp_pb2
+from grpc_status import rpc_status
+
+from lethe.v1 import common_pb2, memories_pb2
+from server._auth import authorize
+from server._convert import STATE_NAMES
+from server._names import parse_owner, parse_target
+from server.errors import InvalidArgument, LetheError
+from server.store import COMMITTED, PENDING
+
+_log = logging.getLogger(__name__)
+
+MAX_TEXT_BYTES = 64 * 1024
+MAX_SPEAKER_BYTES = 1024
+MAX_TITLE_BYTES = 4096
+MAX_BATCH = 1000
+MAX_DIM = 4096
+MAX_TTL_SECONDS = 366 * 24 * 3600.0
+MAX_REASON_BYTES = 256
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+DEFAULT_TOP_K = 10
+MAX_TOP_K = 1000
+MAX_LINEAGE_DEPTH = 100
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def abort(context: grpc.ServicerContext, error: BaseException) -> None:
+    """Abort the call with the ``google.rpc.Status`` of ``error`` (raises)."""
+    context.abort_with_status(rpc_status.to_status(_status(error)))
+
+
+def _status(error: BaseException) -> Any:
+    from server.errors import to_rpc_status
+
+    return to_rpc_status(error)
+
+
+def rpc(method: F) -> F:
+    """The error boundary around every handler.
+
+    A LetheError keeps its code and details; anything else is logged (type
+    and traceback frames, never the message, which could quote content) and
+    answered ``INTERNAL``.
+    """
+
+    @functools.wraps(method)
+    def handler(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except LetheError as exc:
+            abort(context, exc)
+        except Exception as exc:
+            _log.error(
+                "internal error in %s: %s\n%s",
+                method.__qualname__,
+                type(exc).__name__,
+                "".join(traceback.format_tb(exc.__traceback__)),
+            )
+            abort(context, exc)
+        return None
+
+    return handler  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------- validation helpers
+
+
+def _utf8_len(value: str) -> int:
+    return len(value.encode("utf-8", "surrogatepass"))
+
+
+def check_text(value: str, field: str, *, limit: int, required: bool) -> str:
+    """Raises InvalidArgument when empty (if required) or over ``limit`` bytes."""
+    if required and not value.strip():
+        raise InvalidArgument(field, "must not be empty")
+    if _utf8_len(value) > limit:
+        raise InvalidArgument(field, f"must be at most {limit} bytes of UTF-8")
+    return value
+
+
+def check_vector(values: Any, field: str) -> np.ndarray[Any, np.dtype[np.float32]] | None:
+    """A finite, non-zero ``(d,) float32`` vector with 1 ≤ d ≤ 4096, or None if empty."""
+    if len(values) == 0:
+        return None
+    if len(values) > MAX_DIM:
+        raise InvalidArgument(field, f"at most {MAX_DIM} dimensions")
+    vec = np.asarray(values, dtype=np.float32)
+    if not np.all(np.isfinite(vec)):
+        raise InvalidArgument(field, "must be finite (no NaN or infinity)")
+    if not float(np.dot(vec.astype(np.float64), vec.astype(np.float64))) > 0.0:
+        raise InvalidArgument(field, "must not be the zero vector")
+    return vec
+
+
+def seconds(ts: timestamp_pb2.Timestamp) -> float:
+    return ts.seconds + ts.nanos / 1e9
+
+
+def duration(d: duration_pb2.Duration, field: str, default: float) -> float:
+    if d.seconds == 0 and d.nanos == 0:
+        return default
+    value = d.seconds + d.nanos / 1e9
+    if not 0 < value <= MAX_TTL_SECONDS or d.nanos < 0 or d.nanos >= 1_000_000_000:
+        raise InvalidArgument(field, f"must be positive and at most {MAX_TTL_SECONDS:.0f} s")
+    return value
+
+
+def page_size(value: int) -> int:
+    if value < 0:
+        raise InvalidArgument("page_size", "must not be negative")
+    return min(value or DEFAULT_PAGE, MAX_PAGE)
+
+
+def encode_token(parent: str, after: str) -> str:
+    raw = json.dumps({"p": parent, "a": after}).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_token(token: str, parent: str) -> str:
+    if not token:
+        return ""
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        if data["p"] == parent and isinstance(data["a"], str):
+            return str(data["a"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise InvalidArgument("page_token", "not a token from a previous page of this listing")
+
+
+def owner_page(request: Any) -> tuple[str, int, str]:
+    """The authorised owner of a list request's ``parent``, its page size and the
+    position its ``page_token`` resumes after (the shared head of every List method).
+
+    Raises:
+        InvalidArgument: bad parent, page size or token. PermissionDenied: owner.
+    """
+    owner = parse_owner(request.parent, "parent")
+    authorize(owner)
+    return owner, page_size(request.page_size), decode_token(request.page_token, request.parent)
+
+
+def states(values: Any) -> set[str]:
+    if not values:
+        return {PENDING, COMMITTED}
+    out = set()
+    for i, value in enumerate(values):
+        if value not in STATE_NAMES:
+            raise InvalidArgument(f"states[{i}]", "unknown state")
+        out.add(STATE_NAMES[value])
+    return out
+
+
+def kind_names(values: Any, field: str) -> list[str]:
+    out = []
+    for i, value in enumerate(values):
+        if value not in memories_pb2.Memory.Kind.values() or value == 0:
+            raise InvalidArgument(f"{field}[{i}]", "unknown kind")
+        out.append(memories_pb2.Memory.Kind.Name(value))
+    return out
+
+
+def view_full(value: int) -> bool:
+    if value not in (common_pb2.VIEW_UNSPECIFIED, common_pb2.BASIC, common_pb2.FULL):
+        raise InvalidArgument("view", "unknown view")
+    return value == common_pb2.FULL
+
+
+def source_refs(refs: Any, owner: str, field: str) -> list[tuple[str, int]]:
+    out = []
+    for i, ref in enumerate(refs):
+        name = ref.name
+        target = parse_target(name, f"{field}[{i}].name")
+        if target.owner != owner:
+            raise InvalidArgument(f"{field}[{i}].name", "must name a record of the same owner")
+        if ref.version < 0:
+            raise InvalidArgument(f"{field}[{i}].version", "must not be negative")
+        out.append((name, int(ref.version)))
+    return out
+
+
+def enum_name(enum: Any, value: int, field: str) -> str:
+    """The value name of a proto enum field, "" for its zero value.
+
+    Raises:
+        InvalidArgument: ``value`` is not a value of ``enum``.
+    """
+    if value == 0:
+        return ""
+    if value not in enum.values():
+        raise InvalidArgument(field, "unknown value")
+    return str(enum.Name(value))

@@ -1,0 +1,178 @@
+"""The ``lethe.v1.Lifecycle`` servicer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import grpc
+
+from lethe.v1 import common_pb2, lifecycle_pb2, lifecycle_pb2_grpc
+from server._auth import authorize
+from server._convert import receipt_proto
+from server._lifecycle import Lifecycle
+from server._names import (
+    MemoryName,
+    OwnerName,
+    ThreadName,
+    TurnName,
+    parse_owner,
+    parse_record,
+    parse_target,
+    parse_thread,
+)
+from server._search import Retriever
+from server.errors import InvalidArgument
+from server.services._common import (
+    MAX_BATCH,
+    MAX_LINEAGE_DEPTH,
+    MAX_REASON_BYTES,
+    check_text,
+    duration,
+    encode_token,
+    owner_page,
+    rpc,
+)
+from server.store import Store
+
+
+def _record_names_owner(names: Sequence[str]) -> str:
+    """The one owner of 1..1000 turn or memory names (Commit, ExtendPending).
+
+    Raises:
+        InvalidArgument: empty, too many, malformed, or several owners.
+    """
+    if not names:
+        raise InvalidArgument("names", "at least one name is required")
+    if len(names) > MAX_BATCH:
+        raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
+    owners = {parse_record(name, f"names[{i}]").owner for i, name in enumerate(names)}
+    if len(owners) != 1:
+        raise InvalidArgument("names", "all names must belong to one owner")
+    return owners.pop()
+
+
+class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
+    """``lethe.v1.Lifecycle``."""
+
+    @rpc
+    def ExtendPending(  # noqa: N802
+        self, request: lifecycle_pb2.ExtendPendingRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.ExtendPendingResponse:
+        authorize(_record_names_owner(request.names))
+        if not request.HasField("ttl"):
+            raise InvalidArgument("ttl", "required")
+        ttl = duration(request.ttl, "ttl", 0.0)
+        if ttl <= 0:
+            raise InvalidArgument("ttl", "must be positive")
+        metas = self.store.extend_pending(list(dict.fromkeys(request.names)), ttl)
+        return lifecycle_pb2.ExtendPendingResponse(
+            records=[common_pb2.SourceRef(name=m.name, version=m.version) for m in metas]
+        )
+
+    def __init__(self, store: Store, retriever: Retriever, lifecycle: Lifecycle) -> None:
+        self.store = store
+        self.retriever = retriever
+        self.lifecycle = lifecycle
+
+    @rpc
+    def Commit(  # noqa: N802
+        self, request: lifecycle_pb2.CommitRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.CommitResponse:
+        owner = _record_names_owner(request.names)
+        authorize(owner)
+        names = list(dict.fromkeys(request.names))  # a name given twice is committed once
+        metas = self.store.commit_records(names, request.include_sources)
+        self.retriever.on_write(owner, metas)
+        return lifecycle_pb2.CommitResponse(
+            committed=[common_pb2.SourceRef(name=m.name, version=m.version) for m in metas]
+        )
+
+    @rpc
+    def GetLineage(  # noqa: N802
+        self, request: lifecycle_pb2.GetLineageRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.GetLineageResponse:
+        target = parse_target(request.name, "name")
+        if not isinstance(target, TurnName | MemoryName):
+            raise InvalidArgument("name", "must be a turn or memory name")
+        authorize(target.owner)
+        if request.direction not in (1, 2):
+            raise InvalidArgument("direction", "must be ANCESTORS or DESCENDANTS")
+        if not 0 <= request.max_depth <= MAX_LINEAGE_DEPTH:
+            raise InvalidArgument("max_depth", f"must be in 0..{MAX_LINEAGE_DEPTH} (0 = 10)")
+        self.store.check_live(request.name)
+        edges = self.store.lineage(
+            request.name,
+            request.direction == lifecycle_pb2.GetLineageRequest.ANCESTORS,
+            request.max_depth or 10,
+        )
+        return lifecycle_pb2.GetLineageResponse(
+            edges=[
+                lifecycle_pb2.LineageEdge(
+                    source=common_pb2.SourceRef(name=s, version=sv),
+                    derivative=common_pb2.SourceRef(name=d, version=dv),
+                )
+                for (s, sv), (d, dv) in edges
+            ]
+        )
+
+    @rpc
+    def ListDeletions(  # noqa: N802
+        self, request: lifecycle_pb2.ListDeletionsRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.ListDeletionsResponse:
+        owner, size, after = owner_page(request)
+        entries, nxt = self.store.list_deletions(owner, after, size)
+        return lifecycle_pb2.ListDeletionsResponse(
+            receipts=[receipt_proto(e) for e in entries],
+            next_page_token=encode_token(request.parent, nxt) if nxt else "",
+        )
+
+    @rpc
+    def Audit(  # noqa: N802
+        self, request: lifecycle_pb2.AuditRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.AuditReport:
+        owner = parse_owner(request.parent, "parent")
+        authorize(owner)
+        counts = self.lifecycle.audit(owner)
+        return lifecycle_pb2.AuditReport(**asdict(counts))
+
+    @rpc
+    def Forget(  # noqa: N802
+        self, request: lifecycle_pb2.ForgetRequest, context: grpc.ServicerContext
+    ) -> common_pb2.DeletionReceipt:
+        if len(request.names) > MAX_BATCH:
+            raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
+        parsed: list[tuple[str, OwnerName | ThreadName | TurnName | MemoryName]] = []
+        for i, name in enumerate(request.names):
+            if name not in {n for n, _ in parsed}:  # a name given twice is forgotten once
+                parsed.append((name, parse_target(name, f"names[{i}]")))
+        owners = [t.owner for _, t in parsed]
+        ranges: list[tuple[str, int, int]] = []
+        if request.HasField("range"):
+            rng = request.range
+            thread = parse_thread(rng.thread, "range.thread")
+            if not 1 <= rng.from_seq <= rng.to_seq:
+                raise InvalidArgument("range", "need 1 <= from_seq <= to_seq")
+            owners.append(thread.owner)
+            authorize(thread.owner)
+            ranges.append((thread.thread, int(rng.from_seq), int(rng.to_seq)))
+        if not owners:
+            raise InvalidArgument("names", "name at least one record, or a range")
+        if len(set(owners)) != 1:
+            raise InvalidArgument("names", "all names must belong to one owner")
+        owner = owners[0]
+        authorize(owner)
+        reason = check_text(request.reason, "reason", limit=MAX_REASON_BYTES, required=False)
+        if request.responses not in (0, 1, 2):
+            raise InvalidArgument("responses", "must be TAINT or DELETE")
+        entry = self.lifecycle.forget(
+            owner,
+            turns=[(t.thread, t.seq) for _, t in parsed if isinstance(t, TurnName)],
+            ranges=ranges,
+            threads=[t.thread for _, t in parsed if isinstance(t, ThreadName)],
+            whole_owner=any(isinstance(t, OwnerName) for _, t in parsed),
+            memories=[t.memory for _, t in parsed if isinstance(t, MemoryName)],
+            delete_responses=request.responses == lifecycle_pb2.ForgetRequest.DELETE,
+            reason=reason or "FORGET",
+        )
+        return receipt_proto(entry)

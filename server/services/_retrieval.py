@@ -1,0 +1,135 @@
+"""The ``lethe.v1.Retrieval`` servicer."""
+
+from __future__ import annotations
+
+import grpc
+
+from lethe.v1 import common_pb2, retrieval_pb2, retrieval_pb2_grpc
+from server._auth import authorize
+from server._context import DEFAULT_MAX_CHARS, DEFAULT_RECENT, assemble
+from server._context import DEFAULT_TOP_K as DEFAULT_CONTEXT_TOP_K
+from server._convert import bundle_proto, hit_proto, timestamp
+from server._names import parse_manifest, parse_owner, parse_thread
+from server._search import MODE_DENSE, MODE_HYBRID, MODE_LEXICAL, Retriever
+from server.errors import InvalidArgument
+from server.services._common import (
+    DEFAULT_TOP_K,
+    MAX_PAGE,
+    MAX_TEXT_BYTES,
+    MAX_TOP_K,
+    check_text,
+    check_vector,
+    kind_names,
+    rpc,
+)
+
+
+class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
+    """``lethe.v1.Retrieval``."""
+
+    @rpc
+    def AssembleContext(  # noqa: N802
+        self, request: retrieval_pb2.AssembleContextRequest, context: grpc.ServicerContext
+    ) -> retrieval_pb2.ContextBundle:
+        thread = parse_thread(request.thread, "thread")
+        authorize(thread.owner)
+        for field in ("max_chars", "recent_turns", "top_k"):
+            if getattr(request, field) < 0:
+                raise InvalidArgument(field, "must not be negative")
+        if request.top_k > MAX_TOP_K:
+            raise InvalidArgument("top_k", f"must be in 0..{MAX_TOP_K} (0 = 5)")
+        if request.recent_turns > MAX_PAGE:
+            raise InvalidArgument("recent_turns", f"must be in 0..{MAX_PAGE} (0 = 10)")
+        check_text(request.query_text, "query_text", limit=MAX_TEXT_BYTES, required=False)
+        check_text(request.scope, "scope", limit=1024, required=False)
+        query_vec = check_vector(request.query_embedding, "query_embedding")
+        vec = None
+        if query_vec is not None or request.query_text.strip():
+            vec = self.retriever.query_vector(
+                thread.owner, request.query_text, [] if query_vec is None else query_vec.tolist()
+            )
+        bundle = assemble(
+            self.retriever.store,
+            self.retriever,
+            thread.owner,
+            thread.thread,
+            request.query_text,
+            vec,
+            max_chars=request.max_chars or DEFAULT_MAX_CHARS,
+            recent=request.recent_turns or DEFAULT_RECENT,
+            top_k=request.top_k or DEFAULT_CONTEXT_TOP_K,
+            scope=request.scope,
+        )
+        return bundle_proto(bundle)
+
+    @rpc
+    def GetContextManifest(  # noqa: N802
+        self, request: retrieval_pb2.GetContextManifestRequest, context: grpc.ServicerContext
+    ) -> retrieval_pb2.ContextManifest:
+        name = parse_manifest(request.name, "name")
+        authorize(name.owner)
+        row = self.retriever.store.get_manifest(name.owner, name.manifest)
+        return retrieval_pb2.ContextManifest(
+            name=request.name,
+            refs=[common_pb2.SourceRef(name=n, version=v) for n, v in row.refs],
+            create_time=timestamp(row.create_time),
+        )
+
+    def __init__(self, retriever: Retriever) -> None:
+        self.retriever = retriever
+
+    @rpc
+    def Search(  # noqa: N802
+        self, request: retrieval_pb2.SearchRequest, context: grpc.ServicerContext
+    ) -> retrieval_pb2.SearchResponse:
+        owner = parse_owner(request.parent, "parent")
+        authorize(owner)
+        top_k = request.top_k or DEFAULT_TOP_K
+        if not 1 <= top_k <= MAX_TOP_K:
+            raise InvalidArgument("top_k", f"must be in 1..{MAX_TOP_K}")
+        check_text(request.query_text, "query_text", limit=MAX_TEXT_BYTES, required=False)
+        query_vec = check_vector(request.query_embedding, "query_embedding")
+        pending_thread = None
+        if request.thread:
+            thread = parse_thread(request.thread, "thread")
+            if thread.owner != owner:
+                raise InvalidArgument("thread", "must be a thread of parent")
+            self.retriever.store.get_thread(owner, thread.thread)  # NOT_FOUND / RECORD_DELETED
+            if request.include_pending:
+                pending_thread = thread.thread
+        elif request.include_pending:
+            raise InvalidArgument("include_pending", "requires thread")
+        modes = {
+            retrieval_pb2.SearchRequest.MODE_UNSPECIFIED: MODE_HYBRID,
+            retrieval_pb2.SearchRequest.HYBRID: MODE_HYBRID,
+            retrieval_pb2.SearchRequest.DENSE: MODE_DENSE,
+            retrieval_pb2.SearchRequest.LEXICAL: MODE_LEXICAL,
+        }
+        if request.mode not in modes:
+            raise InvalidArgument("mode", "unknown mode")
+        mode = modes[request.mode]
+        kinds = frozenset(kind_names(request.kinds, "kinds"))
+        if query_vec is None and not request.query_text.strip():
+            raise InvalidArgument("query_text", "query_text or query_embedding is required")
+        if mode == MODE_LEXICAL and not request.query_text.strip():
+            raise InvalidArgument("query_text", "LEXICAL search needs query_text")
+        vec = None
+        if mode != MODE_LEXICAL:
+            vec = self.retriever.query_vector(
+                owner, request.query_text, [] if query_vec is None else query_vec.tolist()
+            )
+        if mode == MODE_DENSE and vec is None and self.retriever.embedder is None:
+            raise InvalidArgument(
+                "query_embedding", "DENSE search needs query_embedding: this server has no embedder"
+            )
+        hits = self.retriever.search(
+            owner,
+            request.query_text,
+            vec,
+            top_k,
+            pending_thread,
+            mode=mode,
+            kinds=kinds,
+            include_turns=not request.kinds or request.include_turns,
+        )
+        return retrieval_pb2.SearchResponse(hits=[hit_proto(h.view, h.score) for h in hits])
