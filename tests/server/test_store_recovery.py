@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import grpc
-import lmdb
 import pytest
 
 from lethe.v1 import common_pb2, threads_pb2
 from server._probe import reason_of as _reason
 from server.store import Store, TurnDraft
-from server.store._writer import WriteOp
 from shredder import RingRef
 
 
@@ -67,49 +63,6 @@ def test_forget_interrupted_after_tombstones_is_resumed_at_start(
         threads_pb2.GetTurnRequest(name="owners/alice/threads/t1/turns/2"), metadata=c.md
     )
     assert two.text == "two"
-
-
-def test_failing_op_is_rolled_back_alone_in_its_group(tmp_path: Path, kek_env: str) -> None:
-    store = Store(tmp_path / "d")
-    try:
-        db = store.t.meta
-        gate = threading.Event()
-
-        def slow(txn: lmdb.Transaction) -> None:
-            gate.wait(5)
-
-        def good(key: bytes) -> WriteOp[bytes]:
-            def apply(txn: lmdb.Transaction) -> bytes:
-                txn.put(key, b"v", db=db)
-                return key
-
-            return WriteOp(apply)
-
-        def bad(txn: lmdb.Transaction) -> None:
-            txn.put(b"bad-key", b"v", db=db)
-            raise RuntimeError("refused")
-
-        blocker = store.writer.submit(WriteOp(slow))
-        futures: list[Future[Any]] = [
-            store.writer.submit(good(b"k1")),
-            store.writer.submit(WriteOp(bad)),
-            store.writer.submit(good(b"k2")),
-        ]
-        batches_before = store.writer.batches
-        gate.set()
-        blocker.result(5)
-        assert futures[0].result(5) == b"k1"
-        assert futures[2].result(5) == b"k2"
-        with pytest.raises(RuntimeError, match="refused"):
-            futures[1].result(5)
-        # The three queued ops ran as one group after the blocker's group.
-        assert store.writer.batches - batches_before <= 2
-        with store.env.begin() as txn:
-            assert txn.get(b"k1", db=db) == b"v"
-            assert txn.get(b"k2", db=db) == b"v"
-            assert txn.get(b"bad-key", db=db) is None
-    finally:
-        store.close()
 
 
 def test_append_retry_with_same_request_id_destroys_the_unused_keys(
