@@ -12,8 +12,8 @@ import grpc
 import lmdb
 import pytest
 
+from lethe._rpc import reason_of as _reason
 from lethe.v1 import common_pb2, threads_pb2
-from server._probe import reason_of as _reason
 from server._store import Store, TurnDraft
 from server._writer import WriteOp
 from shredder import RingRef
