@@ -2,7 +2,9 @@
 
 Usage: ``python scripts/gen_protos.py [--out DIR]`` (default: the repository
 root, which writes ``lethe/v1/*_pb2.py``, ``*_pb2.pyi`` and ``*_pb2_grpc.py``
-/ ``.pyi``). Uses the ``protoc`` bundled with ``grpcio-tools`` and the
+/ ``.pyi`` and ``lethe/v1/__init__.py``). Only ``lethe/v1/`` is generated: the
+rest of ``lethe/`` (its ``__init__.py``, ``py.typed``, the client modules) is
+written by hand and never touched here. Uses the ``protoc`` bundled with ``grpcio-tools`` and the
 ``mypy-protobuf`` plugins, so the output depends only on those pinned
 versions. ``tests/test_generated_code.py`` regenerates into a temporary
 directory and fails on any difference.
@@ -31,7 +33,7 @@ def _plugin(name: str) -> str:
 
 
 def generate(out: Path) -> list[Path]:
-    """Generate the package under ``out/lethe/v1`` and return the files written.
+    """Generate the package ``out/lethe/v1`` and return its files.
 
     Raises:
         SystemExit: protoc or a plugin failed.
@@ -57,17 +59,15 @@ def generate(out: Path) -> list[Path]:
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
-    for init in (out / "lethe" / "__init__.py", pkg / "__init__.py"):
-        init.write_text(PACKAGE_INIT)
-    (out / "lethe" / "py.typed").write_text("")
-    return sorted(p for p in (out / "lethe").rglob("*") if p.is_file())
+    (pkg / "__init__.py").write_text(PACKAGE_INIT)
+    return sorted(p for p in pkg.iterdir() if p.is_file())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT)
     written = generate(parser.parse_args().out)
-    print(f"wrote {len(written)} files under {parser.parse_args().out / 'lethe'}")
+    print(f"wrote {len(written)} files under {parser.parse_args().out / 'lethe' / 'v1'}")
 
 
 if __name__ == "__main__":
