@@ -20,20 +20,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-import grpc
 import numpy as np
 from _server import free_port, served
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from lethe.v1 import (
-    common_pb2,
-    lifecycle_pb2,
-    lifecycle_pb2_grpc,
-    memories_pb2,
-    memories_pb2_grpc,
-    threads_pb2,
-    threads_pb2_grpc,
-)
+from lethe._rpc import Stubs
+from lethe.v1 import common_pb2, lifecycle_pb2, memories_pb2, threads_pb2
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -68,16 +60,16 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-lineage.json"))
     args = parser.parse_args()
     metrics_port = free_port()
-    with served("--metrics-listen", f"127.0.0.1:{metrics_port}", "--embedder", "none") as (
-        port,
-        token,
+    with (
+        served("--metrics-listen", f"127.0.0.1:{metrics_port}", "--embedder", "none") as (
+            port,
+            token,
+        ),
+        Stubs.insecure(f"127.0.0.1:{port}", token) as stubs,
     ):
-        md = (("authorization", f"Bearer {token}"),)
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        threads = threads_pb2_grpc.ThreadsStub(channel)
-        memories = memories_pb2_grpc.MemoriesStub(channel)
-        lifecycle = lifecycle_pb2_grpc.LifecycleStub(channel)
-        health = health_pb2_grpc.HealthStub(channel)
+        md = stubs.md
+        threads, memories, lifecycle = stubs.threads, stubs.memories, stubs.lifecycle
+        health = stubs.health
         threads.CreateThread(
             threads_pb2.CreateThreadRequest(parent="owners/bench", thread_id="t"), metadata=md
         )
@@ -140,7 +132,6 @@ def main() -> int:
         for key, value in result.items():
             print(f"{key:40} {value}")
         args.out.write_text(json.dumps(result, indent=2) + "\n")
-        channel.close()
     return 0
 
 

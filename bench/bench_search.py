@@ -31,22 +31,19 @@ from pathlib import Path
 from typing import Any
 
 import faiss
-import grpc
 import numpy as np
 from _server import served
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from index import WordLlamaEmbedder
+from lethe._rpc import Stubs
+from lethe.locomo import Conversation, load_locomo, sample_conversation
 from lethe.v1 import (
     common_pb2,
     lifecycle_pb2,
-    lifecycle_pb2_grpc,
     retrieval_pb2,
-    retrieval_pb2_grpc,
     threads_pb2,
-    threads_pb2_grpc,
 )
-from server._demo import Conversation, load_locomo, sample_conversation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,17 +56,7 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"p50_ms": round(_ms(values, 50), 4), "p99_ms": round(_ms(values, 99), 4)}
 
 
-class _Stubs:
-    def __init__(self, port: int, token: str) -> None:
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.md = (("authorization", f"Bearer {token}"),)
-        self.threads = threads_pb2_grpc.ThreadsStub(self.channel)
-        self.retrieval = retrieval_pb2_grpc.RetrievalStub(self.channel)
-        self.lifecycle = lifecycle_pb2_grpc.LifecycleStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
-
-
-def _ingest(stubs: _Stubs, convs: list[Conversation], copies: int, batch: int) -> tuple[float, int]:
+def _ingest(stubs: Stubs, convs: list[Conversation], copies: int, batch: int) -> tuple[float, int]:
     """Append every session ``copies`` times per owner (committed). Returns (s, turns)."""
     total = 0
     start = time.perf_counter()
@@ -113,8 +100,10 @@ def main() -> int:
 
     convs = load_locomo(args.locomo) if args.locomo.exists() else sample_conversation()
     convs = convs[: args.conversations]
-    with served("--metrics-listen", "off") as (port, token):
-        stubs = _Stubs(port, token)
+    with (
+        served("--metrics-listen", "off") as (port, token),
+        Stubs.insecure(f"127.0.0.1:{port}", token) as stubs,
+    ):
         seconds, turns = _ingest(stubs, convs, args.copies, args.batch)
         print(
             f"ingest: {turns} turns in {seconds:.2f} s = {turns / seconds:.0f} turns/s "
@@ -224,7 +213,6 @@ def main() -> int:
             print(f"{key:45} {value}")
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"written to {args.out}")
-        stubs.channel.close()
     return 0
 
 

@@ -7,7 +7,7 @@ the shipped embedder) and in :class:`index.LexicalIndex` (BM25). Each question o
 categories 1-4 with evidence is searched among its own conversation's turns only.
 
 Scoring follows ``shared/data/README.md``: evidence ids normalised by
-``server._demo.normalise_evidence`` (unmatched ids dropped, items left empty skipped);
+``lethe.locomo.normalise_evidence`` (unmatched ids dropped, items left empty skipped);
 recall@k = |R ∩ E| / |E| averaged over items, k ∈ {1, 5, 10, 20}.
 
 Memory texts per turn:
@@ -59,7 +59,7 @@ from index import (
     convex_fusion,
     rrf,
 )
-from server._demo import load_locomo, normalise_evidence
+from lethe.locomo import load_locomo, normalise_evidence
 
 KS = (1, 5, 10, 20)
 CATS = (1, 2, 3, 4)

@@ -1,1 +1,37 @@
-"""Generated gRPC code for lethe.v1; regenerate with scripts/gen_protos.py."""
+"""The client side of Lethe: everything that knows only the public API.
+
+Importable without the server: no module here imports ``server``,
+``shredder`` or ``index`` (nor LMDB, PyNaCl, FAISS, bm25s or WordLlama at
+import time); ``tests/lethe/test_lethe_imports.py`` checks it in a clean
+interpreter. Modules import only grpc, protobuf, grpc-status
+(googleapis-common-protos), the ``grpc.health.v1`` stubs, the standard
+library and this package. The demo alone reaches further, inside the
+functions that need it: ``tqdm`` for its progress bars, and ``numpy``,
+``faiss`` and ``wordllama`` for its latency floors.
+
+=====================  =====================================================
+module                 what it holds (public names)
+=====================  =====================================================
+``lethe.v1``           the generated protobuf and gRPC code of ``proto/lethe/v1``
+                       (``scripts/gen_protos.py``; never edited by hand)
+``lethe.names``        the grammar of resource names: ``parse_*``, ``check_id``,
+                       ``ID_RE``, the ``*Name`` value types, ``InvalidName``
+``lethe._rpc``         the wire: ``Stubs`` (channel, bearer metadata, a stub per
+                       service), ``reason_of``, ``error_info``, ``bad_fields``,
+                       ``DOMAIN``, ``Metadata``; private until the typed client
+                       ``lethe.client`` is built on it
+``lethe.locomo``       the LoCoMo loader: ``Conversation``, ``load_locomo``,
+                       ``find_locomo``, ``sample_conversation``,
+                       ``normalise_evidence``, ``session_of``
+``lethe.probe``        ``lethe probe``: ``probe``, ``run_probe``,
+                       ``add_probe_arguments``, ``STAGES``, ``DEFAULT_OWNER``,
+                       ``summarise``
+``lethe.demo``         ``lethe demo``: ``run_demo``; it runs ``lethe serve``,
+                       ``token create``, ``backup`` and ``restore`` as child
+                       processes
+=====================  =====================================================
+
+The package itself exports no names: import the module you need.
+"""
+
+__all__: list[str] = []

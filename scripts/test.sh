@@ -14,6 +14,6 @@ echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 echo "== mypy (strict)"
-.venv/bin/mypy server shredder index scripts bench tests
+.venv/bin/mypy lethe server shredder index scripts bench tests
 echo "== pytest"
 .venv/bin/python -m pytest -q "$@"

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from lethe.probe import add_probe_arguments
 from server._auth import new_token, principal_record, token_digest
 from server._names import ID_RE
-from server._probe import add_probe_arguments, run_probe
 from server.store import Store, StoreLockedError, acquire_lock, data_paths, open_store_for
 from shredder import (
     EnvironmentConfigError,
@@ -335,10 +335,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "rotate":
             return _rotate(args)
         if args.command == "demo":
-            from server._demo import run_demo
+            from lethe.demo import run_demo
 
             return run_demo(args)
         if args.command == "probe":
+            from lethe.probe import run_probe
+
             return run_probe(args)
     except (EnvironmentConfigError, StoreLockedError, ShredderError, OSError) as exc:
         print(f"lethe: {exc}", file=sys.stderr)

@@ -8,46 +8,20 @@ environment variable so nothing is written to the user's config directory.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from lethe.v1 import (
-    events_pb2_grpc,
-    lifecycle_pb2_grpc,
-    memories_pb2_grpc,
-    retrieval_pb2_grpc,
-    threads_pb2_grpc,
-)
+from lethe._rpc import Stubs
 from server import LetheServer, ServerConfig, new_token, principal_record, token_digest
 from shredder import KekRing
 
-
-@dataclass
-class Client:
-    """Stubs bound to one token."""
-
-    channel: grpc.Channel
-    token: str
-    threads: threads_pb2_grpc.ThreadsStub = field(init=False)
-    retrieval: retrieval_pb2_grpc.RetrievalStub = field(init=False)
-    lifecycle: lifecycle_pb2_grpc.LifecycleStub = field(init=False)
-    memories: memories_pb2_grpc.MemoriesStub = field(init=False)
-    events: events_pb2_grpc.EventsStub = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.threads = threads_pb2_grpc.ThreadsStub(self.channel)
-        self.retrieval = retrieval_pb2_grpc.RetrievalStub(self.channel)
-        self.lifecycle = lifecycle_pb2_grpc.LifecycleStub(self.channel)
-        self.memories = memories_pb2_grpc.MemoriesStub(self.channel)
-        self.events = events_pb2_grpc.EventsStub(self.channel)
-
-    @property
-    def md(self) -> list[tuple[str, str]]:
-        return [("authorization", f"Bearer {self.token}")]
+Client = Stubs
+"""Stubs bound to one token: ``.channel``, ``.token``, ``.md`` and a stub per
+service (``.threads``, ``.memories``, ``.retrieval``, ``.lifecycle``,
+``.repairs``, ``.events``, ``.health``); the clients' own holder."""
 
 
 class Lethe:

@@ -14,6 +14,7 @@ import grpc
 import pytest
 from conftest import free_port as _free_port
 
+from lethe._rpc import reason_of as _reason
 from lethe.v1 import (
     common_pb2,
     lifecycle_pb2,
@@ -23,7 +24,6 @@ from lethe.v1 import (
     threads_pb2,
     threads_pb2_grpc,
 )
-from server._probe import reason_of as _reason
 
 
 def _serve(data: Path, port: int, env: dict[str, str]) -> subprocess.Popen[str]:

@@ -18,44 +18,29 @@ import grpc
 import lmdb
 from conftest import Client
 from google.protobuf import duration_pb2
-from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from lethe import _rpc
 from lethe.v1 import common_pb2, lifecycle_pb2, retrieval_pb2, threads_pb2
 
-DOMAIN = "lethe"
-
-
-def _status(err: grpc.RpcError) -> Any:
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    assert status is not None, f"no google.rpc.Status details on {err!r}"
-    return status
+DOMAIN = _rpc.DOMAIN
 
 
 def error_reason(err: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
-    """``(code, ErrorInfo.reason)``; reason is "" when the error carries none."""
-    code = err.code()
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    if status is None:
-        return code, ""
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            assert info.domain == DOMAIN, info.domain
-            return code, info.reason
-    return code, ""
+    """``(code, ErrorInfo.reason)``; reason is "" when the error carries none.
+    An ``ErrorInfo`` of another domain than ``lethe`` fails the test."""
+    info = _rpc.error_info(err)
+    if info is not None:
+        assert info.domain == DOMAIN, info.domain
+    return err.code(), _rpc.reason_of(err)
 
 
 def bad_fields(err: grpc.RpcError) -> list[str]:
-    """Every ``BadRequest.field_violations[].field`` of the error."""
-    out: list[str] = []
-    for detail in _status(err).details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            out.extend(v.field for v in bad.field_violations)
-    return out
+    """Every ``BadRequest.field_violations[].field`` of the error (which must
+    carry a ``google.rpc.Status``)."""
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    assert status is not None, f"no google.rpc.Status details on {err!r}"
+    return _rpc.bad_fields(err)
 
 
 def bad_field(err: grpc.RpcError) -> str:

@@ -25,11 +25,10 @@ def _subclasses(cls: type[LetheError]) -> list[type[LetheError]]:
 
 
 def test_every_default_reason_is_in_the_enum() -> None:
-    import server
-    import server.store  # noqa: F401
+    import server.store  # noqa: F401  (loads every LetheError subclass)
 
     names = set(errors_pb2.ErrorReason.keys())
-    classes = [LetheError, *_subclasses(LetheError)]
+    classes: list[type[LetheError]] = [LetheError, *_subclasses(LetheError)]
     assert len(classes) >= 12
     for cls in classes:
         assert errors_pb2.ErrorReason.Name(cls.default_reason) in names, cls
@@ -41,7 +40,8 @@ def test_every_reason_in_the_server_source_is_an_enum_constant() -> None:
     import server.store  # noqa: F401  (loads every LetheError subclass)
 
     names = set(errors_pb2.ErrorReason.keys())
-    error_classes = {cls.__name__ for cls in [LetheError, *_subclasses(LetheError)]}
+    classes: list[type[LetheError]] = [LetheError, *_subclasses(LetheError)]
+    error_classes = {cls.__name__ for cls in classes}
     seen: list[str] = []
     bad: list[str] = []
     for path in sorted((ROOT / "server").rglob("*.py")):

@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 import pytest
 
+from lethe._rpc import reason_of as _reason
 from lethe.v1 import common_pb2, retrieval_pb2, threads_pb2
-from server._probe import reason_of as _reason
 
 
 def _vec(i: int, d: int = 8) -> list[float]:

@@ -9,8 +9,8 @@ from typing import Any
 import grpc
 import pytest
 
+from lethe._rpc import reason_of as _reason
 from lethe.v1 import common_pb2, threads_pb2
-from server._probe import reason_of as _reason
 from server.store import Store, TurnDraft
 from shredder import RingRef
 

@@ -1,8 +1,9 @@
-"""``lethe probe`` against the real server over a real channel, run in-process
-through ``server.cli.main`` as a user would run it."""
+"""``lethe probe`` (:mod:`lethe.probe`) against the real server over a real
+channel, run in-process through ``server.cli.main`` as a user would run it."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import socket
 from collections.abc import Callable
@@ -11,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import Lethe
 
+from lethe import probe as _probe
+from lethe.probe import STAGES, add_probe_arguments, summarise
 from lethe.v1 import common_pb2
-from server import _probe
-from server._probe import STAGES, summarise
-from server.cli import main
+from server.cli import main, parse_duration
 
 CYCLES = 3
 _LINE = re.compile(r"cycle (\d+) ([a-z-]+): (.*)")
@@ -85,6 +86,36 @@ def test_probe_without_a_server_exits_2(capsys: pytest.CaptureFixture[str]) -> N
         rc = main(["probe", "--target", f"127.0.0.1:{port}", "--token", "t"])
     assert rc == 2
     assert "cannot connect" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30", 30.0), ("2.5", 2.5), ("30s", 30.0), ("5m", 300.0), ("1h30m", 5400.0), ("500ms", 0.5)],
+)
+def test_interval_takes_seconds_or_a_duration(text: str, seconds: float) -> None:
+    parser = argparse.ArgumentParser()
+    add_probe_arguments(parser)
+    args = parser.parse_args(["--target", "h:1", "--token", "t", "--interval", text])
+    assert args.interval == seconds
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "0s", "1x", "1h 2m", "h", ""])
+def test_interval_rejects_zero_negative_and_malformed(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        _probe._seconds(text)
+
+
+@pytest.mark.parametrize("text", ["72h", "30m", "1h30m", "500ms", "1d", "1.5s", "0s", "72", "1x"])
+def test_probe_durations_follow_the_server_grammar(text: str) -> None:
+    """The probe parses durations itself (it imports no server module), as ``lethe serve`` does."""
+
+    def parsed(parse: Callable[[str], float]) -> float | str:
+        try:
+            return parse(text)
+        except argparse.ArgumentTypeError as exc:
+            return str(exc)
+
+    assert parsed(_probe._duration) == parsed(parse_duration)
 
 
 def test_summariser_is_deterministic() -> None:

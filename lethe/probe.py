@@ -1,8 +1,10 @@
 """``lethe probe``: the plant-and-delete probe (API.md, "Command line").
 
-A pure gRPC client of a running server: it uses only the public stubs and
-the error details the server sends (``google.rpc.Status`` → ``ErrorInfo``
-reason), never server internals. Each cycle works in a fresh synthetic thread
+A pure gRPC client of a running server: it uses only the public stubs
+(:class:`lethe._rpc.Stubs`) and the error details the server sends
+(``google.rpc.Status`` → ``ErrorInfo`` reason, :func:`lethe._rpc.reason_of`),
+never server internals; it imports no ``server``, ``shredder`` or ``index``
+module. Each cycle works in a fresh synthetic thread
 ``owners/{owner}/threads/probe-<16 hex>`` (default owner ``lethe-probe``; the
 token must be allowed to act for it) and runs six stages, each printed as one
 line ``cycle N <stage>: ok`` or ``cycle N <stage>: LEAK: <what>`` (``FAIL:``
@@ -62,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import secrets
 import sys
 import threading
@@ -71,25 +74,26 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
+from lethe._rpc import Stubs, reason_of
+from lethe.names import ID_RE
 from lethe.v1 import (
     common_pb2,
     events_pb2,
-    events_pb2_grpc,
     lifecycle_pb2,
-    lifecycle_pb2_grpc,
     memories_pb2,
-    memories_pb2_grpc,
     retrieval_pb2,
-    retrieval_pb2_grpc,
     threads_pb2,
-    threads_pb2_grpc,
 )
-from server._names import ID_RE
 
-__all__ = ["DEFAULT_OWNER", "STAGES", "add_probe_arguments", "run_probe", "summarise"]
+__all__ = [
+    "DEFAULT_OWNER",
+    "STAGES",
+    "add_probe_arguments",
+    "probe",
+    "run_probe",
+    "summarise",
+]
 
 DEFAULT_OWNER = "lethe-probe"
 STAGES = ("plant", "forget", "before-rebuild", "after-rebuild", "after-more-turns", "cleanup")
@@ -127,27 +131,6 @@ class ProbeUnreachableError(Exception):
 
 class _StageAborted(Exception):
     """An RPC of the stage failed unexpectedly; the cycle cannot go on."""
-
-
-def reason_of(err: grpc.RpcError) -> str:
-    """The ``google.rpc.ErrorInfo`` reason the server attached, or "" if none.
-
-    Args:
-        err: a failed call.
-
-    Returns:
-        The reason string (an ``ErrorReason`` value name such as
-        ``RECORD_DELETED``), or "" when the error carries no ``ErrorInfo``.
-    """
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    if status is None:
-        return ""
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return str(info.reason)
-    return ""
 
 
 def _describe(err: grpc.RpcError) -> str:
@@ -202,19 +185,13 @@ class _Findings:
         return "ok" if self.ok else "; ".join(self.items)
 
 
-class _Client:
+class _Client(Stubs):
     """The stubs of one channel, bound to one bearer token and one owner."""
 
     def __init__(self, target: str, token: str, owner: str) -> None:
+        super().__init__(grpc.insecure_channel(target), token)
         self.target = target
         self.parent = f"owners/{owner}"
-        self.channel = grpc.insecure_channel(target)
-        self.md = (("authorization", f"Bearer {token}"),)
-        self.threads = threads_pb2_grpc.ThreadsStub(self.channel)
-        self.memories = memories_pb2_grpc.MemoriesStub(self.channel)
-        self.lifecycle = lifecycle_pb2_grpc.LifecycleStub(self.channel)
-        self.retrieval = retrieval_pb2_grpc.RetrievalStub(self.channel)
-        self.events = events_pb2_grpc.EventsStub(self.channel)
 
     def connect(self) -> None:
         """Wait until the channel is ready; fail at its first failed connection attempt.
@@ -273,9 +250,6 @@ class _Client:
             return self.call(method, request)
         except grpc.RpcError as err:
             raise _StageAborted(f"{what} answered {_describe(err)}") from None
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 class _Cycle:
@@ -913,14 +887,32 @@ def probe(
     return 0
 
 
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration(text: str) -> float:
+    """``30s``, ``5m``, ``1h30m``, ``500ms`` or ``1d`` → seconds; the grammar of
+    the server's ``lethe serve`` durations (``server.cli.parse_duration``).
+
+    Raises:
+        argparse.ArgumentTypeError: malformed or zero.
+    """
+    parts = _DURATION_RE.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r} (examples: 72h, 30m, 1h30m)")
+    seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("duration must be positive")
+    return seconds
+
+
 def _seconds(text: str) -> float:
     """``30``, ``2.5`` or a duration such as ``30s``/``5m`` → seconds (> 0)."""
     try:
         value = float(text)
     except ValueError:
-        from server.cli import parse_duration
-
-        return parse_duration(text)
+        return _duration(text)
     if not value > 0:
         raise argparse.ArgumentTypeError("interval must be positive")
     return value
@@ -940,7 +932,12 @@ def _positive(text: str) -> int:
 
 
 def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``lethe probe``'s flags to its sub-parser."""
+    """Add ``lethe probe``'s flags to its sub-parser.
+
+    Args:
+        parser: the ``probe`` sub-parser; gains ``--target``, ``--token``,
+            ``--interval`` (seconds), ``--cycles`` and ``--owner``.
+    """
     parser.add_argument("--target", required=True, help="HOST:PORT of the server")
     parser.add_argument("--token", required=True, help="bearer token allowed to act for --owner")
     parser.add_argument(
@@ -961,7 +958,14 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_probe(args: argparse.Namespace) -> int:
-    """``lethe probe`` from parsed arguments; returns the exit status (see :func:`probe`)."""
+    """``lethe probe`` from parsed arguments.
+
+    Args:
+        args: parsed by a parser that :func:`add_probe_arguments` extended.
+
+    Returns:
+        The exit status (see :func:`probe`).
+    """
     if args.interval is None:
         return probe(args.target, args.token, owner=args.owner, cycles=args.cycles or 1)
     return probe(

@@ -1,6 +1,6 @@
 """``lethe demo``: the main job on real conversations.
 
-Starts a server on the data directory (default ``./lethe-data``), ingests the
+Starts ``lethe serve`` on the data directory (default ``./lethe-data``), ingests the
 LoCoMo conversations (Maharana et al., ACL 2024; CC BY-NC 4.0, read from
 ``../shared/data/locomo/locomo10.json`` and never copied into this
 repository) — one owner per conversation, one thread per session, one turn per
@@ -14,41 +14,60 @@ and shows the restore does not bring it back. Figures go to a JSON file.
 Scoring follows ``shared/data/README.md``: recall@k = |R ∩ E| / |E| averaged
 over items with evidence, hit@k = 1 if R ∩ E ≠ ∅; categories 1-4 are the
 headline (1,536 items), category 5 (adversarial) is reported separately.
+
+A client of the public API only, run as a user would run it: ``lethe serve``,
+``lethe token create``, ``lethe backup`` and ``lethe restore`` are child
+processes (the ``lethe`` console script beside ``sys.executable``, else
+``python -m server.cli``); the demo never imports ``server``, ``shredder`` or
+``index``. The KEK reaches them as it reaches the demo: ``--kek-file`` is
+passed on, ``LETHE_KEK`` through the environment. The floors' raw FAISS search
+runs over the owner's vectors as ``ListTurns`` (``view: FULL``) returns them,
+and the query embedding loads WordLlama as the server does; ``numpy``,
+``faiss`` and ``wordllama`` are imported by the floors only, ``tqdm`` by the
+progress bars.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
+import math
 import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TypeVar
 
 import grpc
-import numpy as np
 from google.protobuf import timestamp_pb2
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tqdm import tqdm
+from grpc_health.v1 import health_pb2
 
+from lethe._rpc import Stubs, reason_of
+from lethe.locomo import (
+    Conversation,
+    find_locomo,
+    load_locomo,
+    normalise_evidence,
+    sample_conversation,
+    session_of,
+)
 from lethe.v1 import (
     common_pb2,
     lifecycle_pb2,
-    lifecycle_pb2_grpc,
     repairs_pb2,
-    repairs_pb2_grpc,
     retrieval_pb2,
-    retrieval_pb2_grpc,
     threads_pb2,
-    threads_pb2_grpc,
 )
+
+__all__ = ["run_demo"]
 
 KS = (1, 5, 10, 20)
 CATEGORY_NAMES = {
@@ -58,102 +77,6 @@ CATEGORY_NAMES = {
     4: "single-hop",
     5: "adversarial",
 }
-_DIA_RE = re.compile(r"D(\d+):(\d+)")
-
-
-@dataclass
-class Conversation:
-    """One conversation: sessions of (speaker, dia_id, text) with their dates."""
-
-    sample_id: str
-    sessions: dict[int, list[tuple[str, str, str]]]
-    dates: dict[int, float]
-    qa: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def owner(self) -> str:
-        return "locomo-" + re.sub(r"[^a-z0-9-]", "-", self.sample_id.lower())
-
-
-def _parse_date(text: str) -> float:
-    return datetime.strptime(text, "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC).timestamp()
-
-
-def load_locomo(path: Path) -> list[Conversation]:
-    """Read ``locomo10.json`` into conversations (sessions in order, captions kept)."""
-    out = []
-    for sample in json.loads(path.read_text()):
-        conv = sample["conversation"]
-        sessions: dict[int, list[tuple[str, str, str]]] = {}
-        dates: dict[int, float] = {}
-        for key, value in conv.items():
-            m = re.fullmatch(r"session_(\d+)", key)
-            if m and isinstance(value, list) and value:
-                n = int(m.group(1))
-                turns = []
-                for turn in value:
-                    text = turn["text"]
-                    if turn.get("blip_caption"):
-                        text += f" [image: {turn['blip_caption']}]"
-                    turns.append((turn["speaker"], turn["dia_id"], text))
-                sessions[n] = turns
-                dates[n] = _parse_date(conv[f"session_{n}_date_time"])
-        out.append(
-            Conversation(sample["sample_id"], dict(sorted(sessions.items())), dates, sample["qa"])
-        )
-    return out
-
-
-def sample_conversation() -> list[Conversation]:
-    """A short conversation written for this project, used when LoCoMo is absent."""
-    s1 = [
-        ("Ana", "D1:1", "I finally adopted a rescue greyhound last weekend, her name is Comet."),
-        ("Ben", "D1:2", "That's wonderful! How is Comet settling in?"),
-        ("Ana", "D1:3", "She sleeps all day on the sofa and sprints in the park at dusk."),
-        ("Ben", "D1:4", "I started learning the cello in March, my teacher is very patient."),
-    ]
-    s2 = [
-        ("Ana", "D2:1", "I'm moving to Lisbon in September for a new job at a design studio."),
-        ("Ben", "D2:2", "Lisbon! Will you bring Comet with you?"),
-        ("Ana", "D2:3", "Yes, the flat has a small garden, perfect for her."),
-        ("Ben", "D2:4", "My cello recital is on the 14th of June, I'm nervous."),
-    ]
-    qa = [
-        {"question": "What is the name of Ana's dog?", "evidence": ["D1:1"], "category": 4},
-        {"question": "Where is Ana moving?", "evidence": ["D2:1"], "category": 4},
-        {"question": "What instrument does Ben play?", "evidence": ["D1:4"], "category": 4},
-        {"question": "When is Ben's recital?", "evidence": ["D2:4"], "category": 2},
-        {
-            "question": "Will the dog have a garden in the new home?",
-            "evidence": ["D2:2", "D2:3"],
-            "category": 1,
-        },
-    ]
-    base = datetime(2024, 3, 1, tzinfo=UTC).timestamp()
-    return [Conversation("sample-1", {1: s1, 2: s2}, {1: base, 2: base + 86400 * 30}, qa)]
-
-
-def normalise_evidence(raw: list[str], known: set[str]) -> tuple[list[str], int]:
-    """Split squeezed ids, fix ``D30:05`` and ``D:11:26``; drop what matches no turn.
-
-    Returns:
-        (normalised ids in order without duplicates, number of references dropped).
-    """
-    out: list[str] = []
-    dropped = 0
-    for ref in raw:
-        parts = [p for p in re.split(r"[;\s]+", ref.replace("D:", "D")) if p]
-        if not parts:
-            dropped += 1
-        for part in parts:
-            m = _DIA_RE.fullmatch(part)
-            dia = f"D{int(m.group(1))}:{int(m.group(2))}" if m else part
-            if dia in known:
-                if dia not in out:
-                    out.append(dia)
-            else:
-                dropped += 1
-    return out, dropped
 
 
 def _ts(seconds: float) -> timestamp_pb2.Timestamp:
@@ -162,33 +85,128 @@ def _ts(seconds: float) -> timestamp_pb2.Timestamp:
     return ts
 
 
-def _reason(err: grpc.RpcError) -> str:
-    from server._probe import reason_of
-
-    return reason_of(err)
-
-
 def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else 0.0
+    """The ``q``-th percentile (0-100) with linear interpolation between closest
+    ranks (numpy's default ``linear`` method); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-class _Api:
-    """Stubs plus the admin token's metadata."""
-
-    def __init__(self, port: int, token: str) -> None:
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.md = (("authorization", f"Bearer {token}"),)
-        self.threads = threads_pb2_grpc.ThreadsStub(self.channel)
-        self.retrieval = retrieval_pb2_grpc.RetrievalStub(self.channel)
-        self.lifecycle = lifecycle_pb2_grpc.LifecycleStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
-
-    def close(self) -> None:
-        self.channel.close()
+_T = TypeVar("_T")
 
 
-def _ingest(api: _Api, convs: list[Conversation]) -> dict[str, dict[str, str]]:
+def _progress(items: Sequence[_T], desc: str, unit: str) -> Iterator[_T]:
+    """``items`` with a tqdm progress bar on stderr."""
+    from tqdm import tqdm
+
+    yield from tqdm(items, desc=desc, unit=unit)
+
+
+class _ServeError(Exception):
+    """A ``lethe`` child process failed (its own message went to stderr)."""
+
+
+def _lethe_command() -> list[str]:
+    """How to run ``lethe``: the console script beside ``sys.executable`` if it
+    exists, else ``python -m server.cli``."""
+    script = Path(sys.executable).parent / "lethe"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "server.cli"]
+
+
+def _kek_args(kek_file: Path | None) -> list[str]:
+    return ["--kek-file", str(kek_file)] if kek_file else []
+
+
+def _lethe(argv: Sequence[str], *, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``lethe ARGV`` to completion; stdout is captured when ``capture``,
+    else shared with the demo's; stderr always is."""
+    sys.stdout.flush()  # keep the demo's lines and the child's in order
+    return subprocess.run(
+        [*_lethe_command(), *argv],
+        stdout=subprocess.PIPE if capture else None,
+        text=True,
+        check=False,
+    )
+
+
+def _forward(stream: IO[str]) -> None:
+    """Copy what ``lethe serve`` prints after its ready line to the demo's stdout."""
+    for line in stream:
+        print(line, end="", flush=True)
+
+
+class _Served:
+    """``lethe serve`` on ``127.0.0.1:0`` in a child process, stopped by SIGTERM.
+
+    Attributes:
+        port: the gRPC port the server reported on its ready line.
+    """
+
+    STOP_TIMEOUT_SECONDS = 60.0
+
+    def __init__(self, data_dir: Path, kek_file: Path | None) -> None:
+        """Start the server and wait for ``lethe serving DIR on HOST:PORT``.
+
+        Raises:
+            _ServeError: the server exited (or printed something else) first.
+        """
+        argv = ["serve", "--data", str(data_dir), "--listen", "127.0.0.1:0"]
+        argv += ["--metrics-listen", "off", *_kek_args(kek_file)]
+        sys.stdout.flush()
+        self._proc = subprocess.Popen([*_lethe_command(), *argv], stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        self._forwarder = threading.Thread(
+            target=_forward, args=(self._proc.stdout,), name="lethe-serve-stdout", daemon=True
+        )
+        line = self._proc.stdout.readline().rstrip("\n")
+        served, on, address = line.rpartition(" on ")
+        port = address.rpartition(":")[2]
+        if not (on and served.startswith("lethe serving ") and port.isdigit()):
+            self.stop()
+            raise _ServeError(f"lethe serve did not start (exit status {self._proc.returncode})")
+        self.port = int(port)
+        self._forwarder.start()
+
+    def stop(self) -> None:
+        """SIGTERM, then wait for the graceful shutdown (SIGKILL after
+        ``STOP_TIMEOUT_SECONDS``). Idempotent."""
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=self.STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._forwarder.is_alive():
+            self._forwarder.join()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+
+def _admin_token(data_dir: Path, kek_file: Path | None) -> str:
+    """``lethe token create --admin`` beside the running server.
+
+    Raises:
+        _ServeError: the command failed.
+    """
+    done = _lethe(
+        ["token", "create", "--data", str(data_dir), "--admin", *_kek_args(kek_file)],
+        capture=True,
+    )
+    if done.returncode != 0:
+        raise _ServeError(f"lethe token create exited with status {done.returncode}")
+    return done.stdout.strip()
+
+
+def _ingest(api: Stubs, convs: list[Conversation]) -> dict[str, dict[str, str]]:
     """Create threads, append turns (pending), then commit. Returns owner → name → dia_id."""
+    from tqdm import tqdm
+
     names: dict[str, dict[str, str]] = {}
     total = sum(len(t) for c in convs for t in c.sessions.values())
     with tqdm(total=total, desc="ingest turns", unit="turn") as bar:
@@ -260,7 +278,7 @@ MODES = {
 
 
 def _run_queries(
-    api: _Api,
+    api: Stubs,
     items: list[_Item],
     names: dict[str, dict[str, str]],
     desc: str,
@@ -268,7 +286,7 @@ def _run_queries(
 ) -> tuple[list[list[str]], list[float]]:
     results: list[list[str]] = []
     latencies: list[float] = []
-    for item in tqdm(items, desc=desc, unit="q"):
+    for item in _progress(items, desc, "q"):
         req = retrieval_pb2.SearchRequest(
             parent=f"owners/{item.owner}",
             query_text=item.question,
@@ -300,21 +318,74 @@ def _score(items: list[_Item], results: list[list[str]]) -> dict[str, Any]:
     return out
 
 
-def _floors(api: _Api, server: Any, owner: str, queries: list[str]) -> dict[str, float]:
-    """Medians (ms) of the floors, measured in the same run as the searches."""
+def _owner_vectors(api: Stubs, owner: str) -> list[list[float]]:
+    """The stored embedding of every listable turn of ``owner`` (``ListThreads``,
+    then ``ListTurns`` with ``view: FULL``, every page); turns without one are skipped."""
+    threads: list[str] = []
+    token = ""
+    while True:
+        listed = api.threads.ListThreads(
+            threads_pb2.ListThreadsRequest(
+                parent=f"owners/{owner}", page_size=1000, page_token=token
+            ),
+            metadata=api.md,
+        )
+        threads.extend(t.name for t in listed.threads)
+        token = listed.next_page_token
+        if not token:
+            break
+    out: list[list[float]] = []
+    for thread in threads:
+        token = ""
+        while True:
+            turns = api.threads.ListTurns(
+                threads_pb2.ListTurnsRequest(
+                    parent=thread, page_size=1000, page_token=token, view=common_pb2.FULL
+                ),
+                metadata=api.md,
+            )
+            out.extend(list(t.embedding) for t in turns.turns if t.embedding)
+            token = turns.next_page_token
+            if not token:
+                break
+    return out
+
+
+def _floors(api: Stubs, owner: str, queries: list[str]) -> dict[str, float]:
+    """Medians (ms) of the floors, measured in the same run as the searches.
+
+    The empty call is ``grpc.health.v1.Health/Check`` on the same channel; the
+    raw search is FAISS ``IndexFlatIP`` in this process over ``owner``'s stored
+    vectors (fetched through the API); the query embedding loads WordLlama
+    ``l2_supercat`` at 256 dimensions from its wheel and scales rows to unit L2
+    norm, as ``index.WordLlamaEmbedder`` does in the server.
+    """
     empty = []
     for _ in range(300):
         start = time.perf_counter()
         api.health.Check(health_pb2.HealthCheckRequest())
         empty.append(time.perf_counter() - start)
     import faiss
+    import numpy as np
+    import wordllama
 
-    retriever = server.retriever
-    metas = list(server.store.owner_turns(owner))
-    _, vecs = server.store.embeddings(metas)
+    model: Any = wordllama.WordLlama.load(
+        config="l2_supercat",
+        cache_dir=Path(wordllama.__file__).parent,
+        disable_download=True,
+        dim=256,
+    )
+
+    def embed(texts: list[str]) -> Any:
+        rows = np.asarray(model.embed(texts, norm=False), dtype=np.float64)
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        unit = np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0.0)
+        return np.ascontiguousarray(unit, dtype=np.float32)
+
+    vecs = np.asarray(_owner_vectors(api, owner), dtype=np.float32)
     flat = faiss.IndexFlatIP(vecs.shape[1])
     flat.add(vecs / np.linalg.norm(vecs, axis=1, keepdims=True))
-    qvecs = retriever.embedder.embed(queries)
+    qvecs = embed(queries)
     raw = []
     for q in qvecs:
         start = time.perf_counter()
@@ -323,7 +394,7 @@ def _floors(api: _Api, server: Any, owner: str, queries: list[str]) -> dict[str,
     emb = []
     for q in queries[:300]:
         start = time.perf_counter()
-        retriever.embedder.embed([q])
+        embed([q])
         emb.append(time.perf_counter() - start)
     return {
         "empty_grpc_call_p50_ms": statistics.median(empty) * 1e3,
@@ -342,26 +413,35 @@ def _scan(root: Path, needles: list[bytes]) -> int:
     return hits
 
 
-def _find_locomo(arg: Path | None) -> Path | None:
-    if arg is not None:
-        return arg if arg.exists() else None
-    here = Path(__file__).resolve().parents[1]
-    for cand in (
-        Path("../shared/data/locomo/locomo10.json"),
-        here.parent / "shared/data/locomo/locomo10.json",
-    ):
-        if cand.exists():
-            return cand
-    return None
-
-
 def run_demo(args: argparse.Namespace) -> int:
-    """Run the demo; returns the process exit status (1 if a forgetting check fails)."""
-    from server._app import LetheServer, ServerConfig
-    from server._auth import new_token, principal_record, token_digest
-    from server.cli import main as cli_main
+    """Run the demo (``lethe demo``).
 
-    path = _find_locomo(args.locomo)
+    Args:
+        args: ``data`` (the data directory, a path), ``locomo`` (path of
+            ``locomo10.json`` or None to look in the usual places; a path that
+            does not exist falls back to the sample conversation), ``out`` (the
+            JSON file the figures go to), ``conversations`` (use only the first
+            N; 0 = all) and ``kek_file`` (path or None).
+
+    Returns:
+        The process exit status: 0 when every forgetting check passed, 1 if
+        one failed, 2 (one line on stderr, after the child's own) when
+        ``lethe serve`` or ``lethe token create`` failed.
+    """
+    try:
+        return _run(args)
+    except _ServeError as exc:
+        print(f"lethe demo: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    """:func:`run_demo` itself.
+
+    Raises:
+        _ServeError: ``lethe serve`` or ``lethe token create`` failed.
+    """
+    path = find_locomo(args.locomo)
     if path is None:
         print(
             "LoCoMo not found (looked for ../shared/data/locomo/locomo10.json): running on a "
@@ -375,18 +455,17 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.conversations:
         convs = convs[: args.conversations]
     data_dir: Path = args.data
-    config = ServerConfig(
-        data_dir=data_dir, listen="127.0.0.1:0", metrics_listen=None, kek_file=args.kek_file
-    )
-    server = LetheServer(config)
-    port = server.start()
-    token = new_token()
-    server.store.put_token(token_digest(token), principal_record([], True))
-    api = _Api(port, token)
+    server = _Served(data_dir, args.kek_file)
+    try:
+        token = _admin_token(data_dir, args.kek_file)
+    except BaseException:
+        server.stop()
+        raise
+    api = Stubs.insecure(f"127.0.0.1:{server.port}", token)
     report: dict[str, Any] = {"source": source, "data_dir": str(data_dir.resolve())}
     failures: list[str] = []
     try:
-        print(f"server on 127.0.0.1:{port}, data in {data_dir.resolve()}")
+        print(f"server on 127.0.0.1:{server.port}, data in {data_dir.resolve()}")
         for conv in convs:  # a previous run's data: forget it first
             api.lifecycle.Forget(
                 lifecycle_pb2.ForgetRequest(names=[f"owners/{conv.owner}"], reason="demo-reset"),
@@ -426,7 +505,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 "p50_ms": round(_pct(latencies, 50) * 1e3, 3),
                 "p99_ms": round(_pct(latencies, 99) * 1e3, 3),
             }
-        floors = _floors(api, server, convs[0].owner, [i.question for i in items])
+        floors = _floors(api, convs[0].owner, [i.question for i in items])
         hybrid_p50 = mode_latency["HYBRID"]["p50_ms"]
         report.update(
             turns=n_turns,
@@ -450,20 +529,15 @@ def run_demo(args: argparse.Namespace) -> int:
 
         # Back up, then forget the session holding the most evidence of conversation 1.
         backup_dir = Path(tempfile.mkdtemp(prefix="lethe-demo-backup-")) / "backup"
-        if (
-            cli_main(
-                ["backup", "--data", str(data_dir), "--out", str(backup_dir)]
-                + (["--kek-file", str(args.kek_file)] if args.kek_file else [])
-            )
-            != 0
-        ):
+        backup = ["backup", "--data", str(data_dir), "--out", str(backup_dir)]
+        if _lethe([*backup, *_kek_args(args.kek_file)]).returncode != 0:
             failures.append("backup failed")
         first = convs[0]
         per_session: dict[int, int] = defaultdict(int)
         for item in items:
             if item.owner == first.owner:
                 for dia in item.evidence:
-                    per_session[int(_DIA_RE.fullmatch(dia).group(1))] += 1  # type: ignore[union-attr]
+                    per_session[session_of(dia)] += 1
         session = max(per_session, key=lambda s: per_session[s])
         gone = {dia for _, dia, _ in first.sessions[session]}
         needles = [text.encode() for _, _, text in first.sessions[session] if len(text) > 40][:5]
@@ -484,7 +558,7 @@ def run_demo(args: argparse.Namespace) -> int:
             api.threads.GetTurn(threads_pb2.GetTurnRequest(name=probe), metadata=api.md)
             get_result = "READABLE"
         except grpc.RpcError as err:
-            get_result = f"{err.code().name}/{_reason(err)}"
+            get_result = f"{err.code().name}/{reason_of(err)}"
         others = [i for i in items if i.owner != first.owner]
         other_before = [r for i, r in zip(items, results, strict=True) if i.owner != first.owner]
         other_after, _ = _run_queries(api, others, names, "re-query other conversations")
@@ -502,21 +576,18 @@ def run_demo(args: argparse.Namespace) -> int:
         # Restore the pre-forget backup beside the live keystore.
         api.close()
         server.stop()
-        rc = cli_main(
-            ["restore", "--backup", str(backup_dir), "--data", str(data_dir)]
-            + (["--kek-file", str(args.kek_file)] if args.kek_file else [])
-        )
-        server = LetheServer(config)
-        port = server.start()
-        server.store.put_token(token_digest(token), principal_record([], True))
-        api = _Api(port, token)
+        restore = ["restore", "--backup", str(backup_dir), "--data", str(data_dir)]
+        rc = _lethe([*restore, *_kek_args(args.kek_file)]).returncode
+        # The backup was taken after the token was created: it still admits.
+        server = _Served(data_dir, args.kek_file)
+        api = Stubs.insecure(f"127.0.0.1:{server.port}", token)
         restored, _ = _run_queries(api, affected, names, "re-query after restore")
         leaked_restored = sum(1 for got in restored if set(got) & gone)
         try:
             api.threads.GetTurn(threads_pb2.GetTurnRequest(name=probe), metadata=api.md)
             get_restored = "READABLE"
         except grpc.RpcError as err:
-            get_restored = f"{err.code().name}/{_reason(err)}"
+            get_restored = f"{err.code().name}/{reason_of(err)}"
         intact = 0
         for n in first.sessions:
             if n == session:
@@ -572,7 +643,7 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _repair_pass(api: _Api, conv: Conversation, names: dict[str, str]) -> dict[str, Any]:
+def _repair_pass(api: Stubs, conv: Conversation, names: dict[str, str]) -> dict[str, Any]:
     """Seal the second half of one session after the fact, reopen it, add a turn,
     pause, reopen, and conclude with DESTROY; check what stays reachable."""
     session = next(iter(conv.sessions))
@@ -585,7 +656,7 @@ def _repair_pass(api: _Api, conv: Conversation, names: dict[str, str]) -> dict[s
     from_seq = seqs[half]
     sealed_texts = [text for _, _, text in turns[half:]]
     kept_texts = [text for _, _, text in turns[:half]]
-    repairs = repairs_pb2_grpc.RepairsStub(api.channel)
+    repairs = api.repairs
     failures: list[str] = []
 
     sealed_names = {f"{thread}/turns/{seq}" for seq in seqs[half:]}
@@ -631,7 +702,7 @@ def _repair_pass(api: _Api, conv: Conversation, names: dict[str, str]) -> dict[s
         api.threads.GetTurn(threads_pb2.GetTurnRequest(name=probe), metadata=api.md)
         after = "READABLE"
     except grpc.RpcError as err:
-        after = f"{err.code().name}/{_reason(err)}"
+        after = f"{err.code().name}/{reason_of(err)}"
     print(
         f"\nrepair: sealed {thread} from turn {from_seq} ({len(sealed_texts)} turns) into "
         f"{repair.name}; search finds {sealed_found} sealed and {kept_found}/{len(kept_texts)} "

@@ -1,0 +1,187 @@
+"""The wire of a Lethe client: one channel, its bearer metadata, the stubs, and
+the decoders of the error details the server attaches (API.md, "Errors").
+
+:class:`Stubs` holds a ``grpc.Channel``, the ``authorization: Bearer <token>``
+metadata every authenticated call carries, and one stub per service of
+``lethe.v1`` (Threads, Memories, Retrieval, Lifecycle, Repairs, Events) plus
+``grpc.health.v1.Health``. It makes no call itself: callers pass
+``metadata=stubs.md`` (Health needs none). The typed client ``lethe.client``
+is meant to be built on it.
+
+:func:`reason_of` and :func:`bad_fields` read the ``google.rpc.Status`` that a
+failed call carries in its trailing metadata (``grpc-status-details-bin``):
+the ``google.rpc.ErrorInfo`` reason of domain ``lethe`` (an ``ErrorReason``
+value name, e.g. ``RECORD_DELETED``) and the fields of a ``google.rpc.BadRequest``.
+Clients compare those constants, never message text.
+
+Imports only grpc, protobuf, grpc-status (googleapis-common-protos), the
+grpc.health.v1 stubs and ``lethe.v1``. A :class:`Stubs` may be used from any
+number of threads at once, as a ``grpc.Channel`` may.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2_grpc
+from grpc_status import rpc_status
+
+from lethe.v1 import (
+    events_pb2_grpc,
+    lifecycle_pb2_grpc,
+    memories_pb2_grpc,
+    repairs_pb2_grpc,
+    retrieval_pb2_grpc,
+    threads_pb2_grpc,
+)
+
+__all__ = ["DOMAIN", "Metadata", "Stubs", "bad_fields", "error_info", "reason_of"]
+
+DOMAIN = "lethe"
+"""The ``ErrorInfo.domain`` of every error the Lethe server attaches a reason to."""
+
+Metadata = tuple[tuple[str, str], ...]
+"""Call metadata as gRPC takes it: ``(key, value)`` pairs."""
+
+
+class Stubs:
+    """A channel, the bearer metadata for one token, and a stub per service.
+
+    Build it with :meth:`insecure` (a new plaintext channel to ``HOST:PORT``)
+    or from an existing channel. :meth:`close` closes the channel; a ``Stubs`` is
+    also a context manager that closes it on exit.
+
+    Attributes:
+        channel: the channel every stub sends on.
+        token: the bearer token (``lethe_…``), as given.
+        md: ``(("authorization", "Bearer <token>"),)``, for ``metadata=``.
+        threads: ``lethe.v1.Threads``.
+        memories: ``lethe.v1.Memories``.
+        retrieval: ``lethe.v1.Retrieval``.
+        lifecycle: ``lethe.v1.Lifecycle``.
+        repairs: ``lethe.v1.Repairs``.
+        events: ``lethe.v1.Events``.
+        health: ``grpc.health.v1.Health`` (unauthenticated: call it without ``md``).
+    """
+
+    def __init__(self, channel: grpc.Channel, token: str) -> None:
+        """Bind stubs on ``channel`` to ``token``.
+
+        Args:
+            channel: an open channel to a serving ``lethe``; :meth:`close`
+                closes it.
+            token: bearer token sent as ``authorization: Bearer <token>``.
+        """
+        self.channel = channel
+        self.token = token
+        self.md: Metadata = (("authorization", f"Bearer {token}"),)
+        self.threads = threads_pb2_grpc.ThreadsStub(channel)
+        self.memories = memories_pb2_grpc.MemoriesStub(channel)
+        self.retrieval = retrieval_pb2_grpc.RetrievalStub(channel)
+        self.lifecycle = lifecycle_pb2_grpc.LifecycleStub(channel)
+        self.repairs = repairs_pb2_grpc.RepairsStub(channel)
+        self.events = events_pb2_grpc.EventsStub(channel)
+        self.health = health_pb2_grpc.HealthStub(channel)
+
+    @classmethod
+    def insecure(cls, target: str, token: str) -> Stubs:
+        """Stubs on a new insecure (plaintext) channel to ``target``.
+
+        The channel connects lazily, on the first call.
+
+        Args:
+            target: ``HOST:PORT`` of a serving ``lethe``.
+            token: bearer token sent as ``authorization: Bearer <token>``.
+
+        Returns:
+            The stubs; :meth:`close` closes the channel.
+        """
+        return cls(grpc.insecure_channel(target), token)
+
+    def close(self) -> None:
+        """Close the channel; calls in flight are cancelled. Idempotent."""
+        self.channel.close()
+
+    def __enter__(self) -> Stubs:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _details(err: grpc.RpcError) -> list[Any]:
+    """The ``google.protobuf.Any`` details of the call's ``google.rpc.Status``, or []."""
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    return [] if status is None else list(status.details)
+
+
+def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    """The first ``google.rpc.ErrorInfo`` detail of a failed call, of any domain.
+
+    Args:
+        err: a failed call (the ``grpc.RpcError`` a stub raised).
+
+    Returns:
+        The decoded ``ErrorInfo``, or None when the error carries no
+        ``google.rpc.Status`` or no ``ErrorInfo`` in it.
+
+    Raises:
+        ValueError: the status in the trailing metadata disagrees with the
+            call's code or message (``grpc_status.rpc_status.from_call``).
+    """
+    for detail in _details(err):
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info
+    return None
+
+
+def reason_of(err: grpc.RpcError) -> str:
+    """The ``google.rpc.ErrorInfo`` reason the Lethe server attached, or "" if none.
+
+    Args:
+        err: a failed call.
+
+    Returns:
+        The reason string (an ``ErrorReason`` value name such as
+        ``RECORD_DELETED``), or "" when the error carries no ``ErrorInfo`` or
+        its domain is not :data:`DOMAIN` (``lethe``).
+
+    Raises:
+        ValueError: as :func:`error_info`.
+    """
+    info = error_info(err)
+    if info is None or info.domain != DOMAIN:
+        return ""
+    return str(info.reason)
+
+
+def bad_fields(err: grpc.RpcError) -> list[str]:
+    """Every ``google.rpc.BadRequest.field_violations[].field`` of a failed call.
+
+    Args:
+        err: a failed call (``INVALID_ARGUMENT`` / ``BAD_FIELD`` names its fields).
+
+    Returns:
+        The field paths in the order the server listed them (e.g.
+        ``["turns[0].text"]``); [] when the error carries no ``BadRequest``.
+
+    Raises:
+        ValueError: as :func:`error_info`.
+    """
+    out: list[str] = []
+    for detail in _details(err):
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            out.extend(str(v.field) for v in bad.field_violations)
+    return out

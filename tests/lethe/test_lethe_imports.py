@@ -1,0 +1,85 @@
+"""The client side stays apart from the server (ARCHITECTURE.md, "Top-level
+layout": ``lethe`` never imports ``server``, ``shredder`` or ``index``), and
+the public names of each ``lethe`` module are pinned (STYLE.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lethe
+from lethe import _rpc, demo, locomo, names, probe
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN = ("server", "shredder", "index", "faiss", "lmdb", "nacl", "bm25s", "wordllama")
+CLIENT_MODULES = ("lethe._rpc", "lethe.names", "lethe.locomo", "lethe.probe", "lethe.demo")
+
+
+def _loaded_after_import(module: str) -> list[str]:
+    """Top-level names of the modules a clean interpreter holds after ``import module``."""
+    code = (
+        "import json, sys\n"
+        f"import {module}\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{code}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=ROOT,
+    )
+    loaded: list[str] = json.loads(done.stdout)
+    return loaded
+
+
+@pytest.mark.parametrize("module", CLIENT_MODULES)
+def test_client_module_imports_nothing_of_the_server(module: str) -> None:
+    loaded = _loaded_after_import(module)
+    assert "lethe" in loaded
+    assert [m for m in FORBIDDEN if m in loaded] == []
+
+
+def test_demo_defers_numpy_and_tqdm_to_the_functions_that_use_them() -> None:
+    loaded = _loaded_after_import("lethe.demo")
+    assert [m for m in ("numpy", "tqdm") if m in loaded] == []
+
+
+def test_lethe_package_exports_no_names_of_its_own() -> None:
+    assert lethe.__all__ == []
+
+
+def test_lethe_module_public_names_are_pinned() -> None:
+    assert sorted(_rpc.__all__) == [
+        "DOMAIN",
+        "Metadata",
+        "Stubs",
+        "bad_fields",
+        "error_info",
+        "reason_of",
+    ]
+    assert sorted(locomo.__all__) == [
+        "Conversation",
+        "find_locomo",
+        "load_locomo",
+        "normalise_evidence",
+        "sample_conversation",
+        "session_of",
+    ]
+    assert sorted(probe.__all__) == [
+        "DEFAULT_OWNER",
+        "STAGES",
+        "add_probe_arguments",
+        "probe",
+        "run_probe",
+        "summarise",
+    ]
+    assert demo.__all__ == ["run_demo"]
+    for module in (_rpc, locomo, probe, demo, names):
+        for name in module.__all__:
+            assert hasattr(module, name), f"{module.__name__}.{name}"
