@@ -21,7 +21,7 @@ from google.protobuf import duration_pb2
 from grpc_status import rpc_status
 
 from lethe import _rpc
-from lethe.v1 import common_pb2, lifecycle_pb2, retrieval_pb2, threads_pb2
+from lethe.v1 import common_pb2, lifecycle_pb2, memories_pb2, retrieval_pb2, threads_pb2
 
 DOMAIN = _rpc.DOMAIN
 
@@ -251,3 +251,80 @@ def files_containing(root: Path, needles: Iterable[str]) -> list[tuple[str, str]
             if raw in data:
                 hits.append((str(path), needle))
     return hits
+
+
+def ref(name: str, version: int = 1) -> common_pb2.SourceRef:
+    """A SourceRef of ``name`` at ``version``."""
+    return common_pb2.SourceRef(name=name, version=version)
+
+
+def reply(c: Client, thread: str, text: str, refs: Sequence[str]) -> threads_pb2.Turn:
+    """Append a committed assistant turn whose ``context_refs`` name ``refs`` (version 1)."""
+    return c.threads.AppendTurns(
+        threads_pb2.AppendTurnsRequest(
+            parent=thread,
+            turns=[
+                threads_pb2.TurnInput(
+                    role=common_pb2.ASSISTANT,
+                    text=text,
+                    commit=True,
+                    context_refs=[ref(n) for n in refs],
+                )
+            ],
+        ),
+        metadata=tuple(c.md),
+    ).turns[0]
+
+
+def summary(
+    c: Client, mid: str, text: str, sources: Sequence[str], commit: bool = True
+) -> memories_pb2.Memory:
+    """Create a SUMMARY of alice's with ``sources`` (version 1 each)."""
+    m = memories_pb2.Memory
+    return c.memories.CreateMemory(
+        memories_pb2.CreateMemoryRequest(
+            parent="owners/alice",
+            memory_id=mid,
+            memory=m(
+                kind=m.SUMMARY,
+                text=text,
+                sources=[ref(n) for n in sources],
+                state=common_pb2.COMMITTED if commit else common_pb2.PENDING,
+            ),
+        ),
+        metadata=tuple(c.md),
+    )
+
+
+def visible_anywhere(c: Client, thread: str, needle: str) -> bool:
+    """Whether ``needle`` appears in alice's search results in any mode or in
+    the context assembled for ``thread``."""
+    found = ""
+    for mode in (
+        retrieval_pb2.SearchRequest.HYBRID,
+        retrieval_pb2.SearchRequest.DENSE,
+        retrieval_pb2.SearchRequest.LEXICAL,
+    ):
+        resp = c.retrieval.Search(
+            retrieval_pb2.SearchRequest(
+                parent="owners/alice", query_text=needle, top_k=50, mode=mode
+            ),
+            metadata=tuple(c.md),
+        )
+        found += str(resp)
+    found += str(
+        c.retrieval.AssembleContext(
+            retrieval_pb2.AssembleContextRequest(thread=thread, query_text=needle),
+            metadata=tuple(c.md),
+        )
+    )
+    return needle in found
+
+
+def search_names(c: Client, query: str, **kw: Any) -> list[str]:
+    """Names of the turns alice's Search returns for ``query`` (top 10)."""
+    resp = c.retrieval.Search(
+        retrieval_pb2.SearchRequest(parent="owners/alice", query_text=query, top_k=10, **kw),
+        metadata=tuple(c.md),
+    )
+    return [h.turn.name for h in resp.hits]

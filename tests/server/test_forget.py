@@ -8,6 +8,7 @@ import pytest
 from _helpers import (
     append,
     create_thread,
+    error_reason,
     expect_error,
     forget,
     get_turn,
@@ -18,7 +19,7 @@ from _helpers import (
 )
 from conftest import Lethe
 
-from lethe.v1 import common_pb2, lifecycle_pb2, threads_pb2
+from lethe.v1 import common_pb2, lifecycle_pb2, memories_pb2, threads_pb2
 
 DESTINATIONS = {"lmdb", "index", "lexical", "keystore", "cache"}
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
@@ -294,3 +295,49 @@ def test_thread_last_seq_keeps_numbers_of_forgotten_turns(lethe: Lethe, seq: int
     assert new.seq == 3
     t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=tuple(c.md))
     assert t.last_seq == 3
+
+
+def test_a_forgotten_thread_id_used_again_numbers_on(lethe: Lethe) -> None:
+    # Was: turn 1 of the new thread reused the forgotten turn 1's name.
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "fg")
+    old = append(c, thread, ["first life one", "first life two"], commit=True)
+    forget(c, thread)
+    create_thread(c, "alice", "fg")
+    new = append(c, thread, ["second life"], commit=True)[0]
+    assert new.seq == 3
+    with pytest.raises(grpc.RpcError) as err:
+        c.threads.GetTurn(threads_pb2.GetTurnRequest(name=old[0].name), metadata=tuple(c.md))
+    assert error_reason(err.value) == (grpc.StatusCode.NOT_FOUND, "RECORD_DELETED")
+
+
+def test_a_forgotten_memory_id_used_again_continues_its_versions(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+
+    def create(text: str) -> memories_pb2.Memory:
+        return c.memories.CreateMemory(
+            memories_pb2.CreateMemoryRequest(
+                parent="owners/alice",
+                memory_id="m",
+                memory=memories_pb2.Memory(kind=memories_pb2.Memory.FACT, text=text),
+            ),
+            metadata=tuple(c.md),
+        )
+
+    first = create("old content")
+    forget(c, first.name)
+    second = create("new content")
+    assert (first.version, second.version) == (1, 2)
+    with pytest.raises(grpc.RpcError) as err:  # a stale reference to version 1 is refused
+        c.memories.CreateMemory(
+            memories_pb2.CreateMemoryRequest(
+                parent="owners/alice",
+                memory=memories_pb2.Memory(
+                    kind=memories_pb2.Memory.SUMMARY,
+                    text="s",
+                    sources=[common_pb2.SourceRef(name=first.name, version=1)],
+                ),
+            ),
+            metadata=tuple(c.md),
+        )
+    assert error_reason(err.value) == (grpc.StatusCode.FAILED_PRECONDITION, "SOURCE_STALE")

@@ -3,6 +3,7 @@ forgotten, the rest comes back intact."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import grpc
@@ -105,3 +106,12 @@ def test_backup_into_data_dir_is_refused(lethe: Lethe) -> None:
     out = lethe.data_dir / "inside"
     assert run_cli(["backup", "--data", str(lethe.data_dir), "--out", str(out)]) == 2
     assert not (out / "data.mdb").exists()
+
+
+def test_backup_files_are_private(lethe: Lethe, tmp_path: Path) -> None:
+    c = lethe.client("alice")
+    create_thread(c, "alice", "t1")
+    out = tmp_path / "backup"
+    assert run_cli(["backup", "--data", str(lethe.data_dir), "--out", str(out)]) == 0
+    for name in ("data.mdb", "MANIFEST.json"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o600

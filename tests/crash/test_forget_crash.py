@@ -1,5 +1,5 @@
 """Crash (SIGKILL) between the tombstone transaction and key destruction: after a
-restart the deletion completes and the audit is clean (issue 3, case 7)."""
+restart the deletion completes and the audit is clean."""
 
 from __future__ import annotations
 

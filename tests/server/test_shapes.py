@@ -1,4 +1,4 @@
-"""Memory with shape (issue 5, partial): the transition matrix, corrections,
+"""Memory with shape: the transition matrix, corrections,
 slots and preferences, over gRPC against the real server."""
 
 from __future__ import annotations
@@ -220,3 +220,28 @@ def test_preference_resolution_narrowest_scope_explicit_first(lethe: Lethe) -> N
         metadata=tuple(c.md),
     )
     assert not missing.HasField("preference")
+
+
+def test_a_preference_without_origin_is_explicit_and_conflicts(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+
+    def pref(mid: str, origin: M.Origin.ValueType) -> M:
+        return c.memories.CreateMemory(
+            memories_pb2.CreateMemoryRequest(
+                parent=OWNER,
+                memory_id=mid,
+                memory=M(
+                    kind=M.PREFERENCE,
+                    text="short",
+                    slot="style",
+                    origin=origin,
+                    state=common_pb2.COMMITTED,
+                ),
+            ),
+            metadata=tuple(c.md),
+        )
+
+    assert pref("p1", M.ORIGIN_UNSPECIFIED).origin == M.EXPLICIT
+    with pytest.raises(grpc.RpcError) as err:
+        pref("p2", M.EXPLICIT)
+    assert error_reason(err.value) == (grpc.StatusCode.ALREADY_EXISTS, "SLOT_CONFLICT")

@@ -1,5 +1,5 @@
 """Visibility holds in every search mode, and contextual indexing follows the
-records it quotes (issue 6: nothing forgotten, expired or pending leaks through
+records it quotes (nothing forgotten, expired or pending leaks through
 any leg, and forgetting the previous turn re-indexes the next without it)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Protocol, TypeVar
 from _helpers import append, create_thread, list_texts, turn_input
 from conftest import Lethe
 
-from lethe.v1 import threads_pb2
+from lethe.v1 import common_pb2, repairs_pb2, repairs_pb2_grpc, threads_pb2
 
 
 def _req(thread: str, texts: list[str], request_id: str) -> threads_pb2.AppendTurnsRequest:
@@ -213,3 +213,22 @@ def test_list_turns_default_page_size_is_100(lethe: Lethe) -> None:
     )
     assert len(big.turns) == 150
     assert big.next_page_token == ""
+
+
+def test_an_append_retry_does_not_return_what_was_sealed_since(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    req = threads_pb2.AppendTurnsRequest(
+        parent=thread,
+        request_id="rq-1",
+        turns=[
+            threads_pb2.TurnInput(role=common_pb2.USER, text="harmless", commit=True),
+            threads_pb2.TurnInput(role=common_pb2.USER, text="sealed yakmuffin", commit=True),
+        ],
+    )
+    c.threads.AppendTurns(req, metadata=tuple(c.md))
+    repairs_pb2_grpc.RepairsStub(c.channel).SealRepair(
+        repairs_pb2.SealRepairRequest(thread=thread, from_seq=2), metadata=tuple(c.md)
+    )
+    again = c.threads.AppendTurns(req, metadata=tuple(c.md))
+    assert [t.text for t in again.turns] == ["harmless"]

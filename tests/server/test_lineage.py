@@ -1,10 +1,14 @@
-"""Lineage and deletion that holds (issue 3), over gRPC against the real server."""
+"""Lineage and deletion that holds: bulk forgets, edges, cascades with rebuild
+requests, late and stale publications, tainted responses, Watch, over gRPC
+against the real server."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
-from _helpers import append, create_thread, error_reason
+from _helpers import append, create_thread, error_reason, ref, reply, summary, visible_anywhere
 from conftest import Client, Lethe
 from google.protobuf import field_mask_pb2
 from google.rpc import error_details_pb2
@@ -21,10 +25,6 @@ from lethe.v1 import (
 
 OWNER = "owners/alice"
 Kind = memories_pb2.Memory.Kind
-
-
-def ref(name: str, version: int = 1) -> common_pb2.SourceRef:
-    return common_pb2.SourceRef(name=name, version=version)
 
 
 def make(
@@ -130,7 +130,7 @@ def audit(c: Client) -> lifecycle_pb2.AuditReport:
 
 
 def test_bulk_forget_of_memories_agrees_in_listing_and_search(lethe: Lethe) -> None:
-    """Case 1: after a bulk forget, listing and search agree at once."""
+    """After a bulk forget, listing and search agree at once."""
     c = lethe.client("alice")
     for i in range(5):
         make(c, f"m{i}", f"the heliotrope garden fact number {i}", [])
@@ -145,7 +145,7 @@ def test_bulk_forget_of_memories_agrees_in_listing_and_search(lethe: Lethe) -> N
 
 
 def test_deleting_a_memory_removes_only_the_edges_it_alone_supports(lethe: Lethe) -> None:
-    """Case 2: edges extracted from a deleted memory go; edges supported by others stay."""
+    """Edges extracted from a deleted memory go; edges supported by others stay."""
     c = lethe.client("alice")
     a = make(c, "a", "Ana works at the observatory", [])
     b = make(c, "b", "Ana's sister Bea lives in Porto", [])
@@ -172,7 +172,7 @@ def test_deleting_a_memory_removes_only_the_edges_it_alone_supports(lethe: Lethe
 
 
 def test_summary_over_two_conversations_goes_when_one_is_deleted(lethe: Lethe) -> None:
-    """Case 3: the summary is gone, a rebuild is requested from the survivor, and the
+    """The summary is gone, a rebuild is requested from the survivor, and the
     survivor's own derivatives stay."""
     c = lethe.client("alice")
     t1 = create_thread(c, "alice", "t1")
@@ -203,7 +203,7 @@ def test_summary_over_two_conversations_goes_when_one_is_deleted(lethe: Lethe) -
 
 
 def test_late_summary_on_older_source_version_is_refused(lethe: Lethe) -> None:
-    """Case 4: two jobs finish out of order; the one built on older versions is refused."""
+    """Two jobs finish out of order; the one built on older versions is refused."""
     c = lethe.client("alice")
     fact = make(c, "fact", "guest count is 40", [])
     newer = c.memories.UpdateMemory(
@@ -224,7 +224,7 @@ def test_late_summary_on_older_source_version_is_refused(lethe: Lethe) -> None:
 
 
 def test_child_of_a_deleted_parent_is_refused(lethe: Lethe) -> None:
-    """Case 5: a sync job that read a parent before it was deleted cannot add children."""
+    """A sync job that read a parent before it was deleted cannot add children."""
     c = lethe.client("alice")
     parent = make(c, "parent", "project apollo notes", [])
     forget(c, parent.name)
@@ -237,7 +237,7 @@ def test_child_of_a_deleted_parent_is_refused(lethe: Lethe) -> None:
 
 
 def test_search_follows_the_updated_text(lethe: Lethe) -> None:
-    """Case 6: updating a memory's text updates what search matches."""
+    """Updating a memory's text updates what search matches."""
     c = lethe.client("alice")
     m = make(c, "pet", "my pet is a tortoise called Sheldon", [])
     assert search_names(c, "tortoise Sheldon")[:1] == [m.name]
@@ -434,3 +434,31 @@ def test_bad_memory_input_is_bad_field(lethe: Lethe) -> None:
         make(c, "dup", "second", [])
     assert error_reason(err.value) == (grpc.StatusCode.ALREADY_EXISTS, "ALREADY_EXISTS")
     assert audit(c).keys_without_record == 0
+
+
+def test_a_memory_built_from_a_tainted_response_goes_with_the_source(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    user = append(c, thread, ["my secret code is quokkaplum"], commit=True)[0]
+    answer = reply(c, thread, "noted quokkaplum", [user.name])
+    derived = summary(c, "s", "summary: user code quokkaplum", [answer.name])
+    receipt = c.lifecycle.Forget(
+        lifecycle_pb2.ForgetRequest(names=[user.name]), metadata=tuple(c.md)
+    )
+    assert (receipt.tainted, receipt.cascaded) == (1, 1)
+    with pytest.raises(grpc.RpcError) as err:
+        c.memories.GetMemory(memories_pb2.GetMemoryRequest(name=derived.name), metadata=tuple(c.md))
+    assert error_reason(err.value) == (grpc.StatusCode.NOT_FOUND, "RECORD_DELETED")
+    assert not visible_anywhere(c, thread, "quokkaplum")
+
+
+def test_a_derivative_expires_with_its_pending_source(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    turn = append(c, thread, ["pending source hedgehogtart"], ttl=0.4)[0]
+    derived = summary(c, "d", "derived hedgehogtart", [turn.name], commit=False)
+    assert derived.expire_time.ToNanoseconds() <= turn.expire_time.ToNanoseconds()
+    time.sleep(0.6)
+    with pytest.raises(grpc.RpcError) as err:
+        c.memories.GetMemory(memories_pb2.GetMemoryRequest(name=derived.name), metadata=tuple(c.md))
+    assert error_reason(err.value) == (grpc.StatusCode.NOT_FOUND, "RECORD_DELETED")

@@ -4,6 +4,7 @@ before anything is read or written, admin tokens, health and reflection."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 import pytest
@@ -14,6 +15,7 @@ from _helpers import (
     expect_error,
     get_turn,
     list_texts,
+    run_cli,
     search_texts,
     unique,
 )
@@ -227,3 +229,21 @@ def test_reflection_without_token_is_unauthenticated(lethe: Lethe) -> None:
     with pytest.raises(grpc.RpcError) as info:
         _reflect(c.channel, None)
     assert error_reason(info.value) == (UNAUTH, "MISSING_TOKEN")
+
+
+def test_two_authorization_headers_are_refused(lethe: Lethe) -> None:
+    # Was: the first header won, so the order of two credentials decided the outcome.
+    alice = lethe.client("alice")
+    bob_token = lethe.token("bob")
+    both = (("authorization", f"Bearer {alice.token}"), ("authorization", f"Bearer {bob_token}"))
+    with pytest.raises(grpc.RpcError) as err:
+        alice.threads.ListThreads(
+            threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=both
+        )
+    assert error_reason(err.value) == (grpc.StatusCode.UNAUTHENTICATED, "INVALID_TOKEN")
+
+
+def test_token_create_refuses_a_directory_without_a_store(tmp_path: Path, kek_env: str) -> None:
+    # Was: a typo in --data silently created a new store and printed a useless token.
+    assert run_cli(["token", "create", "--data", str(tmp_path / "typo"), "--owner", "x"]) == 2
+    assert not (tmp_path / "typo").exists()

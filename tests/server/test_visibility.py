@@ -6,14 +6,16 @@ from __future__ import annotations
 from _helpers import (
     append,
     create_thread,
+    forget,
     get_turn,
     search,
+    search_names,
     search_texts,
     unique,
 )
 from conftest import Lethe
 
-from lethe.v1 import common_pb2, lifecycle_pb2
+from lethe.v1 import common_pb2, lifecycle_pb2, retrieval_pb2
 
 
 def test_pending_turn_is_invisible_to_owner_wide_search(lethe: Lethe) -> None:
@@ -123,3 +125,17 @@ def test_search_never_returns_other_owners_records(lethe: Lethe) -> None:
     # An admin searching alice sees alice only.
     admin = lethe.client(admin=True)
     assert [h.name for h in search(admin, "alice", text)] == [a_turn.name]
+
+
+def test_commit_with_a_name_twice_commits_once_and_stays_searchable(lethe: Lethe) -> None:
+    # Was INTERNAL (duplicate ids in one lexical add) with the turn committed but unsearchable.
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    turn = append(c, thread, ["the marmalade jar is empty"])[0]
+    resp = c.lifecycle.Commit(
+        lifecycle_pb2.CommitRequest(names=[turn.name, turn.name]), metadata=tuple(c.md)
+    )
+    assert [r.name for r in resp.committed] == [turn.name]
+    assert search_names(c, "marmalade jar", mode=retrieval_pb2.SearchRequest.LEXICAL) == [turn.name]
+    receipt = forget(c, turn.name, turn.name)
+    assert list(receipt.targets) == [turn.name]

@@ -1,4 +1,4 @@
-"""Context assembly, manifests and the commitment scheduler (issue 5), over gRPC."""
+"""Context assembly, manifests and the commitment scheduler, over gRPC."""
 
 from __future__ import annotations
 

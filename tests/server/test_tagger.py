@@ -1,4 +1,4 @@
-"""The write-time tagger (issue 5): each rule, its near-misses, due times, and the LoCoMo
+"""The write-time tagger: each rule, its near-misses, due times, and the LoCoMo
 evaluation against hand labels (``tests/data/tagger_labels.jsonl``; skipped without LoCoMo).
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from server._tagger import Proposal, due_time, propose
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LOCOMO = REPO.parent / "shared/data/locomo/locomo10.json"  # bench/eval_tagger.py's default
 
 # Wednesday 3 May 2023, 14:00 UTC.

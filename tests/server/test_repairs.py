@@ -1,14 +1,17 @@
-"""Memory waits and repairs (issue 4), over gRPC against the real server."""
+"""Repairs and the pending window: sealing a stretch after the fact, reopening,
+pausing, concluding with each outcome, ExtendPending and PENDING_EXPIRING, over
+gRPC against the real server."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import grpc
 import pytest
-from _helpers import append, create_thread, error_reason, run_cli
+from _helpers import append, create_thread, error_reason, reply, run_cli, summary, visible_anywhere
 from conftest import Client, Lethe
 from google.protobuf import duration_pb2
 
@@ -22,6 +25,8 @@ from lethe.v1 import (
     retrieval_pb2,
     threads_pb2,
 )
+
+M = memories_pb2.Memory
 
 OWNER = "owners/alice"
 WORDS = [
@@ -89,7 +94,8 @@ def seal(c: Client, thread: str, from_seq: int) -> threads_pb2.Thread:
 
 
 def test_seal_from_turn_six_seals_the_fact_and_rebuilds_the_summary(lethe: Lethe) -> None:
-    """Case 3."""
+    """Sealing from turn 6 seals a fact built from turns 6-8 with them and deletes
+    a summary of turns 1-10, asking for a rebuild from turns 1-5."""
     c = lethe.client("alice")
     thread, turns = ten_turns(c)
     fact = memory(
@@ -132,7 +138,8 @@ def test_seal_from_turn_six_seals_the_fact_and_rebuilds_the_summary(lethe: Lethe
 def test_reopen_append_pause_reopen_then_destroy_with_a_backup_from_before(
     lethe: Lethe, tmp_path: Path
 ) -> None:
-    """Case 4."""
+    """A repair reopened, appended to, paused and reopened keeps its stretch;
+    DESTROY then shreds it, and a backup taken before brings none of it back."""
     c = lethe.client("alice")
     thread, turns = ten_turns(c)
     backup = tmp_path / "before-seal"
@@ -188,7 +195,7 @@ def test_reopen_append_pause_reopen_then_destroy_with_a_backup_from_before(
 
 
 def test_distill_keeps_only_the_lesson(lethe: Lethe) -> None:
-    """Case 5."""
+    """DISTILL stores the lesson as a committed root and destroys the rest."""
     c = lethe.client("alice")
     thread, turns = ten_turns(c)
     repair = seal(c, thread, 6)
@@ -219,7 +226,7 @@ def test_distill_keeps_only_the_lesson(lethe: Lethe) -> None:
 
 
 def test_derivative_on_a_sealed_source_is_refused(lethe: Lethe) -> None:
-    """Case 6."""
+    """Publishing a derivative on a sealed source answers SOURCE_SEALED."""
     c = lethe.client("alice")
     thread, turns = ten_turns(c)
     seal(c, thread, 6)
@@ -358,3 +365,87 @@ def test_expired_pending_turn_is_not_in_context(lethe: Lethe) -> None:
         retrieval_pb2.AssembleContextRequest(thread=thread), metadata=tuple(c.md)
     )
     assert [t.text for t in bundle.recent_turns] == ["kept turn"]
+
+
+def test_a_sealed_memory_cannot_be_updated(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    turns = append(c, thread, ["harmless", "sealed secret is lemurcake"], commit=True)
+    fact = summary(c, "f", "fact: lemurcake", [turns[1].name])
+    repairs_pb2_grpc.RepairsStub(c.channel).SealRepair(
+        repairs_pb2.SealRepairRequest(thread=thread, from_seq=2), metadata=tuple(c.md)
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        c.memories.UpdateMemory(
+            memories_pb2.UpdateMemoryRequest(memory=M(name=fact.name, text="x")),
+            metadata=tuple(c.md),
+        )
+    assert error_reason(err.value) == (grpc.StatusCode.FAILED_PRECONDITION, "SEALED")
+    assert "lemurcake" not in str(err.value.details())
+
+
+def test_a_reply_elsewhere_that_used_a_sealed_turn_is_tainted(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    t1 = create_thread(c, "alice", "t1")
+    t2 = create_thread(c, "alice", "t2")
+    turns = append(c, t1, ["harmless", "the embarrassing thing is otterjam"], commit=True)
+    resp = reply(c, t2, "reply about otterjam", [turns[1].name])
+    repairs_pb2_grpc.RepairsStub(c.channel).SealRepair(
+        repairs_pb2.SealRepairRequest(thread=t1, from_seq=2), metadata=tuple(c.md)
+    )
+    listed = c.threads.ListTurns(
+        threads_pb2.ListTurnsRequest(parent=t2, include_tainted=True), metadata=tuple(c.md)
+    )
+    assert [(t.name, t.tainted) for t in listed.turns] == [(resp.name, True)]
+    assert not visible_anywhere(c, t2, "otterjam")
+
+
+def test_concurrent_distills_store_one_lesson(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    append(c, thread, ["a", "b", "c"], commit=True)
+    stub = repairs_pb2_grpc.RepairsStub(c.channel)
+    repair = stub.SealRepair(
+        repairs_pb2.SealRepairRequest(thread=thread, from_seq=2), metadata=tuple(c.md)
+    )
+    outcomes: list[str] = []
+
+    def conclude(i: int) -> None:
+        try:
+            stub.ConcludeRepair(
+                repairs_pb2.ConcludeRepairRequest(
+                    name=repair.name,
+                    outcome=threads_pb2.RepairInfo.DISTILL,
+                    lesson_text=f"lesson number {i}",
+                ),
+                metadata=tuple(c.md),
+            )
+            outcomes.append("OK")
+        except grpc.RpcError as err:
+            outcomes.append(error_reason(err)[1])
+
+    workers = [threading.Thread(target=conclude, args=(i,)) for i in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert sorted(outcomes) == ["ILLEGAL_TRANSITION"] * 3 + ["OK"]
+    lessons = c.memories.ListMemories(
+        memories_pb2.ListMemoriesRequest(parent=OWNER, kinds=[M.LESSON]), metadata=tuple(c.md)
+    ).memories
+    assert len(lessons) == 1
+
+
+def test_forgetting_a_repair_thread_takes_its_sealed_stretch(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    turns = append(c, thread, ["kept", "sealed one", "sealed two"], commit=True)
+    repair = repairs_pb2_grpc.RepairsStub(c.channel).SealRepair(
+        repairs_pb2.SealRepairRequest(thread=thread, from_seq=2), metadata=tuple(c.md)
+    )
+    c.lifecycle.Forget(lifecycle_pb2.ForgetRequest(names=[repair.name]), metadata=tuple(c.md))
+    with pytest.raises(grpc.RpcError) as err:
+        c.threads.GetTurn(threads_pb2.GetTurnRequest(name=turns[1].name), metadata=tuple(c.md))
+    assert error_reason(err.value) == (grpc.StatusCode.NOT_FOUND, "RECORD_DELETED")
+    report = c.lifecycle.Audit(lifecycle_pb2.AuditRequest(parent=OWNER), metadata=tuple(c.md))
+    assert (report.records_without_key, report.keys_without_record) == (0, 0)

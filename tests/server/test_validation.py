@@ -18,6 +18,7 @@ from _helpers import (
     expect_bad_field,
     expect_error,
     get_turn,
+    search_names,
     turn_input,
 )
 from conftest import Client, Lethe
@@ -25,8 +26,10 @@ from google.protobuf import duration_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lethe.v1 import common_pb2, lifecycle_pb2, retrieval_pb2, threads_pb2
+from lethe.v1 import common_pb2, events_pb2, lifecycle_pb2, memories_pb2, retrieval_pb2, threads_pb2
 
+M = memories_pb2.Memory
+OWNER = "owners/alice"
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 # (client of alice, thread "t", its first turn, committed)
@@ -485,3 +488,43 @@ def test_random_name_checker_catches_internal(ctx: Ctx) -> None:
         [("authorization", "Bearer nope")],
     )
     assert error_reason(err)[0] not in ALLOWED
+
+
+def test_search_in_a_thread_that_does_not_exist_is_not_found(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    with pytest.raises(grpc.RpcError) as err:
+        search_names(c, "x", thread="owners/alice/threads/nope", include_pending=True)
+    assert error_reason(err.value) == (grpc.StatusCode.NOT_FOUND, "NOT_FOUND")
+
+
+def test_watch_with_a_huge_after_is_bad_field(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    with pytest.raises(grpc.RpcError) as err:
+        list(
+            c.events.Watch(
+                events_pb2.WatchRequest(parent=OWNER, after="9" * 40),
+                metadata=tuple(c.md),
+                timeout=1.0,
+            )
+        )
+    assert error_reason(err.value) == (grpc.StatusCode.INVALID_ARGUMENT, "BAD_FIELD")
+
+
+def test_a_bad_tag_refuses_the_append_before_storing_anything(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", "t1")
+    with pytest.raises(grpc.RpcError) as err:
+        c.threads.AppendTurns(
+            threads_pb2.AppendTurnsRequest(
+                parent=thread,
+                turns=[
+                    threads_pb2.TurnInput(
+                        role=common_pb2.USER, text="x", tags=[M(kind=M.FACT, text="")]
+                    )
+                ],
+            ),
+            metadata=tuple(c.md),
+        )
+    assert error_reason(err.value) == (grpc.StatusCode.INVALID_ARGUMENT, "BAD_FIELD")
+    listed = c.threads.ListTurns(threads_pb2.ListTurnsRequest(parent=thread), metadata=tuple(c.md))
+    assert list(listed.turns) == []
