@@ -1,5 +1,6 @@
-"""The Lethe server: gRPC services, validation, auth, the record store on
-LMDB (``server.store``), lifecycle rules and the CLI.
+"""The Lethe server: gRPC services (``server.services``), validation, auth, the
+record store on LMDB (``server.store``, the only room that touches LMDB),
+lifecycle rules and the CLI.
 
 ``server`` knows records and rules but never sees a raw key (``shredder``
 holds them) and leaves vectors to ``index``.

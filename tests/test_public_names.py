@@ -1,5 +1,6 @@
-"""Pins the public names of the ``server`` package (STYLE.md: private modules,
-explicit public names). ``shredder`` and ``index`` pin theirs in their own tests."""
+"""Pins the public names of the ``server`` package and of its rooms
+``server.store`` and ``server.services`` (STYLE.md: private modules, explicit
+public names). ``shredder`` and ``index`` pin theirs in their own tests."""
 
 from __future__ import annotations
 
@@ -16,6 +17,71 @@ def test_server_public_names_are_pinned() -> None:
         "new_token",
         "principal_record",
         "token_digest",
+    ]
+
+
+def test_store_face_is_pinned() -> None:
+    """``server.store`` is the only way the rest of the server reaches the store."""
+    import server.store
+
+    assert sorted(server.store.__all__) == sorted(
+        [
+            "COMMITTED",
+            "DESTINATIONS",
+            "EVENT_RETENTION",
+            "KEK_ENV",
+            "KIND_DEFAULTS",
+            "PENDING",
+            "REPAIR_CONCLUDED",
+            "REPAIR_CONTINUED",
+            "REPAIR_PAUSED",
+            "SEALED",
+            "AuditCounts",
+            "DeletionEntry",
+            "Destination",
+            "EventRow",
+            "ManifestRow",
+            "MemMeta",
+            "MemoryContent",
+            "MemoryDraft",
+            "MemoryView",
+            "RecordMeta",
+            "RecordView",
+            "SlotConflict",
+            "Store",
+            "StoreLockedError",
+            "ThreadMeta",
+            "ThreadView",
+            "TurnDraft",
+            "TurnMeta",
+            "TurnView",
+            "acquire_lock",
+            "data_paths",
+            "effective_state",
+            "general_visible",
+            "indexable",
+            "open_store_for",
+            "pending_indexable",
+            "pending_visible",
+            "scope_chain",
+            "searchable",
+        ]
+    )
+    for name in server.store.__all__:
+        assert hasattr(server.store, name), name
+
+
+def test_services_face_is_pinned() -> None:
+    import server.services
+
+    assert sorted(server.services.__all__) == [
+        "EventsService",
+        "LifecycleService",
+        "MemoriesService",
+        "RepairsService",
+        "RetrievalService",
+        "ThreadsService",
+        "abort",
     ]
 
 
