@@ -283,7 +283,7 @@ class _Cycle:
         resp = self.c.must(
             "AppendTurns",
             self.c.threads.AppendTurns,
-            threads_pb2.AppendTurnsRequest(parent=self.thread, turns=list(inputs)),
+            threads_pb2.AppendTurnsRequest(parent=self.thread, turns=list(inputs), echo_text=True),
         )
         self.memories.extend(m.name for m in resp.proposed)
         return list(resp.turns)

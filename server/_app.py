@@ -39,7 +39,7 @@ from lethe.v1 import (
     threads_pb2_grpc,
 )
 from server._auth import AuthInterceptor
-from server._lifecycle import Lifecycle, Sweeper
+from server._lifecycle import Lifecycle, Recovery, Sweeper
 from server._metrics import Metrics
 from server._search import Retriever
 from server.errors import LetheError
@@ -169,12 +169,9 @@ class LetheServer:
         # OpenMP's fork-join costs more than the scan (bench/: 130 µs vs 31 µs
         # for k=40 over 600 vectors); concurrency comes from the RPC pool.
         faiss.omp_set_num_threads(1)
-        resumed = self.lifecycle.resume_outstanding()
-        reconciled = self.lifecycle.reconcile_keys()
-        if resumed or reconciled:
-            _log.info(
-                "recovered: %d deletions resumed, %d keyless records forgotten", resumed, reconciled
-            )
+        recovery = self.lifecycle.recover()
+        if recovery != Recovery([], 0, 0, 0, [], 0):
+            _log.info("recovered: %s", recovery.summary())
         self._executor = futures.ThreadPoolExecutor(
             max_workers=self.config.max_workers, thread_name_prefix="lethe-rpc"
         )
@@ -201,8 +198,7 @@ class LetheServer:
                 self.store,
                 self.retriever,
                 self.config.pending_ttl,
-                proposer=memories.propose,
-                check_tags=memories.check_tags,
+                proposer=memories.candidates,
             ),
             server,
         )

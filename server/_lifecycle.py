@@ -14,10 +14,20 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from server._metrics import Metrics
 from server._search import Retriever
-from server.store import EVENT_RETENTION, AuditCounts, DeletionEntry, MemMeta, Store, ThreadView
+from server.store import (
+    EVENT_RETENTION,
+    AuditCounts,
+    DeletionEntry,
+    MemMeta,
+    Store,
+    ThreadView,
+    record_ring,
+)
+from shredder import RingRef
 
 _log = logging.getLogger(__name__)
 
@@ -27,6 +37,38 @@ CRASH_ENV = "LETHE_TEST_CRASH"
 REASON_FORGET = "FORGET"
 REASON_EXPIRED = "EXPIRED"
 REASON_KEY_DESTROYED = "KEY_DESTROYED"
+
+
+@dataclass(slots=True)
+class Recovery:
+    """What :meth:`Lifecycle.recover` did at start-up.
+
+    Attributes:
+        kek_versions_retired: KEK versions a cut-short rotation left behind.
+        keys_relocated: keys moved back to the ring their records name.
+        deletions_resumed: outstanding deletion-log entries finished.
+        forgotten: records forgotten because their keys were destroyed on
+            purpose after they were written (reason ``KEY_DESTROYED``).
+        kept_without_key: names of live records whose key is missing with no
+            decided deletion: kept, unreadable (``DATA_LOSS``), reported.
+        stray_keys_destroyed: keys no record uses.
+    """
+
+    kek_versions_retired: list[int]
+    keys_relocated: int
+    deletions_resumed: int
+    forgotten: int
+    kept_without_key: list[str]
+    stray_keys_destroyed: int
+
+    def summary(self) -> str:
+        """One log line (ids and counts only)."""
+        return (
+            f"{self.deletions_resumed} deletions resumed, {self.forgotten} records whose keys "
+            f"were shredded forgotten, {len(self.kept_without_key)} records without a key kept, "
+            f"{self.keys_relocated} keys relocated, {self.stray_keys_destroyed} stray keys "
+            f"destroyed, KEK versions {self.kek_versions_retired} retired"
+        )
 
 
 class Lifecycle:
@@ -138,25 +180,56 @@ class Lifecycle:
             self.store.finish_forget(entry, time.time())
         return len(entries)
 
-    def reconcile_keys(self) -> int:
-        """Forget live records whose key no longer exists.
+    def recover(self) -> Recovery:
+        """Bring the store to a consistent state after a crash or a restore, at
+        start-up (no call is being served; the indexes are empty).
 
-        After a data backup is restored beside the live keystore, records that
-        were shredded since the backup are back in LMDB with no key: they are
-        unreadable, and this makes them deleted everywhere (reason
-        ``KEY_DESTROYED``). Returns how many turns were forgotten.
+        In order: finish a rotation cut short (destroy KEK versions that wrap
+        nothing); move keys an interrupted seal left in another ring back to
+        the ring their records name (the data decided whether the seal
+        happened); resume every outstanding deletion; forget the records whose
+        keys were destroyed on purpose since the data was written (the shred
+        log names them: a restored backup); keep and report loudly every live
+        record whose key is missing with no decided deletion; destroy keys no
+        record uses (made for writes that never committed). Start-up never
+        forgets what nobody decided to forget.
         """
+        retired = self.store.retire_unused_kek_versions()
+        relocated = self.store.relocate_keys(self.store.check_keys().misplaced)
+        resumed = self.resume_outstanding()
+        forgotten = self._forget_decided_threads()
+        more, kept = self._forget_decided_records()
+        stray = self.store.destroy_unreferenced_keys()
+        for name in kept:
+            _log.error(
+                "%s has no key and no decided deletion: kept unreadable for an operator "
+                "(lethe audit; forget it to remove it)",
+                name,
+            )
+        self.metrics.records_without_key.set(len(kept))
+        return Recovery(retired, relocated, resumed, forgotten + more, kept, stray)
+
+    def _forget_decided_threads(self) -> int:
         count = 0
         for meta in self.store.threads_without_key():
-            entry = self.forget(meta.owner, threads=[meta.thread], reason=REASON_KEY_DESTROYED)
-            count += entry.deleted
+            ring = RingRef(meta.owner, meta.thread)
+            if self.store.shred_decided(meta, ring, meta.title_key):
+                entry = self.forget(meta.owner, threads=[meta.thread], reason=REASON_KEY_DESTROYED)
+                count += entry.deleted
+        return count
+
+    def _forget_decided_records(self) -> tuple[int, list[str]]:
         by_owner: dict[str, list[tuple[str, int]]] = defaultdict(list)
         mems_by_owner: dict[str, list[str]] = defaultdict(list)
+        kept: list[str] = []
         for record in self.store.records_without_key():
-            if isinstance(record, MemMeta):
+            if not self.store.shred_decided(record, record_ring(record), record.key_id):
+                kept.append(record.name)
+            elif isinstance(record, MemMeta):
                 mems_by_owner[record.owner].append(record.memory_id)
             else:
                 by_owner[record.owner].append((record.thread, record.seq))
+        count = 0
         for owner in {*by_owner, *mems_by_owner}:
             entry = self.forget(
                 owner,
@@ -165,8 +238,7 @@ class Lifecycle:
                 reason=REASON_KEY_DESTROYED,
             )
             count += entry.deleted
-        self.store.destroy_unreferenced_keys()
-        return count
+        return count, kept
 
     def sweep(self, now: float | None = None) -> int:
         """Forget every pending turn past its expiry; returns how many."""

@@ -85,3 +85,26 @@ class Metrics:
         self.keystore_keys = Gauge(
             "lethe_keystore_keys", "Live wrapped keys.", registry=self.registry
         )
+        self.records_without_key = Gauge(
+            "lethe_records_without_key",
+            "Live records whose key is missing with no decided deletion: kept, unreadable, "
+            "for an operator to decide (must stay 0).",
+            registry=self.registry,
+        )
+        self.unreadable_records = Gauge(
+            "lethe_unreadable_records",
+            "Records whose stored ciphertext failed to open since start (corruption, a key "
+            "that does not match); each is skipped by bulk reads (must stay 0).",
+            registry=self.registry,
+        )
+        self.store_bytes = Gauge(
+            "lethe_store_bytes",
+            "Bytes of the data environment in use (pages times the page size).",
+            registry=self.registry,
+        )
+        self.store_fill_ratio = Gauge(
+            "lethe_store_fill_ratio",
+            "Fraction of --max-store-size the data environment uses (writes fail with "
+            "STORE_FULL at 1).",
+            registry=self.registry,
+        )

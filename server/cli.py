@@ -28,10 +28,16 @@ from shredder import (
     ShredderError,
     backup_environment,
     check_kek_placement,
+    declare,
     default_kek_path,
+    failpoint,
     restore_environment,
 )
 
+FP_RESTORE_AFTER_REPLACE = declare(
+    "restore.after_replace",
+    "lethe restore replaced the data environment; start-up recovery has not run",
+)
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -304,13 +310,16 @@ def _restore(args: argparse.Namespace) -> int:
     store = Store(args.data, kek_file=args.kek_file)
     try:
         lifecycle = Lifecycle(store, Retriever(store, load_embedder("none")), Metrics())
-        resumed = lifecycle.resume_outstanding()
-        forgotten = lifecycle.reconcile_keys()
+        failpoint(FP_RESTORE_AFTER_REPLACE)
+        recovery = lifecycle.recover()
     finally:
         store.close()
+    kept = len(recovery.kept_without_key)
     print(
-        f"restored {args.backup} into {args.data}: {forgotten} turns and memories whose keys were "
-        f"destroyed since the backup are forgotten; {resumed} deletions resumed"
+        f"restored {args.backup} into {args.data}: {recovery.forgotten} turns and memories "
+        f"whose keys were destroyed since the backup are forgotten; "
+        f"{recovery.deletions_resumed} deletions resumed"
+        + (f"; {kept} records without a key kept (see the log, lethe audit)" if kept else "")
     )
     return 0
 

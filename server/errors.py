@@ -21,6 +21,7 @@ Exception tree::
     ├── AlreadyExists          ALREADY_EXISTS       ALREADY_EXISTS | SLOT_CONFLICT
     ├── Aborted                ABORTED              VERSION_MISMATCH
     ├── StoreFull              RESOURCE_EXHAUSTED   STORE_FULL
+    ├── Unavailable            UNAVAILABLE          STORAGE_UNAVAILABLE
     ├── DataLoss               DATA_LOSS            INTEGRITY
     └── Unimplemented          UNIMPLEMENTED        (no reason)
 """
@@ -162,6 +163,13 @@ class Aborted(LetheError):
 class StoreFull(LetheError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
     default_reason = Reason.STORE_FULL
+
+
+class Unavailable(LetheError):
+    """A storage fault (full disk, I/O error) stopped a write; nothing was applied."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    default_reason = Reason.STORAGE_UNAVAILABLE
 
 
 class DataLoss(LetheError):

@@ -39,6 +39,7 @@ def test_store_face_is_pinned() -> None:
             "AuditCounts",
             "DeletionEntry",
             "Destination",
+            "KeyCheck",
             "EventRow",
             "ManifestRow",
             "MemMeta",
@@ -63,6 +64,7 @@ def test_store_face_is_pinned() -> None:
             "open_store_for",
             "pending_indexable",
             "pending_visible",
+            "record_ring",
             "scope_chain",
             "searchable",
         ]

@@ -55,6 +55,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED"""
     INTEGRITY: _ErrorReason.ValueType  # 20
     """DATA_LOSS: stored ciphertext fails authentication while its key exists"""
+    STORAGE_UNAVAILABLE: _ErrorReason.ValueType  # 21
+    """UNAVAILABLE: a disk error (ENOSPC, EIO) stopped a write; nothing of it was
+    applied, reads keep working, retry later
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The `reason` of the `google.rpc.ErrorInfo` detail (domain "lethe") on every
@@ -92,4 +96,8 @@ STORE_FULL: ErrorReason.ValueType  # 19
 """RESOURCE_EXHAUSTED"""
 INTEGRITY: ErrorReason.ValueType  # 20
 """DATA_LOSS: stored ciphertext fails authentication while its key exists"""
+STORAGE_UNAVAILABLE: ErrorReason.ValueType  # 21
+"""UNAVAILABLE: a disk error (ENOSPC, EIO) stopped a write; nothing of it was
+applied, reads keep working, retry later
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

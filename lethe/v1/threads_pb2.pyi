@@ -387,10 +387,17 @@ class AppendTurnsRequest(_message.Message):
     PARENT_FIELD_NUMBER: _builtins.int
     TURNS_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    ECHO_TEXT_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
     """The thread: `owners/{o}/threads/{t}`."""
     request_id: _builtins.str
     """Idempotency key: a retry with the same id returns the first result."""
+    echo_text: _builtins.bool
+    """Echo each stored turn's text and speaker in the response. By default the
+    response carries names, states, versions and times only, so a reply never
+    exceeds what the writer could send (a client with gRPC's default 4 MiB
+    receive limit can always read the acknowledgement of its own append).
+    """
     @_builtins.property
     def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___TurnInput]:
         """1..1000 turns."""
@@ -401,10 +408,11 @@ class AppendTurnsRequest(_message.Message):
         parent: _builtins.str = ...,
         turns: _abc.Iterable[Global___TurnInput] | None = ...,
         request_id: _builtins.str = ...,
+        echo_text: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["parent", b"parent", "request_id", b"request_id", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["echo_text", b"echo_text", "parent", b"parent", "request_id", b"request_id", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

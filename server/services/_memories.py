@@ -11,6 +11,7 @@ narrowest applicable scope, ``EXPLICIT`` before ``INFERRED``.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
@@ -42,7 +43,7 @@ from server.store import (
     MemoryDraft,
     SlotConflict,
     Store,
-    TurnMeta,
+    TurnDraft,
 )
 
 MAX_FIELD_BYTES = 1024
@@ -140,72 +141,48 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             text = content.text or (" ".join(content.edge) if content.edge else "")
             draft.embedding = self.retriever.embed_texts([text])[0] if text.strip() else None
 
-    def check_tags(self, owner: str, request: threads_pb2.AppendTurnsRequest) -> None:
-        """Validate client tags before any turn is stored.
+    def candidates(
+        self, owner: str, request: threads_pb2.AppendTurnsRequest, drafts: list[TurnDraft]
+    ) -> list[list[MemoryDraft]]:
+        """The candidate memories of each turn of an append, validated and embedded
+        before anything is stored: the client's own ``tags`` where it ``tagged``
+        the turn, otherwise the write-time rules of :mod:`server._tagger`. The
+        store writes them with the turns, in one transaction.
 
         Raises:
-            InvalidArgument: more than ``MAX_TAGS`` tags on a turn, or a malformed tag
-                (the field names the turn and tag).
+            InvalidArgument: more than ``MAX_TAGS`` tags on a turn, or a malformed
+                tag (the field names the turn and tag); nothing is stored.
         """
-        for i, turn in enumerate(request.turns):
+        out: list[list[MemoryDraft]] = []
+        for i, (turn, draft) in enumerate(zip(request.turns, drafts, strict=True)):
             if len(turn.tags) > MAX_TAGS:
                 raise InvalidArgument(f"turns[{i}].tags", f"at most {MAX_TAGS} tags per turn")
-            for j, tag in enumerate(turn.tags):
-                try:
-                    self._draft(tag, owner, creating=True)
-                except InvalidArgument as exc:
-                    raise InvalidArgument(
-                        f"turns[{i}].tags[{j}].{exc.field.removeprefix('memory.')}",
-                        exc.description,
-                        reason=exc.reason,
-                    ) from None
-
-    def propose(
-        self, owner: str, metas: list[TurnMeta], request: threads_pb2.AppendTurnsRequest
-    ) -> list[memories_pb2.Memory]:
-        """Candidates for freshly appended turns: the client's own ``tags`` where
-        it ``tagged`` the turn, otherwise the write-time rules of
-        :mod:`server._tagger`. Each becomes a ``PENDING`` memory whose source is
-        its turn, announced with a ``CANDIDATE_PROPOSED`` event.
-
-        Raises:
-            InvalidArgument: a client tag is malformed (the turns are stored).
-        """
-        out: list[memories_pb2.Memory] = []
-        for i, (meta, turn) in enumerate(zip(metas, request.turns, strict=True)):
-            if meta.state == "SEALED" or meta.tainted:
-                continue
-            drafts: list[MemoryDraft] = []
+            found: list[MemoryDraft] = []
             if turn.tagged or turn.tags:
                 for j, tag in enumerate(turn.tags):
-                    draft = self._draft(tag, owner, creating=True)
-                    drafts.append(draft)
-                    del j
+                    try:
+                        found.append(self._draft(tag, owner, creating=True))
+                    except InvalidArgument as exc:
+                        raise InvalidArgument(
+                            f"turns[{i}].tags[{j}].{exc.field.removeprefix('memory.')}",
+                            exc.description,
+                            reason=exc.reason,
+                        ) from None
             elif self.rules:
-                role = common_pb2.Role.Name(common_pb2.Role.ValueType(meta.role))
-                for proposal in tagger.propose(role, turn.text, meta.time):
-                    drafts.append(
-                        MemoryDraft(
-                            proposal.kind,
-                            MemoryContent(proposal.text),
-                            due_time=proposal.due_time or 0.0,
-                            origin="INFERRED",
-                        )
+                role = common_pb2.Role.Name(common_pb2.Role.ValueType(draft.role))
+                when = draft.time if draft.time is not None else time.time()
+                found.extend(
+                    MemoryDraft(
+                        proposal.kind,
+                        MemoryContent(proposal.text),
+                        due_time=proposal.due_time or 0.0,
+                        origin="INFERRED",
                     )
-            for draft in drafts:
-                draft.sources = [(meta.name, meta.version)]
-                self._embed(draft)
-                try:
-                    view = self.store.create_memory(
-                        owner, new_id(), draft, commit=False, pending_ttl=self.pending_ttl
-                    )
-                except SlotConflict as conflict:  # the turn is stored; the candidate is not
-                    self.store.emit_event(owner, "SLOT_CONFLICT", conflict.holder)
-                    continue
-                self.store.emit_event(owner, "CANDIDATE_PROPOSED", view.meta.name)
-                self.retriever.on_write(owner, [view.meta])
-                out.append(memory_proto(view))
-            del i
+                    for proposal in tagger.propose(role, turn.text, when)
+                )
+            for candidate in found:
+                self._embed(candidate)
+            out.append(found)
         return out
 
     @rpc

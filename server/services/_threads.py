@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 
 from lethe.v1 import common_pb2, threads_pb2, threads_pb2_grpc
 from server._auth import authorize
-from server._convert import thread_proto, turn_proto
+from server._convert import memory_proto, thread_proto, turn_proto
 from server._names import check_id, new_id, parse_manifest, parse_owner, parse_thread, parse_turn
 from server._search import Retriever
 from server.errors import InvalidArgument, Reason
@@ -33,7 +32,7 @@ from server.services._common import (
     states,
     view_full,
 )
-from server.store import Store, TurnDraft, TurnMeta, TurnView
+from server.store import MemoryDraft, Store, TurnDraft, TurnView
 
 
 class ThreadsService(threads_pb2_grpc.ThreadsServicer):
@@ -44,16 +43,16 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         store: Store,
         retriever: Retriever,
         pending_ttl: float,
-        proposer: Callable[[str, list[TurnMeta], threads_pb2.AppendTurnsRequest], list[Any]]
+        proposer: Callable[
+            [str, threads_pb2.AppendTurnsRequest, list[TurnDraft]], list[list[MemoryDraft]]
+        ]
         | None = None,
-        check_tags: Callable[[str, threads_pb2.AppendTurnsRequest], None] | None = None,
     ) -> None:
         self.store = store
         self.retriever = retriever
         self.pending_ttl = pending_ttl
         # Turns -> candidate memories (client tags, or the write-time rules).
         self.proposer = proposer
-        self.check_tags = check_tags
 
     @rpc
     def CreateThread(  # noqa: N802
@@ -146,8 +145,6 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         if request.request_id and not REQUEST_ID_RE.fullmatch(request.request_id):
             raise InvalidArgument("request_id", "must match [A-Za-z0-9._:-]{1,128}")
         drafts = self._drafts(request, name.owner)
-        if self.check_tags is not None:
-            self.check_tags(name.owner, request)
         embedder = self.retriever.embedder
         for i, draft in enumerate(drafts):
             if (
@@ -164,33 +161,38 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         if request.request_id:
             prior = self.store.find_request(name.owner, name.thread, request.request_id)
             if prior is not None:
-                return self._replay(prior)
+                return self._replay(prior, request.echo_text)
         missing = [i for i, d in enumerate(drafts) if d.embedding is None]
         vectors = self.retriever.embed_texts(
             [_indexed_text(drafts[i].speaker, drafts[i].text) for i in missing]
         )
         for i, vec in zip(missing, vectors, strict=True):
             drafts[i].embedding = vec
-        metas, retried = self.store.append_turns(
-            name.owner, name.thread, drafts, request.request_id
+        candidates = self.proposer(name.owner, request, drafts) if self.proposer else []
+        metas, retried, proposed = self.store.append_turns(
+            name.owner,
+            name.thread,
+            drafts,
+            request.request_id,
+            candidates=candidates,
+            pending_ttl=self.pending_ttl,
         )
         if retried:
-            return self._replay([m.rid for m in metas])
-        self.retriever.on_write(name.owner, metas)
-        proposed = self.proposer(name.owner, metas, request) if self.proposer else []
+            return self._replay([m.rid for m in metas], request.echo_text)
+        self.retriever.on_write(name.owner, [*metas, *(v.meta for v in proposed)])
         return threads_pb2.AppendTurnsResponse(
             turns=[
-                turn_proto(TurnView(meta, draft.text, draft.speaker))
+                turn_proto(TurnView(meta, draft.text, draft.speaker), text=request.echo_text)
                 for meta, draft in zip(metas, drafts, strict=True)
             ],
-            proposed=proposed,
+            proposed=[memory_proto(v) for v in proposed],
         )
 
-    def _replay(self, rids: list[int]) -> threads_pb2.AppendTurnsResponse:
+    def _replay(self, rids: list[int], echo_text: bool) -> threads_pb2.AppendTurnsResponse:
         """The first result of a retried append, through the visibility rules:
         a turn since deleted, expired, sealed or tainted is left out."""
         return threads_pb2.AppendTurnsResponse(
-            turns=[turn_proto(v) for v in self.store.replay_turns(rids)]
+            turns=[turn_proto(v, text=echo_text) for v in self.store.replay_turns(rids)]
         )
 
     @rpc

@@ -34,7 +34,8 @@ May import: ``lethe`` (names, generated messages), ``server.errors`` and
 ``shredder``; never another ``server`` module, never ``index``.
 """
 
-from server.store._audit import AuditCounts
+from server.store._audit import AuditCounts, KeyCheck
+from server.store._base import record_ring
 from server.store._events import EVENT_RETENTION
 from server.store._forget import DESTINATIONS, DeletionEntry, Destination
 from server.store._records import (
@@ -93,6 +94,7 @@ __all__ = [
     "DeletionEntry",
     "Destination",
     "EventRow",
+    "KeyCheck",
     "ManifestRow",
     "MemMeta",
     "MemoryContent",
@@ -116,6 +118,7 @@ __all__ = [
     "open_store_for",
     "pending_indexable",
     "pending_visible",
+    "record_ring",
     "scope_chain",
     "searchable",
 ]

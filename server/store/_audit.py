@@ -20,19 +20,33 @@ Thread rules: read-only except :meth:`AuditPart.destroy_unreferenced_keys`
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import lmdb
 
 from lethe.names import InvalidName, TurnName, parse_record
 from server.store import _schema as sk
 from server.store._base import StoreBase, memory_ring
-from server.store._records import MemMeta, ThreadMeta, TurnMeta
+from server.store._records import MemMeta, RecordMeta, ThreadMeta, TurnMeta
 from server.store._shapes import SLOT_KEY_ID
 from server.store._visibility import effective_state
 from server.store._writer import WriteOp
 from shredder import RingRef
+
+
+@dataclass(slots=True)
+class KeyCheck:
+    """Where live records' keys are (:meth:`AuditPart.check_keys`).
+
+    Attributes:
+        missing: live records (and threads) with a key that is in no ring.
+        misplaced: ``(ring it is in, key id, ring the data names)`` of keys an
+            interrupted move left in another ring of the owner.
+    """
+
+    missing: list[RecordMeta | ThreadMeta] = field(default_factory=list)
+    misplaced: list[tuple[RingRef, str, RingRef]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -149,39 +163,89 @@ class AuditPart(StoreBase):
         owners = set(self.owners()) | {ring.owner for ring, _ in self.keystore.list_record_keys()}
         stray = [ref for owner in sorted(owners) for ref in self.unreferenced_keys(owner)]
         if stray:
-            self.writer.run(WriteOp(_noop, destroy_keys=stray))
+            self.writer.run(WriteOp(_noop, destroy_keys=stray, name="keys.destroy_stray"))
         return len(stray)
 
-    def records_without_key(self) -> list[TurnMeta | MemMeta]:
-        """Live turns and memories whose (current) record key no longer exists
-        (after a restore, say)."""
-        out: list[TurnMeta | MemMeta] = []
+    def _record_keys_wanted(
+        self, txn: lmdb.Transaction
+    ) -> Iterator[tuple[RecordMeta | ThreadMeta, RingRef, str]]:
+        """(live record or thread, the ring its data names, key id) of every key
+        the data needs: a live turn's, every version's of a live memory, a
+        live thread's title key."""
+        for _, raw in sk.scan(txn, self.t.turns, b""):
+            turn = TurnMeta.decode(raw)
+            if not turn.deleted:
+                yield turn, RingRef(turn.owner, turn.ring_thread), turn.key_id
+        for _, raw in sk.scan(txn, self.t.memories, b""):
+            mem = MemMeta.decode(raw)
+            if not mem.deleted:
+                for key_id in mem.key_ids.values():
+                    yield mem, memory_ring(mem), key_id
+        for _, raw in sk.scan(txn, self.t.threads, b""):
+            thread = ThreadMeta.decode(raw)
+            if thread.title_key and not thread.deleted:
+                # a repair concluded with DESTROY keeps no title key, by design
+                yield thread, RingRef(thread.owner, thread.thread), thread.title_key
+
+    def check_keys(self) -> KeyCheck:
+        """Where the key of every live record is, in one pass over the data and
+        one listing of the keystore (start-up recovery; the audit)."""
+        inventory = set(self.keystore.list_record_keys())
+        by_id: dict[tuple[str, str], list[RingRef]] = {}
+        for ring, key_id in inventory:
+            by_id.setdefault((ring.owner, key_id), []).append(ring)
+        check = KeyCheck()
         with self.env.begin() as txn:
-            for _, raw in sk.scan(txn, self.t.turns, b""):
-                meta = TurnMeta.decode(raw)
-                if not meta.deleted and not self.keystore.has_record_key(
-                    RingRef(meta.owner, meta.ring_thread), meta.key_id
-                ):
-                    out.append(meta)
-            for _, raw in sk.scan(txn, self.t.memories, b""):
-                mem = MemMeta.decode(raw)
-                if not mem.deleted and not self.keystore.has_record_key(
-                    memory_ring(mem), mem.key_id
-                ):
-                    out.append(mem)
+            for record, ring, key_id in self._record_keys_wanted(txn):
+                if (ring, key_id) in inventory:
+                    continue
+                elsewhere = [r for r in by_id.get((ring.owner, key_id), []) if r != ring]
+                if len(elsewhere) == 1:
+                    check.misplaced.append((elsewhere[0], key_id, ring))
+                elif not any(r is record for r in check.missing):
+                    check.missing.append(record)
+        return check
+
+    def relocate_keys(self, misplaced: Sequence[tuple[RingRef, str, RingRef]]) -> int:
+        """Move each key back to the ring its record names: this completes or
+        undoes a move (a seal) that a crash cut between the keystore and the
+        data commit, as the data decided. Returns how many keys moved."""
+        by_target: dict[RingRef, list[tuple[RingRef, str]]] = {}
+        for found, key_id, wanted in misplaced:
+            by_target.setdefault(wanted, []).append((found, key_id))
+        for wanted, refs in by_target.items():
+            op = WriteOp(_noop, rewrap_keys=refs, rewrap_to=wanted, name="keys.relocate")
+            self.writer.run(op)
+        return len(misplaced)
+
+    def shred_decided(self, record: RecordMeta | ThreadMeta, ring: RingRef, key_id: str) -> bool:
+        """Whether a missing key was destroyed on purpose after ``record`` was
+        made (the shred log names the key, its ring or its owner): the
+        record's deletion was decided, and forgetting it is only the rest of
+        that decision."""
+        when = self.keystore.shredded_at(ring, key_id)
+        return when is not None and when >= record.create_time - 1.0
+
+    def records_without_key(self) -> list[TurnMeta | MemMeta]:
+        """Live turns and memories whose current record key is in no ring."""
+        out: list[TurnMeta | MemMeta] = []
+        for record in self.check_keys().missing:
+            if isinstance(record, TurnMeta):
+                out.append(record)
+            elif isinstance(record, MemMeta):
+                current = self.keystore.has_record_key(memory_ring(record), record.key_id)
+                if not current:
+                    out.append(record)
         return out
 
     def threads_without_key(self) -> list[ThreadMeta]:
-        """Threads whose ring was destroyed (their title key is gone)."""
-        out = []
-        with self.env.begin() as txn:
-            for _, raw in sk.scan(txn, self.t.threads, b""):
-                meta = ThreadMeta.decode(raw)
-                if meta.title_key and not self.keystore.has_record_key(
-                    RingRef(meta.owner, meta.thread), meta.title_key
-                ):  # a repair concluded with DESTROY keeps no title key, by design
-                    out.append(meta)
-        return out
+        """Live threads whose title key is in no ring (their ring was destroyed)."""
+        return [r for r in self.check_keys().missing if isinstance(r, ThreadMeta)]
+
+    def retire_unused_kek_versions(self) -> list[int]:
+        """Finish a rotation a crash cut short (see
+        :meth:`shredder.Keystore.retire_unused_kek_versions`); returns the versions destroyed."""
+        return self.keystore.retire_unused_kek_versions()
 
     def key_count(self) -> int:
         """Live wrapped keys in the keystore (``lethe_keystore_keys``)."""
@@ -198,4 +262,4 @@ class AuditPart(StoreBase):
         Returns:
             (rings renewed, ring keys moved to a new KEK version, KEK versions destroyed).
         """
-        return self.writer.run(WriteOp(lambda txn: self.keystore.rotate()))
+        return self.writer.run(WriteOp(lambda txn: self.keystore.rotate(), name="rotate"))

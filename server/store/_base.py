@@ -57,6 +57,13 @@ def memory_ring(meta: MemMeta) -> RingRef:
     return RingRef(meta.owner, meta.ring_thread or None)
 
 
+def record_ring(meta: RecordMeta) -> RingRef:
+    """The ring holding a record's current key."""
+    if isinstance(meta, MemMeta):
+        return memory_ring(meta)
+    return RingRef(meta.owner, meta.ring_thread)
+
+
 def thread_name(owner: str, thread: str) -> str:
     return f"owners/{owner}/threads/{thread}"
 
@@ -81,13 +88,17 @@ class StoreBase:
         """Open one payload of record ``name``.
 
         Raises:
-            RecordDeleted: its record key was destroyed.
-            DataLoss: the ciphertext fails authentication while its key exists.
+            RecordDeleted: its record key was destroyed on purpose (the shred log
+                says so: a forget decided it).
+            DataLoss: the ciphertext fails authentication while its key exists,
+                or the key is missing without a decided deletion.
         """
         try:
             return self.keystore.open(ring, key_id, ad, ciphertext)
         except KeyNotFoundError:
-            raise RecordDeleted(f"{name} was deleted") from None
+            if self.keystore.shredded_at(ring, key_id) is not None:
+                raise RecordDeleted(f"{name} was deleted") from None
+            raise DataLoss(f"the key of {name} is missing, and no deletion decided it") from None
         except IntegrityError:
             raise DataLoss(f"stored ciphertext of {name} failed authentication") from None
 

@@ -443,7 +443,7 @@ class ForgetPart(StoreBase):
                 self._tombstone(txn, f"owners/{owner}", now, plan.deletion_id, reason)
             return plan.write(request_time, whole_owner)
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="forget.plan"))
 
     def finish_forget(
         self, entry: DeletionEntry, index_done_time: float, shred_horizon: float = 0.0
@@ -490,6 +490,7 @@ class ForgetPart(StoreBase):
                 destroy_keys=keys,
                 destroy_rings=rings,
                 destroy_owners=[owner] if entry.whole_owner else [],
+                name="forget.finish",
             )
         )
 

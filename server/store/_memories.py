@@ -199,70 +199,94 @@ class MemoriesPart(StoreBase):
         """Publish a memory with its lineage, in one transaction.
 
         Raises:
-            AlreadyExists: the id is taken (also by a deleted memory not yet purged).
+            AlreadyExists: the id is taken (also by a deleted memory not yet purged),
+                or ``SLOT_CONFLICT``.
             FailedPrecondition: a source is deleted, stale or sealed.
             InvalidArgument: a source never existed or belongs to another owner.
         """
         ring_thread = self.ring_for_sources(owner, draft.sources) if draft.sources else ""
         key_id = secrets.token_hex(8)
-        direction, trigger, status = KIND_DEFAULTS[draft.kind]
         if draft.kind in SLOTTED_KINDS and draft.content.slot:
             self.ensure_slot_key(owner)
 
         def apply(txn: lmdb.Transaction) -> MemoryView:
-            now = time.time()
-            if txn.get(sk.memory_id_key(owner, memory_id), db=self.t.memory_ids) is not None:
-                raise AlreadyExists(f"owners/{owner}/memories/{memory_id} already exists")
-            sources_state, sources_expiry = self._sources_window(txn, owner, draft.sources, now)
-            state = COMMITTED if commit and sources_state == COMMITTED else PENDING
-            rid = self._next_rids(txn, 1)
-            self._ensure_owner(txn, owner, now)
-            name = f"owners/{owner}/memories/{memory_id}"
-            stone = self._tombstone_of(txn, name)
-            # An id used again continues the old numbering: (name, version) is unique.
-            version = stone.last_version + 1 if stone is not None else 1
-            txn.delete(sk.tombstone_key(name), db=self.t.tombstones)
-            meta = MemMeta(
-                rid=rid,
-                owner=owner,
-                memory_id=memory_id,
-                kind=draft.kind,
-                state=state,
-                version=version,
-                status=draft.status or status,
-                direction=draft.direction or direction,
-                trigger=draft.trigger or trigger,
-                origin=draft.origin,
-                create_time=now,
-                update_time=now,
-                expire_time=_earliest(now + pending_ttl, sources_expiry)
-                if state == PENDING
-                else 0.0,
-                ring_thread=ring_thread,
-                key_ids={str(version): key_id},
-                sources=list(draft.sources),
-                due_time=draft.due_time,
-            )
-            if draft.embedding is not None:
-                self._check_memory_dim(txn, owner, draft.embedding.shape[0], now)
-            self._claim_slot(txn, meta, draft.content, now)
-            self._write_version(txn, meta, draft)
-            self._put_memory(txn, meta)
-            if meta.state == PENDING:
-                self._queue_expiry(txn, meta)
-            txn.put(sk.memory_id_key(owner, memory_id), sk.rid_key(rid), db=self.t.memory_ids)
-            txn.put(sk.owner_record_key(owner, rid), b"", db=self.t.owner_records)
-            add_edges(
+            return self._insert_memory(
                 txn,
-                self.t,
-                meta.name,
-                version,
-                draft.sources,
+                owner,
+                memory_id,
+                draft,
+                key_id,
+                ring_thread,
+                commit=commit,
+                pending_ttl=pending_ttl,
+                now=time.time(),
             )
-            return MemoryView(meta, version, meta.status, draft.content, list(draft.sources))
 
         ring = RingRef(owner, ring_thread or None)
-        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)]))
+        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)], name="memory.create"))
+
+    def _insert_memory(
+        self,
+        txn: lmdb.Transaction,
+        owner: str,
+        memory_id: str,
+        draft: MemoryDraft,
+        key_id: str,
+        ring_thread: str,
+        *,
+        commit: bool,
+        pending_ttl: float,
+        now: float,
+    ) -> MemoryView:
+        """Write a new memory in the caller's transaction; its record key
+        ``key_id`` in ``ring_thread``'s ring ("" for the owner's) must exist.
+
+        Raises:
+            AlreadyExists: the id is taken, or ``SLOT_CONFLICT``.
+            FailedPrecondition / InvalidArgument: a source (see :meth:`check_source`).
+        """
+        direction, trigger, status = KIND_DEFAULTS[draft.kind]
+        if sk.get(txn, self.t.memory_ids, sk.memory_id_key(owner, memory_id)) is not None:
+            raise AlreadyExists(f"owners/{owner}/memories/{memory_id} already exists")
+        sources_state, sources_expiry = self._sources_window(txn, owner, draft.sources, now)
+        state = COMMITTED if commit and sources_state == COMMITTED else PENDING
+        rid = self._next_rids(txn, 1)
+        self._ensure_owner(txn, owner, now)
+        name = f"owners/{owner}/memories/{memory_id}"
+        stone = self._tombstone_of(txn, name)
+        # An id used again continues the old numbering: (name, version) is unique.
+        version = stone.last_version + 1 if stone is not None else 1
+        txn.delete(sk.tombstone_key(name), db=self.t.tombstones)
+        meta = MemMeta(
+            rid=rid,
+            owner=owner,
+            memory_id=memory_id,
+            kind=draft.kind,
+            state=state,
+            version=version,
+            status=draft.status or status,
+            direction=draft.direction or direction,
+            trigger=draft.trigger or trigger,
+            origin=draft.origin,
+            create_time=now,
+            update_time=now,
+            expire_time=_earliest(now + pending_ttl, sources_expiry) if state == PENDING else 0.0,
+            ring_thread=ring_thread,
+            key_ids={str(version): key_id},
+            sources=list(draft.sources),
+            due_time=draft.due_time,
+        )
+        if draft.embedding is not None:
+            self._check_memory_dim(txn, owner, draft.embedding.shape[0], now)
+        self._claim_slot(txn, meta, draft.content, now)
+        self._write_version(txn, meta, draft)
+        self._put_memory(txn, meta)
+        if meta.state == PENDING:
+            self._queue_expiry(txn, meta)
+        txn.put(sk.memory_id_key(owner, memory_id), sk.rid_key(rid), db=self.t.memory_ids)
+        txn.put(sk.owner_record_key(owner, rid), b"", db=self.t.owner_records)
+        add_edges(txn, self.t, meta.name, version, draft.sources)
+        return MemoryView(meta, version, meta.status, draft.content, list(draft.sources))
 
     # ------------------------------------------------------------------ slots
 
@@ -271,7 +295,9 @@ class MemoriesPart(StoreBase):
         ring = RingRef(owner, None)
         with self._slot_key_guard:
             if not self.keystore.has_record_key(ring, SLOT_KEY_ID):
-                self.writer.run(WriteOp(_noop_apply, create_keys=[(ring, SLOT_KEY_ID)]))
+                self.writer.run(
+                    WriteOp(_noop_apply, create_keys=[(ring, SLOT_KEY_ID)], name="slot.key")
+                )
 
     def _slot_digest(self, meta: MemMeta, content: MemoryContent) -> str:
         origin = meta.origin if meta.kind == "PREFERENCE" else ""
@@ -383,7 +409,9 @@ class MemoriesPart(StoreBase):
             return MemoryView(meta, meta.version, meta.status, content, list(meta.sources))
 
         ring = RingRef(owner, ring_thread or None)
-        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)]))
+        return self.writer.run(
+            WriteOp(apply, create_keys=[(ring, key_id)], name="memory.transition")
+        )
 
     # ------------------------------------------------------------------ commitments
 
@@ -413,7 +441,7 @@ class MemoriesPart(StoreBase):
                 self._append_event(txn, meta.owner, "COMMITMENT_DUE", meta.name, now)
             return overdue
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="commitments.due"))
 
     # ------------------------------------------------------------------ preferences
 
@@ -581,7 +609,7 @@ class MemoriesPart(StoreBase):
             return MemoryView(meta, meta.version, meta.status, content, list(sources))
 
         ring = RingRef(owner, ring_thread or None)
-        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)]))
+        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)], name="memory.update"))
 
     # ------------------------------------------------------------------ reads
 

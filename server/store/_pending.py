@@ -85,7 +85,7 @@ class PendingPart(StoreBase):
             explicit = [commit_one(name, True) for name in names]
             return explicit + out
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="commit"))
 
     def extend_pending(self, names: Sequence[str], ttl: float) -> list[RecordMeta]:
         """Give pending records ``ttl`` seconds from now; committed ones are returned
@@ -119,7 +119,7 @@ class PendingPart(StoreBase):
                 out.append(meta)
             return out
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="extend"))
 
     def _queued(self, txn: lmdb.Transaction, until: float, limit: int) -> list[int]:
         """Record numbers on the expiry queue with ``expire_time`` ≤ ``until``, soonest first."""
@@ -147,7 +147,7 @@ class PendingPart(StoreBase):
                 announced += 1
             return announced
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="expiry.warn"))
 
     def expired(self, now: float, limit: int = 1000) -> list[RecordMeta]:
         """Pending turns and memories whose ``expire_time`` ≤ ``now`` (seconds)."""

@@ -187,7 +187,13 @@ class RepairsPart(StoreBase):
             return view, entry, left
 
         return self.writer.run(
-            WriteOp(apply, create_keys=[(ring, title_key)], rewrap_keys=moves, rewrap_to=ring)
+            WriteOp(
+                apply,
+                create_keys=[(ring, title_key)],
+                rewrap_keys=moves,
+                rewrap_to=ring,
+                name="seal",
+            )
         )
 
     # ------------------------------------------------------------------ repair state
@@ -237,7 +243,7 @@ class RepairsPart(StoreBase):
             self._put_thread(txn, meta)
             return ThreadView(meta, "")
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="repair.state"))
 
     def repair_contents(
         self, owner: str, repair_id: str

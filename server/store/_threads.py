@@ -13,12 +13,13 @@ import logging
 import secrets
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from lethe.names import parse_manifest
+from lethe.names import new_id, parse_manifest
 from server.errors import (
     AlreadyExists,
     DataLoss,
@@ -28,8 +29,9 @@ from server.errors import (
     RecordDeleted,
 )
 from server.store import _schema as sk
-from server.store._base import StoreBase, thread_name
+from server.store._base import thread_name
 from server.store._lineage import add_edges
+from server.store._memories import MemoriesPart
 from server.store._records import (
     COMMITTED,
     CONVERSATION,
@@ -47,7 +49,8 @@ from server.store._records import (
     TurnMeta,
     pack_content,
 )
-from server.store._views import ThreadView, TurnDraft, TurnView
+from server.store._shapes import SLOTTED_KINDS, SlotConflict
+from server.store._views import MemoryDraft, MemoryView, ThreadView, TurnDraft, TurnView
 from server.store._visibility import check_readable, listable, source_alive
 from server.store._writer import WriteOp
 from shredder import AssociatedData, RingRef
@@ -59,8 +62,9 @@ def _noop(txn: lmdb.Transaction) -> None:
     del txn
 
 
-class ThreadsPart(StoreBase):
-    """Thread and turn operations of :class:`~server.store.Store`."""
+class ThreadsPart(MemoriesPart):
+    """Thread and turn operations of :class:`~server.store.Store` (over the
+    memories part: an append writes its tagger candidates in its own transaction)."""
 
     # ------------------------------------------------------------------ threads
 
@@ -95,7 +99,9 @@ class ThreadsPart(StoreBase):
             )
             return ThreadView(meta, title)
 
-        return self.writer.run(WriteOp(apply, create_keys=[(ring, title_key)]))
+        return self.writer.run(
+            WriteOp(apply, create_keys=[(ring, title_key)], name="thread.create")
+        )
 
     def get_thread(self, owner: str, thread: str) -> ThreadView:
         """Read a thread.
@@ -147,16 +153,32 @@ class ThreadsPart(StoreBase):
         return None if raw is None else [int(r) for r in json.loads(raw)]
 
     def append_turns(
-        self, owner: str, thread: str, drafts: Sequence[TurnDraft], request_id: str
-    ) -> tuple[list[TurnMeta], bool]:
-        """Append turns at the end of a thread in one transaction.
+        self,
+        owner: str,
+        thread: str,
+        drafts: Sequence[TurnDraft],
+        request_id: str,
+        *,
+        candidates: Sequence[Sequence[MemoryDraft]] = (),
+        pending_ttl: float = 0.0,
+    ) -> tuple[list[TurnMeta], bool, list[MemoryView]]:
+        """Append turns at the end of a thread, with their tagger candidates, in
+        one transaction: after a crash either all of it is stored or none.
 
         Drafts must already carry their embeddings (or None when the owner has
         no embedder and the client sent none).
 
+        Args:
+            candidates: per draft, the memories proposed for it (client tags or
+                the write-time rules); each is stored ``PENDING`` with the turn
+                as its source and announced with ``CANDIDATE_PROPOSED``. None is
+                made for a turn that is sealed or born tainted; one whose slot is
+                held is skipped with a ``SLOT_CONFLICT`` event.
+            pending_ttl: lifetime of the candidates, seconds.
+
         Returns:
             (the stored turns' metadata, True if this was a retry of
-            ``request_id`` that appended nothing).
+            ``request_id`` that appended nothing, the candidates stored).
 
         Raises:
             NotFound / RecordDeleted: the thread does not exist / was forgotten.
@@ -168,13 +190,22 @@ class ThreadsPart(StoreBase):
         now = time.time()
         ring = RingRef(owner, thread)
         key_ids = [secrets.token_hex(8) for _ in drafts]
+        proposals = [list(c) for c in candidates] or [[] for _ in drafts]
+        cand_keys = [[secrets.token_hex(8) for _ in c] for c in proposals]
+        if any(d.kind in SLOTTED_KINDS and d.content.slot for c in proposals for d in c):
+            self.ensure_slot_key(owner)
         req_key = sk.request_key(owner, thread, request_id) if request_id else b""
+        all_keys = [(ring, kid) for kid in key_ids] + [
+            (ring, kid) for keys in cand_keys for kid in keys
+        ]
+        op: WriteOp[tuple[list[TurnMeta], bool, list[MemoryView]]]
 
-        def apply(txn: lmdb.Transaction) -> tuple[list[TurnMeta], bool]:
+        def apply(txn: lmdb.Transaction) -> tuple[list[TurnMeta], bool, list[MemoryView]]:
             if req_key:
                 prior = sk.get(txn, self.t.requests, req_key)
-                if prior is not None:
-                    return self._turns(txn, [int(r) for r in json.loads(prior)]), True
+                if prior is not None:  # the keys made for this attempt hold nothing
+                    op.unused.extend(all_keys)
+                    return self._turns(txn, [int(r) for r in json.loads(prior)]), True, []
             tmeta = self._live_thread(txn, owner, thread)
             repair = tmeta.kind == REPAIR
             if repair and tmeta.repair_state != REPAIR_CONTINUED:
@@ -216,14 +247,52 @@ class ThreadsPart(StoreBase):
             self._put_thread(txn, tmeta)
             if req_key:
                 txn.put(req_key, json.dumps([m.rid for m in metas]).encode(), db=self.t.requests)
-            return metas, False
+            stored = self._store_candidates(txn, metas, proposals, cand_keys, pending_ttl, now, op)
+            return metas, False, stored
 
-        metas, retried = self.writer.run(
-            WriteOp(apply, create_keys=[(ring, kid) for kid in key_ids])
-        )
-        if retried:  # the keys made for this attempt hold nothing: destroy them
-            self.writer.run(WriteOp(_noop, destroy_keys=[(ring, kid) for kid in key_ids]))
-        return metas, retried
+        op = WriteOp(apply, create_keys=all_keys, name="append")
+        return self.writer.run(op)
+
+    def _store_candidates(
+        self,
+        txn: lmdb.Transaction,
+        metas: Sequence[TurnMeta],
+        proposals: Sequence[Sequence[MemoryDraft]],
+        keys: Sequence[Sequence[str]],
+        pending_ttl: float,
+        now: float,
+        op: WriteOp[Any],
+    ) -> list[MemoryView]:
+        """Store each turn's candidates (see :meth:`append_turns`); the keys of
+        those not stored go on ``op.unused``."""
+        stored: list[MemoryView] = []
+        for meta, drafts, key_ids in zip(metas, proposals, keys, strict=True):
+            ring = RingRef(meta.owner, meta.thread)
+            for draft, key_id in zip(drafts, key_ids, strict=True):
+                if meta.state == SEALED or meta.tainted:
+                    op.unused.append((ring, key_id))
+                    continue
+                draft.sources = [(meta.name, meta.version)]
+                try:
+                    with self.env.begin(write=True, parent=txn) as child:
+                        view = self._insert_memory(
+                            child,
+                            meta.owner,
+                            new_id(),
+                            draft,
+                            key_id,
+                            meta.thread,
+                            commit=False,
+                            pending_ttl=pending_ttl,
+                            now=now,
+                        )
+                except SlotConflict as conflict:  # the turn is stored; the candidate is not
+                    op.unused.append((ring, key_id))
+                    self._append_event(txn, meta.owner, "SLOT_CONFLICT", conflict.holder, now)
+                    continue
+                self._append_event(txn, meta.owner, "CANDIDATE_PROPOSED", view.meta.name, now)
+                stored.append(view)
+        return stored
 
     def _response_lineage(
         self, txn: lmdb.Transaction, meta: TurnMeta, now: float

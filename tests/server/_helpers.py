@@ -139,12 +139,13 @@ def append(
     ttl: float | None = None,
     request_id: str = "",
 ) -> list[threads_pb2.Turn]:
-    """Append one turn per text; returns the stored turns."""
+    """Append one turn per text; returns the stored turns (with their text echoed)."""
     resp = c.threads.AppendTurns(
         threads_pb2.AppendTurnsRequest(
             parent=thread,
             turns=[turn_input(t, commit=commit, speaker=speaker, ttl=ttl) for t in texts],
             request_id=request_id,
+            echo_text=True,
         ),
         metadata=tuple(c.md),
     )

@@ -221,6 +221,7 @@ def test_an_append_retry_does_not_return_what_was_sealed_since(lethe: Lethe) -> 
     req = threads_pb2.AppendTurnsRequest(
         parent=thread,
         request_id="rq-1",
+        echo_text=True,
         turns=[
             threads_pb2.TurnInput(role=common_pb2.USER, text="harmless", commit=True),
             threads_pb2.TurnInput(role=common_pb2.USER, text="sealed yakmuffin", commit=True),

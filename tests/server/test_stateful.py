@@ -280,6 +280,7 @@ class StoreMachine(RuleBasedStateMachine):
                     threads_pb2.TurnInput(role=common_pb2.USER, text=t, commit=commit)
                     for t in texts
                 ],
+                echo_text=True,
             ),
             metadata=self.md,
         )
