@@ -23,6 +23,8 @@ from server.store import (
     AuditCounts,
     DeletionEntry,
     MemMeta,
+    MemoryDraft,
+    MemoryView,
     Store,
     ThreadView,
     record_ring,
@@ -169,6 +171,24 @@ class Lifecycle:
         if entry is not None:
             self.store.finish_forget(entry, time.time())
         return view
+
+    def conclude(
+        self, owner: str, repair_id: str, outcome: str, lesson: MemoryDraft | None
+    ) -> tuple[ThreadView, DeletionEntry, MemoryView | None]:
+        """Conclude a repair with ``DESTROY`` or ``DISTILL`` (one transaction, see
+        :meth:`server.store.Store.conclude_repair`), then finish forgetting what
+        it held: when this returns, its ring is destroyed and its rows purged.
+        """
+        started = time.time()
+        view, entry, made = self.store.conclude_repair(owner, repair_id, outcome, lesson)
+        if made is not None:
+            self.retriever.on_write(owner, [made.meta])
+        self.retriever.on_forget(
+            owner, entry.index_rids(), entry.threads, False, touched_threads=entry.touched
+        )
+        entry = self.store.finish_forget(entry, time.time(), self.shred_horizon())
+        self.metrics.deletion_latency.observe(time.time() - started)
+        return view, entry, made
 
     def resume_outstanding(self) -> int:
         """Finish every deletion a crash interrupted (start-up; indexes are empty)."""

@@ -105,13 +105,13 @@ def acquire_lock(data_dir: Path) -> int:
 
 class Store(
     ThreadsPart,
-    MemoriesPart,
     RepairsPart,
     PendingPart,
-    ForgetPart,
     EventsPart,
     ManifestsPart,
     AuditPart,
+    ForgetPart,
+    MemoriesPart,
 ):
     """The data environment, the keystore and the writer for one data directory.
 
