@@ -8,8 +8,6 @@ on the writer twice); the sweeper runs on its own daemon thread.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from collections import defaultdict
@@ -33,9 +31,6 @@ from shredder import RingRef
 
 _log = logging.getLogger(__name__)
 
-# Set to "after-tombstones" to make the process kill itself (SIGKILL) between
-# step 1 and step 2 of every forget: the crash test's fault injection.
-CRASH_ENV = "LETHE_TEST_CRASH"
 REASON_FORGET = "FORGET"
 REASON_EXPIRED = "EXPIRED"
 REASON_KEY_DESTROYED = "KEY_DESTROYED"
@@ -153,8 +148,6 @@ class Lifecycle:
             extra_rings=extra_rings,
             conclude_repair=conclude_repair,
         )
-        if os.environ.get(CRASH_ENV) == "after-tombstones":  # crash tests only
-            os.kill(os.getpid(), signal.SIGKILL)
         self.retriever.on_forget(
             owner, entry.index_rids(), entry.threads, whole_owner, touched_threads=entry.touched
         )

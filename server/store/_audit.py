@@ -262,4 +262,4 @@ class AuditPart(StoreBase):
         Returns:
             (rings renewed, ring keys moved to a new KEK version, KEK versions destroyed).
         """
-        return self.writer.run(WriteOp(lambda txn: self.keystore.rotate(), name="rotate"))
+        return self.writer.run(WriteOp(lambda txn: self.keystore.rotate(), name="rotation"))

@@ -78,7 +78,7 @@ OPERATIONS = {
     "manifest": "storing a context manifest",
     "keys.destroy_stray": "destroying keys no record uses (start-up, restore)",
     "keys.relocate": "moving keys back to the ring their records name (start-up)",
-    "rotate": "rotation (renew rings, move ring keys to a new KEK version)",
+    "rotation": "rotation (renew rings, move ring keys to a new KEK version)",
 }
 """Every named write op; each has the failpoints ``<name>.after_keystore`` and
 ``<name>.after_commit``."""
