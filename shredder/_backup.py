@@ -45,11 +45,11 @@ class BackupManifest:
     sha256: str
 
 
-
 FP_BACKUP_AFTER_COPY = declare(
     "backup.after_copy",
     "the backup's data.mdb is written; its manifest is not (a restore must refuse it)",
 )
+
 
 def _digest(path: Path) -> str:
     h = hashlib.sha256()
