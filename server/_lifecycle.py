@@ -269,9 +269,11 @@ class Lifecycle:
             )
         return len(expired)
 
-    def audit(self, owner: str) -> AuditCounts:
-        """The owner's AuditReport: the store's counts plus the loaded index's drift."""
-        counts = self.store.audit(owner)
+    def audit(self, owner: str, *, integrity: bool = True) -> AuditCounts:
+        """The owner's AuditReport: the store's counts plus the loaded index's
+        drift (``integrity``: open every live record, see
+        :meth:`server.store.Store.audit`)."""
+        counts = self.store.audit(owner, integrity=integrity)
         counts.index_drift = self.retriever.index_drift(owner)
         return counts
 
@@ -279,7 +281,7 @@ class Lifecycle:
         """Audit every owner into the orphan / stale-summary gauges; prune old events."""
         orphans = stale = 0
         for owner in self.store.owners():
-            counts = self.audit(owner)
+            counts = self.audit(owner, integrity=False)
             orphans += counts.orphans
             stale += counts.stale_summaries
         self.metrics.orphan_derivatives.set(orphans)
@@ -294,6 +296,7 @@ class Lifecycle:
         self.metrics.outstanding_deletions.set(len(self.store.outstanding_deletions()))
         self.metrics.index_vectors.set(self.retriever.cache.total_vectors())
         self.metrics.keystore_keys.set(self.store.key_count())
+        self.metrics.unreadable_records.set(self.store.unreadable_count())
         since = self.store.unrotated_since()
         self.metrics.shred_horizon.set(0.0 if since is None else now - since)
 

@@ -344,12 +344,18 @@ class AuditReport(_message.Message):
     KEYS_WITHOUT_RECORD_FIELD_NUMBER: _builtins.int
     RECORDS_WITHOUT_KEY_FIELD_NUMBER: _builtins.int
     INDEX_DRIFT_FIELD_NUMBER: _builtins.int
+    UNREADABLE_RECORDS_FIELD_NUMBER: _builtins.int
     checked: _builtins.int
     orphans: _builtins.int
     stale_summaries: _builtins.int
     keys_without_record: _builtins.int
     records_without_key: _builtins.int
     index_drift: _builtins.int
+    unreadable_records: _builtins.int
+    """Live records whose stored ciphertext fails to open (corruption, a
+    truncated value, a key that does not match): each is answered DATA_LOSS /
+    INTEGRITY by name and skipped by every bulk read.
+    """
     def __init__(
         self,
         *,
@@ -359,10 +365,11 @@ class AuditReport(_message.Message):
         keys_without_record: _builtins.int = ...,
         records_without_key: _builtins.int = ...,
         index_drift: _builtins.int = ...,
+        unreadable_records: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked", b"checked", "index_drift", b"index_drift", "keys_without_record", b"keys_without_record", "orphans", b"orphans", "records_without_key", b"records_without_key", "stale_summaries", b"stale_summaries"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked", b"checked", "index_drift", b"index_drift", "keys_without_record", b"keys_without_record", "orphans", b"orphans", "records_without_key", b"records_without_key", "stale_summaries", b"stale_summaries", "unreadable_records", b"unreadable_records"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

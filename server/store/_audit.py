@@ -1,14 +1,23 @@
 """The store's half of the audit, and the key/record reconciliation queries
 (API.md, ``Lifecycle.Audit``; ``lethe audit``).
 
-Counts that must all be zero in a healthy store:
+Counts of broken invariants, all zero in a healthy store (``lethe audit``
+exits 1 on any of them):
 
 - ``orphans``: live derivatives with a source that is missing, deleted or
   expired (zero by construction: a deletion cascades in its own transaction);
-- ``stale_summaries``: live ``SUMMARY`` memories older than the last deletion
-  in a thread one of their sources belongs to;
 - ``keys_without_record``: record keys in the keystore that no record uses;
-- ``records_without_key``: live records whose record key is gone.
+- ``records_without_key``: live records whose record key is gone (kept for an
+  operator; see ``server._lifecycle.Lifecycle.recover``);
+- ``unreadable_records``: live records whose ciphertext fails to open.
+
+A hint, reported but not a failure:
+
+- ``stale_summaries``: live ``SUMMARY`` memories built before a record in
+  their own lineage range changed: a turn whose seq lies between the first
+  and the last turn a summary names (in one thread) was forgotten or expired
+  after the summary was built. An unrelated turn of the same thread does not
+  make it stale. Rebuild it from the sources ``Search`` still finds.
 
 ``index_drift`` needs the in-memory indexes, which the store does not hold:
 the retriever measures it (:meth:`server._search.Retriever.index_drift`).
@@ -26,8 +35,9 @@ from dataclasses import dataclass, field
 import lmdb
 
 from lethe.names import InvalidName, TurnName, parse_record
+from server.errors import DataLoss, RecordDeleted
 from server.store import _schema as sk
-from server.store._base import StoreBase, memory_ring
+from server.store._base import StoreBase, memory_ring, record_ring
 from server.store._records import MemMeta, RecordMeta, ThreadMeta, TurnMeta
 from server.store._shapes import SLOT_KEY_ID
 from server.store._visibility import effective_state
@@ -59,14 +69,16 @@ class AuditCounts:
     keys_without_record: int = 0
     records_without_key: int = 0
     index_drift: int = 0
+    unreadable_records: int = 0
 
     def healthy(self) -> bool:
+        """No broken invariant (stale summaries are a rebuild hint, not a failure)."""
         return not (
             self.orphans
-            or self.stale_summaries
             or self.keys_without_record
             or self.records_without_key
             or self.index_drift
+            or self.unreadable_records
         )
 
 
@@ -82,8 +94,14 @@ class AuditPart(StoreBase):
         with self.env.begin() as txn:
             return [key.decode() for key in sk.scan_keys(txn, self.t.owners, b"")]
 
-    def audit(self, owner: str) -> AuditCounts:
-        """Audit one owner's records and keys (``index_drift`` left at 0)."""
+    def audit(self, owner: str, *, integrity: bool = True) -> AuditCounts:
+        """Audit one owner's records and keys (``index_drift`` left at 0).
+
+        Args:
+            integrity: open every live record's ciphertext (content and vector)
+                to count the unreadable ones; without it, count those bulk
+                reads found unreadable since start (the cheap periodic audit).
+        """
         counts = AuditCounts()
         now = time.time()
         with self.env.begin() as txn:
@@ -103,14 +121,51 @@ class AuditPart(StoreBase):
                     counts.records_without_key += 1
                 if any(self._gone(txn, name, now) for name, _ in mem.sources):
                     counts.orphans += 1
-                if mem.kind == "SUMMARY" and self._stale(mem, threads):
+                if mem.kind == "SUMMARY" and self._stale(txn, mem, threads):
                     counts.stale_summaries += 1
+            if integrity:
+                counts.unreadable_records = self._unreadable(txn, turns, memories, now)
+        if not integrity:
+            counts.unreadable_records = self.unreadable_count(owner)
         used = self._used_keys(owner, threads.values(), turns, memories)
         counts.keys_without_record = len(self._unused(owner, used))
         return counts
 
-    @staticmethod
-    def _stale(mem: MemMeta, threads: dict[str, ThreadMeta]) -> bool:
+    def _unreadable(
+        self, txn: lmdb.Transaction, turns: list[TurnMeta], memories: list[MemMeta], now: float
+    ) -> int:
+        """Open every live record's content (and vector); count those that fail."""
+        bad = 0
+        for turn in turns:
+            if turn.deleted or not self.keystore.has_record_key(record_ring(turn), turn.key_id):
+                continue
+            try:
+                cts = self._read_payloads(txn, turn.rid, turn.has_embedding)
+                self.turn_view(turn, cts, with_embedding=turn.has_embedding)
+            except (DataLoss, RecordDeleted):
+                self.note_unreadable(turn)
+                bad += 1
+        for mem in memories:
+            if mem.deleted or effective_state(mem, now) is None:
+                continue
+            if not self.keystore.has_record_key(memory_ring(mem), mem.key_id):
+                continue
+            try:
+                self.memory_view(mem, mem.version, self._memory_ct(txn, mem, mem.version))
+                vec = sk.get(
+                    txn, self.t.mpayloads, sk.memory_payload_key(mem.rid, mem.version, "embedding")
+                )
+                if mem.has_embedding and vec is not None:
+                    self.open_memory(mem, mem.version, "embedding", vec)
+            except (DataLoss, RecordDeleted):
+                self.note_unreadable(mem)
+                bad += 1
+        return bad
+
+    def _stale(self, txn: lmdb.Transaction, mem: MemMeta, threads: dict[str, ThreadMeta]) -> bool:
+        """Whether a turn inside the summary's own lineage range was forgotten or
+        expired after the summary was built (see the module docstring)."""
+        ranges: dict[str, tuple[int, int]] = {}
         for name, _ in mem.sources:
             try:
                 parsed = parse_record(name)
@@ -118,9 +173,16 @@ class AuditPart(StoreBase):
                 continue
             if not isinstance(parsed, TurnName) or parsed.thread not in threads:
                 continue
-            last = threads[parsed.thread].last_deletion_time
-            if last and last > mem.update_time:
-                return True
+            lo, hi = ranges.get(parsed.thread, (parsed.seq, parsed.seq))
+            ranges[parsed.thread] = (min(lo, parsed.seq), max(hi, parsed.seq))
+        for thread, (lo, hi) in ranges.items():
+            last = threads[thread].last_deletion_time
+            if not last or last <= mem.update_time:
+                continue  # nothing of this thread was forgotten since the summary
+            for seq in range(lo, hi + 1):
+                stone = self._tombstone_of(txn, f"owners/{mem.owner}/threads/{thread}/turns/{seq}")
+                if stone is not None and stone.time > mem.update_time:
+                    return True
         return False
 
     def _gone(self, txn: lmdb.Transaction, name: str, now: float) -> bool:

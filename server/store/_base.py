@@ -16,6 +16,8 @@ thread. Read helpers are safe from any thread.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -51,6 +53,8 @@ from shredder import (
     RingRef,
 )
 
+_log = logging.getLogger(__name__)
+
 
 def memory_ring(meta: MemMeta) -> RingRef:
     """The ring holding a memory's record keys (its thread's, or the owner's)."""
@@ -76,6 +80,26 @@ class StoreBase:
     keystore: Keystore
     kek: KekRing
     writer: Writer
+    # name -> owner of every record whose ciphertext failed to open since start.
+    unreadable: dict[str, str]
+    _unreadable_guard: threading.Lock
+
+    # ------------------------------------------------------------------ bad rows
+
+    def note_unreadable(self, meta: RecordMeta) -> None:
+        """Count a record whose ciphertext failed to open (``DataLoss``) once, and
+        log it by id (never content). Bulk reads skip such a record; it stays
+        ``DATA_LOSS`` by name until an operator forgets or restores it."""
+        with self._unreadable_guard:
+            if meta.name in self.unreadable:
+                return
+            self.unreadable[meta.name] = meta.owner
+        _log.error("record %s (rid %d) is unreadable: skipped by bulk reads", meta.name, meta.rid)
+
+    def unreadable_count(self, owner: str | None = None) -> int:
+        """Records found unreadable since start (of ``owner``, or of every owner)."""
+        with self._unreadable_guard:
+            return sum(1 for o in self.unreadable.values() if owner is None or o == owner)
 
     # ------------------------------------------------------------------ crypto
 

@@ -469,6 +469,9 @@ class MemoriesPart(StoreBase):
                 view = self.memory_view(meta, meta.version, ct)
             except RecordDeleted:
                 continue
+            except DataLoss:
+                self.note_unreadable(meta)
+                continue
             if view.content.slot == slot:
                 prefs.append(view)
         chain = scope_chain(scope)
@@ -677,6 +680,9 @@ class MemoriesPart(StoreBase):
                 views.append(self.memory_view(meta, meta.version, ct))
             except RecordDeleted:
                 continue
+            except DataLoss:
+                self.note_unreadable(meta)
+                continue
         return views, (rows[-1][0].memory_id if more and rows else "")
 
     def owner_memories(self, owner: str) -> list[MemMeta]:
@@ -699,6 +705,9 @@ class MemoriesPart(StoreBase):
             try:
                 out.append(self.memory_view(meta, meta.version, ct))
             except RecordDeleted:
+                continue
+            except DataLoss:
+                self.note_unreadable(meta)
                 continue
         return out
 
@@ -755,7 +764,10 @@ class MemoriesPart(StoreBase):
                 continue
             try:
                 raw = self.open_memory(meta, meta.version, PAYLOAD_EMBEDDING, bytes(ct))
-            except (RecordDeleted, DataLoss):
+            except RecordDeleted:
+                continue
+            except DataLoss:  # one corrupt vector must not take the owner's index down
+                self.note_unreadable(meta)
                 continue
             rids.append(meta.rid)
             vecs.append(np.frombuffer(raw, dtype="<f4"))

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import lmdb
 
 from lethe.names import new_id
-from server.errors import Aborted, FailedPrecondition, Reason, RecordDeleted
+from server.errors import Aborted, DataLoss, FailedPrecondition, Reason, RecordDeleted
 from server.store import _schema as sk
 from server.store._base import memory_ring, thread_name
 from server.store._forget import DeletionEntry, ForgetPart, Planner
@@ -270,9 +270,21 @@ class RepairsPart(ForgetPart, MemoriesPart):
                     mem_rows.append((mem, self._memory_ct(txn, mem, mem.version)))
 
         def views(items: list[tuple[TurnMeta, dict[str, bytes]]]) -> list[TurnView]:
-            return [self.turn_view(t, cts, False) for t, cts in items]
+            out = []
+            for turn, cts in items:
+                try:
+                    out.append(self.turn_view(turn, cts, False))
+                except DataLoss:  # one bad record stays one bad record
+                    self.note_unreadable(turn)
+            return out
 
-        return views(rows), views(own), [self.memory_view(m, m.version, ct) for m, ct in mem_rows]
+        mems: list[MemoryView] = []
+        for mem, ct in mem_rows:
+            try:
+                mems.append(self.memory_view(mem, mem.version, ct))
+            except DataLoss:
+                self.note_unreadable(mem)
+        return views(rows), views(own), mems
 
     def _repair_members(
         self, txn: lmdb.Transaction, owner: str, meta: ThreadMeta

@@ -150,6 +150,8 @@ class Store(
                     "beside the keystore it was backed up from"
                 )
         self.store_id = store_id
+        self.unreadable = {}
+        self._unreadable_guard = threading.Lock()
         self.writer = Writer(self.env, self.keystore)
         with _OPEN_GUARD:
             _OPEN[self.data_dir] = self

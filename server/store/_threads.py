@@ -457,6 +457,9 @@ class ThreadsPart(MemoriesPart):
                 views.append(self.turn_view(meta, cts, with_embedding))
             except RecordDeleted:  # key shredded under us: it is gone
                 continue
+            except DataLoss:  # one bad record stays one bad record
+                self.note_unreadable(meta)
+                continue
         return views, (rows[-1][0].seq if more and rows else 0)
 
     def replay_turns(self, rids: Sequence[int]) -> list[TurnView]:
@@ -476,7 +479,10 @@ class ThreadsPart(MemoriesPart):
                 continue
             try:
                 out.append(self.turn_view(meta, cts, with_embedding=False))
-            except (RecordDeleted, DataLoss):
+            except RecordDeleted:
+                continue
+            except DataLoss:
+                self.note_unreadable(meta)
                 continue
         return out
 
@@ -503,6 +509,9 @@ class ThreadsPart(MemoriesPart):
             try:
                 out.append(self.turn_view(meta, cts, with_embedding=False))
             except RecordDeleted:
+                continue
+            except DataLoss:
+                self.note_unreadable(meta)
                 continue
         return out
 
@@ -540,7 +549,7 @@ class ThreadsPart(MemoriesPart):
             except RecordDeleted:
                 continue
             except DataLoss:  # one corrupt vector must not take the owner's index down
-                _log.error("vector of record %d fails authentication; not indexed", meta.rid)
+                self.note_unreadable(meta)
                 continue
             rids.append(meta.rid)
             vecs.append(np.frombuffer(raw, dtype="<f4"))
