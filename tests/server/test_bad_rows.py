@@ -44,7 +44,9 @@ def _corrupt(lethe: Lethe, seq: int, code: bytes) -> None:
     lethe.start()
 
 
-def _search(lethe: Lethe, query: str, mode: int) -> list[str]:
+def _search(
+    lethe: Lethe, query: str, mode: retrieval_pb2.SearchRequest.Mode.ValueType
+) -> list[str]:
     c = lethe.client("alice")
     resp = c.retrieval.Search(
         retrieval_pb2.SearchRequest(parent="owners/alice", query_text=query, top_k=10, mode=mode),
@@ -92,7 +94,7 @@ def test_a_corrupt_turn_is_data_loss_by_name_and_skipped_by_every_bulk_read(
     assert (report.orphans, report.records_without_key, report.keys_without_record) == (0, 0, 0)
     assert lethe.server is not None
     lethe.server.lifecycle.refresh_gauges()
-    assert lethe.server.metrics.unreadable_records._value.get() == 1  # type: ignore[attr-defined]
+    assert lethe.server.metrics.unreadable_records._value.get() == 1
     lethe.stop()
     assert run_cli(["audit", "--data", str(lethe.data_dir)]) == 1  # a broken invariant
 
