@@ -114,7 +114,7 @@ class AuditPart(StoreBase):
                     RingRef(owner, turn.ring_thread), turn.key_id
                 ):
                     counts.records_without_key += 1
-            for mem in memories:
+            for mem in self._memories_read(txn, memories, now):
                 if mem.deleted or effective_state(mem, now) is None:
                     continue
                 if not self.keystore.has_record_key(memory_ring(mem), mem.key_id):
@@ -187,7 +187,7 @@ class AuditPart(StoreBase):
 
     def _gone(self, txn: lmdb.Transaction, name: str, now: float) -> bool:
         meta = self.resolve(txn, name)
-        return meta is None or effective_state(meta, now) is None
+        return meta is None or effective_state(self._as_read(txn, meta, now), now) is None
 
     @staticmethod
     def _used_keys(

@@ -44,7 +44,7 @@ from server.errors import (
     RecordDeleted,
 )
 from server.store import _schema as sk
-from server.store._base import StoreBase
+from server.store._base import StoreBase, lineage_expiry_of
 from server.store._lineage import add_edges, ancestors_of, children_of, remove_edges_of
 from server.store._records import (
     COMMITTED,
@@ -100,7 +100,8 @@ class MemoriesPart(StoreBase):
             FailedPrecondition: ``SOURCE_DELETED``, ``SOURCE_SEALED`` or ``SOURCE_STALE``.
             InvalidArgument: the source never existed.
         """
-        meta = self.resolve(txn, name)
+        found = self.resolve(txn, name)
+        meta = None if found is None else self._as_read(txn, found, now)
         if meta is None:
             if self._tombstone_of(txn, name) is not None:
                 raise FailedPrecondition(
@@ -186,6 +187,12 @@ class MemoriesPart(StoreBase):
                 if meta.expire_time and (not earliest or meta.expire_time < earliest):
                     earliest = meta.expire_time
         return state, earliest
+
+    def _sources_lineage(self, txn: lmdb.Transaction, sources: Sequence[tuple[str, int]]) -> float:
+        """The ``lineage_expiry`` of a derivative of ``sources`` (see
+        :func:`~server.store._base.lineage_expiry_of`)."""
+        found = [m for m in (self.resolve(txn, name) for name, _ in sources) if m is not None]
+        return lineage_expiry_of(found)
 
     def create_memory(
         self,
@@ -275,6 +282,7 @@ class MemoriesPart(StoreBase):
             key_ids={str(version): key_id},
             sources=list(draft.sources),
             due_time=draft.due_time,
+            lineage_expiry=self._sources_lineage(txn, draft.sources),
         )
         if draft.embedding is not None:
             self._check_memory_dim(txn, owner, draft.embedding.shape[0], now)
@@ -459,7 +467,7 @@ class MemoriesPart(StoreBase):
         prefs: list[MemoryView] = []
         with self.env.begin() as txn:
             rows = []
-            for meta in self._owner_memory_metas(txn, owner):
+            for meta in self._memories_read(txn, self._owner_memory_metas(txn, owner), now):
                 state = effective_state(meta, now)
                 if meta.kind != "PREFERENCE" or state not in (PENDING, COMMITTED):
                     continue
@@ -577,6 +585,7 @@ class MemoriesPart(StoreBase):
             meta.version += 1
             meta.key_ids[str(meta.version)] = key_id
             meta.sources = list(sources)
+            meta.lineage_expiry = self._sources_lineage(txn, sources)
             meta.update_time = now
             if "due_time" in paths:
                 meta.due_time = draft.due_time
@@ -624,11 +633,13 @@ class MemoriesPart(StoreBase):
             or expired. DataLoss: ciphertext fails authentication.
         """
         name = f"owners/{owner}/memories/{memory_id}"
+        now = time.time()
         with self.env.begin() as txn:
-            meta = self._mem_by_id(txn, owner, memory_id)
-            if meta is None:
+            found = self._mem_by_id(txn, owner, memory_id)
+            if found is None:
                 self._raise_missing(txn, name)
-            if effective_state(meta, time.time()) is None:
+            meta = self._memory_read(txn, found, now)
+            if effective_state(meta, now) is None:
                 raise RecordDeleted(f"{name} was deleted")
             if meta.state == SEALED:
                 raise FailedPrecondition(f"{name} is sealed", reason=Reason.SEALED, subject=name)
@@ -662,9 +673,10 @@ class MemoriesPart(StoreBase):
         more = False
         with self.env.begin() as txn:
             for _, rk in sk.scan(txn, self.t.memory_ids, prefix, start=start):
-                meta = self._memory(txn, sk.rid_of(rk))
-                if meta is None:
+                raw = self._memory(txn, sk.rid_of(rk))
+                if raw is None:
                     continue
+                meta = self._memory_read(txn, raw, now)
                 state = effective_state(meta, now)
                 if state is None or state == SEALED or state not in states:
                     continue
@@ -686,9 +698,10 @@ class MemoriesPart(StoreBase):
         return views, (rows[-1][0].memory_id if more and rows else "")
 
     def owner_memories(self, owner: str) -> list[MemMeta]:
-        """Every stored memory of an owner (one read transaction)."""
+        """Every stored memory of an owner (one read transaction), as reads see them."""
+        now = time.time()
         with self.env.begin() as txn:
-            return self._owner_memory_metas(txn, owner)
+            return self._memories_read(txn, self._owner_memory_metas(txn, owner), now)
 
     def committed_memories(self, owner: str) -> list[MemoryView]:
         """The current versions of the owner's committed, live, untainted
@@ -697,7 +710,7 @@ class MemoriesPart(StoreBase):
         with self.env.begin() as txn:
             rows = [
                 (meta, self._memory_ct(txn, meta, meta.version))
-                for meta in self._owner_memory_metas(txn, owner)
+                for meta in self._memories_read(txn, self._owner_memory_metas(txn, owner), now)
                 if effective_state(meta, now) == COMMITTED and not meta.tainted
             ]
         out = []

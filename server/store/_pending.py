@@ -43,9 +43,12 @@ class PendingPart(StoreBase):
             done: set[str] = set()
 
             def commit_one(name: str, explicit: bool) -> RecordMeta:
-                meta = self.resolve(txn, name)
-                if meta is None:
+                found = self.resolve(txn, name)
+                if found is None:
                     self._raise_missing(txn, name)
+                if self._lineage_gone(txn, found, now):
+                    raise RecordDeleted(f"{name} was built on material that expired")
+                meta = found
                 state = effective_state(meta, now)
                 if state is None or meta.tainted:
                     raise RecordDeleted(f"{name} was deleted")
@@ -103,6 +106,8 @@ class PendingPart(StoreBase):
                 meta = self.resolve(txn, name)
                 if meta is None:
                     self._raise_missing(txn, name)
+                if self._lineage_gone(txn, meta, now):
+                    raise RecordDeleted(f"{name} was built on material that expired")
                 state = effective_state(meta, now)
                 if state is None:
                     raise RecordDeleted(f"{name} was deleted")

@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import lmdb
 import numpy as np
@@ -29,7 +29,7 @@ from server.errors import (
     RecordDeleted,
 )
 from server.store import _schema as sk
-from server.store._base import thread_name
+from server.store._base import lineage_expiry_of, thread_name
 from server.store._lineage import add_edges
 from server.store._memories import MemoriesPart
 from server.store._records import (
@@ -312,12 +312,16 @@ class ThreadsPart(MemoriesPart):
             if raw is None:
                 raise InvalidArgument("context_manifest", f"{meta.context_manifest} not found")
             wanted += ManifestRow.decode(raw).refs
+        found = []
         for name, version in dict.fromkeys(wanted):
             source = self.resolve(txn, name)
             # A later version (a correction) does not taint; a deletion does.
             if source is None or not source_alive(source, now):
                 meta.tainted = True
+            else:
+                found.append(source)
             refs.append((name, version or (source.version if source is not None else 0)))
+        meta.lineage_expiry = lineage_expiry_of(found)
         add_edges(txn, self.t, meta.name, meta.version, refs)
         return refs
 
@@ -364,9 +368,11 @@ class ThreadsPart(MemoriesPart):
         return row.dim if row is not None and row.dim else None
 
     def metas(self, rids: Sequence[int]) -> list[TurnMeta]:
-        """Current metadata of the turns ``rids`` in one read transaction (missing ones skipped)."""
+        """Current metadata of the turns ``rids`` in one read transaction (missing
+        ones skipped), as reads see them."""
+        now = time.time()
         with self.env.begin() as txn:
-            return self._turns(txn, rids)
+            return self._turns_read(txn, self._turns(txn, rids), now)
 
     def fetch(self, rids: Sequence[int]) -> dict[int, tuple[RecordMeta, dict[str, bytes]]]:
         """Metadata and content ciphertexts of ``rids`` in ONE read transaction
@@ -376,15 +382,17 @@ class ThreadsPart(MemoriesPart):
         ``memory`` to its current version's content ciphertext.
         """
         out: dict[int, tuple[RecordMeta, dict[str, bytes]]] = {}
+        now = time.time()
         with self.env.begin() as txn:
             for rid in rids:
-                turn = self._turn(txn, rid)
+                turn = self._turn_read(txn, rid, now)
                 if turn is not None:
                     out[rid] = (turn, self._read_payloads(txn, rid, False))
                     continue
-                mem = self._memory(txn, rid)
-                if mem is None:
+                raw = self._memory(txn, rid)
+                if raw is None:
                     continue
+                mem = self._memory_read(txn, raw, now)
                 ct = self._memory_ct(txn, mem, mem.version)
                 out[rid] = (mem, {PAYLOAD_MEMORY: ct} if ct is not None else {})
         return out
@@ -397,11 +405,13 @@ class ThreadsPart(MemoriesPart):
             FailedPrecondition: sealed. DataLoss: ciphertext fails authentication.
         """
         name = f"{thread_name(owner, thread)}/turns/{seq}"
+        now = time.time()
         with self.env.begin() as txn:
-            meta = self._turn_at(txn, owner, thread, seq)
-            if meta is None:
+            found = self._turn_at(txn, owner, thread, seq)
+            if found is None:
                 self._raise_missing(txn, name)
-            check_readable(meta, time.time())
+            meta = cast(TurnMeta, self._as_read(txn, found, now))
+            check_readable(meta, now)
             cts = self._read_payloads(txn, meta.rid, with_embedding)
         return self.turn_view(meta, cts, with_embedding)
 
@@ -412,11 +422,13 @@ class ThreadsPart(MemoriesPart):
             NotFound: never existed. RecordDeleted: deleted or expired.
             FailedPrecondition: sealed (reason ``SEALED``).
         """
+        now = time.time()
         with self.env.begin() as txn:
-            meta = self.resolve(txn, name)
-            if meta is None:
+            found = self.resolve(txn, name)
+            if found is None:
                 self._raise_missing(txn, name)
-        check_readable(meta, time.time())
+            meta = self._as_read(txn, found, now)
+        check_readable(meta, now)
 
     def list_turns(
         self,
@@ -444,7 +456,7 @@ class ThreadsPart(MemoriesPart):
             self._live_thread(txn, owner, thread)
             start = sk.seq_key(owner, thread, after_seq + 1)
             for _, rk in sk.scan(txn, self.t.seqs, sk.thread_prefix(owner, thread), start=start):
-                meta = self._turn(txn, sk.rid_of(rk))
+                meta = self._turn_read(txn, sk.rid_of(rk), now)
                 if meta is None or not listable(meta, now, states, include_tainted):
                     continue
                 if len(rows) == limit:
@@ -500,7 +512,7 @@ class ThreadsPart(MemoriesPart):
             self._live_thread(txn, owner, thread)
             metas = [
                 m
-                for m in self._thread_metas(txn, owner, thread)
+                for m in self._turns_read(txn, self._thread_metas(txn, owner, thread), now)
                 if listable(m, now, {PENDING, COMMITTED}, include_tainted=False)
             ][-count:]
             rows = [(m, self._read_payloads(txn, m.rid, False)) for m in metas]
@@ -516,14 +528,18 @@ class ThreadsPart(MemoriesPart):
         return out
 
     def owner_turns(self, owner: str) -> list[TurnMeta]:
-        """Every stored turn of an owner (one read transaction)."""
+        """Every stored turn of an owner (one read transaction), as reads see them."""
+        now = time.time()
         with self.env.begin() as txn:
-            return self._owner_turn_metas(txn, owner)
+            return self._turns_read(txn, self._owner_turn_metas(txn, owner), now)
 
     def thread_turns(self, owner: str, thread: str) -> list[TurnMeta]:
-        """Every stored turn of a thread in seq order (deleted rows included)."""
+        """Every stored turn of a thread in seq order (deleted rows included), as
+        reads see them."""
+        now = time.time()
         with self.env.begin() as txn:
-            return self._thread_metas(txn, owner, thread, with_deleted=True)
+            metas = self._thread_metas(txn, owner, thread, with_deleted=True)
+            return self._turns_read(txn, metas, now)
 
     def embeddings(self, metas: Sequence[TurnMeta]) -> tuple[list[int], npt.NDArray[np.float32]]:
         """Decrypt the stored vectors of ``metas``.
