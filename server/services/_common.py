@@ -16,12 +16,13 @@ import json
 import logging
 import re
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf.message import Message
 from grpc_status import rpc_status
 
 from lethe.v1 import common_pb2, memories_pb2
@@ -43,11 +44,16 @@ MAX_REASON_BYTES = 256
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 DEFAULT_TOP_K = 10
+MAX_REPLY_BYTES = 3 * 1024 * 1024 + 512 * 1024
+"""A reply page is cut below this many bytes (3.5 MiB), so a client with gRPC's
+default 4 MiB receive limit can read every page (API.md, "Views and sizes")."""
 MAX_TOP_K = 1000
 MAX_LINEAGE_DEPTH = 100
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 F = TypeVar("F", bound=Callable[..., Any])
+M = TypeVar("M", bound=Message)
+K = TypeVar("K", str, int)
 
 
 def abort(context: grpc.ServicerContext, error: BaseException) -> None:
@@ -217,3 +223,23 @@ def enum_name(enum: Any, value: int, field: str) -> str:
     if value not in enum.values():
         raise InvalidArgument(field, "unknown value")
     return str(enum.Name(value))
+
+
+def fit(messages: Sequence[M], nxt: K, key: Callable[[M], K]) -> tuple[list[M], K]:
+    """Cut a page of reply ``messages`` to :data:`MAX_REPLY_BYTES`.
+
+    Args:
+        messages: the page, in order.
+        nxt: where the full page would resume (falsy at the end).
+        key: the resume position of a message (what a page token carries).
+
+    Returns:
+        (the messages that fit — at least one —, where to resume: ``nxt`` when
+        all fit, else the key of the last message kept).
+    """
+    total = 0
+    for i, message in enumerate(messages):
+        total += message.ByteSize() + 8  # field tag and length
+        if total > MAX_REPLY_BYTES and i > 0:
+            return list(messages[:i]), key(messages[i - 1])
+    return list(messages), nxt

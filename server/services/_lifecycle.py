@@ -30,6 +30,7 @@ from server.services._common import (
     check_text,
     duration,
     encode_token,
+    fit,
     owner_page,
     rpc,
 )
@@ -122,8 +123,11 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     ) -> lifecycle_pb2.ListDeletionsResponse:
         owner, size, after = owner_page(request)
         entries, nxt = self.store.list_deletions(owner, after, size)
+        receipts, nxt = fit(
+            [receipt_proto(e) for e in entries], nxt, lambda r: r.name.rsplit("/", 1)[-1]
+        )
         return lifecycle_pb2.ListDeletionsResponse(
-            receipts=[receipt_proto(e) for e in entries],
+            receipts=receipts,
             next_page_token=encode_token(request.parent, nxt) if nxt else "",
         )
 

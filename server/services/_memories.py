@@ -30,6 +30,7 @@ from server.services._common import (
     check_vector,
     encode_token,
     enum_name,
+    fit,
     owner_page,
     rpc,
     seconds,
@@ -235,8 +236,11 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             states=states(request.states) if request.states else {PENDING, COMMITTED},
             statuses=statuses - {""},
         )
+        memories, nxt = fit(
+            [memory_proto(v) for v in views], nxt, lambda m: m.name.rsplit("/", 1)[-1]
+        )
         return memories_pb2.ListMemoriesResponse(
-            memories=[memory_proto(v) for v in views],
+            memories=memories,
             next_page_token=encode_token(request.parent, nxt) if nxt else "",
         )
 

@@ -24,6 +24,7 @@ from server.services._common import (
     decode_token,
     duration,
     encode_token,
+    fit,
     owner_page,
     page_size,
     rpc,
@@ -78,8 +79,11 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     ) -> threads_pb2.ListThreadsResponse:
         owner, size, after = owner_page(request)
         views, nxt = self.store.list_threads(owner, after, size, request.include_repairs)
+        threads, nxt = fit(
+            [thread_proto(v) for v in views], nxt, lambda t: t.name.rsplit("/", 1)[-1]
+        )
         return threads_pb2.ListThreadsResponse(
-            threads=[thread_proto(v) for v in views],
+            threads=threads,
             next_page_token=encode_token(request.parent, nxt) if nxt else "",
         )
 
@@ -214,8 +218,9 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
             include_tainted=request.include_tainted,
             with_embedding=view_full(request.view),
         )
+        turns, nxt = fit([turn_proto(v) for v in views], nxt, lambda t: int(t.seq))
         return threads_pb2.ListTurnsResponse(
-            turns=[turn_proto(v) for v in views],
+            turns=turns,
             next_page_token=encode_token(request.parent, str(nxt)) if nxt else "",
         )
 
