@@ -52,7 +52,7 @@ from server.services import (
     ThreadsService,
     abort,
 )
-from server.store import Store
+from server.store import DEFAULT_MAX_STORE_SIZE, Store
 
 _log = logging.getLogger(__name__)
 
@@ -77,6 +77,8 @@ class ServerConfig:
             sweeper emits ``PENDING_EXPIRING``.
         audit_interval: seconds between the periodic audits behind the
             ``lethe_orphan_derivatives`` and ``lethe_stale_summaries`` gauges.
+        max_store_size: bytes the data environment may grow to; a write that
+            does not fit is refused whole (``STORE_FULL``).
     """
 
     data_dir: Path = Path("./lethe-data")
@@ -91,6 +93,7 @@ class ServerConfig:
     tagger: str = "rules"
     rotation_interval: float = 3600.0
     max_workers: int = 16
+    max_store_size: int = DEFAULT_MAX_STORE_SIZE
 
 
 class _MetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
@@ -151,7 +154,9 @@ class LetheServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.store = Store(config.data_dir, kek_file=config.kek_file)
+        self.store = Store(
+            config.data_dir, kek_file=config.kek_file, max_size=config.max_store_size
+        )
         self.retriever = Retriever(self.store, load_embedder(config.embedder))
         self.lifecycle = Lifecycle(
             self.store, self.retriever, self.metrics, config.rotation_interval

@@ -297,6 +297,9 @@ class Lifecycle:
         self.metrics.index_vectors.set(self.retriever.cache.total_vectors())
         self.metrics.keystore_keys.set(self.store.key_count())
         self.metrics.unreadable_records.set(self.store.unreadable_count())
+        used = self.store.used_bytes()
+        self.metrics.store_bytes.set(used)
+        self.metrics.store_fill_ratio.set(used / self.store.max_size)
         since = self.store.unrotated_since()
         self.metrics.shred_horizon.set(0.0 if since is None else now - since)
 

@@ -57,6 +57,36 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?")
+_SIZE_UNITS = {
+    None: 1,
+    "B": 1,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+
+
+def parse_size(text: str) -> int:
+    """``64GiB``, ``512MiB``, ``10GB`` or a number of bytes → bytes (≥ 1 MiB).
+
+    Raises:
+        argparse.ArgumentTypeError: malformed, or below 1 MiB.
+    """
+    m = _SIZE_RE.fullmatch(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (examples: 64GiB, 512MiB, 10GB)")
+    size = int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    if size < 1 << 20:
+        raise argparse.ArgumentTypeError("the store's maximum size must be at least 1MiB")
+    return size
+
+
 def _address(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -101,6 +131,13 @@ def _parser() -> argparse.ArgumentParser:
         type=parse_duration,
         default=parse_duration("1h"),
         help="complete shreds cryptographically this often (default 1h)",
+    )
+    serve.add_argument(
+        "--max-store-size",
+        type=parse_size,
+        default=parse_size("64GiB"),
+        help="the data environment grows on demand up to this size; a write that does not "
+        "fit is refused whole with STORE_FULL (default 64GiB; units B, KiB, MiB, GiB, TiB)",
     )
     serve.add_argument(
         "--tagger",
@@ -172,6 +209,7 @@ def _serve(args: argparse.Namespace) -> int:
         sweep_interval=args.sweep_interval,
         tagger=args.tagger,
         rotation_interval=args.rotation_interval,
+        max_store_size=args.max_store_size,
     )
     server = LetheServer(config)
     try:

@@ -54,6 +54,7 @@ from server.store._records import (
 )
 from server.store._shapes import KIND_DEFAULTS, SlotConflict, scope_chain
 from server.store._store import (
+    DEFAULT_MAX_STORE_SIZE,
     KEK_ENV,
     Store,
     StoreLockedError,
@@ -81,6 +82,7 @@ from server.store._visibility import (
 
 __all__ = [
     "COMMITTED",
+    "DEFAULT_MAX_STORE_SIZE",
     "DESTINATIONS",
     "EVENT_RETENTION",
     "KEK_ENV",

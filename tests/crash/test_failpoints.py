@@ -749,6 +749,43 @@ def test_crash_mid_restore_is_finished_by_the_next_start(tmp_path: Path, kek_env
     assert audit(data, env)[0] == 0
 
 
+def test_an_injected_disk_error_is_unavailable_and_applies_nothing(
+    tmp_path: Path, kek_env: str
+) -> None:
+    """``writer.before_commit=eio``: every write fails UNAVAILABLE before its data
+    commit, never INTERNAL; the process keeps serving reads; a restart without
+    the fault finds exactly what was acknowledged."""
+    data = tmp_path / "d"
+    env = base_env(kek_env)
+    token = make_token(data, env, OWNER)
+    with serving(data, env) as clean:
+        state = _with_turns(clean.stubs(token))
+    with serving(data, armed(env, "writer.before_commit", "eio")) as faulty:
+        s = faulty.stubs(token)
+        for call in (lambda: _forget_first(s, state), lambda: _thread(s, "t2")):
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert (err.value.code(), reason_of(err.value)) == (
+                grpc.StatusCode.UNAVAILABLE,
+                "STORAGE_UNAVAILABLE",
+            )
+        _check_not_forgotten(s, state)  # reads keep working
+        assert faulty.proc.poll() is None
+    with serving(data, env) as again:
+        s = again.stubs(token)
+        _check_not_forgotten(s, state)
+        assert (
+            _status(
+                lambda: s.threads.GetThread(
+                    threads_pb2.GetThreadRequest(name=f"{PARENT}/threads/t2"), metadata=s.md
+                )
+            )
+            == "NOT_FOUND/NOT_FOUND"
+        )
+        assert _audit_rpc(s) == (0, 0, 0, 0)
+    assert audit(data, env)[0] == 0
+
+
 # ---------------------------------------------------------------------- coverage
 
 
