@@ -163,7 +163,9 @@ class TurnInput(_message.Message):
     text: _builtins.str
     """1 byte .. 64 KiB of UTF-8."""
     context_manifest: _builtins.str
-    """`owners/{o}/manifests/{m}` that produced an assistant turn."""
+    """`owners/{o}/manifests/{m}` that produced an assistant turn: its refs become
+    the turn's lineage.
+    """
     commit: _builtins.bool
     """Store as COMMITTED instead of PENDING."""
     tagged: _builtins.bool
@@ -176,7 +178,13 @@ class TurnInput(_message.Message):
         """Optional client embedding; the owner's index dimension applies."""
 
     @_builtins.property
-    def context_refs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]: ...
+    def context_refs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]:
+        """Records the turn was produced from (an assistant reply's sources). Only
+        declared lineage (these refs and the manifest's) propagates deletion and
+        taint: a reply that repeats a fact without declaring where it came from is
+        not tainted when that fact is forgotten.
+        """
+
     @_builtins.property
     def pending_ttl(self) -> _duration_pb2.Duration:
         """Pending lifetime; default the server's --pending-ttl."""
