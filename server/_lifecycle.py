@@ -278,14 +278,17 @@ class Lifecycle:
         return counts
 
     def periodic_audit(self) -> None:
-        """Audit every owner into the orphan / stale-summary gauges; prune old events."""
-        orphans = stale = 0
+        """Audit every owner into the orphan, stale-summary and keyless-record
+        gauges; prune old events."""
+        orphans = stale = keyless = 0
         for owner in self.store.owners():
             counts = self.audit(owner, integrity=False)
             orphans += counts.orphans
             stale += counts.stale_summaries
+            keyless += counts.records_without_key
         self.metrics.orphan_derivatives.set(orphans)
         self.metrics.stale_summaries.set(stale)
+        self.metrics.records_without_key.set(keyless)
         self.store.prune_events(time.time() - EVENT_RETENTION)
 
     def refresh_gauges(self) -> None:
