@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import faiss
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -170,10 +169,6 @@ class LetheServer:
 
     def start(self) -> int:
         """Recover, then serve. Returns the bound gRPC port."""
-        # One OpenMP thread per FAISS search: per-owner indexes are small, and
-        # OpenMP's fork-join costs more than the scan (bench/: 130 µs vs 31 µs
-        # for k=40 over 600 vectors); concurrency comes from the RPC pool.
-        faiss.omp_set_num_threads(1)
         recovery = self.lifecycle.recover()
         if recovery != Recovery([], 0, 0, 0, [], 0):
             _log.info("recovered: %s", recovery.summary())
