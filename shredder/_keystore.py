@@ -68,6 +68,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import lmdb
 import nacl.encoding
@@ -95,7 +96,7 @@ from shredder.errors import (
     KeyNotFoundError,
 )
 
-__all__ = ["Keystore"]
+__all__ = ["FreshKeys", "Keystore"]
 
 FP_ROTATE_AFTER_KEK = declare(
     "keystore.rotate.after_kek",
@@ -192,6 +193,34 @@ def _ring_ad_builder(ring: RingRef, generation: int) -> Callable[[int], bytes]:
 
 def _record_ad(ring: RingRef, key_id: str, generation: int) -> bytes:
     return _encode_fields(_WRAP_TAG, "record", *_ring_fields(ring), key_id, generation)
+
+
+class FreshKeys:
+    """Record keys one :meth:`Keystore.create_record_keys` just made, for sealing the
+    payloads of the same batch without unwrapping each key again. Holds raw keys:
+    never printed or pickled; drop it once the batch is written.
+    """
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: dict[tuple[RingRef, str], _Key]) -> None:
+        self._keys = keys
+
+    def seal(
+        self, ring: RingRef, key_id: str, ad: AssociatedData, plaintext: bytes
+    ) -> bytes | None:
+        """Seal as :meth:`Keystore.seal` would, or None when the key is not one of these."""
+        key = self._keys.get((ring, key_id))
+        return None if key is None else _seal_payload(key, ad.encode(), plaintext)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __repr__(self) -> str:
+        return f"<FreshKeys {len(self._keys)} redacted>"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("FreshKeys holds raw keys and cannot be pickled")
 
 
 class Keystore:
@@ -337,7 +366,7 @@ class Keystore:
 
     # ----------------------------------------------------------------- writes
 
-    def create_record_keys(self, refs: Sequence[tuple[RingRef, str]]) -> None:
+    def create_record_keys(self, refs: Sequence[tuple[RingRef, str]]) -> FreshKeys:
         """Create one new random record key per ``(ring, key_id)`` in one synced transaction.
 
         A ring that does not exist yet (never created, or destroyed) gets a new random ring
@@ -346,6 +375,10 @@ class Keystore:
         Args:
             refs: ``(ring, key_id)`` pairs; key ids are 1-256 UTF-8 bytes without NUL.
 
+        Returns:
+            The new keys, able to seal payloads without unwrapping them again from
+            the keystore (the writer seals a batch's payloads with them, then drops them).
+
         Raises:
             KeyExistsError: If a key id already exists in its ring or repeats within `refs`.
             ValueError: If a key id is malformed.
@@ -353,6 +386,7 @@ class Keystore:
                 KEK version unavailable).
         """
         new_rings: list[tuple[bytes, bytes, _Key]] = []
+        fresh: dict[tuple[RingRef, str], _Key] = {}
         with self._env.begin(write=True) as txn:
             ring_keys: dict[bytes, tuple[int, _Key]] = {}
             for ring, key_id in refs:
@@ -372,13 +406,16 @@ class Keystore:
                     else:
                         ring_keys[prefix] = self._unwrap_ring(ring, prefix, value, self._epoch)
                 generation, ring_key = ring_keys[prefix]
+                record_key = _Key.generate()
                 wrapped = _wrap_key(
-                    ring_key, generation, _record_ad(ring, key_id, generation), _Key.generate()
+                    ring_key, generation, _record_ad(ring, key_id, generation), record_key
                 )
                 if not txn.put(lmdb_key, wrapped, db=self._records, overwrite=False):
                     raise KeyExistsError(f"record key {key_id!r} already exists in its ring")
+                fresh[(ring, key_id)] = record_key
         for prefix, value, ring_key in new_rings:
             self._cache_put(prefix, value, ring_key, self._epoch)
+        return FreshKeys(fresh)
 
     def destroy(
         self,

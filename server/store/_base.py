@@ -108,6 +108,13 @@ class StoreBase:
     # ------------------------------------------------------------------ crypto
 
     def _seal(self, ring: RingRef, key_id: str, ad: AssociatedData, plaintext: bytes) -> bytes:
+        """Seal a payload under a record key (writer thread: a key the running
+        group just created is used as created, not unwrapped again)."""
+        fresh = self.writer.fresh
+        if fresh is not None:
+            sealed = fresh.seal(ring, key_id, ad, plaintext)
+            if sealed is not None:
+                return sealed
         return self.keystore.seal(ring, key_id, ad, plaintext)
 
     def _open(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # Storage states (lethe.v1.State value names).
@@ -35,6 +35,18 @@ PAYLOAD_CONTENT = "content"
 PAYLOAD_EMBEDDING = "embedding"
 PAYLOAD_TITLE = "title"
 PAYLOAD_MEMORY = "memory"  # JSON {text, slot, scope, edge: [s, p, o]} of one memory version
+
+
+def _encode(row: Any) -> bytes:
+    """Compact JSON of a slotted dataclass row, field by field (``asdict`` deep-copies
+    every list and dict first: it was a measurable part of every append)."""
+    names = _FIELD_NAMES.get(type(row))
+    if names is None:
+        names = _FIELD_NAMES[type(row)] = tuple(f.name for f in fields(row))
+    return json.dumps({n: getattr(row, n) for n in names}, separators=(",", ":")).encode()
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def pack_content(speaker: str, text: str) -> bytes:
@@ -81,7 +93,7 @@ class ThreadMeta:
     repair_outcome: str = ""
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        return _encode(self)
 
     @classmethod
     def decode(cls, raw: bytes) -> ThreadMeta:
@@ -133,7 +145,7 @@ class TurnMeta:
         return self.key_ring or self.thread
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        return _encode(self)
 
     @classmethod
     def decode(cls, raw: bytes) -> TurnMeta:
@@ -202,7 +214,7 @@ class MemMeta:
         return self.key_ids[str(self.version)]
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        return _encode(self)
 
     @classmethod
     def decode(cls, raw: bytes) -> MemMeta:

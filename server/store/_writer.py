@@ -46,7 +46,7 @@ from typing import Any, Generic, TypeVar
 import lmdb
 
 from server.errors import StoreFull, Unavailable
-from shredder import Keystore, RingRef, declare, failpoint
+from shredder import FreshKeys, Keystore, RingRef, declare, failpoint
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
@@ -137,6 +137,9 @@ class Writer:
         self._queue: queue.SimpleQueue[WriteOp[Any] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="lethe-writer", daemon=True)
         self._closed = False
+        # The record keys the running group created (writer thread only): payloads
+        # of the group are sealed with them instead of unwrapping each again.
+        self.fresh: FreshKeys | None = None
         self.batches = 0
         self.ops = 0
         self._thread.start()
@@ -208,6 +211,7 @@ class Writer:
         except Exception as exc:
             _log.error("data transaction failed: %s", type(exc).__name__)
             results = [(op, False, _storage_error(exc)) for op in live]
+        self.fresh = None
         self.batches += 1
         self.ops += len(live)
         committed = [op for op, ok, _ in results if ok]
@@ -229,8 +233,7 @@ class Writer:
     def _keystore_phase(self, live: list[WriteOp[Any]]) -> None:
         """The group's keystore transactions (each synced): create, move, destroy."""
         creates = [ref for op in live for ref in op.create_keys]
-        if creates:
-            self._keystore.create_record_keys(creates)
+        self.fresh = self._keystore.create_record_keys(creates) if creates else None
         for op in live:
             if op.rewrap_keys and op.rewrap_to is not None:
                 self._keystore.rewrap_record_keys(op.rewrap_keys, op.rewrap_to)

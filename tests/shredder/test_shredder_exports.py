@@ -12,6 +12,7 @@ def test_public_names_are_pinned() -> None:
         "CryptoError",
         "EnvironmentConfigError",
         "FAILPOINTS_ENV",
+        "FreshKeys",
         "IntegrityError",
         "KekRing",
         "KeyExistsError",
