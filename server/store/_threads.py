@@ -12,7 +12,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import lmdb
@@ -525,6 +525,38 @@ class ThreadsPart(MemoriesPart):
             except DataLoss:
                 self.note_unreadable(meta)
                 continue
+        return out
+
+    def visible_neighbours(
+        self,
+        owner: str,
+        thread: str,
+        seqs: Iterable[int],
+        visible: Callable[[TurnMeta, float], bool],
+    ) -> dict[int, tuple[TurnMeta | None, TurnMeta | None]]:
+        """For each seq of a thread: the nearest earlier and the nearest later turn
+        for which ``visible(meta, now)`` holds (as reads see it), or None. One read
+        transaction; each walk stops at the first such turn, so this costs a few
+        rows per seq, not the thread's length."""
+        now = time.time()
+        prefix = sk.thread_prefix(owner, thread)
+        out: dict[int, tuple[TurnMeta | None, TurnMeta | None]] = {}
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.t.seqs)
+
+            def walk(found: bool, step: Callable[[], bool]) -> TurnMeta | None:
+                while found and bytes(cur.key()).startswith(prefix):
+                    meta = self._turn_read(txn, sk.rid_of(bytes(cur.value())), now)
+                    if meta is not None and visible(meta, now):
+                        return meta
+                    found = step()
+                return None
+
+            for seq in seqs:
+                at = cur.set_range(sk.seq_key(owner, thread, seq))
+                before = walk(cur.prev() if at else cur.last(), cur.prev)
+                after = walk(cur.set_range(sk.seq_key(owner, thread, seq + 1)), cur.next)
+                out[seq] = (before, after)
         return out
 
     def owner_turns(self, owner: str) -> list[TurnMeta]:
