@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -171,6 +172,7 @@ class Memory(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """`owners/{o}/memories/{m}`."""
     kind: Global___Memory.Kind.ValueType
@@ -201,6 +203,16 @@ class Memory(_message.Message):
     def update_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def expire_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def metadata(self) -> _struct_pb2.Struct:
+        """A JSON object the client keeps with the memory: content, encrypted like
+        the text, at most 256 KiB as JSON; returned on every read, never indexed
+        or searched (put what should be found in `text`). Numbers are doubles, as
+        in any Struct. UpdateMemory changes it when the mask names `metadata`, or
+        when the mask is empty and the field is set. The LangGraph store
+        (`lethe.langgraph`) keeps an item's namespace, key and value here.
+        """
+
     def __init__(
         self,
         *,
@@ -223,10 +235,11 @@ class Memory(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
         expire_time: _timestamp_pb2.Timestamp | None = ...,
+        metadata: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "due_time", b"due_time", "edge", b"edge", "expire_time", b"expire_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "due_time", b"due_time", "edge", b"edge", "expire_time", b"expire_time", "metadata", b"metadata", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "direction", b"direction", "due_time", b"due_time", "edge", b"edge", "embedding", b"embedding", "expire_time", b"expire_time", "kind", b"kind", "name", b"name", "origin", b"origin", "scope", b"scope", "slot", b"slot", "sources", b"sources", "state", b"state", "status", b"status", "supersedes", b"supersedes", "text", b"text", "trigger", b"trigger", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "direction", b"direction", "due_time", b"due_time", "edge", b"edge", "embedding", b"embedding", "expire_time", b"expire_time", "kind", b"kind", "metadata", b"metadata", "name", b"name", "origin", b"origin", "scope", b"scope", "slot", b"slot", "sources", b"sources", "state", b"state", "status", b"status", "supersedes", b"supersedes", "text", b"text", "trigger", b"trigger", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -11,9 +11,11 @@ narrowest applicable scope, ``EXPLICIT`` before ``INFERRED``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from lethe.v1 import common_pb2, memories_pb2, memories_pb2_grpc, threads_pb2
 from server import _tagger as tagger
@@ -46,7 +48,28 @@ from server.store import (
 )
 
 MAX_FIELD_BYTES = 1024
-_MASK_PATHS = {"text", "slot", "scope", "edge", "sources", "due_time", "embedding"}
+MAX_METADATA_BYTES = 256 * 1024
+"""Largest ``Memory.metadata``, as compact JSON in UTF-8 (bytes)."""
+_MASK_PATHS = {"text", "slot", "scope", "edge", "sources", "due_time", "embedding", "metadata"}
+
+
+def _metadata(memory: memories_pb2.Memory) -> dict[str, Any] | None:
+    """``memory.metadata`` as a JSON object, or None when it is not set.
+
+    Raises:
+        InvalidArgument: larger than ``MAX_METADATA_BYTES``, or a number that
+            is not finite (JSON has no NaN or infinity).
+    """
+    if not memory.HasField("metadata"):
+        return None
+    try:
+        data: dict[str, Any] = json_format.MessageToDict(memory.metadata)
+        encoded = json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+    except (json_format.Error, ValueError):
+        raise InvalidArgument("memory.metadata", "numbers must be finite") from None
+    if len(encoded) > MAX_METADATA_BYTES:
+        raise InvalidArgument("memory.metadata", f"at most {MAX_METADATA_BYTES} bytes as JSON")
+    return data
 MAX_TAGS = 32
 
 
@@ -124,7 +147,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             )
         return MemoryDraft(
             kind=kind,
-            content=MemoryContent(text, slot, scope, edge),
+            content=MemoryContent(text, slot, scope, edge, metadata=_metadata(memory)),
             sources=_sources(memory.sources, owner),
             direction=direction,
             trigger=trigger,
@@ -279,6 +302,8 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             paths = {"text", "slot", "scope", "edge", "sources", "due_time"}
             if request.memory.embedding:
                 paths.add("embedding")
+            if request.memory.HasField("metadata"):
+                paths.add("metadata")
         if request.memory.kind:
             raise InvalidArgument("memory.kind", "is immutable")
         draft = self._draft(request.memory, name.owner, creating=False)
