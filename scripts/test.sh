@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: create .venv (if missing), install Lethe with its dev
-# extras, then lint (ruff), type-check (mypy --strict) and run the tests
+# The test command: create .venv (if missing), install Lethe with its dev and
+# langgraph extras, then lint (ruff), type-check (mypy --strict) and run the tests
 # (pytest; the black-box tests start the real server on loopback).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[dev]'
+.venv/bin/python -m pip install --quiet -e '.[dev,langgraph]'
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
