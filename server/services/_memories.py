@@ -70,6 +70,8 @@ def _metadata(memory: memories_pb2.Memory) -> dict[str, Any] | None:
     if len(encoded) > MAX_METADATA_BYTES:
         raise InvalidArgument("memory.metadata", f"at most {MAX_METADATA_BYTES} bytes as JSON")
     return data
+
+
 MAX_TAGS = 32
 
 
