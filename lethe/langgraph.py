@@ -38,12 +38,15 @@ Item → memory
     kept. A later ``put`` of the key creates it again.
 ``search``
     Without ``query``: the owner's items under the prefix, filtered, oldest
-    first. With ``query``: Lethe's ``Search`` (``HYBRID``: BM25 and dense,
-    fused) over memories of ``kind``, best first, filtered after retrieval
-    (at most 1000 hits are examined, so a query whose matches rank below that
-    returns fewer than ``limit``); ``score`` is Lethe's fused score.
-    ``filter`` follows LangGraph's semantics: equality of nested values, and
-    ``$eq``, ``$ne``, ``$gt``, ``$gte``, ``$lt``, ``$lte``.
+    first (every item of the owner is listed and decrypted by the server to
+    find them: namespaces are encrypted, so no index on the server can narrow
+    the listing; the cost grows with the owner's items). With ``query``:
+    Lethe's ``Search`` (``HYBRID``: BM25 and dense, fused) over memories of
+    ``kind``, best first, filtered after retrieval (at most 1000 hits are
+    examined, so a query whose matches rank below that returns fewer than
+    ``limit``); ``score`` is Lethe's fused score. ``filter`` follows
+    LangGraph's semantics: equality of nested values, and ``$eq``, ``$ne``,
+    ``$gt``, ``$gte``, ``$lt``, ``$lte``.
 ``list_namespaces``
     Namespaces holding at least one item, with LangGraph's prefix / suffix
     conditions (``"*"`` matches any label), ``max_depth``, ``limit`` and
@@ -116,7 +119,7 @@ from langgraph.store.base import (
     tokenize_path,
 )
 
-from lethe.client import Client, NotFound
+from lethe.client import AlreadyExists, Client, NotFound
 from lethe.names import ID_RE
 from lethe.v1 import memories_pb2
 
@@ -409,11 +412,14 @@ class LetheStore(BaseStore):
         except NotFound:
             pass
         owner, memory_id = name.split("/")[1], name.rsplit("/", 1)[1]
-        self.client.create_memory(
-            f"owners/{owner}",
-            {"kind": self.kind, "text": text, "metadata": metadata, "state": "COMMITTED"},
-            memory_id=memory_id,
-        )
+        try:
+            self.client.create_memory(
+                f"owners/{owner}",
+                {"kind": self.kind, "text": text, "metadata": metadata, "state": "COMMITTED"},
+                memory_id=memory_id,
+            )
+        except AlreadyExists:  # another writer created it meanwhile: ours is the later put
+            self.client.update_memory(memory, update_mask=["text", "metadata"])
 
     def _owner_items(self, owner: str) -> list[tuple[tuple[str, ...], str, Item]]:
         out = []
