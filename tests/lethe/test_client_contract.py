@@ -310,6 +310,7 @@ def test_watch_resumes_after_a_server_restart(lethe: Lethe) -> None:
     with c.watch("owners/alice", types=["RECORD_DELETED"], timeout=60) as stream:
         assert next(stream).subject == turns[0].name
         lethe.restart(same_port=True)
+        c.wait_ready(timeout=30)  # the channel may sit in reconnect backoff for a moment
         c.forget([turns[1].name])
         assert next(stream).subject == turns[1].name  # reconnected, resumed after the last id
         c.forget([turns[2].name])
