@@ -175,7 +175,7 @@ class LetheServer:
         # for k=40 over 600 vectors); concurrency comes from the RPC pool.
         faiss.omp_set_num_threads(1)
         recovery = self.lifecycle.recover()
-        if recovery != Recovery([], 0, 0, 0, [], 0):
+        if recovery != Recovery([], 0, 0, 0, [], 0, []):
             _log.info("recovered: %s", recovery.summary())
         self._executor = futures.ThreadPoolExecutor(
             max_workers=self.config.max_workers, thread_name_prefix="lethe-rpc"
