@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: create .venv (if missing), install Lethe with its dev
 # extras, then lint (ruff), type-check (mypy --strict) and run the tests
-# (pytest; the black-box tests start the real server on loopback).
+# (pytest; the black-box tests start the real server on loopback); check
+# proto/ with buf (scripts/check_proto.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -15,5 +16,7 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== mypy (strict)"
 .venv/bin/mypy lethe server shredder index scripts bench tests
+echo "== proto (buf)"
+bash scripts/check_proto.sh
 echo "== pytest"
 .venv/bin/python -m pytest -q "$@"
