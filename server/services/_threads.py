@@ -22,11 +22,10 @@ from server.services._common import (
     REQUEST_ID_RE,
     check_text,
     check_vector,
-    decode_token,
     duration,
-    encode_token,
     owner_page,
     page_size,
+    page_tokens,
     rpc,
     seconds,
     source_refs,
@@ -54,6 +53,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         # Turns -> candidate memories (client tags, or the write-time rules).
         self.proposer = proposer
         self.check_tags = check_tags
+        self.page_tokens = page_tokens()
 
     @rpc
     def CreateThread(  # noqa: N802
@@ -77,11 +77,11 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     def ListThreads(  # noqa: N802
         self, request: threads_pb2.ListThreadsRequest, context: grpc.ServicerContext
     ) -> threads_pb2.ListThreadsResponse:
-        owner, size, after = owner_page(request)
+        owner, size, after = owner_page(request, self.page_tokens)
         views, nxt = self.store.list_threads(owner, after, size, request.include_repairs)
         return threads_pb2.ListThreadsResponse(
             threads=[thread_proto(v) for v in views],
-            next_page_token=encode_token(request.parent, nxt) if nxt else "",
+            next_page_token=self.page_tokens.issue(request, nxt),
         )
 
     def _drafts(self, request: threads_pb2.AppendTurnsRequest, owner: str) -> list[TurnDraft]:
@@ -200,7 +200,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         name = parse_thread(request.parent, "parent")
         authorize(name.owner)
         size = page_size(request.page_size)
-        after = decode_token(request.page_token, request.parent)
+        after = self.page_tokens.resume(request)
         if after and not re.fullmatch(r"[1-9][0-9]{0,17}", after):
             raise InvalidArgument("page_token", "not a token from a previous page of this listing")
         views, nxt = self.store.list_turns(
@@ -214,7 +214,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         )
         return threads_pb2.ListTurnsResponse(
             turns=[turn_proto(v) for v in views],
-            next_page_token=encode_token(request.parent, str(nxt)) if nxt else "",
+            next_page_token=self.page_tokens.issue(request, str(nxt) if nxt else ""),
         )
 
     @rpc
