@@ -51,11 +51,13 @@ class Metrics:
             registry=self.registry,
         )
         self.pending_records = Gauge(
-            "lethe_pending_records", "Pending turns waiting for a decision.", registry=self.registry
+            "lethe_pending_records",
+            "Pending turns and memories waiting for a decision.",
+            registry=self.registry,
         )
         self.oldest_pending_age = Gauge(
             "lethe_oldest_pending_age_seconds",
-            "Age of the oldest pending turn, seconds.",
+            "Age of the oldest pending turn or memory (since it was stored), seconds.",
             registry=self.registry,
         )
         self.index_vectors = Gauge(
