@@ -1,15 +1,18 @@
-"""The gauges an operator alerts on report what they say (API.md, "Metrics"):
+"""The metrics an operator alerts on report what they say (API.md, "Metrics"):
 ``lethe_pending_records`` / ``lethe_oldest_pending_age_seconds`` cover pending
-records of every kind, the oldest by when it was stored."""
+records of every kind, the oldest by when it was stored; the standard gRPC
+server metrics count and time every call, streams included."""
 
 from __future__ import annotations
 
 import time
 
-from _helpers import append, create_thread
+import grpc
+import pytest
+from _helpers import append, create_thread, forget
 from conftest import Lethe
 
-from lethe.v1 import memories_pb2
+from lethe.v1 import events_pb2, memories_pb2, threads_pb2
 
 
 def _seconds(ts: object) -> float:
@@ -67,3 +70,80 @@ def test_no_pending_record_is_age_zero(lethe: Lethe) -> None:
     append(c, thread, ["committed"], commit=True)
     assert lethe.server is not None
     assert lethe.server.store.pending_stats(time.time() + 60.0) == (0, 0.0)
+
+
+def _sample(lethe: Lethe, name: str, **labels: str) -> float:
+    assert lethe.server is not None
+    return lethe.server.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def _threads(method: str, kind: str = "UNARY") -> dict[str, str]:
+    return {"grpc_type": kind, "grpc_service": "lethe.v1.Threads", "grpc_method": method}
+
+
+def test_unary_calls_are_counted_by_code_and_timed(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice", thread_id="t")
+    c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=c.md)
+    with pytest.raises(grpc.RpcError):
+        c.threads.GetThread(
+            threads_pb2.GetThreadRequest(name="owners/alice/threads/nope"), metadata=c.md
+        )
+    with pytest.raises(grpc.RpcError):
+        c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread))  # no token
+    labels = _threads("GetThread")
+    assert _sample(lethe, "grpc_server_started_total", **labels) == 3
+    assert _sample(lethe, "grpc_server_handled_total", **labels, grpc_code="OK") == 1
+    assert _sample(lethe, "grpc_server_handled_total", **labels, grpc_code="NOT_FOUND") == 1
+    assert _sample(lethe, "grpc_server_handled_total", **labels, grpc_code="UNAUTHENTICATED") == 1
+    assert _sample(lethe, "grpc_server_handling_seconds_count", **labels) == 3
+    assert _sample(lethe, "grpc_server_msg_received_total", **labels) == 3
+    assert _sample(lethe, "grpc_server_msg_sent_total", **labels) == 1
+    method = "/lethe.v1.Threads/GetThread"
+    assert _sample(lethe, "lethe_rpc_duration_seconds_count", method=method, code="OK") == 1
+    assert _sample(lethe, "lethe_rpc_duration_seconds_count", method=method, code="NOT_FOUND") == 1
+
+
+def _watch_labels() -> dict[str, str]:
+    return {
+        "grpc_type": "SERVER_STREAMING",
+        "grpc_service": "lethe.v1.Events",
+        "grpc_method": "Watch",
+    }
+
+
+def test_a_stream_is_counted_per_message_and_timed_when_it_ends(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice")
+    (turn,) = append(c, thread, ["to forget"], commit=True)
+    forget(c, turn.name)
+    stream = c.events.Watch(events_pb2.WatchRequest(parent="owners/alice"), metadata=c.md)
+    first = next(iter(stream))
+    assert first.type == events_pb2.RECORD_DELETED
+    time.sleep(0.3)
+    stream.cancel()  # type: ignore[no-untyped-call]
+    labels = _watch_labels()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:  # the server notices within a poll (0.2 s)
+        if _sample(lethe, "grpc_server_handled_total", **labels, grpc_code="CANCELLED"):
+            break
+        time.sleep(0.05)
+    assert _sample(lethe, "grpc_server_started_total", **labels) == 1
+    assert _sample(lethe, "grpc_server_handled_total", **labels, grpc_code="CANCELLED") == 1
+    assert _sample(lethe, "grpc_server_msg_received_total", **labels) == 1
+    assert _sample(lethe, "grpc_server_msg_sent_total", **labels) >= 1
+    assert _sample(lethe, "grpc_server_handling_seconds_count", **labels) == 1
+    assert _sample(lethe, "grpc_server_handling_seconds_sum", **labels) >= 0.3
+
+
+def test_a_stream_refused_at_once_is_counted_with_its_code(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    stream = c.events.Watch(
+        events_pb2.WatchRequest(parent="owners/alice", after="not-an-id"), metadata=c.md
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        next(iter(stream))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    labels = _watch_labels()
+    assert _sample(lethe, "grpc_server_handled_total", **labels, grpc_code="INVALID_ARGUMENT") == 1
+    assert _sample(lethe, "grpc_server_msg_sent_total", **labels) == 0
