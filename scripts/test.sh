@@ -2,7 +2,8 @@
 # The test command: create .venv (if missing), install Lethe with its dev
 # extras, then lint (ruff), type-check (mypy --strict) and run the tests
 # (pytest; the black-box tests start the real server on loopback); check
-# proto/ with buf (scripts/check_proto.sh).
+# proto/ with buf (scripts/check_proto.sh) and deploy/ with promtool and
+# systemd-analyze (scripts/check_deploy.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -18,5 +19,7 @@ echo "== mypy (strict)"
 .venv/bin/mypy lethe server shredder index scripts bench tests
 echo "== proto (buf)"
 bash scripts/check_proto.sh
+echo "== deploy (promtool, systemd-analyze)"
+bash scripts/check_deploy.sh
 echo "== pytest"
 .venv/bin/python -m pytest -q "$@"
