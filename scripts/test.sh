@@ -2,8 +2,9 @@
 # The test command: create .venv (if missing), install Lethe with its dev
 # extras, then lint (ruff), type-check (mypy --strict) and run the tests
 # (pytest; the black-box tests start the real server on loopback); check
-# proto/ with buf (scripts/check_proto.sh) and deploy/ with promtool and
-# systemd-analyze (scripts/check_deploy.sh).
+# proto/ with buf (scripts/check_proto.sh), deploy/ with promtool and
+# systemd-analyze (scripts/check_deploy.sh), and run a Go client generated
+# from proto/ against the server (scripts/check_go_client.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -21,5 +22,7 @@ echo "== proto (buf)"
 bash scripts/check_proto.sh
 echo "== deploy (promtool, systemd-analyze)"
 bash scripts/check_deploy.sh
+echo "== a Go client generated from proto/, against a real server"
+bash scripts/check_go_client.sh
 echo "== pytest"
 .venv/bin/python -m pytest -q "$@"
