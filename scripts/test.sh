@@ -7,10 +7,8 @@
 # from proto/ against the server (scripts/check_go_client.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-    "$PY" -m venv .venv
-fi
+# .venv of a Python >= 3.11 ($PYTHON if set; a wrong one is made again)
+. scripts/_venv.sh
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[dev]'
 echo "== ruff"
