@@ -28,10 +28,10 @@ from server.services._common import (
     MAX_TEXT_BYTES,
     check_text,
     check_vector,
-    encode_token,
     enum_name,
     fit,
     owner_page,
+    page_tokens,
     rpc,
     seconds,
     states,
@@ -80,6 +80,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         self.retriever = retriever
         self.pending_ttl = pending_ttl
         self.rules = rules  # the write-time rules (``--tagger rules``)
+        self.page_tokens = page_tokens()
 
     def _draft(self, memory: memories_pb2.Memory, owner: str, *, creating: bool) -> MemoryDraft:
         kind = enum_name(memories_pb2.Memory.Kind, memory.kind, "memory.kind")
@@ -225,7 +226,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def ListMemories(  # noqa: N802
         self, request: memories_pb2.ListMemoriesRequest, context: grpc.ServicerContext
     ) -> memories_pb2.ListMemoriesResponse:
-        owner, size, after = owner_page(request)
+        owner, size, after = owner_page(request, self.page_tokens)
         kinds = {enum_name(memories_pb2.Memory.Kind, k, "kinds") for k in request.kinds}
         statuses = {enum_name(memories_pb2.Memory.Status, k, "statuses") for k in request.statuses}
         views, nxt = self.store.list_memories(
@@ -241,7 +242,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         )
         return memories_pb2.ListMemoriesResponse(
             memories=memories,
-            next_page_token=encode_token(request.parent, nxt) if nxt else "",
+            next_page_token=self.page_tokens.issue(request, nxt),
         )
 
     @rpc
