@@ -16,6 +16,8 @@ module                 what it holds (public names)
 =====================  =====================================================
 ``lethe.v1``           the generated protobuf and gRPC code of ``proto/lethe/v1``
                        (``scripts/gen_protos.py``; never edited by hand)
+``lethe.errors.v1``    the generated ``ErrorReason`` enum of
+                       ``proto/lethe/errors/v1/errors.proto`` (likewise)
 ``lethe.names``        the grammar of resource names: ``parse_*``, ``check_id``,
                        ``ID_RE``, the ``*Name`` value types, ``InvalidName``
 ``lethe.client``       the typed client: ``Client``, ``AsyncClient``, the typed

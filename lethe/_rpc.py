@@ -11,8 +11,9 @@ typed client ``lethe.client`` is built on it (``Client.stubs``).
 
 :func:`reason_of` and :func:`bad_fields` read the ``google.rpc.Status`` that a
 failed call carries in its trailing metadata (``grpc-status-details-bin``):
-the ``google.rpc.ErrorInfo`` reason of domain ``lethe`` (an ``ErrorReason``
-value name, e.g. ``RECORD_DELETED``) and the fields of a ``google.rpc.BadRequest``.
+the ``google.rpc.ErrorInfo`` reason of domain ``lethe`` (a value name of
+``lethe.errors.v1.ErrorReason``, e.g. ``RECORD_DELETED``; the enum is
+``lethe.errors.v1.errors_pb2.ErrorReason``) and the fields of a ``google.rpc.BadRequest``.
 Clients compare those constants, never message text.
 
 Imports only grpc, protobuf, grpc-status (googleapis-common-protos) and

@@ -138,6 +138,8 @@ class _Served:
 
     Attributes:
         port: the gRPC port the server reported on its ready line.
+        kek: where the server's KEK is, as its second line says ("" if it
+            did not say).
     """
 
     STOP_TIMEOUT_SECONDS = 60.0
@@ -163,6 +165,9 @@ class _Served:
             self.stop()
             raise _ServeError(f"lethe serve did not start (exit status {self._proc.returncode})")
         self.port = int(port)
+        # The second line says where the KEK is (``lethe KEK <path> (...)``).
+        kek_line = self._proc.stdout.readline().rstrip("\n")
+        self.kek = kek_line.removeprefix("lethe KEK ") if kek_line.startswith("lethe KEK ") else ""
         self._forwarder.start()
 
     def stop(self) -> None:
@@ -423,6 +428,8 @@ def _run(args: argparse.Namespace) -> int:
     failures: list[str] = []
     try:
         print(f"server on 127.0.0.1:{server.port}, data in {data_dir.resolve()}")
+        print(f"KEK: {server.kek}")
+        report["kek"] = server.kek.split(" (", 1)[0]
         for conv in convs:  # a previous run's data: forget it first
             api.forget([f"owners/{conv.owner}"], reason="demo-reset")
         start = time.perf_counter()
@@ -583,6 +590,11 @@ def _run(args: argparse.Namespace) -> int:
     report["failures"] = failures
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nfigures written to {args.out}")
+    if report.get("kek", "").startswith("/"):
+        print(
+            f"The store's KEK is {report['kek']}: to start afresh, remove it together with "
+            f"{data_dir}; removing the data directory alone leaves it behind."
+        )
     if failures:
         print("FAILED: " + "; ".join(failures))
         return 1

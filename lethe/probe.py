@@ -287,7 +287,9 @@ class _Cycle:
         return self.secret in text.lower()
 
     def _append(self, inputs: Sequence[threads_pb2.TurnInput]) -> list[threads_pb2.Turn]:
-        resp = self.c.must("AppendTurns", self.c.api.append_turns, self.thread, list(inputs))
+        resp = self.c.must(
+            "AppendTurns", self.c.api.append_turns, self.thread, list(inputs), echo_text=True
+        )
         self.memories.extend(m.name for m in resp.proposed)
         return list(resp.turns)
 

@@ -1,8 +1,11 @@
-"""Regenerate the `lethe.v1` Python package from `proto/lethe/v1/*.proto`.
+"""Regenerate the Python packages `lethe.v1` and `lethe.errors.v1` from `proto/`.
 
 Usage: ``python scripts/gen_protos.py [--out DIR]`` (default: the repository
-root, which writes ``lethe/v1/*_pb2.py``, ``*_pb2.pyi`` and ``*_pb2_grpc.py``
-/ ``.pyi``; the rest of ``lethe/`` is hand-written and never touched).
+root, which writes ``lethe/v1/`` and ``lethe/errors/v1/``: ``*_pb2.py``,
+``*_pb2.pyi``, ``*_pb2_grpc.py`` / ``.pyi``, a copy of each ``.proto`` beside
+its modules (so that an installed wheel is an include root for ``protoc``:
+``-I site-packages`` resolves ``lethe/v1/threads.proto``) and the packages'
+``__init__.py``; the rest of ``lethe/`` is hand-written and never touched).
 ``tests/test_generated_code.py`` regenerates into a temporary directory and
 fails on any difference.
 
@@ -36,7 +39,15 @@ _RUN_PROTOC = (
     "import sys; sys.path.insert(0, sys.argv[1]); from grpc_tools import protoc; "
     "sys.exit(protoc.main(['grpc_tools.protoc', *sys.argv[2:]]))"
 )
-PACKAGE_INIT = '"""Generated gRPC code for lethe.v1; regenerate with scripts/gen_protos.py."""\n'
+PROTO_PACKAGES = ("lethe/v1", "lethe/errors/v1")
+"""Folders of ``proto/`` whose files are generated, each into the same folder under ``--out``."""
+GENERATED_DIRS = ("lethe/v1", "lethe/errors")
+"""Folders under ``--out`` that hold nothing but generated files."""
+INITS = {
+    "lethe/v1": "Generated gRPC code for lethe.v1",
+    "lethe/errors": "Generated code of the lethe.errors proto packages",
+    "lethe/errors/v1": "Generated protobuf code of proto package lethe.errors.v1 (ErrorReason)",
+}
 
 
 def _plugin(name: str) -> str:
@@ -76,17 +87,25 @@ def _toolchain() -> Path:
 
 
 def generate(out: Path) -> list[Path]:
-    """Generate the package under ``out/lethe/v1`` and return the files written.
+    """Generate every package of :data:`PROTO_PACKAGES` under ``out`` and return
+    the files written.
 
     Raises:
         SystemExit: protoc or a plugin failed.
     """
-    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.glob("lethe/v1/*.proto"))
-    pkg = out / "lethe" / "v1"
-    if pkg.exists():
-        for old in pkg.glob("*_pb2*"):
-            old.unlink()
-    pkg.mkdir(parents=True, exist_ok=True)
+    protos = sorted(
+        str(p.relative_to(PROTO_ROOT))
+        for folder in PROTO_PACKAGES
+        for p in (PROTO_ROOT / folder).glob("*.proto")
+    )
+    for folder in GENERATED_DIRS:
+        pkg = out / folder
+        if pkg.exists():
+            for old in pkg.rglob("*"):
+                if old.is_file() and (old.name.endswith((".proto", ".pyi")) or "_pb2" in old.name):
+                    old.unlink()
+    for folder in INITS:
+        (out / folder).mkdir(parents=True, exist_ok=True)
     tools = _toolchain()
     include = str(tools / "grpc_tools" / "_proto")
     args = [
@@ -104,15 +123,20 @@ def generate(out: Path) -> list[Path]:
     done = subprocess.run([sys.executable, "-I", "-c", _RUN_PROTOC, str(tools), *args], check=False)
     if done.returncode != 0:
         raise SystemExit("protoc failed")
-    (pkg / "__init__.py").write_text(PACKAGE_INIT)
-    return sorted(p for p in pkg.rglob("*") if p.is_file())
+    for proto in protos:
+        shutil.copyfile(PROTO_ROOT / proto, out / proto)
+    for folder, doc in INITS.items():
+        (out / folder / "__init__.py").write_text(
+            f'"""{doc}; regenerate with scripts/gen_protos.py."""\n'
+        )
+    return sorted(p for folder in GENERATED_DIRS for p in (out / folder).rglob("*") if p.is_file())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT)
     written = generate(parser.parse_args().out)
-    print(f"wrote {len(written)} files under {parser.parse_args().out / 'lethe' / 'v1'}")
+    print(f"wrote {len(written)} files under {parser.parse_args().out / 'lethe'}")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +37,8 @@ from lethe.v1 import (
     threads_pb2_grpc,
 )
 from server._auth import AuthInterceptor
-from server._lifecycle import Lifecycle, Sweeper
-from server._metrics import Metrics
+from server._lifecycle import Lifecycle, Recovery, Sweeper
+from server._metrics import Metrics, RpcMetricsInterceptor
 from server._search import Retriever
 from server.errors import LetheError
 from server.services import (
@@ -52,7 +50,7 @@ from server.services import (
     ThreadsService,
     abort,
 )
-from server.store import Store
+from server.store import DEFAULT_MAX_STORE_SIZE, Store
 
 _log = logging.getLogger(__name__)
 
@@ -77,6 +75,8 @@ class ServerConfig:
             sweeper emits ``PENDING_EXPIRING``.
         audit_interval: seconds between the periodic audits behind the
             ``lethe_orphan_derivatives`` and ``lethe_stale_summaries`` gauges.
+        max_store_size: bytes the data environment may grow to; a write that
+            does not fit is refused whole (``STORE_FULL``).
     """
 
     data_dir: Path = Path("./lethe-data")
@@ -91,47 +91,7 @@ class ServerConfig:
     tagger: str = "rules"
     rotation_interval: float = 3600.0
     max_workers: int = 16
-
-
-class _MetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
-    """Times every RPC into ``lethe_rpc_duration_seconds{method,code}``."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        inner = handler.unary_unary
-        method = handler_call_details.method
-        histogram = self._metrics.rpc_duration
-
-        def timed(request: Any, context: grpc.ServicerContext) -> Any:
-            start = time.perf_counter()
-            code = "OK"
-            try:
-                return inner(request, context)
-            except Exception:
-                code = _code_name(context)
-                raise
-            finally:
-                histogram.labels(method, code).observe(time.perf_counter() - start)
-
-        return grpc.unary_unary_rpc_method_handler(
-            timed,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-
-def _code_name(context: grpc.ServicerContext) -> str:
-    code = context.code()  # type: ignore[attr-defined]
-    return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+    max_store_size: int = DEFAULT_MAX_STORE_SIZE
 
 
 def _abort(context: grpc.ServicerContext, error: LetheError) -> None:
@@ -151,7 +111,9 @@ class LetheServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.store = Store(config.data_dir, kek_file=config.kek_file)
+        self.store = Store(
+            config.data_dir, kek_file=config.kek_file, max_size=config.max_store_size
+        )
         self.retriever = Retriever(self.store, load_embedder(config.embedder))
         self.lifecycle = Lifecycle(
             self.store, self.retriever, self.metrics, config.rotation_interval
@@ -169,19 +131,16 @@ class LetheServer:
         # OpenMP's fork-join costs more than the scan (bench/: 130 µs vs 31 µs
         # for k=40 over 600 vectors); concurrency comes from the RPC pool.
         faiss.omp_set_num_threads(1)
-        resumed = self.lifecycle.resume_outstanding()
-        reconciled = self.lifecycle.reconcile_keys()
-        if resumed or reconciled:
-            _log.info(
-                "recovered: %d deletions resumed, %d keyless records forgotten", resumed, reconciled
-            )
+        recovery = self.lifecycle.recover()
+        if recovery != Recovery([], 0, 0, 0, [], 0, []):
+            _log.info("recovered: %s", recovery.summary())
         self._executor = futures.ThreadPoolExecutor(
             max_workers=self.config.max_workers, thread_name_prefix="lethe-rpc"
         )
         server = grpc.server(
             self._executor,
             interceptors=[
-                _MetricsInterceptor(self.metrics),
+                RpcMetricsInterceptor(self.metrics),
                 AuthInterceptor(self.store.get_principal, _abort),
             ],
             options=[
@@ -201,8 +160,7 @@ class LetheServer:
                 self.store,
                 self.retriever,
                 self.config.pending_ttl,
-                proposer=memories.propose,
-                check_tags=memories.check_tags,
+                proposer=memories.candidates,
             ),
             server,
         )

@@ -203,7 +203,10 @@ class Retriever:
         for rid, (meta, cts) in rows.items():
             try:
                 view = self.store.view_of(meta, cts)
-            except (RecordDeleted, DataLoss):
+            except RecordDeleted:
+                continue
+            except DataLoss:  # not indexed; counted and logged by id
+                self.store.note_unreadable(meta)
                 continue
             out[rid] = indexed_text(view)
         return out
@@ -560,6 +563,9 @@ class Retriever:
                 try:
                     view = self.store.view_of(row[0], row[1])
                 except RecordDeleted:  # its key was destroyed after the recheck
+                    continue
+                except DataLoss:  # one bad record never fails a whole search
+                    self.store.note_unreadable(row[0])
                     continue
                 hits.append(SearchHit(view, score))
                 if len(hits) == top_k:

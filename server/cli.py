@@ -28,10 +28,16 @@ from shredder import (
     ShredderError,
     backup_environment,
     check_kek_placement,
+    declare,
     default_kek_path,
+    failpoint,
     restore_environment,
 )
 
+FP_RESTORE_AFTER_REPLACE = declare(
+    "restore.after_replace",
+    "lethe restore replaced the data environment; start-up recovery has not run",
+)
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -49,6 +55,36 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError("duration must be positive")
     return seconds
+
+
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?")
+_SIZE_UNITS = {
+    None: 1,
+    "B": 1,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+
+
+def parse_size(text: str) -> int:
+    """``64GiB``, ``512MiB``, ``10GB`` or a number of bytes → bytes (≥ 1 MiB).
+
+    Raises:
+        argparse.ArgumentTypeError: malformed, or below 1 MiB.
+    """
+    m = _SIZE_RE.fullmatch(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (examples: 64GiB, 512MiB, 10GB)")
+    size = int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    if size < 1 << 20:
+        raise argparse.ArgumentTypeError("the store's maximum size must be at least 1MiB")
+    return size
 
 
 def _address(value: str) -> str:
@@ -95,6 +131,13 @@ def _parser() -> argparse.ArgumentParser:
         type=parse_duration,
         default=parse_duration("1h"),
         help="complete shreds cryptographically this often (default 1h)",
+    )
+    serve.add_argument(
+        "--max-store-size",
+        type=parse_size,
+        default=parse_size("64GiB"),
+        help="the data environment grows on demand up to this size; a write that does not "
+        "fit is refused whole with STORE_FULL (default 64GiB; units B, KiB, MiB, GiB, TiB)",
     )
     serve.add_argument(
         "--tagger",
@@ -166,6 +209,7 @@ def _serve(args: argparse.Namespace) -> int:
         sweep_interval=args.sweep_interval,
         tagger=args.tagger,
         rotation_interval=args.rotation_interval,
+        max_store_size=args.max_store_size,
     )
     server = LetheServer(config)
     try:
@@ -177,6 +221,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"lethe serving {args.data.resolve()} on {args.listen.rpartition(':')[0]}:{port}",
         flush=True,
     )
+    print(_kek_line(server.store.kek.path, args.data), flush=True)
     stopped = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -189,6 +234,16 @@ def _serve(args: argparse.Namespace) -> int:
     stopped.wait()
     server.stop(grace=30.0)
     return 0
+
+
+def _kek_line(path: Path | None, data: Path) -> str:
+    """The second line ``lethe serve`` prints: where the store's KEK is."""
+    if path is None:
+        return "lethe KEK in memory (LETHE_KEK): never rotated, never written anywhere"
+    return (
+        f"lethe KEK {path} (outside {data}: removing the data directory leaves it behind; "
+        "never back it up with the keystore)"
+    )
 
 
 def _token_create(args: argparse.Namespace) -> int:
@@ -304,13 +359,16 @@ def _restore(args: argparse.Namespace) -> int:
     store = Store(args.data, kek_file=args.kek_file)
     try:
         lifecycle = Lifecycle(store, Retriever(store, load_embedder("none")), Metrics())
-        resumed = lifecycle.resume_outstanding()
-        forgotten = lifecycle.reconcile_keys()
+        failpoint(FP_RESTORE_AFTER_REPLACE)
+        recovery = lifecycle.recover()
     finally:
         store.close()
+    kept = len(recovery.kept_without_key)
     print(
-        f"restored {args.backup} into {args.data}: {forgotten} turns and memories whose keys were "
-        f"destroyed since the backup are forgotten; {resumed} deletions resumed"
+        f"restored {args.backup} into {args.data}: {recovery.forgotten} turns and memories "
+        f"whose keys were destroyed since the backup are forgotten; "
+        f"{recovery.deletions_resumed} deletions resumed"
+        + (f"; {kept} records without a key kept (see the log, lethe audit)" if kept else "")
     )
     return 0
 

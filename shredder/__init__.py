@@ -18,6 +18,7 @@ from shredder._backup import (
     read_manifest,
     restore_environment,
 )
+from shredder._failpoints import FAILPOINTS_ENV, POINTS, declare, failpoint
 from shredder._kek import KekRing, check_kek_placement, default_kek_path
 from shredder._keystore import Keystore
 from shredder._lmdbenv import open_durable_env
@@ -31,6 +32,8 @@ from shredder.errors import (
 )
 
 __all__ = [
+    "FAILPOINTS_ENV",
+    "POINTS",
     "AssociatedData",
     "BackupManifest",
     "CryptoError",
@@ -44,7 +47,9 @@ __all__ = [
     "ShredderError",
     "backup_environment",
     "check_kek_placement",
+    "declare",
     "default_kek_path",
+    "failpoint",
     "open_durable_env",
     "read_manifest",
     "restore_environment",

@@ -335,6 +335,7 @@ class AsyncClient:
         turns: Iterable[MessageOr[threads_pb2.TurnInput]],
         *,
         request_id: str = "",
+        echo_text: bool = False,
         timeout: float | None = None,
     ) -> threads_pb2.AppendTurnsResponse:
         """``Threads.AppendTurns``: append turns at the end of a thread, in one transaction.
@@ -345,6 +346,8 @@ class AsyncClient:
                 "commit": True, "pending_ttl": 3600}``).
             request_id: idempotency key (``[A-Za-z0-9._:-]{1,128}``); "" sends a
                 fresh one (:func:`new_request_id`), which makes the call safe to retry.
+            echo_text: return the turns' text in the reply (default: the turns come
+                back without it, so the reply stays small whatever was appended).
             timeout: deadline in seconds (default: the client's).
 
         Returns:
@@ -357,7 +360,12 @@ class AsyncClient:
         """
         request = build(
             threads_pb2.AppendTurnsRequest,
-            {"parent": parent, "turns": turns, "request_id": request_id or new_request_id()},
+            {
+                "parent": parent,
+                "turns": turns,
+                "request_id": request_id or new_request_id(),
+                "echo_text": echo_text,
+            },
         )
         return await self._call(self.stubs.threads.AppendTurns, request, timeout)
 

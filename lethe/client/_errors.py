@@ -46,6 +46,7 @@ Exception tree (code; reason)::
         ├── Unimplemented           UNIMPLEMENTED
         ├── Internal                INTERNAL
         ├── Unavailable             UNAVAILABLE
+        │   └── StorageUnavailable      STORAGE_UNAVAILABLE (the server's disk failed)
         ├── DataLoss                DATA_LOSS
         │   └── Integrity               INTEGRITY (ciphertext fails authentication)
         └── Unauthenticated         UNAUTHENTICATED
@@ -56,7 +57,7 @@ The reasons are the proto enum ``ErrorReason`` (:data:`ErrorReason`); the one
 import of its generated module is :data:`_REASONS` below, so moving the enum to
 another proto package changes one line.
 
-Imports only grpc, protobuf, googleapis-common-protos and ``lethe.v1``.
+Imports only grpc, protobuf, googleapis-common-protos and ``lethe.errors.v1``.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from typing import Any, ClassVar, NamedTuple
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from lethe.v1 import errors_pb2 as _REASONS  # noqa: N812 (the one place the enum is imported)
+from lethe.errors.v1 import errors_pb2 as _REASONS  # noqa: N812 (the one place the enum is imported)
 
 __all__ = [
     "DOMAIN",
@@ -102,6 +103,7 @@ __all__ = [
     "SourcePending",
     "SourceSealed",
     "SourceStale",
+    "StorageUnavailable",
     "StoreFull",
     "Unauthenticated",
     "Unavailable",
@@ -415,6 +417,14 @@ class VersionMismatch(Aborted):
     reason_value = ErrorReason.VERSION_MISMATCH
 
 
+class StorageUnavailable(Unavailable):
+    """The server's disk refused a write (EIO, ENOSPC): nothing of the call was
+    applied; reads keep working. Retrying helps only once an operator has
+    freed or repaired the disk."""
+
+    reason_value = ErrorReason.STORAGE_UNAVAILABLE
+
+
 class Integrity(DataLoss):
     """Stored ciphertext fails authentication while its key exists."""
 
@@ -453,6 +463,7 @@ _BY_REASON: dict[str, type[LetheError]] = {
         RecordDeleted,
         SlotConflict,
         StoreFull,
+        StorageUnavailable,
         SourceDeleted,
         SourceStale,
         SourceSealed,

@@ -16,13 +16,14 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from lethe.v1 import common_pb2 as lethe_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15lethe/v1/events.proto\x12\x08lethe.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15lethe/v1/common.proto\"Q\n\x0cWatchRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\"\n\x05types\x18\x02 \x03(\x0e\x32\x13.lethe.v1.EventType\x12\r\n\x05\x61\x66ter\x18\x03 \x01(\t\"\xc3\x01\n\x05\x45vent\x12\n\n\x02id\x18\x01 \x01(\t\x12!\n\x04type\x18\x02 \x01(\x0e\x32\x13.lethe.v1.EventType\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07subject\x18\x04 \x01(\t\x12$\n\x07sources\x18\x05 \x03(\x0b\x32\x13.lethe.v1.SourceRef\x12*\n\x07receipt\x18\x06 \x01(\x0b\x32\x19.lethe.v1.DeletionReceipt*\xa7\x01\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x43OMMITMENT_DUE\x10\x01\x12\x15\n\x11REBUILD_REQUESTED\x10\x02\x12\x12\n\x0eRECORD_DELETED\x10\x03\x12\x14\n\x10PENDING_EXPIRING\x10\x04\x12\x11\n\rSLOT_CONFLICT\x10\x05\x12\x16\n\x12\x43\x41NDIDATE_PROPOSED\x10\x06\x32<\n\x06\x45vents\x12\x32\n\x05Watch\x12\x16.lethe.v1.WatchRequest\x1a\x0f.lethe.v1.Event0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15lethe/v1/events.proto\x12\x08lethe.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15lethe/v1/common.proto\"Q\n\x0cWatchRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\"\n\x05types\x18\x02 \x03(\x0e\x32\x13.lethe.v1.EventType\x12\r\n\x05\x61\x66ter\x18\x03 \x01(\t\"\xc3\x01\n\x05\x45vent\x12\n\n\x02id\x18\x01 \x01(\t\x12!\n\x04type\x18\x02 \x01(\x0e\x32\x13.lethe.v1.EventType\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07subject\x18\x04 \x01(\t\x12$\n\x07sources\x18\x05 \x03(\x0b\x32\x13.lethe.v1.SourceRef\x12*\n\x07receipt\x18\x06 \x01(\x0b\x32\x19.lethe.v1.DeletionReceipt*\xa7\x01\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x43OMMITMENT_DUE\x10\x01\x12\x15\n\x11REBUILD_REQUESTED\x10\x02\x12\x12\n\x0eRECORD_DELETED\x10\x03\x12\x14\n\x10PENDING_EXPIRING\x10\x04\x12\x11\n\rSLOT_CONFLICT\x10\x05\x12\x16\n\x12\x43\x41NDIDATE_PROPOSED\x10\x06\x32<\n\x06\x45vents\x12\x32\n\x05Watch\x12\x16.lethe.v1.WatchRequest\x1a\x0f.lethe.v1.Event0\x01\x42`\n\x08lethe.v1B\x0b\x45ventsProtoP\x01Z\x1dlethe/gen/go/lethe/v1;lethev1\xa2\x02\x03LTH\xaa\x02\x08Lethe.V1\xca\x02\x08Lethe\\V1\xea\x02\tLethe::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lethe.v1.events_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
-  DESCRIPTOR._options = None
+  _globals['DESCRIPTOR']._options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\010lethe.v1B\013EventsProtoP\001Z\035lethe/gen/go/lethe/v1;lethev1\242\002\003LTH\252\002\010Lethe.V1\312\002\010Lethe\\V1\352\002\tLethe::V1'
   _globals['_EVENTTYPE']._serialized_start=373
   _globals['_EVENTTYPE']._serialized_end=540
   _globals['_WATCHREQUEST']._serialized_start=91

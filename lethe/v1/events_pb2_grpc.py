@@ -6,8 +6,8 @@ from lethe.v1 import events_pb2 as lethe_dot_v1_dot_events__pb2
 
 
 class EventsStub(object):
-    """Server-pushed lifecycle events. Defined for the contract; answers
-    UNIMPLEMENTED until a later release.
+    """Server-pushed lifecycle events of an owner (identifiers only, never
+    content). Errors common to every method are listed in common.proto.
     """
 
     def __init__(self, channel):
@@ -24,12 +24,18 @@ class EventsStub(object):
 
 
 class EventsServicer(object):
-    """Server-pushed lifecycle events. Defined for the contract; answers
-    UNIMPLEMENTED until a later release.
+    """Server-pushed lifecycle events of an owner (identifiers only, never
+    content). Errors common to every method are listed in common.proto.
     """
 
     def Watch(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Streams the owner's events in id order: first those after `after` that
+        are still kept (7 days), then new ones as they happen (polled every
+        0.2 s), until the client cancels or the server stops (the stream then
+        ends with OK; resume with the last id seen).
+        Errors (before the first event): `INVALID_ARGUMENT` / `BAD_FIELD` (a
+        malformed `after`, an unknown type).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -50,8 +56,8 @@ def add_EventsServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Events(object):
-    """Server-pushed lifecycle events. Defined for the contract; answers
-    UNIMPLEMENTED until a later release.
+    """Server-pushed lifecycle events of an owner (identifiers only, never
+    content). Errors common to every method are listed in common.proto.
     """
 
     @staticmethod

@@ -7,8 +7,9 @@ from lethe.v1 import lifecycle_pb2 as lethe_dot_v1_dot_lifecycle__pb2
 
 
 class LifecycleStub(object):
-    """Commit, forget and inspect what was deleted. Commit and Forget are served
-    now; the others answer UNIMPLEMENTED until a later release.
+    """Commit pending material, extend its window, forget, and inspect lineage,
+    deletions and the audit. Errors common to every method are listed in
+    common.proto; each method lists the rest.
     """
 
     def __init__(self, channel):
@@ -50,43 +51,81 @@ class LifecycleStub(object):
 
 
 class LifecycleServicer(object):
-    """Commit, forget and inspect what was deleted. Commit and Forget are served
-    now; the others answer UNIMPLEMENTED until a later release.
+    """Commit pending material, extend its window, forget, and inspect lineage,
+    deletions and the audit. Errors common to every method are listed in
+    common.proto; each method lists the rest.
     """
 
     def Commit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Commits pending turns and memories in one transaction (already committed
+        ones are returned unchanged). A memory with a pending source is refused
+        unless `include_sources`, which commits those sources too (transitively).
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (also for an
+        expired or tainted record); `FAILED_PRECONDITION` / `SEALED`,
+        `SOURCE_PENDING` or `SOURCE_DELETED` (naming the record or source);
+        `INVALID_ARGUMENT` / `BAD_FIELD` (no names, more than 1000, several
+        owners, not a turn or memory name); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ExtendPending(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Gives pending records `ttl` from now; committed ones are returned
+        unchanged.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (also for an
+        expired record); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+        `BAD_FIELD` (as `Commit`, and a missing or out-of-range `ttl`);
+        `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Forget(self, request, context):
-        """Returns when the deletion is effective for every reader.
+        """Forgets turns, turn ranges, memories, threads or a whole owner: writes
+        tombstones for the targets and every transitive descendant in one
+        transaction, taints (or deletes) responses built on them, removes index
+        entries, destroys the keys (the record keys, or the thread's or owner's
+        whole ring) and purges the rows. Returns when the deletion is effective
+        for every reader; the cryptographic completion follows at the next
+        rotation (`DeletionReceipt.shred_horizon_time`). A crash mid-way is
+        resumed at start-up.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (a named record
+        never existed or is gone: nothing is deleted); `INVALID_ARGUMENT` /
+        `BAD_FIELD` (no target, more than 1000 names, several owners, a bad
+        range, an unknown `responses`, a `reason` over 256 bytes);
+        `RESOURCE_EXHAUSTED` / `STORE_FULL`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetLineage(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Lists the lineage edges around a live turn or memory, breadth first up to
+        `max_depth` hops.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+        `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` / `BAD_FIELD` (not a
+        turn or memory name, a missing direction, `max_depth` outside 0..100).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListDeletions(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Lists an owner's deletion receipts, oldest first. Paginated (AIP-158).
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for a negative `page_size` or a
+        `page_token` that this server did not issue for the same request.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Audit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Audits an owner now: opens every live record (integrity) and checks
+        lineage, keys and the loaded indexes; every count of a healthy store but
+        `stale_summaries` is zero.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -132,8 +171,9 @@ def add_LifecycleServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Lifecycle(object):
-    """Commit, forget and inspect what was deleted. Commit and Forget are served
-    now; the others answer UNIMPLEMENTED until a later release.
+    """Commit pending material, extend its window, forget, and inspect lineage,
+    deletions and the audit. Errors common to every method are listed in
+    common.proto; each method lists the rest.
     """
 
     @staticmethod

@@ -7,8 +7,12 @@ from lethe.v1 import threads_pb2 as lethe_dot_v1_dot_threads__pb2
 
 
 class RepairsStub(object):
-    """Retroactive sealing of a stretch of conversation. Defined for the
-    contract; answers UNIMPLEMENTED until a later release.
+    """Retroactive sealing of a stretch of conversation into a repair thread
+    (ARCHITECTURE.md, "Repair threads"). Sealed turns keep their names and
+    their place in the source thread with state `SEALED`; they are invisible
+    everywhere except `ReopenRepair`. No timer concludes, commits or destroys a
+    repair. Errors common to every method are listed in common.proto; each
+    method lists the rest.
     """
 
     def __init__(self, channel):
@@ -40,30 +44,64 @@ class RepairsStub(object):
 
 
 class RepairsServicer(object):
-    """Retroactive sealing of a stretch of conversation. Defined for the
-    contract; answers UNIMPLEMENTED until a later release.
+    """Retroactive sealing of a stretch of conversation into a repair thread
+    (ARCHITECTURE.md, "Repair threads"). Sealed turns keep their names and
+    their place in the source thread with state `SEALED`; they are invisible
+    everywhere except `ReopenRepair`. No timer concludes, commits or destroys a
+    repair. Errors common to every method are listed in common.proto; each
+    method lists the rest.
     """
 
     def SealRepair(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Seals turn `from_seq` and every later turn of a conversation into a new
+        repair thread (state `PAUSED`); their record keys are re-wrapped under the
+        repair's own ring. Derivatives whose sources all moved move with them;
+        mixed derivatives are deleted and a rebuild is requested from the
+        surviving sources.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread or turn
+        `from_seq`); `FAILED_PRECONDITION` / `SEALED` (already sealed) or
+        `ILLEGAL_TRANSITION` (the thread is itself a repair); `ABORTED` /
+        `VERSION_MISMATCH` (the stretch changed meanwhile: retry);
+        `INVALID_ARGUMENT` / `BAD_FIELD` (`from_seq` < 1); `RESOURCE_EXHAUSTED` /
+        `STORE_FULL`.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReopenRepair(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Reopens a repair (state `CONTINUED`) and returns what it holds, so that
+        nobody has to retell it. A repair concluded `PRESERVE_RESTRICTED` needs
+        `acknowledge_restricted` (it keeps that outcome).
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+        `FAILED_PRECONDITION` / `RESTRICTED` (restricted, not acknowledged) or
+        `ILLEGAL_TRANSITION` (not a repair, or concluded otherwise).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PauseRepair(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Pauses a `CONTINUED` repair (a `PAUSED` one stays paused).
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+        `FAILED_PRECONDITION` / `ILLEGAL_TRANSITION` (not a repair, or concluded).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ConcludeRepair(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Concludes a repair with one outcome (see `RepairInfo.Outcome`). `DESTROY`
+        and `DISTILL` forget everything the repair holds and shred its ring, and
+        return the receipt; `PRESERVE_RESTRICTED` keeps it sealed. A
+        `PRESERVE_RESTRICTED` repair may later be concluded with `DESTROY` or
+        `DISTILL`.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+        `FAILED_PRECONDITION` / `ILLEGAL_TRANSITION` (not a repair, or already
+        concluded); `INVALID_ARGUMENT` / `BAD_FIELD` (a missing outcome,
+        `lesson_text` missing for `DISTILL` or given for another outcome);
+        `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -99,8 +137,12 @@ def add_RepairsServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Repairs(object):
-    """Retroactive sealing of a stretch of conversation. Defined for the
-    contract; answers UNIMPLEMENTED until a later release.
+    """Retroactive sealing of a stretch of conversation into a repair thread
+    (ARCHITECTURE.md, "Repair threads"). Sealed turns keep their names and
+    their place in the source thread with state `SEALED`; they are invisible
+    everywhere except `ReopenRepair`. No timer concludes, commits or destroys a
+    repair. Errors common to every method are listed in common.proto; each
+    method lists the rest.
     """
 
     @staticmethod

@@ -6,8 +6,11 @@ from lethe.v1 import retrieval_pb2 as lethe_dot_v1_dot_retrieval__pb2
 
 
 class RetrievalStub(object):
-    """Search and context assembly. Search is served now; AssembleContext and
-    GetContextManifest answer UNIMPLEMENTED until a later release.
+    """Search and context assembly. Every hit is rechecked (state, tombstone,
+    expiry, owner, taint) before it is decrypted: sealed, deleted, expired,
+    superseded and tainted records are never returned, nor any record of
+    another owner. Errors common to every method are listed in common.proto;
+    each method lists the rest.
     """
 
     def __init__(self, channel):
@@ -34,24 +37,47 @@ class RetrievalStub(object):
 
 
 class RetrievalServicer(object):
-    """Search and context assembly. Search is served now; AssembleContext and
-    GetContextManifest answer UNIMPLEMENTED until a later release.
+    """Search and context assembly. Every hit is rechecked (state, tombstone,
+    expiry, owner, taint) before it is decrypted: sealed, deleted, expired,
+    superseded and tainted records are never returned, nor any record of
+    another owner. Errors common to every method are listed in common.proto;
+    each method lists the rest.
     """
 
     def Search(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Searches an owner's committed turns and memories (and, with `thread` and
+        `include_pending`, that thread's pending turns), best first.
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (`top_k` outside 1..1000, neither
+        `query_text` nor `query_embedding`, `LEXICAL` without `query_text`,
+        `DENSE` without `query_embedding` on a server without an embedder,
+        `include_pending` without `thread`, a `thread` of another owner, an
+        unknown mode or kind); `INVALID_ARGUMENT` / `DIMENSION_MISMATCH`
+        (`query_embedding`); `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`
+        (`thread`).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AssembleContext(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Assembles what a model should see for the next response in a thread,
+        within `max_chars`, in this order until the budget is spent: open items,
+        applicable preferences, the thread's recent turns (pending included,
+        tainted excluded), relevant committed memories, the newest valid
+        summaries. Stores the manifest of everything returned.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread);
+        `INVALID_ARGUMENT` / `BAD_FIELD` (a negative or too large number) or
+        `DIMENSION_MISMATCH`; `RESOURCE_EXHAUSTED` / `STORE_FULL` (the manifest is
+        stored).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetContextManifest(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Reads a stored context manifest.
+        Errors: `NOT_FOUND` / `NOT_FOUND`.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -82,8 +108,11 @@ def add_RetrievalServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Retrieval(object):
-    """Search and context assembly. Search is served now; AssembleContext and
-    GetContextManifest answer UNIMPLEMENTED until a later release.
+    """Search and context assembly. Every hit is rechecked (state, tombstone,
+    expiry, owner, taint) before it is decrypted: sealed, deleted, expired,
+    superseded and tainted records are never returned, nor any record of
+    another owner. Errors common to every method are listed in common.proto;
+    each method lists the rest.
     """
 
     @staticmethod

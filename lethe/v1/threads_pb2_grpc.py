@@ -6,7 +6,9 @@ from lethe.v1 import threads_pb2 as lethe_dot_v1_dot_threads__pb2
 
 
 class ThreadsStub(object):
-    """Conversations and their turns.
+    """Conversations (`owners/{o}/threads/{t}`) and their turns
+    (`owners/{o}/threads/{t}/turns/{seq}`). Errors common to every method are
+    listed in common.proto; each method lists the rest.
     """
 
     def __init__(self, channel):
@@ -48,42 +50,81 @@ class ThreadsStub(object):
 
 
 class ThreadsServicer(object):
-    """Conversations and their turns.
+    """Conversations (`owners/{o}/threads/{t}`) and their turns
+    (`owners/{o}/threads/{t}/turns/{seq}`). Errors common to every method are
+    listed in common.proto; each method lists the rest.
     """
 
     def CreateThread(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Creates a conversation thread (and its own encryption ring).
+        Errors: `ALREADY_EXISTS` / `ALREADY_EXISTS` when a live thread has
+        `thread_id`; `RESOURCE_EXHAUSTED` / `STORE_FULL`. The id of a forgotten
+        thread may be used again: its turns number on after the old ones.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetThread(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Reads a thread (conversation or repair).
+        Errors: `NOT_FOUND` / `NOT_FOUND` (never existed), `NOT_FOUND` /
+        `RECORD_DELETED` (forgotten).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListThreads(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Lists an owner's live threads in id order, repair threads only with
+        `include_repairs`. Paginated (AIP-158).
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for a negative `page_size` or a
+        `page_token` that this server did not issue for the same request.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AppendTurns(self, request, context):
-        """Appends turns at the end of a thread, in one transaction.
+        """Appends 1..1000 turns at the end of a thread, in one transaction: all
+        are stored or none. Turns are `PENDING` unless `commit` is set; turns
+        appended to a `CONTINUED` repair thread are `SEALED`. The server embeds
+        each turn's text (`speaker: text`) unless the turn carries an embedding,
+        and its write-time tagger proposes candidate memories for untagged turns
+        (`AppendTurnsResponse.proposed`, `CANDIDATE_PROPOSED` events).
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread);
+        `FAILED_PRECONDITION` / `REPAIR_NOT_CONTINUED` (a repair thread that is
+        not `CONTINUED`); `INVALID_ARGUMENT` / `DIMENSION_MISMATCH` (an
+        embedding's dimension differs from the owner's index or the server
+        embedder's); `INVALID_ARGUMENT` / `BAD_FIELD` (see `TurnInput`, and a
+        `context_manifest` that does not exist); `ALREADY_EXISTS` /
+        `SLOT_CONFLICT` is never returned here: a conflicting candidate is
+        dropped and announced by a `SLOT_CONFLICT` event; `RESOURCE_EXHAUSTED` /
+        `STORE_FULL`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListTurns(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Lists a thread's turns in `seq` order. Sealed, deleted and expired turns
+        are never listed; tainted ones only with `include_tainted`. Paginated
+        (AIP-158).
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread);
+        `INVALID_ARGUMENT` / `BAD_FIELD` for a negative `page_size`, an unknown
+        state or view, or a `page_token` that this server did not issue for the
+        same request.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetTurn(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Reads one turn.
+        Errors: `NOT_FOUND` / `NOT_FOUND` (never existed), `NOT_FOUND` /
+        `RECORD_DELETED` (deleted, or expired while pending),
+        `FAILED_PRECONDITION` / `SEALED` (sealed into a repair: no content),
+        `DATA_LOSS` / `INTEGRITY`.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -129,7 +170,9 @@ def add_ThreadsServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Threads(object):
-    """Conversations and their turns.
+    """Conversations (`owners/{o}/threads/{t}`) and their turns
+    (`owners/{o}/threads/{t}/turns/{seq}`). Errors common to every method are
+    listed in common.proto; each method lists the rest.
     """
 
     @staticmethod

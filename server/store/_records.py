@@ -119,6 +119,9 @@ class TurnMeta:
     key_ring: str = ""
     # Set when PENDING_EXPIRING was announced for this turn.
     expiry_warned: bool = False
+    # The earliest expire_time of a pending record in this turn's lineage when
+    # it was written (0: none): from then on its lineage is rechecked on read.
+    lineage_expiry: float = 0.0
 
     @property
     def name(self) -> str:
@@ -182,6 +185,8 @@ class MemMeta:
     evidence: list[tuple[str, int]] = field(default_factory=list)
     # Set when COMMITMENT_DUE was announced for this (committed, open) commitment.
     due_announced: bool = False
+    # As TurnMeta.lineage_expiry, for the current version's lineage.
+    lineage_expiry: float = 0.0
 
     @property
     def name(self) -> str:

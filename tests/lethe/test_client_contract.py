@@ -116,9 +116,9 @@ def test_public_names_are_pinned() -> None:
             "MissingToken", "NotFound", "OutOfRange", "OwnerNotAllowed", "PermissionDenied",
             "RecordDeleted", "RepairNotContinued", "ResourceExhausted", "Restricted",
             "RetryPolicy", "Sealed", "SlotConflict", "SourceDeleted", "SourcePending",
-            "SourceSealed", "SourceStale", "StoreFull", "TLSConfig", "Unauthenticated",
-            "Unavailable", "Unimplemented", "Unknown", "VersionMismatch", "error_from_rpc",
-            "new_request_id",
+            "SourceSealed", "SourceStale", "StorageUnavailable", "StoreFull", "TLSConfig",
+            "Unauthenticated", "Unavailable", "Unimplemented", "Unknown", "VersionMismatch",
+            "error_from_rpc", "new_request_id",
         ]
     )  # fmt: skip
     for name in lc.__all__:

@@ -136,11 +136,12 @@ def append(
     ttl: float | None = None,
     request_id: str = "",
 ) -> list[threads_pb2.Turn]:
-    """Append one turn per text; returns the stored turns."""
+    """Append one turn per text; returns the stored turns (with their text echoed)."""
     resp = c.append_turns(
         thread,
         [turn_input(t, commit=commit, speaker=speaker, ttl=ttl) for t in texts],
         request_id=request_id,
+        echo_text=True,
     )
     return list(resp.turns)
 
