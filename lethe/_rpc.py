@@ -4,19 +4,22 @@ the decoders of the error details the server attaches (API.md, "Errors").
 :class:`Stubs` holds a ``grpc.Channel``, the ``authorization: Bearer <token>``
 metadata every authenticated call carries, and one stub per service of
 ``lethe.v1`` (Threads, Memories, Retrieval, Lifecycle, Repairs, Events) plus
-``grpc.health.v1.Health``. It makes no call itself: callers pass
-``metadata=stubs.md`` (Health needs none). The typed client ``lethe.client``
-is meant to be built on it.
+``grpc.health.v1.Health`` (made on first use: it needs ``grpcio-health-checking``,
+which the server has and the light client distribution does not). It makes
+no call itself: callers pass ``metadata=stubs.md`` (Health needs none). The
+typed client ``lethe.client`` is built on it (``Client.stubs``).
 
 :func:`reason_of` and :func:`bad_fields` read the ``google.rpc.Status`` that a
 failed call carries in its trailing metadata (``grpc-status-details-bin``):
-the ``google.rpc.ErrorInfo`` reason of domain ``lethe`` (an ``ErrorReason``
-value name, e.g. ``RECORD_DELETED``) and the fields of a ``google.rpc.BadRequest``.
+the ``google.rpc.ErrorInfo`` reason of domain ``lethe`` (a value name of
+``lethe.errors.v1.ErrorReason``, e.g. ``RECORD_DELETED``; the enum is
+``lethe.errors.v1.errors_pb2.ErrorReason``) and the fields of a ``google.rpc.BadRequest``.
 Clients compare those constants, never message text.
 
-Imports only grpc, protobuf, grpc-status (googleapis-common-protos), the
-grpc.health.v1 stubs and ``lethe.v1``. A :class:`Stubs` may be used from any
-number of threads at once, as a ``grpc.Channel`` may.
+Imports only grpc, protobuf, grpc-status (googleapis-common-protos) and
+``lethe.v1``; the grpc.health.v1 stubs when ``health`` is first used. A
+:class:`Stubs` may be used from any number of threads at once, as a
+``grpc.Channel`` may.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2
-from grpc_health.v1 import health_pb2_grpc
 from grpc_status import rpc_status
 
 from lethe.v1 import (
@@ -64,7 +66,8 @@ class Stubs:
         lifecycle: ``lethe.v1.Lifecycle``.
         repairs: ``lethe.v1.Repairs``.
         events: ``lethe.v1.Events``.
-        health: ``grpc.health.v1.Health`` (unauthenticated: call it without ``md``).
+        health: ``grpc.health.v1.Health`` (unauthenticated: call it without
+            ``md``); needs ``grpcio-health-checking``.
     """
 
     def __init__(self, channel: grpc.Channel, token: str) -> None:
@@ -84,7 +87,20 @@ class Stubs:
         self.lifecycle = lifecycle_pb2_grpc.LifecycleStub(channel)
         self.repairs = repairs_pb2_grpc.RepairsStub(channel)
         self.events = events_pb2_grpc.EventsStub(channel)
-        self.health = health_pb2_grpc.HealthStub(channel)
+        self._health: Any = None
+
+    @property
+    def health(self) -> Any:
+        """The ``grpc.health.v1.Health`` stub on the channel (made on first use).
+
+        Raises:
+            ModuleNotFoundError: ``grpcio-health-checking`` is not installed.
+        """
+        if self._health is None:
+            from grpc_health.v1 import health_pb2_grpc
+
+            self._health = health_pb2_grpc.HealthStub(self.channel)
+        return self._health
 
     @classmethod
     def insecure(cls, target: str, token: str) -> Stubs:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +37,7 @@ from lethe.v1 import (
 )
 from server._auth import AuthInterceptor
 from server._lifecycle import Lifecycle, Recovery, Sweeper
-from server._metrics import Metrics
+from server._metrics import Metrics, RpcMetricsInterceptor
 from server._search import Retriever
 from server.errors import LetheError
 from server.services import (
@@ -95,47 +93,6 @@ class ServerConfig:
     max_store_size: int = DEFAULT_MAX_STORE_SIZE
 
 
-class _MetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
-    """Times every RPC into ``lethe_rpc_duration_seconds{method,code}``."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        inner = handler.unary_unary
-        method = handler_call_details.method
-        histogram = self._metrics.rpc_duration
-
-        def timed(request: Any, context: grpc.ServicerContext) -> Any:
-            start = time.perf_counter()
-            code = "OK"
-            try:
-                return inner(request, context)
-            except Exception:
-                code = _code_name(context)
-                raise
-            finally:
-                histogram.labels(method, code).observe(time.perf_counter() - start)
-
-        return grpc.unary_unary_rpc_method_handler(
-            timed,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-
-def _code_name(context: grpc.ServicerContext) -> str:
-    code = context.code()  # type: ignore[attr-defined]
-    return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
-
-
 def _abort(context: grpc.ServicerContext, error: LetheError) -> None:
     abort(context, error)
 
@@ -170,7 +127,7 @@ class LetheServer:
     def start(self) -> int:
         """Recover, then serve. Returns the bound gRPC port."""
         recovery = self.lifecycle.recover()
-        if recovery != Recovery([], 0, 0, 0, [], 0):
+        if recovery != Recovery([], 0, 0, 0, [], 0, []):
             _log.info("recovered: %s", recovery.summary())
         self._executor = futures.ThreadPoolExecutor(
             max_workers=self.config.max_workers, thread_name_prefix="lethe-rpc"
@@ -178,7 +135,7 @@ class LetheServer:
         server = grpc.server(
             self._executor,
             interceptors=[
-                _MetricsInterceptor(self.metrics),
+                RpcMetricsInterceptor(self.metrics),
                 AuthInterceptor(self.store.get_principal, _abort),
             ],
             options=[

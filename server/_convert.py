@@ -133,6 +133,8 @@ def memory_proto(view: MemoryView) -> memories_pb2.Memory:
         memory.due_time.CopyFrom(timestamp(meta.due_time))
     if meta.state == PENDING and meta.expire_time:
         memory.expire_time.CopyFrom(timestamp(meta.expire_time))
+    if view.content.metadata is not None:
+        memory.metadata.update(view.content.metadata)
     if view.content.edge is not None:
         subject, predicate, obj = view.content.edge
         memory.edge.CopyFrom(

@@ -11,11 +11,13 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from server._metrics import Metrics
 from server._search import Retriever
+from server.errors import StoreFull, Unavailable
 from server.store import (
     EVENT_RETENTION,
     AuditCounts,
@@ -30,6 +32,7 @@ from server.store import (
 from shredder import RingRef
 
 _log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 REASON_FORGET = "FORGET"
 REASON_EXPIRED = "EXPIRED"
@@ -49,6 +52,8 @@ class Recovery:
         kept_without_key: names of live records whose key is missing with no
             decided deletion: kept, unreadable (``DATA_LOSS``), reported.
         stray_keys_destroyed: keys no record uses.
+        deferred: steps that could not write (full disk or store) and wait for
+            the next start.
     """
 
     kek_versions_retired: list[int]
@@ -57,6 +62,7 @@ class Recovery:
     forgotten: int
     kept_without_key: list[str]
     stray_keys_destroyed: int
+    deferred: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         """One log line (ids and counts only)."""
@@ -65,6 +71,7 @@ class Recovery:
             f"were shredded forgotten, {len(self.kept_without_key)} records without a key kept, "
             f"{self.keys_relocated} keys relocated, {self.stray_keys_destroyed} stray keys "
             f"destroyed, KEK versions {self.kek_versions_retired} retired"
+            + (f"; deferred: {', '.join(self.deferred)}" if self.deferred else "")
         )
 
 
@@ -206,13 +213,34 @@ class Lifecycle:
         record whose key is missing with no decided deletion; destroy keys no
         record uses (made for writes that never committed). Start-up never
         forgets what nobody decided to forget.
+
+        A step that cannot write (a full disk, ``--max-store-size`` reached) is
+        deferred to the next start, logged at error level: the store still
+        opens and serves reads, and nothing it defers makes a forgotten record
+        readable (tombstones and destroyed keys already hold).
         """
+        deferred: list[str] = []
+
+        def attempt(step: str, run: Callable[[], _T], otherwise: _T) -> _T:
+            try:
+                return run()
+            except (Unavailable, StoreFull) as exc:
+                _log.error("recovery: %s deferred to the next start: %s", step, exc.message)
+                deferred.append(step)
+                return otherwise
+
         retired = self.store.retire_unused_kek_versions()
-        relocated = self.store.relocate_keys(self.store.check_keys().misplaced)
-        resumed = self.resume_outstanding()
-        forgotten = self._forget_decided_threads()
-        more, kept = self._forget_decided_records()
-        stray = self.store.destroy_unreferenced_keys()
+        relocated = attempt(
+            "key relocation", lambda: self.store.relocate_keys(self.store.check_keys().misplaced), 0
+        )
+        resumed = attempt("resuming deletions", self.resume_outstanding, 0)
+        forgotten = attempt("forgetting shredded threads", self._forget_decided_threads, 0)
+        more, kept = attempt(
+            "forgetting shredded records",
+            self._forget_decided_records,
+            (0, [r.name for r in self.store.records_without_key()]),
+        )
+        stray = attempt("destroying stray keys", self.store.destroy_unreferenced_keys, 0)
         for name in kept:
             _log.error(
                 "%s has no key and no decided deletion: kept unreadable for an operator "
@@ -220,7 +248,7 @@ class Lifecycle:
                 name,
             )
         self.metrics.records_without_key.set(len(kept))
-        return Recovery(retired, relocated, resumed, forgotten + more, kept, stray)
+        return Recovery(retired, relocated, resumed, forgotten + more, kept, stray, deferred)
 
     def _forget_decided_threads(self) -> int:
         count = 0

@@ -1,9 +1,42 @@
 """Prometheus metrics (API.md, "Metrics"), on their own registry so a test
-can run several servers in one process."""
+can run several servers in one process, and the interceptor that times every
+RPC.
+
+Besides Lethe's own metrics, :class:`RpcMetricsInterceptor` exports the
+standard gRPC server metrics under the names of go-grpc-prometheus (and
+py-grpc-prometheus), so the usual dashboards and alerts apply:
+
+==================================  =========  ==================================================
+metric                              type       labels
+==================================  =========  ==================================================
+``grpc_server_started_total``       counter    grpc_type, grpc_service, grpc_method
+``grpc_server_handled_total``       counter    ... and grpc_code (``OK``, ``NOT_FOUND``, ...)
+``grpc_server_handling_seconds``    histogram  grpc_type, grpc_service, grpc_method
+``grpc_server_msg_received_total``  counter    grpc_type, grpc_service, grpc_method
+``grpc_server_msg_sent_total``      counter    grpc_type, grpc_service, grpc_method
+==================================  =========  ==================================================
+
+``grpc_type`` is ``UNARY``, ``SERVER_STREAMING``, ``CLIENT_STREAMING`` or
+``BIDI_STREAMING``; ``grpc_code`` is the status code's name as grpcio spells
+it (py-grpc-prometheus's spelling; go-grpc-prometheus writes ``NotFound``).
+Streams (``Events.Watch``, health watches, reflection) are counted and timed
+when they end: a stream that ends because the client went away is
+``CANCELLED``. Every message is counted, unary ones too (as
+go-grpc-prometheus does). The library py-grpc-prometheus itself is not used:
+it reads grpcio's private ``_state``, never counts a streaming call as
+handled and never times one.
+
+Thread rules: metrics and the interceptor are safe from any thread.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Seconds; finer than Prometheus' defaults below 5 ms, where this server's RPCs live.
 LATENCY_BUCKETS = (
@@ -25,6 +58,9 @@ LATENCY_BUCKETS = (
     5.0,
     10.0,
 )
+# Seconds; the latency buckets, then up to an hour for streams (Events.Watch).
+STREAM_BUCKETS = (*LATENCY_BUCKETS, 30.0, 60.0, 300.0, 900.0, 3600.0)
+_GRPC_LABELS = ("grpc_type", "grpc_service", "grpc_method")
 
 
 class Metrics:
@@ -51,11 +87,13 @@ class Metrics:
             registry=self.registry,
         )
         self.pending_records = Gauge(
-            "lethe_pending_records", "Pending turns waiting for a decision.", registry=self.registry
+            "lethe_pending_records",
+            "Pending turns and memories waiting for a decision.",
+            registry=self.registry,
         )
         self.oldest_pending_age = Gauge(
             "lethe_oldest_pending_age_seconds",
-            "Age of the oldest pending turn, seconds.",
+            "Age of the oldest pending turn or memory (since it was stored), seconds.",
             registry=self.registry,
         )
         self.index_vectors = Gauge(
@@ -107,4 +145,176 @@ class Metrics:
             "Fraction of --max-store-size the data environment uses (writes fail with "
             "STORE_FULL at 1).",
             registry=self.registry,
+        )
+        self.grpc_started = Counter(
+            "grpc_server_started_total",
+            "Total number of RPCs started on the server.",
+            _GRPC_LABELS,
+            registry=self.registry,
+        )
+        self.grpc_handled = Counter(
+            "grpc_server_handled_total",
+            "Total number of RPCs completed on the server, regardless of success or failure.",
+            (*_GRPC_LABELS, "grpc_code"),
+            registry=self.registry,
+        )
+        self.grpc_handling = Histogram(
+            "grpc_server_handling_seconds",
+            "Histogram of response latency (seconds) of gRPC that had been application-level "
+            "handled by the server.",
+            _GRPC_LABELS,
+            buckets=STREAM_BUCKETS,
+            registry=self.registry,
+        )
+        self.grpc_received = Counter(
+            "grpc_server_msg_received_total",
+            "Total number of RPC stream messages received on the server.",
+            _GRPC_LABELS,
+            registry=self.registry,
+        )
+        self.grpc_sent = Counter(
+            "grpc_server_msg_sent_total",
+            "Total number of gRPC stream messages sent by the server.",
+            _GRPC_LABELS,
+            registry=self.registry,
+        )
+
+
+class _Call:
+    """One RPC being measured: started when made, handled once by :meth:`done`."""
+
+    __slots__ = ("_done", "_labels", "_method", "_metrics", "_start")
+
+    def __init__(self, metrics: Metrics, method: str, grpc_type: str) -> None:
+        service, _, name = method.lstrip("/").rpartition("/")
+        self._metrics = metrics
+        self._method = method
+        self._labels = (grpc_type, service, name)
+        self._start = time.perf_counter()
+        self._done = False
+        metrics.grpc_started.labels(*self._labels).inc()
+
+    def received(self) -> None:
+        self._metrics.grpc_received.labels(*self._labels).inc()
+
+    def sent(self) -> None:
+        self._metrics.grpc_sent.labels(*self._labels).inc()
+
+    def done(self, code: str) -> None:
+        if self._done:
+            return
+        self._done = True
+        elapsed = time.perf_counter() - self._start
+        self._metrics.grpc_handled.labels(*self._labels, code).inc()
+        self._metrics.grpc_handling.labels(*self._labels).observe(elapsed)
+        self._metrics.rpc_duration.labels(self._method, code).observe(elapsed)
+
+
+def _code(context: grpc.ServicerContext, default: str) -> str:
+    """The status code the handler set on ``context`` (by abort or set_code), else ``default``."""
+    code = context.code()  # type: ignore[attr-defined]
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if isinstance(code, int) and not isinstance(code, bool):
+        for member in grpc.StatusCode:
+            if member.value[0] == code:
+                return member.name
+    return default
+
+
+class RpcMetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
+    """Counts and times every RPC, unary and streaming, into the standard gRPC
+    server metrics and ``lethe_rpc_duration_seconds{method,code}``.
+
+    Args:
+        metrics: the server's metrics.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """Wrap the method's handler (whatever its kind) in the measurements."""
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method: str = handler_call_details.method
+        metrics = self._metrics
+        kinds = {
+            (False, False): "UNARY",
+            (False, True): "SERVER_STREAMING",
+            (True, False): "CLIENT_STREAMING",
+            (True, True): "BIDI_STREAMING",
+        }
+        grpc_type = kinds[(bool(handler.request_streaming), bool(handler.response_streaming))]
+
+        def requests(call: _Call, iterator: Iterator[Any]) -> Iterator[Any]:
+            for request in iterator:
+                call.received()
+                yield request
+
+        def unary_response(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+            def run(request: Any, context: grpc.ServicerContext) -> Any:
+                call = _Call(metrics, method, grpc_type)
+                if handler.request_streaming:
+                    request = requests(call, request)
+                else:
+                    call.received()
+                try:
+                    response = behaviour(request, context)
+                except BaseException:
+                    call.done(_code(context, "UNKNOWN"))
+                    raise
+                call.sent()
+                call.done(_code(context, "OK"))
+                return response
+
+            return run
+
+        def stream_response(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+            def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                call = _Call(metrics, method, grpc_type)
+                if handler.request_streaming:
+                    request = requests(call, request)
+                else:
+                    call.received()
+                code = "CANCELLED"  # unless the stream ends by itself (below)
+                try:
+                    for response in behaviour(request, context):
+                        call.sent()
+                        yield response
+                    code = _code(context, "OK" if context.is_active() else "CANCELLED")
+                except GeneratorExit:
+                    raise  # closed by grpc: the call is gone
+                except BaseException:
+                    code = _code(context, "UNKNOWN")
+                    raise
+                finally:
+                    call.done(code)
+
+            return run
+
+        common = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                unary_response(handler.unary_unary), **common
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                unary_response(handler.stream_unary), **common
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                stream_response(handler.unary_stream), **common
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            stream_response(handler.stream_stream),  # type: ignore[arg-type]
+            **common,
         )

@@ -221,6 +221,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"lethe serving {args.data.resolve()} on {args.listen.rpartition(':')[0]}:{port}",
         flush=True,
     )
+    print(_kek_line(server.store.kek.path, args.data), flush=True)
     stopped = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -233,6 +234,16 @@ def _serve(args: argparse.Namespace) -> int:
     stopped.wait()
     server.stop(grace=30.0)
     return 0
+
+
+def _kek_line(path: Path | None, data: Path) -> str:
+    """The second line ``lethe serve`` prints: where the store's KEK is."""
+    if path is None:
+        return "lethe KEK in memory (LETHE_KEK): never rotated, never written anywhere"
+    return (
+        f"lethe KEK {path} (outside {data}: removing the data directory leaves it behind; "
+        "never back it up with the keystore)"
+    )
 
 
 def _token_create(args: argparse.Namespace) -> int:

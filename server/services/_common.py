@@ -10,9 +10,7 @@ at most 1000, ``top_k`` 1..1000 (0 means 10).
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
 import logging
 import re
 import traceback
@@ -30,6 +28,7 @@ from server._auth import authorize
 from server._convert import STATE_NAMES
 from server._names import parse_owner, parse_target
 from server.errors import InvalidArgument, LetheError
+from server.services._pages import PageTokens
 from server.store import COMMITTED, PENDING
 
 _log = logging.getLogger(__name__)
@@ -143,25 +142,17 @@ def page_size(value: int) -> int:
     return min(value or DEFAULT_PAGE, MAX_PAGE)
 
 
-def encode_token(parent: str, after: str) -> str:
-    raw = json.dumps({"p": parent, "a": after}).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+PAGE_POLICY = f"{DEFAULT_PAGE}/{MAX_PAGE}"
+"""The page-size policy bound into every page token (default size / cap)."""
 
 
-def decode_token(token: str, parent: str) -> str:
-    if not token:
-        return ""
-    try:
-        padded = token + "=" * (-len(token) % 4)
-        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        if data["p"] == parent and isinstance(data["a"], str):
-            return str(data["a"])
-    except (ValueError, KeyError, TypeError):
-        pass
-    raise InvalidArgument("page_token", "not a token from a previous page of this listing")
+def page_tokens() -> PageTokens:
+    """A new :class:`~server.services._pages.PageTokens` under :data:`PAGE_POLICY`
+    (one per servicer, made when the server starts)."""
+    return PageTokens(PAGE_POLICY)
 
 
-def owner_page(request: Any) -> tuple[str, int, str]:
+def owner_page(request: Any, tokens: PageTokens) -> tuple[str, int, str]:
     """The authorised owner of a list request's ``parent``, its page size and the
     position its ``page_token`` resumes after (the shared head of every List method).
 
@@ -170,7 +161,7 @@ def owner_page(request: Any) -> tuple[str, int, str]:
     """
     owner = parse_owner(request.parent, "parent")
     authorize(owner)
-    return owner, page_size(request.page_size), decode_token(request.page_token, request.parent)
+    return owner, page_size(request.page_size), tokens.resume(request)
 
 
 def states(values: Any) -> set[str]:

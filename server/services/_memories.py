@@ -11,10 +11,12 @@ narrowest applicable scope, ``EXPLICIT`` before ``INFERRED``.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from lethe.v1 import common_pb2, memories_pb2, memories_pb2_grpc, threads_pb2
 from server import _tagger as tagger
@@ -28,10 +30,10 @@ from server.services._common import (
     MAX_TEXT_BYTES,
     check_text,
     check_vector,
-    encode_token,
     enum_name,
     fit,
     owner_page,
+    page_tokens,
     rpc,
     seconds,
     states,
@@ -48,7 +50,30 @@ from server.store import (
 )
 
 MAX_FIELD_BYTES = 1024
-_MASK_PATHS = {"text", "slot", "scope", "edge", "sources", "due_time", "embedding"}
+MAX_METADATA_BYTES = 256 * 1024
+"""Largest ``Memory.metadata``, as compact JSON in UTF-8 (bytes)."""
+_MASK_PATHS = {"text", "slot", "scope", "edge", "sources", "due_time", "embedding", "metadata"}
+
+
+def _metadata(memory: memories_pb2.Memory) -> dict[str, Any] | None:
+    """``memory.metadata`` as a JSON object, or None when it is not set.
+
+    Raises:
+        InvalidArgument: larger than ``MAX_METADATA_BYTES``, or a number that
+            is not finite (JSON has no NaN or infinity).
+    """
+    if not memory.HasField("metadata"):
+        return None
+    try:
+        data: dict[str, Any] = json_format.MessageToDict(memory.metadata)
+        encoded = json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+    except (json_format.Error, ValueError):
+        raise InvalidArgument("memory.metadata", "numbers must be finite") from None
+    if len(encoded) > MAX_METADATA_BYTES:
+        raise InvalidArgument("memory.metadata", f"at most {MAX_METADATA_BYTES} bytes as JSON")
+    return data
+
+
 MAX_TAGS = 32
 
 
@@ -80,6 +105,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         self.retriever = retriever
         self.pending_ttl = pending_ttl
         self.rules = rules  # the write-time rules (``--tagger rules``)
+        self.page_tokens = page_tokens()
 
     def _draft(self, memory: memories_pb2.Memory, owner: str, *, creating: bool) -> MemoryDraft:
         kind = enum_name(memories_pb2.Memory.Kind, memory.kind, "memory.kind")
@@ -126,7 +152,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             )
         return MemoryDraft(
             kind=kind,
-            content=MemoryContent(text, slot, scope, edge),
+            content=MemoryContent(text, slot, scope, edge, metadata=_metadata(memory)),
             sources=_sources(memory.sources, owner),
             direction=direction,
             trigger=trigger,
@@ -225,7 +251,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def ListMemories(  # noqa: N802
         self, request: memories_pb2.ListMemoriesRequest, context: grpc.ServicerContext
     ) -> memories_pb2.ListMemoriesResponse:
-        owner, size, after = owner_page(request)
+        owner, size, after = owner_page(request, self.page_tokens)
         kinds = {enum_name(memories_pb2.Memory.Kind, k, "kinds") for k in request.kinds}
         statuses = {enum_name(memories_pb2.Memory.Status, k, "statuses") for k in request.statuses}
         views, nxt = self.store.list_memories(
@@ -241,7 +267,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         )
         return memories_pb2.ListMemoriesResponse(
             memories=memories,
-            next_page_token=encode_token(request.parent, nxt) if nxt else "",
+            next_page_token=self.page_tokens.issue(request, nxt),
         )
 
     @rpc
@@ -260,6 +286,8 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             paths = {"text", "slot", "scope", "edge", "sources", "due_time"}
             if request.memory.embedding:
                 paths.add("embedding")
+            if request.memory.HasField("metadata"):
+                paths.add("metadata")
         if request.memory.kind:
             raise InvalidArgument("memory.kind", "is immutable")
         draft = self._draft(request.memory, name.owner, creating=False)

@@ -21,12 +21,11 @@ from server.services._common import (
     REQUEST_ID_RE,
     check_text,
     check_vector,
-    decode_token,
     duration,
-    encode_token,
     fit,
     owner_page,
     page_size,
+    page_tokens,
     rpc,
     seconds,
     source_refs,
@@ -54,6 +53,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         self.pending_ttl = pending_ttl
         # Turns -> candidate memories (client tags, or the write-time rules).
         self.proposer = proposer
+        self.page_tokens = page_tokens()
 
     @rpc
     def CreateThread(  # noqa: N802
@@ -77,14 +77,14 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     def ListThreads(  # noqa: N802
         self, request: threads_pb2.ListThreadsRequest, context: grpc.ServicerContext
     ) -> threads_pb2.ListThreadsResponse:
-        owner, size, after = owner_page(request)
+        owner, size, after = owner_page(request, self.page_tokens)
         views, nxt = self.store.list_threads(owner, after, size, request.include_repairs)
         threads, nxt = fit(
             [thread_proto(v) for v in views], nxt, lambda t: t.name.rsplit("/", 1)[-1]
         )
         return threads_pb2.ListThreadsResponse(
             threads=threads,
-            next_page_token=encode_token(request.parent, nxt) if nxt else "",
+            next_page_token=self.page_tokens.issue(request, nxt),
         )
 
     def _drafts(self, request: threads_pb2.AppendTurnsRequest, owner: str) -> list[TurnDraft]:
@@ -206,7 +206,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         name = parse_thread(request.parent, "parent")
         authorize(name.owner)
         size = page_size(request.page_size)
-        after = decode_token(request.page_token, request.parent)
+        after = self.page_tokens.resume(request)
         if after and not re.fullmatch(r"[1-9][0-9]{0,17}", after):
             raise InvalidArgument("page_token", "not a token from a previous page of this listing")
         views, nxt = self.store.list_turns(
@@ -221,7 +221,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         turns, nxt = fit([turn_proto(v) for v in views], nxt, lambda t: int(t.seq))
         return threads_pb2.ListTurnsResponse(
             turns=turns,
-            next_page_token=encode_token(request.parent, str(nxt)) if nxt else "",
+            next_page_token=self.page_tokens.issue(request, str(nxt) if nxt else ""),
         )
 
     @rpc

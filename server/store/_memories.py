@@ -526,7 +526,7 @@ class MemoriesPart(StoreBase):
         new version's vector (the embedding follows the text).
 
         ``paths`` are the update-mask fields: text, slot, scope, edge, sources,
-        due_time, embedding. Fields not named are carried over from the current
+        due_time, embedding, metadata. Fields not named are carried over from the current
         version. A ``FACT`` or ``PREFERENCE`` update is a correction: the old
         version becomes ``SUPERSEDED`` (readable only by explicit version).
 
@@ -574,6 +574,7 @@ class MemoriesPart(StoreBase):
                 draft.content.slot if "slot" in paths else old.content.slot,
                 draft.content.scope if "scope" in paths else old.content.scope,
                 draft.content.edge if "edge" in paths else old.content.edge,
+                metadata=draft.content.metadata if "metadata" in paths else old.content.metadata,
             )
             sources_state, sources_expiry = self._sources_window(txn, owner, sources, now)
             if meta.kind in SLOTTED_KINDS:

@@ -166,13 +166,21 @@ class PendingPart(StoreBase):
             return found
 
     def pending_stats(self, now: float) -> tuple[int, float]:
-        """(number of pending records, age in seconds of the soonest-expiring pending turn)."""
-        oldest = now
+        """(number of pending records, age in seconds of the oldest one), turns and
+        memories alike; (0, 0.0) when nothing is pending.
+
+        The oldest is the pending record stored longest ago (its ``create_time``),
+        whatever its kind and whenever it expires. Record numbers are taken in
+        creation order by the one writer, so it is the smallest rid on the expiry
+        queue: one scan of the queue's keys (no row decoded but that one).
+        """
         with self.env.begin() as txn:
             count = int(txn.stat(self.t.expiry)["entries"])
-            for key in sk.scan_keys(txn, self.t.expiry, b""):
-                turn = self._turn(txn, sk.rid_of(key[8:]))
-                if turn is not None:
-                    oldest = min(oldest, turn.create_time)
-                break
-        return count, max(0.0, now - oldest)
+            oldest_rid = min(
+                (sk.rid_of(key[8:]) for key in sk.scan_keys(txn, self.t.expiry, b"")),
+                default=None,
+            )
+            meta = None if oldest_rid is None else self._record(txn, oldest_rid)
+        if meta is None:
+            return count, 0.0
+        return count, max(0.0, now - meta.create_time)
