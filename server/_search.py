@@ -199,17 +199,10 @@ class Retriever:
         ``speaker: text`` of a turn; a memory's text (a graph edge's
         ``subject predicate object`` when it has no text)."""
         rows = self.store.fetch([m.rid for m in metas])
-        out: dict[int, str] = {}
-        for rid, (meta, cts) in rows.items():
-            try:
-                view = self.store.view_of(meta, cts)
-            except RecordDeleted:
-                continue
-            except DataLoss:  # not indexed; counted and logged by id
-                self.store.note_unreadable(meta)
-                continue
-            out[rid] = indexed_text(view)
-        return out
+        opened = self.store.open_each(
+            rows.values(), lambda m, cts: (m.rid, indexed_text(self.store.view_of(m, cts)))
+        )
+        return dict(opened)
 
     def _fill_memories(self, bundle: _Bundle, mems: Sequence[MemMeta]) -> None:
         """Index memories' current versions in every leg (context = their own text)."""
@@ -295,9 +288,10 @@ class Retriever:
                 by_thread.setdefault(meta.thread, []).append(meta)
         metas = [m for ordered in by_thread.values() for m in ordered]
         bundle = self._new_bundle(owner)
-        self._fill(bundle, metas, [m for m in metas if indexable(m, now)], by_thread)
-        mems = [m for m in self.store.owner_memories(owner) if general_visible(m, now)]
-        self._fill_memories(bundle, mems)
+        with self.store.key_batch():  # content and vector share a record key: one unwrap
+            self._fill(bundle, metas, [m for m in metas if indexable(m, now)], by_thread)
+            mems = [m for m in self.store.owner_memories(owner) if general_visible(m, now)]
+            self._fill_memories(bundle, mems)
         return bundle
 
     def _pending_order(self, owner: str, thread: str, now: float) -> list[TurnMeta]:
@@ -588,29 +582,31 @@ class Retriever:
         include_turns: bool = True,
     ) -> list[SearchHit]:
         """Recheck candidates in rank order (one read transaction per chunk) and
-        decrypt the survivors until ``top_k`` are found."""
+        decrypt the survivors until ``top_k`` are found (one keystore snapshot
+        for them all: ``Store.key_batch``)."""
         hits: list[SearchHit] = []
         chunk = top_k + OVERFETCH
-        for start in range(0, len(ranked), chunk):
-            part = ranked[start : start + chunk]
-            rows = self.store.fetch([rid for rid, _ in part])
-            now = time.time()
-            for rid, score in part:
-                row = rows.get(rid)
-                if row is None or not searchable(row[0], now, owner, pending_thread):
-                    continue
-                if not self._kind_ok(row[0], kinds, include_turns):
-                    continue
-                try:
-                    view = self.store.view_of(row[0], row[1])
-                except RecordDeleted:  # its key was destroyed after the recheck
-                    continue
-                except DataLoss:  # one bad record never fails a whole search
-                    self.store.note_unreadable(row[0])
-                    continue
-                hits.append(SearchHit(view, score))
-                if len(hits) == top_k:
-                    return hits
+        with self.store.key_batch():
+            for start in range(0, len(ranked), chunk):
+                part = ranked[start : start + chunk]
+                rows = self.store.fetch([rid for rid, _ in part])
+                now = time.time()
+                for rid, score in part:
+                    row = rows.get(rid)
+                    if row is None or not searchable(row[0], now, owner, pending_thread):
+                        continue
+                    if not self._kind_ok(row[0], kinds, include_turns):
+                        continue
+                    try:
+                        view = self.store.view_of(row[0], row[1])
+                    except RecordDeleted:  # its key was destroyed after the recheck
+                        continue
+                    except DataLoss:  # one bad record never fails a whole search
+                        self.store.note_unreadable(row[0])
+                        continue
+                    hits.append(SearchHit(view, score))
+                    if len(hits) == top_k:
+                        return hits
         return hits
 
     @staticmethod

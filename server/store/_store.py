@@ -169,6 +169,7 @@ class Store(
         self.store_id = store_id
         self.unreadable = {}
         self._unreadable_guard = threading.Lock()
+        self._key_batch = threading.local()
         self.writer = Writer(self.env, self.keystore)
         with _OPEN_GUARD:
             _OPEN[self.data_dir] = self

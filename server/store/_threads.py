@@ -22,11 +22,9 @@ import numpy.typing as npt
 from lethe.names import new_id, parse_manifest
 from server.errors import (
     AlreadyExists,
-    DataLoss,
     FailedPrecondition,
     InvalidArgument,
     Reason,
-    RecordDeleted,
 )
 from server.store import _schema as sk
 from server.store._base import lineage_expiry_of, thread_name
@@ -48,6 +46,7 @@ from server.store._records import (
     ThreadMeta,
     TurnMeta,
     pack_content,
+    stack_vectors,
 )
 from server.store._shapes import SLOTTED_KINDS, SlotConflict
 from server.store._views import MemoryDraft, MemoryView, ThreadView, TurnDraft, TurnView
@@ -463,15 +462,7 @@ class ThreadsPart(MemoriesPart):
                     more = True
                     break
                 rows.append((meta, self._read_payloads(txn, meta.rid, with_embedding)))
-        views = []
-        for meta, cts in rows:
-            try:
-                views.append(self.turn_view(meta, cts, with_embedding))
-            except RecordDeleted:  # key shredded under us: it is gone
-                continue
-            except DataLoss:  # one bad record stays one bad record
-                self.note_unreadable(meta)
-                continue
+        views = self.open_each(rows, lambda m, cts: self.turn_view(m, cts, with_embedding))
         return views, (rows[-1][0].seq if more and rows else 0)
 
     def replay_turns(self, rids: Sequence[int]) -> list[TurnView]:
@@ -479,24 +470,17 @@ class ThreadsPart(MemoriesPart):
         since deleted, expired, sealed or tainted is left out."""
         rows = self.fetch(rids)
         now = time.time()
-        out = []
+        kept: list[tuple[TurnMeta, dict[str, bytes]]] = []
         for rid in rids:
             row = rows.get(rid)
             if row is None:
                 continue
             meta, cts = row
-            if not isinstance(meta, TurnMeta) or not listable(
+            if isinstance(meta, TurnMeta) and listable(
                 meta, now, {PENDING, COMMITTED}, include_tainted=False
             ):
-                continue
-            try:
-                out.append(self.turn_view(meta, cts, with_embedding=False))
-            except RecordDeleted:
-                continue
-            except DataLoss:
-                self.note_unreadable(meta)
-                continue
-        return out
+                kept.append((meta, cts))
+        return self.open_each(kept, lambda m, cts: self.turn_view(m, cts, with_embedding=False))
 
     def recent_turns(self, owner: str, thread: str, count: int) -> list[TurnView]:
         """The last ``count`` turns of a thread that serve its immediate context
@@ -516,16 +500,7 @@ class ThreadsPart(MemoriesPart):
                 if listable(m, now, {PENDING, COMMITTED}, include_tainted=False)
             ][-count:]
             rows = [(m, self._read_payloads(txn, m.rid, False)) for m in metas]
-        out = []
-        for meta, cts in rows:
-            try:
-                out.append(self.turn_view(meta, cts, with_embedding=False))
-            except RecordDeleted:
-                continue
-            except DataLoss:
-                self.note_unreadable(meta)
-                continue
-        return out
+        return self.open_each(rows, lambda m, cts: self.turn_view(m, cts, with_embedding=False))
 
     def visible_neighbours(
         self,
@@ -586,21 +561,8 @@ class ThreadsPart(MemoriesPart):
                 for m in metas
                 if (ct := sk.get(txn, self.t.payloads, sk.payload_key(m.rid, PAYLOAD_EMBEDDING)))
             }
-        rids: list[int] = []
-        vecs: list[npt.NDArray[np.float32]] = []
-        for meta in metas:
-            ct = cts.get(meta.rid)
-            if ct is None:
-                continue
-            try:
-                raw = self.open_turn_payload(meta, PAYLOAD_EMBEDDING, ct)
-            except RecordDeleted:
-                continue
-            except DataLoss:  # one corrupt vector must not take the owner's index down
-                self.note_unreadable(meta)
-                continue
-            rids.append(meta.rid)
-            vecs.append(np.frombuffer(raw, dtype="<f4"))
-        if not vecs:
-            return [], np.zeros((0, 0), dtype=np.float32)
-        return rids, np.vstack(vecs).astype(np.float32)
+        opened = self.open_each(
+            ((m, cts[m.rid]) for m in metas if m.rid in cts),
+            lambda m, ct: (m.rid, self.open_turn_payload(m, PAYLOAD_EMBEDDING, ct)),
+        )
+        return stack_vectors(opened)
