@@ -110,6 +110,13 @@ class _Bundle:
         """Vectors held (``lethe_index_vectors``)."""
         return len(self.dense)
 
+    def nbytes(self) -> int:
+        """Estimated bytes held by the three legs and the context map (the index
+        cache's byte bound, ``lethe_index_bytes``); ~90 bytes per map entry."""
+        return (
+            self.dense.nbytes() + self.plain.nbytes() + self.ctx.nbytes() + 90 * len(self.ctx_prev)
+        )
+
 
 def _owner_key(owner: str) -> str:
     return f"o/{owner}"
@@ -137,12 +144,22 @@ class Retriever:
         store: The record store.
         embedder: The server-side embedder, or None (clients send vectors).
         capacity: Most bundles (owner plus pending-thread) kept in memory.
+        max_bytes: Most bytes of bundles kept in memory (``nbytes`` estimates;
+            the most recently used bundle is kept even when it alone is larger),
+            or None for no byte bound. ``lethe serve --index-cache-size``.
     """
 
-    def __init__(self, store: Store, embedder: Embedder | None, *, capacity: int = 256) -> None:
+    def __init__(
+        self,
+        store: Store,
+        embedder: Embedder | None,
+        *,
+        capacity: int = 256,
+        max_bytes: int | None = None,
+    ) -> None:
         self.store = store
         self.embedder = embedder
-        self.cache: IndexCache[_Bundle] = IndexCache(capacity)
+        self.cache: IndexCache[_Bundle] = IndexCache(capacity, max_bytes)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -401,6 +418,7 @@ class Retriever:
                     self.cache.evict(_owner_key(owner))  # rebuilt from LMDB on next use
                 else:
                     self._add_turns(owner, owner_b, committed, rids, vecs)
+                    self.cache.trim()  # the owner's bundle grew in place
             for thread in {m.thread for m in metas}:
                 key = _pending_key(owner, thread)
                 if self.cache.get(key) is not None:
