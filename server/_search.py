@@ -76,6 +76,8 @@ MODE_LEXICAL = "LEXICAL"
 MODE_HYBRID = "HYBRID"
 _LEXICAL_WEIGHTS = (HYBRID_WEIGHTS[1], HYBRID_WEIGHTS[2])
 _LEXICAL_BOUNDS = (HYBRID_LOWER_BOUNDS[1], HYBRID_LOWER_BOUNDS[2])
+# Vectors decrypted and added at a time when an index is built.
+BUILD_CHUNK = 4096
 
 Ranked = list[tuple[int, float]]
 
@@ -287,9 +289,16 @@ class Retriever:
             ctx.update(self._contexts(ordered, by_thread.get(thread, []), texts, bundle.ctx_prev))
         if ctx:
             bundle.ctx.add(np.asarray(list(ctx), np.int64), list(ctx.values()))
-        rids, vecs = self.store.embeddings(list(with_dense))
-        if rids:
+        # In chunks: the ciphertexts, plaintexts and rows of one chunk at a time
+        # beside FAISS's own copy, so a build's peak stays near the index's size.
+        dense = list(with_dense)
+        for start in range(0, len(dense), BUILD_CHUNK):
+            rids, vecs = self.store.embeddings(dense[start : start + BUILD_CHUNK])
+            if not rids:
+                continue
             if bundle.dense.dim != vecs.shape[1]:
+                if len(bundle.dense):
+                    continue  # a second dimension in one owner: the first one stays
                 bundle.dense = VectorIndex(vecs.shape[1])
             bundle.dense.add(np.asarray(rids, np.int64), vecs)
 
