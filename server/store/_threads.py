@@ -510,12 +510,19 @@ class ThreadsPart(MemoriesPart):
         visible: Callable[[TurnMeta, float], bool],
     ) -> dict[int, tuple[TurnMeta | None, TurnMeta | None]]:
         """For each seq of a thread: the nearest earlier and the nearest later turn
-        for which ``visible(meta, now)`` holds (as reads see it), or None. One read
-        transaction; each walk stops at the first such turn, so this costs a few
-        rows per seq, not the thread's length."""
+        for which ``visible(meta, now)`` holds (as reads see it), or None.
+
+        One read transaction. Each walk stops at the first such turn, and a walk's
+        answer is shared by every asked seq it passed over (a forgotten range of
+        n turns costs O(n) row reads, not O(n^2)): walking forward from ``s`` to
+        the first visible turn ``t`` means every row between them is invisible, so
+        ``t`` is also the next visible turn of any seq between ``s`` and ``t``.
+        """
         now = time.time()
         prefix = sk.thread_prefix(owner, thread)
-        out: dict[int, tuple[TurnMeta | None, TurnMeta | None]] = {}
+        ordered = sorted(set(seqs))
+        before: dict[int, TurnMeta | None] = {}
+        after: dict[int, TurnMeta | None] = {}
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.t.seqs)
 
@@ -527,12 +534,21 @@ class ThreadsPart(MemoriesPart):
                     found = step()
                 return None
 
-            for seq in seqs:
-                at = cur.set_range(sk.seq_key(owner, thread, seq))
-                before = walk(cur.prev() if at else cur.last(), cur.prev)
-                after = walk(cur.set_range(sk.seq_key(owner, thread, seq + 1)), cur.next)
-                out[seq] = (before, after)
-        return out
+            reach: float = -1.0  # the seq the last forward walk stopped at (inf: the end)
+            found: TurnMeta | None = None
+            for seq in ordered:
+                if seq >= reach:
+                    found = walk(cur.set_range(sk.seq_key(owner, thread, seq + 1)), cur.next)
+                    reach = float(found.seq) if found is not None else float("inf")
+                after[seq] = found
+            reach, found = float("inf"), None  # backward: the seq the last walk stopped at
+            for seq in reversed(ordered):
+                if seq <= reach:
+                    at = cur.set_range(sk.seq_key(owner, thread, seq))
+                    found = walk(cur.prev() if at else cur.last(), cur.prev)
+                    reach = float(found.seq) if found is not None else float("-inf")
+                before[seq] = found
+        return {seq: (before[seq], after[seq]) for seq in ordered}
 
     def owner_turns(self, owner: str) -> list[TurnMeta]:
         """Every stored turn of an owner (one read transaction), as reads see them."""
