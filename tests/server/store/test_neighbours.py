@@ -6,6 +6,7 @@ forgetting 1,000 turns of a 30k-turn owner take a minute)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ N = 400
 
 
 @pytest.fixture
-def store(tmp_path: Path, kek_env: str) -> Store:
+def store(tmp_path: Path, kek_env: str) -> Iterator[Store]:
     s = Store(tmp_path / "d")
     s.create_thread("alice", "t1", "")
     drafts = [TurnDraft(1, "", f"turn {i}", None, None, "", [], True, 0.0) for i in range(1, N + 1)]
