@@ -354,11 +354,22 @@ class StoreBase:
         return meta
 
     def _thread_metas(
-        self, txn: lmdb.Transaction, owner: str, thread: str, *, with_deleted: bool = False
+        self,
+        txn: lmdb.Transaction,
+        owner: str,
+        thread: str,
+        *,
+        with_deleted: bool = False,
+        lo: int = 1,
+        hi: int | None = None,
     ) -> list[TurnMeta]:
-        """A thread's stored turns in seq order (tombstoned ones only ``with_deleted``)."""
+        """A thread's stored turns in seq order (tombstoned ones only ``with_deleted``),
+        of seqs ``lo..hi`` (inclusive; ``hi`` None: to the end). Reads only those rows."""
         out = []
-        for _, rk in sk.scan(txn, self.t.seqs, sk.thread_prefix(owner, thread)):
+        start = sk.seq_key(owner, thread, lo) if lo > 1 else None
+        for key, rk in sk.scan(txn, self.t.seqs, sk.thread_prefix(owner, thread), start=start):
+            if hi is not None and sk.seq_of(key) > hi:
+                break
             meta = self._turn(txn, sk.rid_of(rk))
             if meta is not None and (with_deleted or not meta.deleted):
                 out.append(meta)
