@@ -20,7 +20,6 @@ Thread rules: as every part of the store (writes on the writer thread).
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from typing import Any
 import lmdb
 
 from server.errors import RecordDeleted
+from server.store import _json
 from server.store import _schema as sk
 from server.store._base import StoreBase, thread_name
 from server.store._lineage import children_of, remove_edges_from, remove_edges_of
@@ -121,11 +121,11 @@ class DeletionEntry:
         body["destinations"] = {
             k: {"done": d.done, "time": d.time} for k, d in self.destinations.items()
         }
-        return json.dumps(body).encode()
+        return _json.dumps(body)
 
     @classmethod
     def decode(cls, raw: bytes) -> DeletionEntry:
-        data = json.loads(raw)
+        data = _json.loads(raw)
         return cls(
             id=str(data["id"]),
             owner=str(data["owner"]),

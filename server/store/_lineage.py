@@ -20,12 +20,12 @@ functions only on the writer thread.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import lmdb
 
+from server.store import _json
 from server.store._schema import Tables, edge_key, edge_prefix, scan
 
 
@@ -38,7 +38,7 @@ def add_edges(
 ) -> None:
     """Write both directions of each ``source → derivative`` edge."""
     for name, source_version in sources:
-        value = json.dumps([source_version, version]).encode()
+        value = _json.dumps([source_version, version])
         txn.put(edge_key(name, derivative), value, db=t.lineage_down)
         txn.put(edge_key(derivative, name), value, db=t.lineage_up)
 
@@ -63,7 +63,7 @@ def remove_edges_from(txn: lmdb.Transaction, t: Tables, source: str) -> None:
 def _scan(txn: lmdb.Transaction, db: Any, first: str) -> Iterator[tuple[str, tuple[int, int]]]:
     prefix = edge_prefix(first)
     for key, raw in scan(txn, db, prefix):
-        versions = json.loads(raw)
+        versions = _json.loads(raw)
         yield key[len(prefix) :].decode(), (int(versions[0]), int(versions[1]))
 
 

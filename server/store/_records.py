@@ -10,7 +10,6 @@ epoch (UTC). Which database holds which row: :mod:`server.store._schema`.
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -18,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from server.store import _json
 
 # Storage states (lethe.v1.State value names).
 PENDING = "PENDING"
@@ -47,7 +48,7 @@ def _encode(row: Any) -> bytes:
     names = _FIELD_NAMES.get(type(row))
     if names is None:
         names = _FIELD_NAMES[type(row)] = tuple(f.name for f in fields(row))
-    return json.dumps({n: getattr(row, n) for n in names}, separators=(",", ":")).encode()
+    return _json.dumps({n: getattr(row, n) for n in names})
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
@@ -119,7 +120,7 @@ class ThreadMeta:
 
     @classmethod
     def decode(cls, raw: bytes) -> ThreadMeta:
-        return cls(**json.loads(raw))
+        return cls(**_json.loads(raw))
 
 
 @dataclass(slots=True)
@@ -171,7 +172,7 @@ class TurnMeta:
 
     @classmethod
     def decode(cls, raw: bytes) -> TurnMeta:
-        data: dict[str, Any] = json.loads(raw)
+        data: dict[str, Any] = _json.loads(raw)
         data["context_refs"] = [tuple(ref) for ref in data.get("context_refs", [])]
         return cls(**data)
 
@@ -240,7 +241,7 @@ class MemMeta:
 
     @classmethod
     def decode(cls, raw: bytes) -> MemMeta:
-        data: dict[str, Any] = json.loads(raw)
+        data: dict[str, Any] = _json.loads(raw)
         data["sources"] = [tuple(ref) for ref in data.get("sources", [])]
         data["evidence"] = [tuple(ref) for ref in data.get("evidence", [])]
         return cls(**data)
@@ -257,11 +258,11 @@ class OwnerRow:
     create_time: float = 0.0
 
     def encode(self) -> bytes:
-        return json.dumps({"dim": self.dim, "create_time": self.create_time}).encode()
+        return _json.dumps({"dim": self.dim, "create_time": self.create_time})
 
     @classmethod
     def decode(cls, raw: bytes) -> OwnerRow:
-        data = json.loads(raw)
+        data = _json.loads(raw)
         return cls(int(data.get("dim") or 0), float(data.get("create_time", 0.0)))
 
 
@@ -283,11 +284,11 @@ class Tombstone:
             body["last_seq"] = self.last_seq
         if self.last_version:
             body["last_version"] = self.last_version
-        return json.dumps(body).encode()
+        return _json.dumps(body)
 
     @classmethod
     def decode(cls, raw: bytes) -> Tombstone:
-        data = json.loads(raw)
+        data = _json.loads(raw)
         return cls(
             float(data["time"]),
             str(data["reason"]),
@@ -307,11 +308,11 @@ class ManifestRow:
 
     def encode(self) -> bytes:
         body = {"refs": self.refs, "create_time": self.create_time, "thread": self.thread}
-        return json.dumps(body).encode()
+        return _json.dumps(body)
 
     @classmethod
     def decode(cls, raw: bytes) -> ManifestRow:
-        data = json.loads(raw)
+        data = _json.loads(raw)
         refs = [(str(n), int(v)) for n, v in data["refs"]]
         return cls(refs, float(data["create_time"]), str(data.get("thread", "")))
 
@@ -330,11 +331,11 @@ class EventRow:
     receipt: str = ""
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
+        return _json.dumps(asdict(self))
 
     @classmethod
     def decode(cls, raw: bytes) -> EventRow:
-        data = json.loads(raw)
+        data = _json.loads(raw)
         return cls(
             str(data["id"]),
             str(data["owner"]),

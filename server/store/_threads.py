@@ -8,7 +8,6 @@ their own read transactions and are safe from any thread.
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import time
@@ -26,6 +25,7 @@ from server.errors import (
     InvalidArgument,
     Reason,
 )
+from server.store import _json
 from server.store import _schema as sk
 from server.store._base import lineage_expiry_of, thread_name
 from server.store._lineage import add_edges
@@ -149,7 +149,7 @@ class ThreadsPart(MemoriesPart):
         """Rids recorded for an idempotent AppendTurns, or None."""
         with self.env.begin() as txn:
             raw = sk.get(txn, self.t.requests, sk.request_key(owner, thread, request_id))
-        return None if raw is None else [int(r) for r in json.loads(raw)]
+        return None if raw is None else [int(r) for r in _json.loads(raw)]
 
     def append_turns(
         self,
@@ -204,7 +204,7 @@ class ThreadsPart(MemoriesPart):
                 prior = sk.get(txn, self.t.requests, req_key)
                 if prior is not None:  # the keys made for this attempt hold nothing
                     op.unused.extend(all_keys)
-                    return self._turns(txn, [int(r) for r in json.loads(prior)]), True, []
+                    return self._turns(txn, [int(r) for r in _json.loads(prior)]), True, []
             tmeta = self._live_thread(txn, owner, thread)
             repair = tmeta.kind == REPAIR
             if repair and tmeta.repair_state != REPAIR_CONTINUED:
@@ -245,7 +245,7 @@ class ThreadsPart(MemoriesPart):
             tmeta.update_time = now
             self._put_thread(txn, tmeta)
             if req_key:
-                txn.put(req_key, json.dumps([m.rid for m in metas]).encode(), db=self.t.requests)
+                txn.put(req_key, _json.dumps([m.rid for m in metas]), db=self.t.requests)
             stored = self._store_candidates(txn, metas, proposals, cand_keys, pending_ttl, now, op)
             return metas, False, stored
 

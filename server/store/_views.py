@@ -6,13 +6,13 @@ Times are float seconds since the Unix epoch; vectors are ``(d,) float32``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from server.store import _json
 from server.store._records import MemMeta, ThreadMeta, TurnMeta
 
 
@@ -78,12 +78,12 @@ class MemoryContent:
         }
         if self.metadata is not None:
             data["metadata"] = self.metadata
-        return json.dumps(data).encode()
+        return _json.dumps(data)
 
     @classmethod
     def decode(cls, raw: bytes) -> MemoryContent:
         """Raises: ValueError, KeyError or TypeError on a malformed payload."""
-        data = json.loads(raw)
+        data = _json.loads(raw)
         edge = data.get("edge")
         return cls(
             data["text"],
