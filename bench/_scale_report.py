@@ -258,12 +258,22 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
                         _f(step["recall_at_10"], 3),
                         _f(step["p50_ms"]),
                         _f(step["qps_sequential"], 0),
+                        _f(next((v for k, v in step.items() if k.endswith("_threads")), None), 0),
                     ]
                 )
     if chroma_rows:
         lines += ["## Chroma (in process), recall@10 against exact search", ""]
         lines += _table(
-            ["vectors", "owner", "ef_search", "recall@10", "p50", "QPS (sequential)"], chroma_rows
+            [
+                "vectors",
+                "owner",
+                "ef_search",
+                "recall@10",
+                "p50",
+                "QPS (sequential)",
+                "QPS, as many threads as the most clients, at the first ef reaching 0.99",
+            ],
+            chroma_rows,
         )
     aw = result.get("after_write")
     if aw:

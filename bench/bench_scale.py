@@ -630,6 +630,10 @@ class Bench:
                 }
             )
         reached = [s for s in steps if s["recall_at_10"] >= 0.99]
+        if reached and reached[0]["ef_search"] == chroma.ef:  # the ef in force
+            c = max(plan.conc_levels)
+            runs = run_threads(lambda i: chroma.search(qs[i]), nq, c, plan.conc_seconds)
+            reached[0][f"qps_{c}_threads"] = round(qps_of(runs), 1)
         return {
             "version": self.chroma,
             "client": "PersistentClient in a temporary directory, in process",
