@@ -1,0 +1,119 @@
+"""``bench/bench_scale.py --smoke`` runs end to end and writes what it promises.
+
+It starts the real server, the minimal server and client processes, so it
+runs as a user would, in a subprocess. Speed never fails this test: it checks
+the shape of the JSON and that every figure is a positive number. Without
+the optional ``bench`` group (Chroma, matplotlib) the run must still pass and
+say ``skipped: not installed``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEMS = ("lethe", "lethe_empty_owner", "empty_call", "faiss_inprocess", "minimal_grpc_faiss")
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and value > 0
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
+    out = tmp_path_factory.mktemp("bench-smoke")
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "bench_scale.py"),
+            "--smoke",
+            "--no-cache",
+            "--out-dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads((out / "scale-smoke.json").read_text()), run.stdout, out
+
+
+def test_smoke_searches_every_size_and_kind(smoke: tuple[dict[str, Any], str, Path]) -> None:
+    result, _, _ = smoke
+    cfg = result["config"]
+    got = {(e["kind"], e["n"]) for e in result["search"]}
+    assert got == {(k, n) for k in cfg["kinds"] for n in cfg["sizes"]}
+    for e in result["search"]:
+        for name in SYSTEMS:
+            s = e["sequential"][name]
+            assert _positive(s["p50_ms"]), (e["owner"], name, s)
+            assert _positive(s["p99_ms"]), (e["owner"], name, s)
+        assert 0 < e["sequential"]["lethe"]["recall_at_10"] <= 1
+        assert 0 < e["sequential"]["minimal_grpc_faiss"]["recall_at_10"] <= 1
+        assert _positive(e["ratios"]["lethe_over_minimal"]["median"])
+        for level in e["concurrency"]["levels"].values():
+            for name in ("lethe", "minimal_grpc_faiss", "empty_call", "faiss_inprocess"):
+                assert _positive(level[name]["qps"]), (e["owner"], name)
+
+
+def test_smoke_measures_writes_forgets_and_builds(smoke: tuple[dict[str, Any], str, Path]) -> None:
+    result, _, _ = smoke
+    for mode in ("HYBRID", "LEXICAL", "DENSE"):
+        v = result["after_write"]["modes"][mode]
+        assert _positive(v["steady"]["p50_ms"]), mode
+        assert _positive(v["first_after_write"]["p50_ms"]), mode
+    for phase in ("cold", "warm"):
+        for target in ("new_threads", "long_thread"):
+            assert _positive(result["writes"]["phases"][phase][target]["turns_per_s_median"])
+    for op in ("turn", "thread", "descendants", "range"):
+        v = result["forget"]["ops"][op]
+        assert _positive(v["records_deleted"]), op
+        assert _positive(v["lethe"]["p50_ms"]), op
+        assert _positive(v["floor"]["p50_ms"]), op
+    layouts = {e["layout"] for e in result["build"]}
+    assert layouts == {"threads of 100", "one thread"}
+    assert result["build"][0]["fresh_restart"]
+    for e in result["build"]:
+        for key in ("first_search_s", "rss_peak_bytes", "rss_steady_bytes"):
+            assert _positive(e[key]), (e["owner"], key)
+        if e["fresh_restart"]:
+            assert _positive(e["restart_to_serving_s"]), e["owner"]
+
+
+def test_smoke_describes_the_machine(smoke: tuple[dict[str, Any], str, Path]) -> None:
+    result, _, out = smoke
+    m = result["machine"]
+    assert _positive(m["cpu_count"])
+    assert _positive(m["ram_bytes"])
+    assert m["cpu_model"]
+    assert m["python"]
+    assert m["libraries"]["faiss-cpu"]
+    text = (out / "scale-smoke.md").read_text()
+    assert "## DENSE Search" in text
+    assert m["cpu_model"] in text
+
+
+def test_smoke_reports_the_optional_peers_or_says_they_are_skipped(
+    smoke: tuple[dict[str, Any], str, Path],
+) -> None:
+    result, stdout, out = smoke
+    if importlib.util.find_spec("chromadb") is None:
+        assert "chroma: skipped: not installed" in stdout
+    else:
+        ladders = [e["chroma"] for e in result["search"] if "chroma" in e]
+        assert ladders
+        assert all(0 < s["recall_at_10"] <= 1 for c in ladders for s in c["ladder"])
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "plot: skipped: not installed" in stdout
+    else:
+        assert (out / "scale-smoke.png").stat().st_size > 0
