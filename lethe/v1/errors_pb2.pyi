@@ -55,6 +55,23 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED"""
     INTEGRITY: _ErrorReason.ValueType  # 20
     """DATA_LOSS: stored ciphertext fails authentication while its key exists"""
+    TOO_MANY_REQUESTS: _ErrorReason.ValueType  # 21
+    """RESOURCE_EXHAUSTED: a bound on calls in flight (the server's, or the
+    token's own) is reached; refused at once, never queued. A RetryInfo
+    detail suggests when to retry.
+    """
+    TOO_MANY_STREAMS: _ErrorReason.ValueType  # 22
+    """RESOURCE_EXHAUSTED: a bound on open streams (the server's, or the
+    token's own) is reached.
+    """
+    MALFORMED_REQUEST: _ErrorReason.ValueType  # 23
+    """INVALID_ARGUMENT: the request bytes do not decode as the method's
+    request message.
+    """
+    DRAINING: _ErrorReason.ValueType  # 24
+    """UNAVAILABLE: the server is draining (stopping); retry, on this server
+    once it is back or on another.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The `reason` of the `google.rpc.ErrorInfo` detail (domain "lethe") on every
@@ -92,4 +109,21 @@ STORE_FULL: ErrorReason.ValueType  # 19
 """RESOURCE_EXHAUSTED"""
 INTEGRITY: ErrorReason.ValueType  # 20
 """DATA_LOSS: stored ciphertext fails authentication while its key exists"""
+TOO_MANY_REQUESTS: ErrorReason.ValueType  # 21
+"""RESOURCE_EXHAUSTED: a bound on calls in flight (the server's, or the
+token's own) is reached; refused at once, never queued. A RetryInfo
+detail suggests when to retry.
+"""
+TOO_MANY_STREAMS: ErrorReason.ValueType  # 22
+"""RESOURCE_EXHAUSTED: a bound on open streams (the server's, or the
+token's own) is reached.
+"""
+MALFORMED_REQUEST: ErrorReason.ValueType  # 23
+"""INVALID_ARGUMENT: the request bytes do not decode as the method's
+request message.
+"""
+DRAINING: ErrorReason.ValueType  # 24
+"""UNAVAILABLE: the server is draining (stopping); retry, on this server
+once it is back or on another.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
