@@ -69,6 +69,8 @@ class StoreBase:
     keystore: Keystore
     kek: KekRing
     writer: Writer
+    _event_owners: set[str]
+    """Owners of events appended since the last commit (writer thread only)."""
 
     # ------------------------------------------------------------------ crypto
 
@@ -356,6 +358,7 @@ class StoreBase:
         number = sk.take_numbers(txn, self.t.meta, sk.NEXT_EVENT)
         row = EventRow(str(number), owner, now, event_type, subject, list(sources), receipt)
         txn.put(sk.event_key(owner, number), row.encode(), db=self.t.events)
+        self._event_owners.add(owner)  # announced after the commit (see ._events)
 
     def _tombstone(
         self,
