@@ -3,7 +3,7 @@ can run several servers in one process."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Seconds; finer than Prometheus' defaults below 5 ms, where this server's RPCs live.
 LATENCY_BUCKETS = (
@@ -84,4 +84,28 @@ class Metrics:
         )
         self.keystore_keys = Gauge(
             "lethe_keystore_keys", "Live wrapped keys.", registry=self.registry
+        )
+        self.inflight_calls = Gauge(
+            "lethe_inflight_calls",
+            "Unary calls admitted and not finished (running on a worker or waiting for one).",
+            registry=self.registry,
+        )
+        self.queued_calls = Gauge(
+            "lethe_queued_calls",
+            "Admitted calls waiting for a worker thread.",
+            registry=self.registry,
+        )
+        self.open_streams = Gauge(
+            "lethe_open_streams", "Open server streams (Events.Watch).", registry=self.registry
+        )
+        self.refused_calls = Counter(
+            "lethe_refused_calls",
+            "Calls and streams refused at once: TOO_MANY_REQUESTS, TOO_MANY_STREAMS, DRAINING.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.lmdb_readers = Gauge(
+            "lethe_lmdb_readers",
+            "Reader slots of the data environment in use (read transactions open now).",
+            registry=self.registry,
         )
