@@ -8,6 +8,13 @@ metadata every authenticated call carries, and one stub per service of
 ``metadata=stubs.md`` (Health needs none). The typed client ``lethe.client``
 is meant to be built on it.
 
+Three ways to a channel: :meth:`Stubs.insecure` (plaintext; the token goes
+as explicit metadata in ``md``), :meth:`Stubs.secure` (TLS, optionally with a
+client certificate for mutual TLS) and :meth:`Stubs.local` (plaintext on
+loopback only). The last two attach the token with gRPC's own call
+credentials (``grpc.access_token_call_credentials``), which gRPC refuses to
+send over a channel it does not consider secure; ``md`` is then empty.
+
 :func:`reason_of` and :func:`bad_fields` read the ``google.rpc.Status`` that a
 failed call carries in its trailing metadata (``grpc-status-details-bin``):
 the ``google.rpc.ErrorInfo`` reason of domain ``lethe`` (an ``ErrorReason``
@@ -57,7 +64,8 @@ class Stubs:
     Attributes:
         channel: the channel every stub sends on.
         token: the bearer token (``lethe_…``), as given.
-        md: ``(("authorization", "Bearer <token>"),)``, for ``metadata=``.
+        md: ``(("authorization", "Bearer <token>"),)``, for ``metadata=``;
+            empty when the channel's call credentials carry the token.
         threads: ``lethe.v1.Threads``.
         memories: ``lethe.v1.Memories``.
         retrieval: ``lethe.v1.Retrieval``.
@@ -73,11 +81,12 @@ class Stubs:
         Args:
             channel: an open channel to a serving ``lethe``; :meth:`close`
                 closes it.
-            token: bearer token sent as ``authorization: Bearer <token>``.
+            token: bearer token sent as ``authorization: Bearer <token>``
+                in ``md``; "" when the channel's call credentials carry it.
         """
         self.channel = channel
         self.token = token
-        self.md: Metadata = (("authorization", f"Bearer {token}"),)
+        self.md: Metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.threads = threads_pb2_grpc.ThreadsStub(channel)
         self.memories = memories_pb2_grpc.MemoriesStub(channel)
         self.retrieval = retrieval_pb2_grpc.RetrievalStub(channel)
@@ -100,6 +109,62 @@ class Stubs:
             The stubs; :meth:`close` closes the channel.
         """
         return cls(grpc.insecure_channel(target), token)
+
+    @classmethod
+    def secure(
+        cls,
+        target: str,
+        token: str,
+        *,
+        root_certificates: bytes | None = None,
+        private_key: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        server_name: str | None = None,
+    ) -> Stubs:
+        """Stubs on a new TLS channel that sends ``token`` as call credentials.
+
+        Args:
+            target: ``HOST:PORT`` of a ``lethe serve --tls-cert ...``.
+            token: bearer token; attached to every call by gRPC (``md`` is empty).
+            root_certificates: PEM CAs to trust; None for the system's.
+            private_key, certificate_chain: PEM client key and certificate, for
+                a server started with ``--client-ca`` (mutual TLS).
+            server_name: the name to check the server's certificate against,
+                when it differs from ``target``'s host.
+
+        Returns:
+            The stubs; the channel connects lazily, on the first call.
+        """
+        creds = grpc.composite_channel_credentials(
+            grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain),
+            grpc.access_token_call_credentials(token),
+        )
+        options = [] if server_name is None else [("grpc.ssl_target_name_override", server_name)]
+        stubs = cls(grpc.secure_channel(target, creds, options=options), "")
+        stubs.token = token
+        return stubs
+
+    @classmethod
+    def local(cls, target: str, token: str) -> Stubs:
+        """Stubs on a plaintext loopback channel that sends ``token`` as call
+        credentials (``grpc.local_channel_credentials``: gRPC checks that
+        ``target`` is on this machine and then allows call credentials).
+
+        Args:
+            target: ``127.0.0.1:PORT`` (or ``localhost``, ``[::1]``) of a
+                plaintext ``lethe serve``.
+            token: bearer token; attached to every call by gRPC (``md`` is empty).
+
+        Returns:
+            The stubs; the channel connects lazily, on the first call.
+        """
+        creds = grpc.composite_channel_credentials(
+            grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP),
+            grpc.access_token_call_credentials(token),
+        )
+        stubs = cls(grpc.secure_channel(target, creds), "")
+        stubs.token = token
+        return stubs
 
     def close(self) -> None:
         """Close the channel; calls in flight are cancelled. Idempotent."""

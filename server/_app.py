@@ -222,7 +222,7 @@ class LetheServer:
         self._sweeper: Sweeper | None = None
         self._metrics_server: Any = None
         self._stopped = threading.Event()
-        self._executor: FairExecutor | None = None
+        self.executor: FairExecutor | None = None
 
     def start(self) -> int:
         """Recover, then serve. Returns the bound gRPC port.
@@ -240,7 +240,7 @@ class LetheServer:
             _log.info(
                 "recovered: %d deletions resumed, %d keyless records forgotten", resumed, reconciled
             )
-        self._executor = FairExecutor(
+        self.executor = FairExecutor(
             self._limits.workers, "lethe-rpc", on_depth=self.metrics.queued_calls.set
         )
         self.metrics.lmdb_readers.set_function(self.store.reader_slots)
@@ -265,13 +265,13 @@ class LetheServer:
 
     async def _serve(self) -> int:
         """Build and start the gRPC server on the loop; returns its port."""
-        assert self._executor is not None
+        assert self.executor is not None
         hub = EventHub(asyncio.get_running_loop())
         self.store.on_events(hub.notify_threadsafe)
         edge = Edge(
             Authenticator(self.store.get_token),
             Admission(self._limits, self.metrics),
-            self._executor,
+            self.executor,
             self.metrics,
         )
         self.hub, self.edge = hub, edge
@@ -369,11 +369,11 @@ class LetheServer:
                 loop.close()
                 self._loop = None
                 self._loop_thread = None
-        if self._executor is not None:
+        if self.executor is not None:
             # Calls cancelled by the grace period may still be running: the
             # store stays open until every one of them has returned.
-            self._executor.shutdown(wait=True)
-            self._executor = None
+            self.executor.shutdown(wait=True)
+            self.executor = None
         if self._sweeper is not None:
             self._sweeper.stop()
             self._sweeper = None
