@@ -101,18 +101,38 @@ class StreamContext:
         self.principal = principal
         self.wake = asyncio.Event()
         self._ended: LetheError | None = None
+        self._ended_event = asyncio.Event()
 
     async def run(self, fn: Callable[[], T]) -> T:
-        """Run blocking ``fn`` on a worker under this stream's principal."""
+        """Run blocking ``fn`` on a worker under this stream's principal.
+
+        Raises:
+            LetheError: the stream was asked to end while ``fn`` waited for a
+                worker or ran (``fn`` is skipped if it had not started).
+        """
+        self.check()
         ctx = contextvars.copy_context()
-        future = self._edge.executor.submit(self.principal.id, functools.partial(ctx.run, fn))
-        return await asyncio.wrap_future(future)
+        future: asyncio.Future[Any] = asyncio.wrap_future(
+            self._edge.executor.submit(self.principal.id, functools.partial(ctx.run, fn))
+        )
+        ender: asyncio.Future[Any] = asyncio.ensure_future(self._ended_event.wait())
+        try:
+            done, _ = await asyncio.wait({future, ender}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ender.cancel()
+        if future in done:
+            result: T = future.result()
+            return result
+        future.cancel()
+        self.check()
+        raise AssertionError("unreachable")  # check() raised
 
     def end(self, error: LetheError) -> None:
         """Ask the stream to end with ``error`` (drain, revoked token)."""
         if self._ended is None:
             self._ended = error
         self.wake.set()
+        self._ended_event.set()
 
     def check(self) -> None:
         """Raise the error the stream was asked to end with, if any.
