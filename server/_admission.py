@@ -10,9 +10,15 @@ principal (one token) has open:
 
 - calls in flight — admitted and not yet finished, whether running on a
   worker or waiting for one — at most ``max_inflight`` in all and
-  ``max_inflight_per_principal`` per token;
+  ``max_inflight_per_principal`` per token, of which at most
+  ``max_running_per_principal`` run at once;
 - open streams, at most ``max_streams`` in all and
   ``max_streams_per_principal`` per token.
+
+A token's first :data:`RESERVED_PER_PRINCIPAL` calls in flight are admitted
+even when the server's bound is reached (up to twice that bound), so a burst
+of a few heavy tokens that fills the server is refused its excess while a
+light token's call still gets in.
 
 Past a bound the call is refused at once with ``RESOURCE_EXHAUSTED``
 (``TOO_MANY_REQUESTS`` / ``TOO_MANY_STREAMS``, with a ``RetryInfo``), never
@@ -20,7 +26,10 @@ queued: the wait for a worker is bounded by ``max_inflight / workers`` service
 times. Among the admitted calls the executor takes work from each principal
 with waiting work in turn (round robin), so a principal with many calls
 queued delays another principal's call by at most one call per principal, not
-by its whole queue.
+by its whole queue; and since Python threads share one interpreter lock, a
+principal may run only ``max_running_per_principal`` calls at once, so
+another principal's call shares the CPU with a few calls, not with every
+worker.
 
 Thread rules: :class:`Admission` is used only on the event loop's thread (its
 counters have no lock); :class:`FairExecutor` ``submit`` from any thread.
@@ -40,6 +49,9 @@ from server.errors import Overloaded, Reason
 
 T = TypeVar("T")
 
+RESERVED_PER_PRINCIPAL = 2
+"""Calls in flight per token admitted past ``max_inflight`` (up to twice it)."""
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -49,6 +61,8 @@ class Limits:
         workers: threads running blocking work of unary calls.
         max_inflight: unary calls admitted at once, all principals.
         max_inflight_per_principal: unary calls admitted at once per token.
+        max_running_per_principal: of those, calls of one token running at
+            once (in effect at most ``workers``).
         max_streams: open server streams (``Watch``), all principals.
         max_streams_per_principal: open streams per token.
 
@@ -59,6 +73,7 @@ class Limits:
     workers: int = 16
     max_inflight: int = 64
     max_inflight_per_principal: int = 16
+    max_running_per_principal: int = 4
     max_streams: int = 1024
     max_streams_per_principal: int = 128
 
@@ -67,6 +82,7 @@ class Limits:
             "workers",
             "max_inflight",
             "max_inflight_per_principal",
+            "max_running_per_principal",
             "max_streams",
             "max_streams_per_principal",
         ):
@@ -101,10 +117,12 @@ class Admission:
         Raises:
             Overloaded: ``TOO_MANY_REQUESTS``, a bound is reached (nothing counted).
         """
-        if self.inflight >= self.limits.max_inflight:
+        mine = self._calls[key]
+        reserved = mine < RESERVED_PER_PRINCIPAL and self.inflight < 2 * self.limits.max_inflight
+        if self.inflight >= self.limits.max_inflight and not reserved:
             self.refused(Reason.TOO_MANY_REQUESTS)
             raise Overloaded("the server has too many calls in flight; retry shortly")
-        if self._calls[key] >= self.limits.max_inflight_per_principal:
+        if mine >= self.limits.max_inflight_per_principal:
             self.refused(Reason.TOO_MANY_REQUESTS)
             raise Overloaded(
                 f"this token has {self.limits.max_inflight_per_principal} calls in flight; "
@@ -161,25 +179,38 @@ class Admission:
 
 
 class FairExecutor:
-    """A pool of worker threads that serves principals in turn (round robin).
+    """A pool of worker threads that serves principals in turn (round robin),
+    running at most ``per_key`` items of one principal at once.
 
     Each ``submit`` names a key (the principal); a worker takes the next item
-    of the next key that has work, so work is interleaved across keys rather
-    than first come, first served. A cancelled future is skipped.
+    of the next key that has work and fewer than ``per_key`` items running,
+    so work is interleaved across keys rather than first come, first served.
+    The cap matters because Python threads share one interpreter lock: a call
+    that gets a free worker beside many running calls of one principal still
+    waits for the CPU, so what one principal may *run* at once is bounded, not
+    only what it may queue. A cancelled future is skipped.
 
     Args:
         workers: number of threads (started at once, daemonic).
         name: thread name prefix.
+        per_key: most items of one key running at once (default: ``workers``).
         on_depth: called with the number of items waiting (not running) each
             time it changes, from the thread that changed it.
     """
 
     def __init__(
-        self, workers: int, name: str, on_depth: Callable[[int], None] | None = None
+        self,
+        workers: int,
+        name: str,
+        *,
+        per_key: int | None = None,
+        on_depth: Callable[[int], None] | None = None,
     ) -> None:
         self._lock = threading.Condition()
         self._queues: dict[str, collections.deque[tuple[Future[Any], Callable[[], Any]]]] = {}
         self._ring: collections.deque[str] = collections.deque()
+        self._running: collections.Counter[str] = collections.Counter()
+        self._per_key = per_key or workers
         self._depth = 0
         self._closed = False
         self._on_depth = on_depth
@@ -226,36 +257,59 @@ class FairExecutor:
             for thread in self._threads:
                 thread.join()
 
-    def _take(self) -> tuple[Future[Any], Callable[[], Any]] | None:
+    def _eligible(self) -> str | None:
+        """The first key in the ring below its running cap (moved out of the ring)."""
+        for _ in range(len(self._ring)):
+            key = self._ring.popleft()
+            if self._running[key] < self._per_key:
+                return key
+            self._ring.append(key)
+        return None
+
+    def _take(self) -> tuple[str, Future[Any], Callable[[], Any]] | None:
         with self._lock:
-            while not self._ring:
-                if self._closed:
+            while True:
+                key = self._eligible()
+                if key is not None:
+                    break
+                if self._closed and not self._ring:
                     return None
                 self._lock.wait()
-            key = self._ring.popleft()
             queue = self._queues[key]
-            item = queue.popleft()
+            future, fn = queue.popleft()
             if queue:
                 self._ring.append(key)
             else:
                 del self._queues[key]
+            self._running[key] += 1
             self._depth -= 1
             depth = self._depth
         if self._on_depth is not None:
             self._on_depth(depth)
-        return item
+        return key, future, fn
+
+    def _done(self, key: str) -> None:
+        with self._lock:
+            self._running[key] -= 1
+            if self._running[key] <= 0:
+                del self._running[key]
+            if key in self._queues:
+                self._lock.notify()
 
     def _run(self) -> None:
         while True:
             item = self._take()
             if item is None:
                 return
-            future, fn = item
-            if not future.set_running_or_notify_cancel():
-                continue
+            key, future, fn = item
             try:
-                result = fn()
-            except BaseException as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    result = fn()
+                except BaseException as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            finally:
+                self._done(key)

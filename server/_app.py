@@ -97,6 +97,7 @@ class ServerConfig:
         max_workers: worker threads for the blocking work of unary calls.
         max_inflight, max_inflight_per_principal: unary calls admitted at
             once, in all and per token (see :mod:`server._admission`).
+        max_running_per_principal: calls of one token running at once.
         max_streams, max_streams_per_principal: open ``Watch`` streams, in
             all and per token.
         tls_cert, tls_key: PEM files of the server's certificate chain and
@@ -124,6 +125,7 @@ class ServerConfig:
     max_workers: int = 16
     max_inflight: int = 64
     max_inflight_per_principal: int = 16
+    max_running_per_principal: int = 4
     max_streams: int = 1024
     max_streams_per_principal: int = 128
     tls_cert: Path | None = None
@@ -145,6 +147,7 @@ class ServerConfig:
             workers=self.max_workers,
             max_inflight=self.max_inflight,
             max_inflight_per_principal=self.max_inflight_per_principal,
+            max_running_per_principal=self.max_running_per_principal,
             max_streams=self.max_streams,
             max_streams_per_principal=self.max_streams_per_principal,
         )
@@ -241,7 +244,10 @@ class LetheServer:
                 "recovered: %d deletions resumed, %d keyless records forgotten", resumed, reconciled
             )
         self.executor = FairExecutor(
-            self._limits.workers, "lethe-rpc", on_depth=self.metrics.queued_calls.set
+            self._limits.workers,
+            "lethe-rpc",
+            per_key=self._limits.max_running_per_principal,
+            on_depth=self.metrics.queued_calls.set,
         )
         self.metrics.lmdb_readers.set_function(self.store.reader_slots)
         loop = asyncio.new_event_loop()

@@ -156,6 +156,12 @@ def _parser() -> argparse.ArgumentParser:
         help="unary calls at once per token (16)",
     )
     bounds.add_argument(
+        "--max-running-per-principal",
+        type=_positive_int,
+        default=4,
+        help="of those, calls of one token running at once (4)",
+    )
+    bounds.add_argument(
         "--max-streams", type=_positive_int, default=1024, help="open Watch streams, in all (1024)"
     )
     bounds.add_argument(
@@ -279,6 +285,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_workers=args.workers,
         max_inflight=args.max_inflight,
         max_inflight_per_principal=args.max_inflight_per_principal,
+        max_running_per_principal=args.max_running_per_principal,
         max_streams=args.max_streams,
         max_streams_per_principal=args.max_streams_per_principal,
         tls_cert=args.tls_cert,

@@ -44,6 +44,33 @@ def test_fair_executor_serves_principals_in_turn() -> None:
     assert pool.depth == 0
 
 
+def test_fair_executor_caps_what_one_key_runs_at_once() -> None:
+    release = threading.Event()
+    started = threading.Semaphore(0)
+    order: list[str] = []
+
+    def hold(tag: str) -> None:
+        order.append(tag)
+        started.release()
+        release.wait(10)
+
+    pool = FairExecutor(3, "test", per_key=1)
+    try:
+        a = [pool.submit("alice", functools.partial(hold, f"a{i}")) for i in range(3)]
+        b = pool.submit("bob", functools.partial(hold, "b0"))
+        for _ in range(2):
+            assert started.acquire(timeout=5)
+        assert not started.acquire(timeout=0.2)  # a third worker is idle, alice is capped
+        assert sorted(order) == ["a0", "b0"]
+        release.set()
+        for f in [*a, b]:
+            f.result(timeout=5)
+    finally:
+        release.set()
+        pool.shutdown()
+    assert order[2:] == ["a1", "a2"]
+
+
 def test_fair_executor_skips_cancelled_work_and_passes_exceptions() -> None:
     release = threading.Event()
     ran: list[int] = []
@@ -80,24 +107,29 @@ def test_limits_refuse_nonsense(kwargs: dict[str, int]) -> None:
 
 def test_admission_counts_per_principal_and_in_all() -> None:
     metrics = Metrics()
-    adm = Admission(Limits(max_inflight=3, max_inflight_per_principal=2), metrics)
-    adm.enter_call("a")
-    adm.enter_call("a")
-    with pytest.raises(Overloaded) as per_token:
+    adm = Admission(Limits(max_inflight=4, max_inflight_per_principal=3), metrics)
+    for _ in range(3):
+        adm.enter_call("a")
+    with pytest.raises(Overloaded, match="this token") as per_token:
         adm.enter_call("a")
     assert per_token.value.reason_name == "TOO_MANY_REQUESTS"
-    adm.enter_call("b")
-    with pytest.raises(Overloaded):
-        adm.enter_call("c")  # the global bound
-    assert adm.inflight == 3
+    adm.enter_call("b")  # the server's bound is reached (4)
+    adm.enter_call("b")  # b's first two calls are reserved: admitted past it
+    with pytest.raises(Overloaded, match="the server"):
+        adm.enter_call("b")  # a third is not
+    for light in "cde":
+        adm.enter_call(light)  # light tokens still get in...
+    assert adm.inflight == 8
+    with pytest.raises(Overloaded, match="the server"):
+        adm.enter_call("f")  # ...up to twice the server's bound
     adm.exit_call("a")
-    adm.enter_call("c")
-    assert metrics.registry.get_sample_value("lethe_inflight_calls") == 3
+    adm.enter_call("f")
+    assert metrics.registry.get_sample_value("lethe_inflight_calls") == 8
     assert (
         metrics.registry.get_sample_value(
             "lethe_refused_calls_total", {"reason": "TOO_MANY_REQUESTS"}
         )
-        == 2
+        == 3
     )
 
 

@@ -61,7 +61,7 @@ def _workers_held(lethe: Lethe) -> Iterator[threading.Event]:
         release.wait(60)
 
     n = lethe.server.config.max_workers
-    futures = [lethe.server.executor.submit("test-holder", hold) for _ in range(n)]
+    futures = [lethe.server.executor.submit(f"test-holder-{i}", hold) for i in range(n)]
     for _ in range(n):
         assert started.acquire(timeout=10)
     try:
@@ -182,34 +182,39 @@ def test_streams_past_a_tokens_bound_and_the_servers_are_refused_at_once(
 def test_calls_past_the_bounds_are_refused_while_the_admitted_wait(
     lethe_at: Callable[..., Lethe], tmp_path: Path
 ) -> None:
-    srv = lethe_at(tmp_path / "d", max_workers=2, max_inflight=6, max_inflight_per_principal=3)
+    srv = lethe_at(tmp_path / "d", max_workers=2, max_inflight=6, max_inflight_per_principal=4)
     alice, bob, carol = srv.client("alice"), srv.client("bob"), srv.client("carol")
     threads = {
         c: create_thread(c, o) for c, o in ((alice, "alice"), (bob, "bob"), (carol, "carol"))
     }
+
+    def get(c: Any) -> grpc.RpcError:
+        return call_error(c.threads.GetThread, threads_pb2.GetThreadRequest(name=threads[c]), c.md)
+
     with _workers_held(srv) as release:
-        admitted = [_get_thread(alice, threads[alice]) for _ in range(3)]
-        _wait_for(lambda: _admission(srv).inflight == 3, "alice's 3 calls admitted")
-        # Nothing can run, yet the fourth call of the token is answered.
-        err = call_error(
-            alice.threads.GetThread, threads_pb2.GetThreadRequest(name=threads[alice]), alice.md
-        )
+        admitted = [_get_thread(alice, threads[alice]) for _ in range(4)]
+        _wait_for(lambda: _admission(srv).inflight == 4, "alice's 4 calls admitted")
+        # Nothing can run, yet the fifth call of the token is answered at once.
+        err = get(alice)
         assert error_reason(err) == (EXHAUSTED, "TOO_MANY_REQUESTS")
+        assert "this token" in (err.details() or "")
         assert _retry_delay(err) == pytest.approx(0.1)
-        admitted += [_get_thread(bob, threads[bob]) for _ in range(3)]
+        admitted += [_get_thread(bob, threads[bob]) for _ in range(2)]
         _wait_for(lambda: _admission(srv).inflight == 6, "bob's calls admitted too")
-        err = call_error(
-            carol.threads.GetThread, threads_pb2.GetThreadRequest(name=threads[carol]), carol.md
-        )
-        assert error_reason(err) == (EXHAUSTED, "TOO_MANY_REQUESTS")  # the server's bound
+        err = get(bob)  # the server's bound: bob's third call is refused...
+        assert error_reason(err) == (EXHAUSTED, "TOO_MANY_REQUESTS")
+        assert "the server" in (err.details() or "")
+        # ...but a token with nothing in flight still gets a call in.
+        admitted.append(_get_thread(carol, threads[carol]))
+        _wait_for(lambda: _admission(srv).inflight == 7, "carol's call admitted")
         # Health runs on the event loop: it answers while every worker is busy.
         health = carol.health.Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
-        assert _metric(srv, "lethe_inflight_calls") == 6
-        assert _metric(srv, "lethe_queued_calls") == 6
+        assert _metric(srv, "lethe_inflight_calls") == 7
+        assert _metric(srv, "lethe_queued_calls") == 7
         release.set()
         names = [f.result(timeout=10).name for f in admitted]
-    assert names == [threads[alice]] * 3 + [threads[bob]] * 3
+    assert names == [threads[alice]] * 4 + [threads[bob]] * 2 + [threads[carol]]
     _wait_for(lambda: _admission(srv).inflight == 0, "calls finished")
     assert create_thread(carol, "carol").startswith("owners/carol/")
     assert _metric(srv, "lethe_refused_calls_total", {"reason": "TOO_MANY_REQUESTS"}) == 2
@@ -266,6 +271,39 @@ def test_a_burst_is_shed_at_once_not_queued(lethe_at: Callable[..., Lethe], tmp_
         threads_pb2.ListTurnsRequest(parent=thread), metadata=tuple(alice.md)
     ).turns
     assert len(turns) == 8
+
+
+def test_one_token_runs_at_most_its_share_of_the_workers(
+    lethe_at: Callable[..., Lethe], tmp_path: Path
+) -> None:
+    srv = lethe_at(tmp_path / "d", max_workers=4, max_running_per_principal=2)
+    assert srv.server is not None
+    assert srv.server.executor is not None
+    running = threading.Semaphore(0)
+    release = threading.Event()
+    peak = [0, 0]
+    lock = threading.Lock()
+
+    def hold() -> None:
+        with lock:
+            peak[0] += 1
+            peak[1] = max(peak[1], peak[0])
+        running.release()
+        release.wait(30)
+        with lock:
+            peak[0] -= 1
+
+    futures = [srv.server.executor.submit("alice", hold) for _ in range(6)]
+    for _ in range(2):
+        assert running.acquire(timeout=10)
+    # Two workers stay free for everyone else while alice has four queued.
+    bob = srv.client("bob")
+    assert create_thread(bob, "bob").startswith("owners/bob/")
+    assert not running.acquire(timeout=0.2)
+    release.set()
+    for f in futures:
+        f.result(timeout=10)
+    assert peak[1] == 2
 
 
 def test_a_call_whose_deadline_passes_while_queued_frees_its_slot(
