@@ -24,8 +24,8 @@ import numpy as np
 from _server import free_port, served
 from grpc_health.v1 import health_pb2
 
-from lethe._rpc import Stubs
-from lethe.v1 import common_pb2, lifecycle_pb2, memories_pb2, threads_pb2
+from lethe.client import Client
+from lethe.v1 import common_pb2, memories_pb2, threads_pb2
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -65,53 +65,41 @@ def main() -> int:
             port,
             token,
         ),
-        Stubs.insecure(f"127.0.0.1:{port}", token) as stubs,
+        Client(f"127.0.0.1:{port}", token) as api,
     ):
-        md = stubs.md
-        threads, memories, lifecycle = stubs.threads, stubs.memories, stubs.lifecycle
-        health = stubs.health
-        threads.CreateThread(
-            threads_pb2.CreateThreadRequest(parent="owners/bench", thread_id="t"), metadata=md
-        )
+        health = api.stubs.health
+        api.create_thread("owners/bench", thread_id="t")
         client: list[float] = []
         half = args.descendants // 2
         for r in range(args.rounds):
-            source = threads.AppendTurns(
-                threads_pb2.AppendTurnsRequest(
-                    parent="owners/bench/threads/t",
-                    turns=[
-                        threads_pb2.TurnInput(
-                            role=common_pb2.USER,
-                            text=f"source {r}",
-                            commit=True,
-                            embedding=[1.0, 0.0, 0.5],
-                        )
-                    ],
-                ),
-                metadata=md,
+            source = api.append_turns(
+                "owners/bench/threads/t",
+                [
+                    threads_pb2.TurnInput(
+                        role=common_pb2.USER,
+                        text=f"source {r}",
+                        commit=True,
+                        embedding=[1.0, 0.0, 0.5],
+                    )
+                ],
             ).turns[0]
             first: list[tuple[str, int]] = []
             for i in range(args.descendants):
                 parent = (source.name, 1) if i < half else first[i % len(first)]
-                created = memories.CreateMemory(
-                    memories_pb2.CreateMemoryRequest(
-                        parent="owners/bench",
-                        memory=memories_pb2.Memory(
-                            kind=memories_pb2.Memory.FACT,
-                            text=f"derived {r}.{i}",
-                            sources=[common_pb2.SourceRef(name=parent[0], version=parent[1])],
-                            state=common_pb2.COMMITTED,
-                            embedding=[0.0, 1.0, float(i)],
-                        ),
+                created = api.create_memory(
+                    "owners/bench",
+                    memories_pb2.Memory(
+                        kind=memories_pb2.Memory.FACT,
+                        text=f"derived {r}.{i}",
+                        sources=[common_pb2.SourceRef(name=parent[0], version=parent[1])],
+                        state=common_pb2.COMMITTED,
+                        embedding=[0.0, 1.0, float(i)],
                     ),
-                    metadata=md,
                 )
                 if i < half:
                     first.append((created.name, created.version))
             t0 = time.perf_counter()
-            receipt = lifecycle.Forget(
-                lifecycle_pb2.ForgetRequest(names=[source.name]), metadata=md
-            )
+            receipt = api.forget([source.name])
             client.append(time.perf_counter() - t0)
             assert receipt.cascaded == args.descendants, receipt.cascaded
         empty = []

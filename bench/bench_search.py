@@ -36,12 +36,10 @@ from _server import served
 from grpc_health.v1 import health_pb2
 
 from index import WordLlamaEmbedder
-from lethe._rpc import Stubs
+from lethe.client import Client
 from lethe.locomo import Conversation, load_locomo, sample_conversation
 from lethe.v1 import (
     common_pb2,
-    lifecycle_pb2,
-    retrieval_pb2,
     threads_pb2,
 )
 
@@ -56,32 +54,24 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"p50_ms": round(_ms(values, 50), 4), "p99_ms": round(_ms(values, 99), 4)}
 
 
-def _ingest(stubs: Stubs, convs: list[Conversation], copies: int, batch: int) -> tuple[float, int]:
+def _ingest(api: Client, convs: list[Conversation], copies: int, batch: int) -> tuple[float, int]:
     """Append every session ``copies`` times per owner (committed). Returns (s, turns)."""
     total = 0
     start = time.perf_counter()
     for conv in convs:
         for copy in range(copies):
             for n, turns in conv.sessions.items():
-                thread = stubs.threads.CreateThread(
-                    threads_pb2.CreateThreadRequest(
-                        parent=f"owners/{conv.owner}", thread_id=f"s{n}-c{copy}"
-                    ),
-                    metadata=stubs.md,
-                )
+                thread = api.create_thread(f"owners/{conv.owner}", thread_id=f"s{n}-c{copy}")
                 for i in range(0, len(turns), batch):
                     chunk = turns[i : i + batch]
-                    stubs.threads.AppendTurns(
-                        threads_pb2.AppendTurnsRequest(
-                            parent=thread.name,
-                            turns=[
-                                threads_pb2.TurnInput(
-                                    role=common_pb2.USER, speaker=spk, text=text, commit=True
-                                )
-                                for spk, _, text in chunk
-                            ],
-                        ),
-                        metadata=stubs.md,
+                    api.append_turns(
+                        thread.name,
+                        [
+                            threads_pb2.TurnInput(
+                                role=common_pb2.USER, speaker=spk, text=text, commit=True
+                            )
+                            for spk, _, text in chunk
+                        ],
                     )
                     total += len(chunk)
     return time.perf_counter() - start, total
@@ -102,9 +92,9 @@ def main() -> int:
     convs = convs[: args.conversations]
     with (
         served("--metrics-listen", "off") as (port, token),
-        Stubs.insecure(f"127.0.0.1:{port}", token) as stubs,
+        Client(f"127.0.0.1:{port}", token) as api,
     ):
-        seconds, turns = _ingest(stubs, convs, args.copies, args.batch)
+        seconds, turns = _ingest(api, convs, args.copies, args.batch)
         print(
             f"ingest: {turns} turns in {seconds:.2f} s = {turns / seconds:.0f} turns/s "
             f"(AppendTurns batches of {args.batch}, committed, server-side embedding)"
@@ -112,31 +102,19 @@ def main() -> int:
 
         questions = [(c.owner, str(q["question"])) for c in convs for q in c.qa]
         for owner, q in questions[:50]:  # warm every owner's index
-            stubs.retrieval.Search(
-                retrieval_pb2.SearchRequest(parent=f"owners/{owner}", query_text=q, top_k=10),
-                metadata=stubs.md,
-            )
-        modes = {
-            "HYBRID": retrieval_pb2.SearchRequest.HYBRID,
-            "DENSE": retrieval_pb2.SearchRequest.DENSE,
-            "LEXICAL": retrieval_pb2.SearchRequest.LEXICAL,
-        }
+            api.search(f"owners/{owner}", query_text=q, top_k=10)
+        modes = ("HYBRID", "DENSE", "LEXICAL")
         by_mode: dict[str, list[float]] = {m: [] for m in modes}
         for owner, q in questions:  # interleaved so every mode sees the same machine load
-            for mode, value in modes.items():
+            for mode in modes:
                 t0 = time.perf_counter()
-                stubs.retrieval.Search(
-                    retrieval_pb2.SearchRequest(
-                        parent=f"owners/{owner}", query_text=q, top_k=10, mode=value
-                    ),
-                    metadata=stubs.md,
-                )
+                api.search(f"owners/{owner}", query_text=q, top_k=10, mode=mode)
                 by_mode[mode].append(time.perf_counter() - t0)
         search = by_mode["HYBRID"]
         empty: list[float] = []
         for _ in range(len(questions)):
             t0 = time.perf_counter()
-            stubs.health.Check(health_pb2.HealthCheckRequest())
+            api.stubs.health.Check(health_pb2.HealthCheckRequest())
             empty.append(time.perf_counter() - t0)
 
         embedder = WordLlamaEmbedder()
@@ -170,18 +148,10 @@ def main() -> int:
         for c in convs:
             first = next(iter(c.sessions))
             t0 = time.perf_counter()
-            stubs.lifecycle.Forget(
-                lifecycle_pb2.ForgetRequest(
-                    names=[f"owners/{c.owner}/threads/s{first}-c0/turns/1"]
-                ),
-                metadata=stubs.md,
-            )
+            api.forget([f"owners/{c.owner}/threads/s{first}-c0/turns/1"])
             forget_turn.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            stubs.lifecycle.Forget(
-                lifecycle_pb2.ForgetRequest(names=[f"owners/{c.owner}/threads/s{first}-c0"]),
-                metadata=stubs.md,
-            )
+            api.forget([f"owners/{c.owner}/threads/s{first}-c0"])
             forget_thread.append(time.perf_counter() - t0)
 
         result: dict[str, Any] = {

@@ -42,12 +42,22 @@ documents and 144 ms at 10,000 (20 ms and 256 ms in a noisier run; the machines 
 shared). tantivy also runs writer and merge threads and reserves a 15 MB writer arena
 per index, per warm owner.
 
-Updates: bm25s has no incremental updates or deletes, so :meth:`LexicalIndex.add` and
-:meth:`LexicalIndex.remove` change the held term lists and drop the built scorer; the
-next :meth:`LexicalIndex.search` rebuilds it (lazily, once for any number of changes).
-Each document's terms are analysed once, at :meth:`LexicalIndex.add`, and interned as
-term ids, so a rebuild only recounts frequencies. A term leaves the vocabulary as soon
-as the last document holding it is removed.
+Updates (segments, as Lucene does): bm25s has no incremental updates, so the index
+keeps a *main* segment — the scorer bm25s built over the documents held at some
+moment — and a small *delta* of documents added since, plus a mask of main rows
+removed or replaced since. A search scores the main segment (masked) with the
+contributions precomputed at its build, and the delta directly from its postings
+with the current collection statistics (N, document frequencies, mean length), and
+merges the two. When the delta and the masked rows together exceed
+:data:`REBUILD_FRACTION` of the main segment (and at least :data:`MIN_REBUILD`
+documents), the change that crosses the line rebuilds the main segment, so the
+cost of rebuilds is amortised over the changes (geometric growth) and a search
+right after a write costs about what any search costs. Main-segment scores use
+the statistics of their build; between rebuilds they drift by at most the
+threshold's share of documents. Each document's terms are analysed once, at
+:meth:`LexicalIndex.add`, and interned as term ids, so a rebuild only recounts
+frequencies. A term leaves the vocabulary as soon as the last document holding it
+is removed.
 
 Threads: any thread may call any method. Updates and rebuilds hold one mutex; a
 search takes the current built scorer (immutable once built) without locking, so
@@ -72,6 +82,11 @@ import Stemmer
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
 __all__ = ["LexicalIndex", "analyze"]
+
+REBUILD_FRACTION = 0.10
+"""Delta plus masked rows, as a fraction of the main segment, that trigger a rebuild."""
+MIN_REBUILD = 512
+"""Documents a delta may hold before any rebuild is considered."""
 
 K1 = 0.9
 """BM25 term-frequency saturation (Anserini's default; Lucene's is 1.2)."""
@@ -131,13 +146,15 @@ def _as_id_list(ids: Iterable[Any] | npt.ArrayLike) -> list[int]:
 
 @dataclass(frozen=True)
 class _Built:
-    """An immutable scorer over one state of the index."""
+    """A scorer over the documents held at its build: the main segment."""
 
     vocab: dict[str, int]  # term -> column; empty when no document holds a term
     ids: npt.NDArray[np.int64]  # (n,) id of each document row
     data: npt.NDArray[np.float32]  # (nnz,) BM25 contributions, CSC by term
     indices: npt.NDArray[np.int32]  # (nnz,) document row of each contribution
     indptr: npt.NDArray[np.int64]  # (n_terms + 1,) column starts into data/indices
+    rows: dict[int, int]  # id -> row
+    alive: npt.NDArray[np.bool_]  # (n,) False once a row's document is removed or replaced
 
     def search(self, terms: Sequence[str], k: int) -> list[tuple[int, float]]:
         term_ids = [self.vocab[t] for t in terms if t in self.vocab]
@@ -152,6 +169,7 @@ class _Built:
         for t in term_ids:
             start, end = indptr[t], indptr[t + 1]
             scores[indices[start:end]] += data[start:end]
+        scores *= self.alive
         hits = np.flatnonzero(scores > 0.0)
         if len(hits) > k:
             hits = hits[np.argpartition(-scores[hits], k - 1)[:k]]
@@ -182,8 +200,13 @@ class LexicalIndex:
         self._docs: dict[int, list[int]] = {}  # id -> term ids, in text order
         self._vocab: dict[str, int] = {}  # term -> term id, only terms some doc holds
         self._refs: list[int] = []  # term id -> number of held docs containing it
+        self._terms: list[str] = []  # term id -> term (valid while its refs > 0)
         self._free: list[int] = []  # term ids free for reuse
+        self._length = 0  # total terms of the held documents (for the mean length)
         self._built: _Built | None = None
+        self._masked = 0  # main rows masked since the build
+        self._delta: set[int] = set()  # ids added or replaced since the build
+        self._post: dict[int, dict[int, int]] = {}  # delta postings: term id -> {id: tf}
         self._rebuilds = 0
 
     def add(self, ids: npt.ArrayLike, texts: Sequence[str]) -> None:
@@ -216,8 +239,14 @@ class LexicalIndex:
         with self._lock:
             for id_, terms in zip(id_list, analysed, strict=True):
                 self._drop(id_)
-                self._docs[id_] = self._intern(terms)
-            self._built = None
+                held = self._docs[id_] = self._intern(terms)
+                self._length += len(held)
+                if self._built is not None:
+                    self._delta.add(id_)
+                    for tid in held:
+                        post = self._post.setdefault(tid, {})
+                        post[id_] = post.get(id_, 0) + 1
+            self._maybe_rebuild()
 
     def remove(self, ids: npt.ArrayLike) -> int:
         """Delete the texts held under ``ids``; absent ids are ignored.
@@ -237,7 +266,7 @@ class LexicalIndex:
             for i in set(id_list):
                 removed += self._drop(i)
             if removed:
-                self._built = None
+                self._maybe_rebuild()
         return removed
 
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
@@ -263,13 +292,44 @@ class LexicalIndex:
         if not isinstance(query, str):
             raise TypeError("query must be a string")
         terms = analyze(query)
+        with self._lock:
+            if self._built is None:
+                self._built = self._build()
+            built = self._built
+            delta = self._delta_search(terms) if self._delta else []
+        main = built.search(terms, k)
+        if not delta:
+            return main
+        # Best first; equal scores by ascending id, so results are deterministic.
+        return sorted([*main, *delta], key=lambda hit: (-hit[1], hit[0]))[:k]
+
+    def _delta_search(self, terms: Sequence[str]) -> list[tuple[int, float]]:
+        """BM25 (Lucene variant) of the delta documents with the current collection
+        statistics; the caller holds the lock."""
+        n = len(self._docs)
+        avgdl = self._length / n if n else 1.0
+        scores: dict[int, float] = {}
+        for term in terms:
+            tid = self._vocab.get(term, -1)
+            post = self._post.get(tid)
+            if not post:
+                continue
+            df = self._refs[tid]
+            idf = float(np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
+            for id_, tf in post.items():
+                norm = self._k1 * (1.0 - self._b + self._b * len(self._docs[id_]) / avgdl)
+                scores[id_] = scores.get(id_, 0.0) + idf * tf / (tf + norm)
+        return [(i, s) for i, s in scores.items() if s > 0.0]
+
+    def _maybe_rebuild(self) -> None:
+        """Rebuild the main segment once the delta and the masked rows outgrow it
+        (see the module docstring); the caller holds the lock."""
         built = self._built
         if built is None:
-            with self._lock:
-                if self._built is None:
-                    self._built = self._build()
-                built = self._built
-        return built.search(terms, k)
+            return
+        changed = len(self._delta) + self._masked
+        if changed > max(MIN_REBUILD, REBUILD_FRACTION * len(built.ids)):
+            self._built = self._build()
 
     def _intern(self, terms: list[str]) -> list[int]:
         """Map terms to term ids, counting one reference per distinct term; holds the lock."""
@@ -280,6 +340,9 @@ class LexicalIndex:
                 tid = self._free.pop() if self._free else len(self._refs)
                 if tid == len(self._refs):
                     self._refs.append(0)
+                    self._terms.append(term)
+                else:
+                    self._terms[tid] = term
                 self._vocab[term] = tid
             out.append(tid)
         for tid in set(out):
@@ -295,15 +358,26 @@ class LexicalIndex:
         held = self._docs.pop(id_, None)
         if held is None:
             return 0
-        gone = set()
+        self._length -= len(held)
+        built = self._built
+        if id_ in self._delta:
+            self._delta.discard(id_)
+            for tid in set(held):
+                post = self._post.get(tid)
+                if post is not None:
+                    post.pop(id_, None)
+                    if not post:
+                        del self._post[tid]
+        elif built is not None:
+            row = built.rows.get(id_)
+            if row is not None and built.alive[row]:
+                built.alive[row] = False
+                self._masked += 1
         for tid in set(held):
             self._refs[tid] -= 1
-            if self._refs[tid] == 0:
-                gone.add(tid)
+            if self._refs[tid] == 0:  # the last document holding the term
                 self._free.append(tid)
-        if gone:
-            for term in [t for t, tid in self._vocab.items() if tid in gone]:
-                del self._vocab[term]
+                del self._vocab[self._terms[tid]]
         return 1
 
     def _build(self) -> _Built:
@@ -313,10 +387,15 @@ class LexicalIndex:
         until reused; they match no query because only held terms are in the vocabulary.
         """
         self._rebuilds += 1
+        self._delta.clear()
+        self._post.clear()
+        self._masked = 0
         ids = np.fromiter(self._docs.keys(), dtype=np.int64, count=len(self._docs))
+        rows = {int(i): r for r, i in enumerate(ids.tolist())}
+        alive = np.ones(len(ids), dtype=np.bool_)
         if not self._vocab:
             empty = np.zeros(0, dtype=np.float32)
-            return _Built({}, ids, empty, np.zeros(0, np.int32), np.zeros(1, np.int64))
+            return _Built({}, ids, empty, np.zeros(0, np.int32), np.zeros(1, np.int64), rows, alive)
         retriever = bm25s.BM25(k1=self._k1, b=self._b, method="lucene")
         scores = retriever.build_index_from_ids(
             unique_token_ids=list(range(len(self._refs))),
@@ -329,11 +408,13 @@ class LexicalIndex:
             np.asarray(scores["data"], dtype=np.float32),
             np.asarray(scores["indices"], dtype=np.int32),
             np.asarray(scores["indptr"], dtype=np.int64),
+            rows,
+            alive,
         )
 
     @property
     def rebuilds(self) -> int:
-        """How many times the scorer has been built (for benchmarks and tests)."""
+        """How many times the main segment has been built (for benchmarks and tests)."""
         return self._rebuilds
 
     def ids(self) -> npt.NDArray[np.int64]:

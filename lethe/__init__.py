@@ -5,21 +5,31 @@ Importable without the server: no module here imports ``server``,
 import time); ``tests/lethe/test_lethe_imports.py`` checks it in a clean
 interpreter. Modules import only grpc, protobuf, grpc-status
 (googleapis-common-protos), the ``grpc.health.v1`` stubs, the standard
-library and this package. The demo alone reaches further, inside the
-functions that need it: ``tqdm`` for its progress bars, and ``numpy``,
-``faiss`` and ``wordllama`` for its latency floors.
+library and this package, except ``lethe.langgraph`` (``langgraph-checkpoint``,
+the optional extra). The demo alone reaches further, inside the functions that
+need it: ``tqdm`` for its progress bars, and ``numpy``, ``faiss`` and
+``wordllama`` for its latency floors. ``lethe-client/`` at the repository root
+builds this package alone as the light client distribution ``lethe-client``.
 
 =====================  =====================================================
 module                 what it holds (public names)
 =====================  =====================================================
 ``lethe.v1``           the generated protobuf and gRPC code of ``proto/lethe/v1``
                        (``scripts/gen_protos.py``; never edited by hand)
+``lethe.errors.v1``    the generated ``ErrorReason`` enum of
+                       ``proto/lethe/errors/v1/errors.proto`` (likewise)
 ``lethe.names``        the grammar of resource names: ``parse_*``, ``check_id``,
                        ``ID_RE``, the ``*Name`` value types, ``InvalidName``
-``lethe._rpc``         the wire: ``Stubs`` (channel, bearer metadata, a stub per
-                       service), ``reason_of``, ``error_info``, ``bad_fields``,
-                       ``DOMAIN``, ``Metadata``; private until the typed client
-                       ``lethe.client`` is built on it
+``lethe.client``       the typed client: ``Client``, ``AsyncClient``, the typed
+                       errors (``LetheError`` and a class per code and reason),
+                       ``TLSConfig``, ``RetryPolicy``; the way the project's
+                       own tools, benchmarks and tests call the API
+``lethe.langgraph``    ``LetheStore``, LangGraph's ``BaseStore`` on Lethe
+                       memories (needs the ``langgraph`` extra:
+                       ``langgraph-checkpoint``)
+``lethe._rpc``         the wire under ``lethe.client``: ``Stubs`` (channel,
+                       bearer metadata, a stub per service), ``reason_of``,
+                       ``error_info``, ``bad_fields``, ``DOMAIN``, ``Metadata``
 ``lethe.locomo``       the LoCoMo loader: ``Conversation``, ``load_locomo``,
                        ``find_locomo``, ``sample_conversation``,
                        ``normalise_evidence``, ``session_of``

@@ -4,26 +4,27 @@ the decoders of the error details the server attaches (API.md, "Errors").
 :class:`Stubs` holds a ``grpc.Channel``, the ``authorization: Bearer <token>``
 metadata every authenticated call carries, and one stub per service of
 ``lethe.v1`` (Threads, Memories, Retrieval, Lifecycle, Repairs, Events) plus
-``grpc.health.v1.Health``. It makes no call itself: callers pass
-``metadata=stubs.md`` (Health needs none). The typed client ``lethe.client``
-is meant to be built on it.
+``grpc.health.v1.Health`` (made on first use: it needs ``grpcio-health-checking``,
+which the server has and the light client distribution does not). It makes
+no call itself: callers pass ``metadata=stubs.md`` (Health needs none). The
+typed client ``lethe.client`` is built on it (``Client.stubs``).
 
-Three ways to a channel: :meth:`Stubs.insecure` (plaintext; the token goes
-as explicit metadata in ``md``), :meth:`Stubs.secure` (TLS, optionally with a
-client certificate for mutual TLS) and :meth:`Stubs.local` (plaintext on
-loopback only). The last two attach the token with gRPC's own call
-credentials (``grpc.access_token_call_credentials``), which gRPC refuses to
-send over a channel it does not consider secure; ``md`` is then empty.
+:meth:`Stubs.insecure` makes a plaintext channel (the token goes as explicit
+metadata in ``md``); over TLS the typed client (``lethe.client.Client`` with
+``tls=``) makes the channel and gRPC attaches the token as call credentials,
+so its stubs are built with ``token=""`` and ``md`` is empty.
 
 :func:`reason_of` and :func:`bad_fields` read the ``google.rpc.Status`` that a
 failed call carries in its trailing metadata (``grpc-status-details-bin``):
-the ``google.rpc.ErrorInfo`` reason of domain ``lethe`` (an ``ErrorReason``
-value name, e.g. ``RECORD_DELETED``) and the fields of a ``google.rpc.BadRequest``.
+the ``google.rpc.ErrorInfo`` reason of domain ``lethe`` (a value name of
+``lethe.errors.v1.ErrorReason``, e.g. ``RECORD_DELETED``; the enum is
+``lethe.errors.v1.errors_pb2.ErrorReason``) and the fields of a ``google.rpc.BadRequest``.
 Clients compare those constants, never message text.
 
-Imports only grpc, protobuf, grpc-status (googleapis-common-protos), the
-grpc.health.v1 stubs and ``lethe.v1``. A :class:`Stubs` may be used from any
-number of threads at once, as a ``grpc.Channel`` may.
+Imports only grpc, protobuf, grpc-status (googleapis-common-protos) and
+``lethe.v1``; the grpc.health.v1 stubs when ``health`` is first used. A
+:class:`Stubs` may be used from any number of threads at once, as a
+``grpc.Channel`` may.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2
-from grpc_health.v1 import health_pb2_grpc
 from grpc_status import rpc_status
 
 from lethe.v1 import (
@@ -72,7 +72,8 @@ class Stubs:
         lifecycle: ``lethe.v1.Lifecycle``.
         repairs: ``lethe.v1.Repairs``.
         events: ``lethe.v1.Events``.
-        health: ``grpc.health.v1.Health`` (unauthenticated: call it without ``md``).
+        health: ``grpc.health.v1.Health`` (unauthenticated: call it without
+            ``md``); needs ``grpcio-health-checking``.
     """
 
     def __init__(self, channel: grpc.Channel, token: str) -> None:
@@ -93,7 +94,20 @@ class Stubs:
         self.lifecycle = lifecycle_pb2_grpc.LifecycleStub(channel)
         self.repairs = repairs_pb2_grpc.RepairsStub(channel)
         self.events = events_pb2_grpc.EventsStub(channel)
-        self.health = health_pb2_grpc.HealthStub(channel)
+        self._health: Any = None
+
+    @property
+    def health(self) -> Any:
+        """The ``grpc.health.v1.Health`` stub on the channel (made on first use).
+
+        Raises:
+            ModuleNotFoundError: ``grpcio-health-checking`` is not installed.
+        """
+        if self._health is None:
+            from grpc_health.v1 import health_pb2_grpc
+
+            self._health = health_pb2_grpc.HealthStub(self.channel)
+        return self._health
 
     @classmethod
     def insecure(cls, target: str, token: str) -> Stubs:
@@ -109,62 +123,6 @@ class Stubs:
             The stubs; :meth:`close` closes the channel.
         """
         return cls(grpc.insecure_channel(target), token)
-
-    @classmethod
-    def secure(
-        cls,
-        target: str,
-        token: str,
-        *,
-        root_certificates: bytes | None = None,
-        private_key: bytes | None = None,
-        certificate_chain: bytes | None = None,
-        server_name: str | None = None,
-    ) -> Stubs:
-        """Stubs on a new TLS channel that sends ``token`` as call credentials.
-
-        Args:
-            target: ``HOST:PORT`` of a ``lethe serve --tls-cert ...``.
-            token: bearer token; attached to every call by gRPC (``md`` is empty).
-            root_certificates: PEM CAs to trust; None for the system's.
-            private_key, certificate_chain: PEM client key and certificate, for
-                a server started with ``--client-ca`` (mutual TLS).
-            server_name: the name to check the server's certificate against,
-                when it differs from ``target``'s host.
-
-        Returns:
-            The stubs; the channel connects lazily, on the first call.
-        """
-        creds = grpc.composite_channel_credentials(
-            grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain),
-            grpc.access_token_call_credentials(token),
-        )
-        options = [] if server_name is None else [("grpc.ssl_target_name_override", server_name)]
-        stubs = cls(grpc.secure_channel(target, creds, options=options), "")
-        stubs.token = token
-        return stubs
-
-    @classmethod
-    def local(cls, target: str, token: str) -> Stubs:
-        """Stubs on a plaintext loopback channel that sends ``token`` as call
-        credentials (``grpc.local_channel_credentials``: gRPC checks that
-        ``target`` is on this machine and then allows call credentials).
-
-        Args:
-            target: ``127.0.0.1:PORT`` (or ``localhost``, ``[::1]``) of a
-                plaintext ``lethe serve``.
-            token: bearer token; attached to every call by gRPC (``md`` is empty).
-
-        Returns:
-            The stubs; the channel connects lazily, on the first call.
-        """
-        creds = grpc.composite_channel_credentials(
-            grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP),
-            grpc.access_token_call_credentials(token),
-        )
-        stubs = cls(grpc.secure_channel(target, creds), "")
-        stubs.token = token
-        return stubs
 
     def close(self) -> None:
         """Close the channel; calls in flight are cancelled. Idempotent."""

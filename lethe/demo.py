@@ -46,11 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-import grpc
 from google.protobuf import timestamp_pb2
 from grpc_health.v1 import health_pb2
 
-from lethe._rpc import Stubs, reason_of
+from lethe.client import Client, LetheError
 from lethe.locomo import (
     Conversation,
     find_locomo,
@@ -59,13 +58,7 @@ from lethe.locomo import (
     sample_conversation,
     session_of,
 )
-from lethe.v1 import (
-    common_pb2,
-    lifecycle_pb2,
-    repairs_pb2,
-    retrieval_pb2,
-    threads_pb2,
-)
+from lethe.v1 import common_pb2, retrieval_pb2, threads_pb2
 
 __all__ = ["run_demo"]
 
@@ -145,6 +138,8 @@ class _Served:
 
     Attributes:
         port: the gRPC port the server reported on its ready line.
+        kek: where the server's KEK is, as its second line says ("" if it
+            did not say).
     """
 
     STOP_TIMEOUT_SECONDS = 60.0
@@ -170,6 +165,9 @@ class _Served:
             self.stop()
             raise _ServeError(f"lethe serve did not start (exit status {self._proc.returncode})")
         self.port = int(port)
+        # The second line says where the KEK is (``lethe KEK <path> (...)``).
+        kek_line = self._proc.stdout.readline().rstrip("\n")
+        self.kek = kek_line.removeprefix("lethe KEK ") if kek_line.startswith("lethe KEK ") else ""
         self._forwarder.start()
 
     def stop(self) -> None:
@@ -203,7 +201,7 @@ def _admin_token(data_dir: Path, kek_file: Path | None) -> str:
     return done.stdout.strip()
 
 
-def _ingest(api: Stubs, convs: list[Conversation]) -> dict[str, dict[str, str]]:
+def _ingest(api: Client, convs: list[Conversation]) -> dict[str, dict[str, str]]:
     """Create threads, append turns (pending), then commit. Returns owner → name → dia_id."""
     from tqdm import tqdm
 
@@ -213,13 +211,10 @@ def _ingest(api: Stubs, convs: list[Conversation]) -> dict[str, dict[str, str]]:
         for conv in convs:
             owner_names: dict[str, str] = {}
             for n, turns in conv.sessions.items():
-                thread = api.threads.CreateThread(
-                    threads_pb2.CreateThreadRequest(
-                        parent=f"owners/{conv.owner}",
-                        thread_id=f"session-{n}",
-                        title=f"{conv.sample_id} session {n}",
-                    ),
-                    metadata=api.md,
+                thread = api.create_thread(
+                    f"owners/{conv.owner}",
+                    thread_id=f"session-{n}",
+                    title=f"{conv.sample_id} session {n}",
                 )
                 inputs = [
                     threads_pb2.TurnInput(
@@ -227,21 +222,13 @@ def _ingest(api: Stubs, convs: list[Conversation]) -> dict[str, dict[str, str]]:
                     )
                     for speaker, _, text in turns
                 ]
-                resp = api.threads.AppendTurns(
-                    threads_pb2.AppendTurnsRequest(
-                        parent=thread.name, turns=inputs, request_id=f"ingest-{n}"
-                    ),
-                    metadata=api.md,
-                )
+                resp = api.append_turns(thread.name, inputs, request_id=f"ingest-{n}")
                 for turn, (_, dia, _) in zip(resp.turns, turns, strict=True):
                     owner_names[turn.name] = dia
                 bar.update(len(turns))
             pending = list(owner_names)
             for start in range(0, len(pending), 1000):
-                api.lifecycle.Commit(
-                    lifecycle_pb2.CommitRequest(names=pending[start : start + 1000]),
-                    metadata=api.md,
-                )
+                api.commit(pending[start : start + 1000])
             names[conv.owner] = owner_names
     return names
 
@@ -278,7 +265,7 @@ MODES = {
 
 
 def _run_queries(
-    api: Stubs,
+    api: Client,
     items: list[_Item],
     names: dict[str, dict[str, str]],
     desc: str,
@@ -287,14 +274,10 @@ def _run_queries(
     results: list[list[str]] = []
     latencies: list[float] = []
     for item in _progress(items, desc, "q"):
-        req = retrieval_pb2.SearchRequest(
-            parent=f"owners/{item.owner}",
-            query_text=item.question,
-            top_k=max(KS),
-            mode=MODES[mode],
-        )
         start = time.perf_counter()
-        resp = api.retrieval.Search(req, metadata=api.md)
+        resp = api.search(
+            f"owners/{item.owner}", query_text=item.question, top_k=max(KS), mode=MODES[mode]
+        )
         latencies.append(time.perf_counter() - start)
         results.append([names[item.owner].get(h.turn.name, "?") for h in resp.hits])
     return results, latencies
@@ -318,40 +301,19 @@ def _score(items: list[_Item], results: list[list[str]]) -> dict[str, Any]:
     return out
 
 
-def _owner_vectors(api: Stubs, owner: str) -> list[list[float]]:
+def _owner_vectors(api: Client, owner: str) -> list[list[float]]:
     """The stored embedding of every listable turn of ``owner`` (``ListThreads``,
     then ``ListTurns`` with ``view: FULL``, every page); turns without one are skipped."""
-    threads: list[str] = []
-    token = ""
-    while True:
-        listed = api.threads.ListThreads(
-            threads_pb2.ListThreadsRequest(
-                parent=f"owners/{owner}", page_size=1000, page_token=token
-            ),
-            metadata=api.md,
-        )
-        threads.extend(t.name for t in listed.threads)
-        token = listed.next_page_token
-        if not token:
-            break
-    out: list[list[float]] = []
-    for thread in threads:
-        token = ""
-        while True:
-            turns = api.threads.ListTurns(
-                threads_pb2.ListTurnsRequest(
-                    parent=thread, page_size=1000, page_token=token, view=common_pb2.FULL
-                ),
-                metadata=api.md,
-            )
-            out.extend(list(t.embedding) for t in turns.turns if t.embedding)
-            token = turns.next_page_token
-            if not token:
-                break
-    return out
+    threads = [t.name for t in api.iter_threads(f"owners/{owner}", page_size=1000)]
+    return [
+        list(t.embedding)
+        for thread in threads
+        for t in api.iter_turns(thread, page_size=1000, view="FULL")
+        if t.embedding
+    ]
 
 
-def _floors(api: Stubs, owner: str, queries: list[str]) -> dict[str, float]:
+def _floors(api: Client, owner: str, queries: list[str]) -> dict[str, float]:
     """Medians (ms) of the floors, measured in the same run as the searches.
 
     The empty call is ``grpc.health.v1.Health/Check`` on the same channel; the
@@ -363,7 +325,7 @@ def _floors(api: Stubs, owner: str, queries: list[str]) -> dict[str, float]:
     empty = []
     for _ in range(300):
         start = time.perf_counter()
-        api.health.Check(health_pb2.HealthCheckRequest())
+        api.stubs.health.Check(health_pb2.HealthCheckRequest())
         empty.append(time.perf_counter() - start)
     import faiss
     import numpy as np
@@ -461,16 +423,15 @@ def _run(args: argparse.Namespace) -> int:
     except BaseException:
         server.stop()
         raise
-    api = Stubs.insecure(f"127.0.0.1:{server.port}", token)
+    api = Client(f"127.0.0.1:{server.port}", token)
     report: dict[str, Any] = {"source": source, "data_dir": str(data_dir.resolve())}
     failures: list[str] = []
     try:
         print(f"server on 127.0.0.1:{server.port}, data in {data_dir.resolve()}")
+        print(f"KEK: {server.kek}")
+        report["kek"] = server.kek.split(" (", 1)[0]
         for conv in convs:  # a previous run's data: forget it first
-            api.lifecycle.Forget(
-                lifecycle_pb2.ForgetRequest(names=[f"owners/{conv.owner}"], reason="demo-reset"),
-                metadata=api.md,
-            )
+            api.forget([f"owners/{conv.owner}"], reason="demo-reset")
         start = time.perf_counter()
         names = _ingest(api, convs)
         ingest_s = time.perf_counter() - start
@@ -542,9 +503,7 @@ def _run(args: argparse.Namespace) -> int:
         gone = {dia for _, dia, _ in first.sessions[session]}
         needles = [text.encode() for _, _, text in first.sessions[session] if len(text) > 40][:5]
         thread_name = f"owners/{first.owner}/threads/session-{session}"
-        receipt = api.lifecycle.Forget(
-            lifecycle_pb2.ForgetRequest(names=[thread_name]), metadata=api.md
-        )
+        receipt = api.forget([thread_name])
         dests = [f"{d.name}:{'done' if d.done else 'OUTSTANDING'}" for d in receipt.destinations]
         print(
             f"\nforgot {thread_name}: {receipt.deleted} turns, receipt {receipt.name}, "
@@ -555,10 +514,10 @@ def _run(args: argparse.Namespace) -> int:
         leaked = sum(1 for got in after if set(got) & gone)
         probe = next(n for n, d in names[first.owner].items() if d in gone)
         try:
-            api.threads.GetTurn(threads_pb2.GetTurnRequest(name=probe), metadata=api.md)
+            api.get_turn(probe)
             get_result = "READABLE"
-        except grpc.RpcError as err:
-            get_result = f"{err.code().name}/{reason_of(err)}"
+        except LetheError as err:
+            get_result = f"{err.code().name}/{err.reason_name}"
         others = [i for i in items if i.owner != first.owner]
         other_before = [r for i, r in zip(items, results, strict=True) if i.owner != first.owner]
         other_after, _ = _run_queries(api, others, names, "re-query other conversations")
@@ -580,24 +539,19 @@ def _run(args: argparse.Namespace) -> int:
         rc = _lethe([*restore, *_kek_args(args.kek_file)]).returncode
         # The backup was taken after the token was created: it still admits.
         server = _Served(data_dir, args.kek_file)
-        api = Stubs.insecure(f"127.0.0.1:{server.port}", token)
+        api = Client(f"127.0.0.1:{server.port}", token)
         restored, _ = _run_queries(api, affected, names, "re-query after restore")
         leaked_restored = sum(1 for got in restored if set(got) & gone)
         try:
-            api.threads.GetTurn(threads_pb2.GetTurnRequest(name=probe), metadata=api.md)
+            api.get_turn(probe)
             get_restored = "READABLE"
-        except grpc.RpcError as err:
-            get_restored = f"{err.code().name}/{reason_of(err)}"
+        except LetheError as err:
+            get_restored = f"{err.code().name}/{err.reason_name}"
         intact = 0
         for n in first.sessions:
             if n == session:
                 continue
-            resp = api.threads.ListTurns(
-                threads_pb2.ListTurnsRequest(
-                    parent=f"owners/{first.owner}/threads/session-{n}", page_size=1000
-                ),
-                metadata=api.md,
-            )
+            resp = api.list_turns(f"owners/{first.owner}/threads/session-{n}", page_size=1000)
             intact += len(resp.turns)
         expected_intact = sum(len(t) for n, t in first.sessions.items() if n != session)
         print(
@@ -636,6 +590,11 @@ def _run(args: argparse.Namespace) -> int:
     report["failures"] = failures
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nfigures written to {args.out}")
+    if report.get("kek", "").startswith("/"):
+        print(
+            f"The store's KEK is {report['kek']}: to start afresh, remove it together with "
+            f"{data_dir}; removing the data directory alone leaves it behind."
+        )
     if failures:
         print("FAILED: " + "; ".join(failures))
         return 1
@@ -643,7 +602,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _repair_pass(api: Stubs, conv: Conversation, names: dict[str, str]) -> dict[str, Any]:
+def _repair_pass(api: Client, conv: Conversation, names: dict[str, str]) -> dict[str, Any]:
     """Seal the second half of one session after the fact, reopen it, add a turn,
     pause, reopen, and conclude with DESTROY; check what stays reachable."""
     session = next(iter(conv.sessions))
@@ -656,53 +615,32 @@ def _repair_pass(api: Stubs, conv: Conversation, names: dict[str, str]) -> dict[
     from_seq = seqs[half]
     sealed_texts = [text for _, _, text in turns[half:]]
     kept_texts = [text for _, _, text in turns[:half]]
-    repairs = api.repairs
     failures: list[str] = []
 
     sealed_names = {f"{thread}/turns/{seq}" for seq in seqs[half:]}
     kept_names = {f"{thread}/turns/{seq}" for seq in seqs[:half]}
 
     def found(text: str) -> bool:
-        resp = api.retrieval.Search(
-            retrieval_pb2.SearchRequest(parent=f"owners/{conv.owner}", query_text=text, top_k=10),
-            metadata=api.md,
-        )
+        resp = api.search(f"owners/{conv.owner}", query_text=text, top_k=10)
         return any(
             h.turn.name in sealed_names | kept_names and h.turn.text == text for h in resp.hits
         )
 
-    repair = repairs.SealRepair(
-        repairs_pb2.SealRepairRequest(thread=thread, from_seq=from_seq), metadata=api.md
-    )
+    repair = api.seal_repair(thread, from_seq=from_seq)
     sealed_found = sum(found(t) for t in sealed_texts)
     kept_found = sum(found(t) for t in kept_texts)
-    opened = repairs.ReopenRepair(
-        repairs_pb2.ReopenRepairRequest(name=repair.name), metadata=api.md
-    )
-    api.threads.AppendTurns(
-        threads_pb2.AppendTurnsRequest(
-            parent=repair.name,
-            turns=[
-                threads_pb2.TurnInput(
-                    role=common_pb2.USER,
-                    text="(repair note) let's leave this part of the conversation here",
-                )
-            ],
-        ),
-        metadata=api.md,
-    )
-    repairs.PauseRepair(repairs_pb2.PauseRepairRequest(name=repair.name), metadata=api.md)
-    again = repairs.ReopenRepair(repairs_pb2.ReopenRepairRequest(name=repair.name), metadata=api.md)
-    done = repairs.ConcludeRepair(
-        repairs_pb2.ConcludeRepairRequest(name=repair.name, outcome=threads_pb2.RepairInfo.DESTROY),
-        metadata=api.md,
-    )
+    opened = api.reopen_repair(repair.name)
+    note = "(repair note) let's leave this part of the conversation here"
+    api.append_turns(repair.name, [{"role": "USER", "text": note}])
+    api.pause_repair(repair.name)
+    again = api.reopen_repair(repair.name)
+    done = api.conclude_repair(repair.name, outcome="DESTROY")
     probe = f"{thread}/turns/{from_seq}"
     try:
-        api.threads.GetTurn(threads_pb2.GetTurnRequest(name=probe), metadata=api.md)
+        api.get_turn(probe)
         after = "READABLE"
-    except grpc.RpcError as err:
-        after = f"{err.code().name}/{reason_of(err)}"
+    except LetheError as err:
+        after = f"{err.code().name}/{err.reason_name}"
     print(
         f"\nrepair: sealed {thread} from turn {from_seq} ({len(sealed_texts)} turns) into "
         f"{repair.name}; search finds {sealed_found} sealed and {kept_found}/{len(kept_texts)} "

@@ -1,14 +1,14 @@
 """``lethe probe``: the plant-and-delete probe (API.md, "Command line").
 
-A pure gRPC client of a running server: it uses only the public stubs
-(:class:`lethe._rpc.Stubs`) and the error details the server sends
-(``google.rpc.Status`` → ``ErrorInfo`` reason, :func:`lethe._rpc.reason_of`),
-never server internals; it imports no ``server``, ``shredder`` or ``index``
-module. Each cycle works in a fresh synthetic thread
-``owners/{owner}/threads/probe-<16 hex>`` (default owner ``lethe-probe``; the
-token must be allowed to act for it) and runs six stages, each printed as one
-line ``cycle N <stage>: ok`` or ``cycle N <stage>: LEAK: <what>`` (``FAIL:``
-when a check broke without the planted value being reachable):
+A pure client of a running server: it calls the API through the typed
+client (:class:`lethe.client.Client`) and reads refusals by their
+``ErrorInfo`` reason (:class:`lethe.client.LetheError`), never server
+internals; it imports no ``server``, ``shredder`` or ``index`` module. Each
+cycle works in a fresh synthetic thread ``owners/{owner}/threads/probe-<16 hex>``
+(default owner ``lethe-probe``; the token must be allowed to act for it) and
+runs six stages, each printed as one line ``cycle N <stage>: ok`` or
+``cycle N <stage>: LEAK: <what>`` (``FAIL:`` when a check broke without the
+planted value being reachable):
 
 1. ``plant`` — append a committed turn "the probe secret is <20 hex>" and two
    filler turns; derive a committed ``FACT`` from the planted turn, a committed
@@ -75,14 +75,13 @@ from typing import Any, TypeVar
 
 import grpc
 
-from lethe._rpc import Stubs, reason_of
+from lethe.client import Client, LetheError
 from lethe.names import ID_RE
 from lethe.v1 import (
     common_pb2,
     events_pb2,
     lifecycle_pb2,
     memories_pb2,
-    retrieval_pb2,
     threads_pb2,
 )
 
@@ -106,11 +105,7 @@ WATCH_TIMEOUT_SECONDS = 5.0
 """How long to wait on ``Events.Watch`` for the summary's rebuild event (seconds)."""
 SEARCH_TOP_K = 100
 
-_MODES = {
-    "HYBRID": retrieval_pb2.SearchRequest.HYBRID,
-    "DENSE": retrieval_pb2.SearchRequest.DENSE,
-    "LEXICAL": retrieval_pb2.SearchRequest.LEXICAL,
-}
+_MODES = ("HYBRID", "DENSE", "LEXICAL")
 _FATAL_CODES = (
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.UNAUTHENTICATED,
@@ -133,8 +128,12 @@ class _StageAborted(Exception):
     """An RPC of the stage failed unexpectedly; the cycle cannot go on."""
 
 
+def _reason(err: grpc.RpcError) -> str:
+    return err.reason_name if isinstance(err, LetheError) else ""
+
+
 def _describe(err: grpc.RpcError) -> str:
-    reason = reason_of(err)
+    reason = _reason(err)
     return f"{err.code().name}/{reason}" if reason else err.code().name
 
 
@@ -185,13 +184,21 @@ class _Findings:
         return "ok" if self.ok else "; ".join(self.items)
 
 
-class _Client(Stubs):
-    """The stubs of one channel, bound to one bearer token and one owner."""
+class _Client:
+    """The typed client of one channel, bound to one bearer token and one owner.
+
+    The probe speaks plaintext to ``--target`` (as ``lethe serve`` listens),
+    the token as call metadata.
+    """
 
     def __init__(self, target: str, token: str, owner: str) -> None:
-        super().__init__(grpc.insecure_channel(target), token)
+        self.api = Client(target, token, tls=False, timeout=RPC_TIMEOUT_SECONDS)
+        self.channel = self.api.stubs.channel
         self.target = target
         self.parent = f"owners/{owner}"
+
+    def close(self) -> None:
+        self.api.close()
 
     def connect(self) -> None:
         """Wait until the channel is ready; fail at its first failed connection attempt.
@@ -222,16 +229,16 @@ class _Client(Stubs):
         finally:
             self.channel.unsubscribe(on_change)
 
-    def call(self, method: Callable[..., _T], request: Any) -> _T:
-        """One unary call with the token and ``RPC_TIMEOUT_SECONDS``.
+    def call(self, method: Callable[..., _T], *args: Any, **fields: Any) -> _T:
+        """One call of a :class:`lethe.client.Client` method (deadline ``RPC_TIMEOUT_SECONDS``).
 
         Raises:
             ProbeUnreachableError: ``UNAVAILABLE``, ``UNAUTHENTICATED`` or
                 ``PERMISSION_DENIED``.
-            grpc.RpcError: any other failure, for the caller to judge.
+            lethe.client.LetheError: any other failure, for the caller to judge.
         """
         try:
-            return method(request, metadata=self.md, timeout=RPC_TIMEOUT_SECONDS)
+            return method(*args, **fields)
         except grpc.RpcError as err:
             if err.code() in _FATAL_CODES:
                 raise ProbeUnreachableError(
@@ -239,7 +246,7 @@ class _Client(Stubs):
                 ) from None
             raise
 
-    def must(self, what: str, method: Callable[..., _T], request: Any) -> _T:
+    def must(self, what: str, method: Callable[..., _T], *args: Any, **fields: Any) -> _T:
         """Like :meth:`call`; any other failure aborts the stage.
 
         Raises:
@@ -247,7 +254,7 @@ class _Client(Stubs):
             _StageAborted: the call failed otherwise; ``what`` names it.
         """
         try:
-            return self.call(method, request)
+            return self.call(method, *args, **fields)
         except grpc.RpcError as err:
             raise _StageAborted(f"{what} answered {_describe(err)}") from None
 
@@ -281,9 +288,7 @@ class _Cycle:
 
     def _append(self, inputs: Sequence[threads_pb2.TurnInput]) -> list[threads_pb2.Turn]:
         resp = self.c.must(
-            "AppendTurns",
-            self.c.threads.AppendTurns,
-            threads_pb2.AppendTurnsRequest(parent=self.thread, turns=list(inputs)),
+            "AppendTurns", self.c.api.append_turns, self.thread, list(inputs), echo_text=True
         )
         self.memories.extend(m.name for m in resp.proposed)
         return list(resp.turns)
@@ -299,10 +304,10 @@ class _Cycle:
         )
         created = self.c.must(
             f"CreateMemory {suffix}",
-            self.c.memories.CreateMemory,
-            memories_pb2.CreateMemoryRequest(
-                parent=self.c.parent, memory_id=f"{self.thread_id}-{suffix}", memory=memory
-            ),
+            self.c.api.create_memory,
+            self.c.parent,
+            memory,
+            memory_id=f"{self.thread_id}-{suffix}",
         )
         self.memories.append(created.name)
         return created
@@ -310,16 +315,16 @@ class _Cycle:
     def _search(
         self, query: str, mode: str, *, scoped: bool
     ) -> list[tuple[str, str]] | grpc.RpcError:
-        request = retrieval_pb2.SearchRequest(
-            parent=self.c.parent,
-            query_text=query,
-            top_k=SEARCH_TOP_K,
-            mode=_MODES[mode],
-            thread=self.thread if scoped else "",
-            include_pending=scoped,
-        )
         try:
-            resp = self.c.call(self.c.retrieval.Search, request)
+            resp = self.c.call(
+                self.c.api.search,
+                self.c.parent,
+                query_text=query,
+                top_k=SEARCH_TOP_K,
+                mode=mode,
+                thread=self.thread if scoped else "",
+                include_pending=scoped,
+            )
         except grpc.RpcError as err:
             return err
         out = []
@@ -329,59 +334,29 @@ class _Cycle:
         return out
 
     def _list_turns(self, *, include_tainted: bool) -> list[threads_pb2.Turn]:
-        out: list[threads_pb2.Turn] = []
-        token = ""
-        while True:
-            resp = self.c.must(
-                "ListTurns",
-                self.c.threads.ListTurns,
-                threads_pb2.ListTurnsRequest(
-                    parent=self.thread,
-                    include_tainted=include_tainted,
-                    page_size=1000,
-                    page_token=token,
-                ),
-            )
-            out.extend(resp.turns)
-            token = resp.next_page_token
-            if not token:
-                return out
+        turns = self.c.api.iter_turns(self.thread, include_tainted=include_tainted, page_size=1000)
+        return self.c.must("ListTurns", list, turns)
 
     def _list_memories(self) -> list[memories_pb2.Memory]:
-        out: list[memories_pb2.Memory] = []
-        token = ""
-        while True:
-            resp = self.c.must(
-                "ListMemories",
-                self.c.memories.ListMemories,
-                memories_pb2.ListMemoriesRequest(
-                    parent=self.c.parent,
-                    states=[common_pb2.PENDING, common_pb2.COMMITTED],
-                    page_size=1000,
-                    page_token=token,
-                ),
-            )
-            out.extend(resp.memories)
-            token = resp.next_page_token
-            if not token:
-                return out
+        memories = self.c.api.iter_memories(
+            self.c.parent, states=["PENDING", "COMMITTED"], page_size=1000
+        )
+        return self.c.must("ListMemories", list, memories)
 
     def _lineage(self, name: str, direction: int) -> list[lifecycle_pb2.LineageEdge]:
         resp = self.c.must(
-            f"GetLineage of {name}",
-            self.c.lifecycle.GetLineage,
-            lifecycle_pb2.GetLineageRequest(name=name, direction=direction),  # type: ignore[arg-type]
+            f"GetLineage of {name}", self.c.api.get_lineage, name, direction=direction
         )
         return list(resp.edges)
 
     def _expect_deleted(
-        self, f: _Findings, what: str, method: Callable[..., Any], req: Any
+        self, f: _Findings, what: str, method: Callable[..., Any], *args: Any, **fields: Any
     ) -> None:
-        """``method(req)`` must answer NOT_FOUND / RECORD_DELETED."""
+        """``method(*args, **fields)`` must answer NOT_FOUND / RECORD_DELETED."""
         try:
-            got = self.c.call(method, req)
+            got = self.c.call(method, *args, **fields)
         except grpc.RpcError as err:
-            if (err.code(), reason_of(err)) != (grpc.StatusCode.NOT_FOUND, "RECORD_DELETED"):
+            if (err.code(), _reason(err)) != (grpc.StatusCode.NOT_FOUND, "RECORD_DELETED"):
                 f.fail(f"{what} answered {_describe(err)}, not NOT_FOUND/RECORD_DELETED")
             return
         text = str(getattr(got, "text", ""))
@@ -394,16 +369,11 @@ class _Cycle:
         """(text, tainted) of a record at ``ref.version`` (0 = current), or None if gone."""
         try:
             if "/threads/" in ref.name:
-                turn = self.c.call(
-                    self.c.threads.GetTurn, threads_pb2.GetTurnRequest(name=ref.name)
-                )
+                turn = self.c.call(self.c.api.get_turn, ref.name)
                 if ref.version and turn.version != ref.version:
                     return None
                 return str(turn.text), bool(turn.tainted)
-            memory = self.c.call(
-                self.c.memories.GetMemory,
-                memories_pb2.GetMemoryRequest(name=ref.name, version=ref.version),
-            )
+            memory = self.c.call(self.c.api.get_memory, ref.name, version=ref.version)
             return str(memory.text), False
         except grpc.RpcError as err:
             if err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
@@ -424,7 +394,7 @@ class _Cycle:
                     got = self._search(query, mode, scoped=scoped)
                     where = f"Search {mode}{' in thread' if scoped else ''} for {query!r}"
                     if isinstance(got, grpc.RpcError):
-                        if mode == "DENSE" and reason_of(got) == "BAD_FIELD":
+                        if mode == "DENSE" and _reason(got) == "BAD_FIELD":
                             self.probe.notes.add("DENSE not served: the server has no embedder")
                             continue
                         raise _StageAborted(f"{where} answered {_describe(got)}")
@@ -436,19 +406,15 @@ class _Cycle:
 
     def _check_gets(self, f: _Findings) -> None:
         planted = _need(self.planted)
-        self._expect_deleted(
-            f,
-            f"GetTurn {planted.name}",
-            self.c.threads.GetTurn,
-            threads_pb2.GetTurnRequest(name=planted.name),
-        )
+        self._expect_deleted(f, f"GetTurn {planted.name}", self.c.api.get_turn, planted.name)
         for name, current in sorted(self.forgotten_versions.items()):
             for version in (0, current):
                 self._expect_deleted(
                     f,
                     f"GetMemory {name} version {version}",
-                    self.c.memories.GetMemory,
-                    memories_pb2.GetMemoryRequest(name=name, version=version),
+                    self.c.api.get_memory,
+                    name,
+                    version=version,
                 )
 
     def _check_lineage(self, f: _Findings) -> None:
@@ -471,10 +437,8 @@ class _Cycle:
                 self._expect_deleted(
                     f,
                     f"{'GetTurn' if is_turn else 'GetMemory'} {end} (named by {where})",
-                    self.c.threads.GetTurn if is_turn else self.c.memories.GetMemory,
-                    threads_pb2.GetTurnRequest(name=end)
-                    if is_turn
-                    else memories_pb2.GetMemoryRequest(name=end),
+                    self.c.api.get_turn if is_turn else self.c.api.get_memory,
+                    end,
                 )
                 continue
             got = self._read_source(common_pb2.SourceRef(name=end))
@@ -509,9 +473,7 @@ class _Cycle:
         recent turns, open items, preferences, memories, summaries."""
         for query in (self.secret, "probe secret"):
             bundle = self.c.must(
-                "AssembleContext",
-                self.c.retrieval.AssembleContext,
-                retrieval_pb2.AssembleContextRequest(thread=self.thread, query_text=query),
+                "AssembleContext", self.c.api.assemble_context, self.thread, query_text=query
             )
             if self._holds_secret(str(bundle)):
                 f.leak(f"AssembleContext({query!r}) returns the planted value")
@@ -527,11 +489,7 @@ class _Cycle:
         self._check_listings(f)
 
     def _check_new_summary(self, f: _Findings, summary: memories_pb2.Memory) -> None:
-        again = self.c.must(
-            "GetMemory of the rebuilt summary",
-            self.c.memories.GetMemory,
-            memories_pb2.GetMemoryRequest(name=summary.name),
-        )
+        again = self.c.must("GetMemory of the rebuilt summary", self.c.api.get_memory, summary.name)
         if self._holds_secret(summary.text) or self._holds_secret(again.text):
             f.leak(f"the rebuilt summary {summary.name} holds the planted value")
         for ref in again.sources:
@@ -544,10 +502,10 @@ class _Cycle:
         """Stage 1: plant the fact, derive from it, and check it is visible."""
         self.c.must(
             "CreateThread",
-            self.c.threads.CreateThread,
-            threads_pb2.CreateThreadRequest(
-                parent=self.c.parent, thread_id=self.thread_id, title="lethe probe"
-            ),
+            self.c.api.create_thread,
+            self.c.parent,
+            thread_id=self.thread_id,
+            title="lethe probe",
         )
         self.thread_created = True
         user = common_pb2.USER
@@ -616,13 +574,7 @@ class _Cycle:
         self.forgotten_versions.update(memories)
         self.cursor_before_forget = self.probe.cursor
         self.receipt = self.c.must(
-            "Forget",
-            self.c.lifecycle.Forget,
-            lifecycle_pb2.ForgetRequest(
-                names=[planted.name],
-                responses=lifecycle_pb2.ForgetRequest.TAINT,
-                reason="lethe probe",
-            ),
+            "Forget", self.c.api.forget, [planted.name], responses="TAINT", reason="lethe probe"
         )
         self.forgotten = {planted.name, *self.forgotten_versions}
         r = self.receipt
@@ -643,20 +595,18 @@ class _Cycle:
     def _rebuild_event(self) -> events_pb2.Event | None:
         """The summary's REBUILD_REQUESTED event of this cycle's forget, or None."""
         summary, receipt = _need(self.summary), _need(self.receipt)
-        stream: Any = self.c.events.Watch(
-            events_pb2.WatchRequest(
-                parent=self.c.parent,
-                types=[events_pb2.REBUILD_REQUESTED],
-                after=self.cursor_before_forget,
-            ),
-            metadata=self.c.md,
+        stream = self.c.api.watch(
+            self.c.parent,
+            types=["REBUILD_REQUESTED"],
+            after=self.cursor_before_forget,
             timeout=WATCH_TIMEOUT_SECONDS,
+            max_reconnects=0,  # a broken stream is the server's answer, not a blip to hide
         )
         try:
             for event in stream:
                 self.probe.cursor = event.id
                 if event.subject == summary.name and event.receipt.name == receipt.name:
-                    return event  # type: ignore[no-any-return]
+                    return event
         except grpc.RpcError as err:
             if err.code() in _FATAL_CODES:
                 raise ProbeUnreachableError(
@@ -665,7 +615,7 @@ class _Cycle:
             if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise _StageAborted(f"Events.Watch answered {_describe(err)}") from None
         finally:
-            stream.cancel()
+            stream.close()
         return None
 
     def after_rebuild(self, f: _Findings) -> None:
@@ -726,17 +676,15 @@ class _Cycle:
             return
         self.c.must(
             "Forget of the thread",
-            self.c.lifecycle.Forget,
-            lifecycle_pb2.ForgetRequest(
-                names=[self.thread],
-                responses=lifecycle_pb2.ForgetRequest.DELETE,
-                reason="lethe probe cleanup",
-            ),
+            self.c.api.forget,
+            [self.thread],
+            responses="DELETE",
+            reason="lethe probe cleanup",
         )
         live = []
         for name in dict.fromkeys(self.memories):
             try:
-                self.c.call(self.c.memories.GetMemory, memories_pb2.GetMemoryRequest(name=name))
+                self.c.call(self.c.api.get_memory, name)
                 live.append(name)
             except grpc.RpcError as err:
                 if err.code() != grpc.StatusCode.NOT_FOUND:
@@ -744,25 +692,14 @@ class _Cycle:
         if live:
             self.c.must(
                 "Forget of the probe's memories",
-                self.c.lifecycle.Forget,
-                lifecycle_pb2.ForgetRequest(names=live, reason="lethe probe cleanup"),
+                self.c.api.forget,
+                live,
+                reason="lethe probe cleanup",
             )
-        self._expect_deleted(
-            f,
-            f"GetThread {self.thread}",
-            self.c.threads.GetThread,
-            threads_pb2.GetThreadRequest(name=self.thread),
-        )
+        self._expect_deleted(f, f"GetThread {self.thread}", self.c.api.get_thread, self.thread)
         for name in dict.fromkeys(self.memories):
-            self._expect_deleted(
-                f,
-                f"GetMemory {name}",
-                self.c.memories.GetMemory,
-                memories_pb2.GetMemoryRequest(name=name),
-            )
-        report = self.c.must(
-            "Audit", self.c.lifecycle.Audit, lifecycle_pb2.AuditRequest(parent=self.c.parent)
-        )
+            self._expect_deleted(f, f"GetMemory {name}", self.c.api.get_memory, name)
+        report = self.c.must("Audit", self.c.api.audit, self.c.parent)
         counts = {
             "orphans": report.orphans,
             "stale_summaries": report.stale_summaries,

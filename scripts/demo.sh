@@ -4,10 +4,8 @@
 # Extra arguments go to `lethe demo` (see `lethe demo --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-    "$PY" -m venv .venv
-fi
+# .venv of a Python >= 3.11 ($PYTHON if set; a wrong one is made again)
+. scripts/_venv.sh
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e .
 exec .venv/bin/lethe demo "$@"

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import faiss
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -57,8 +56,8 @@ from lethe.v1 import (
 from server._admission import Admission, FairExecutor, Limits
 from server._auth import Authenticator
 from server._edge import Edge
-from server._lifecycle import Lifecycle, Sweeper
-from server._metrics import Metrics
+from server._lifecycle import Lifecycle, Recovery, Sweeper
+from server._metrics import Metrics, RpcMetricsInterceptor
 from server._notifier import EventHub
 from server._search import Retriever
 from server.services import (
@@ -69,7 +68,7 @@ from server.services import (
     RetrievalService,
     ThreadsService,
 )
-from server.store import Store
+from server.store import DEFAULT_MAX_STORE_SIZE, Store
 
 _log = logging.getLogger(__name__)
 
@@ -109,6 +108,8 @@ class ServerConfig:
             are accepted.
         keepalive_time, keepalive_timeout: seconds between the server's pings
             on an idle connection, and how long it waits for the answer.
+        max_store_size: bytes the data environment may grow to; a write that
+            does not fit is refused whole (``STORE_FULL``).
     """
 
     data_dir: Path = Path("./lethe-data")
@@ -123,6 +124,7 @@ class ServerConfig:
     tagger: str = "rules"
     rotation_interval: float = 3600.0
     max_workers: int = 16
+    max_store_size: int = DEFAULT_MAX_STORE_SIZE
     max_inflight: int = 64
     max_inflight_per_principal: int = 16
     max_running_per_principal: int = 4
@@ -209,7 +211,9 @@ class LetheServer:
         self._limits = config.limits()
         self._credentials = config.server_credentials()
         self.metrics = Metrics()
-        self.store = Store(config.data_dir, kek_file=config.kek_file)
+        self.store = Store(
+            config.data_dir, kek_file=config.kek_file, max_size=config.max_store_size
+        )
         self.retriever = Retriever(self.store, load_embedder(config.embedder))
         self.lifecycle = Lifecycle(
             self.store, self.retriever, self.metrics, config.rotation_interval
@@ -233,16 +237,9 @@ class LetheServer:
         Raises:
             OSError: the address cannot be bound (or the TLS files are unusable).
         """
-        # One OpenMP thread per FAISS search: per-owner indexes are small, and
-        # OpenMP's fork-join costs more than the scan (bench/: 130 µs vs 31 µs
-        # for k=40 over 600 vectors); concurrency comes from the worker pool.
-        faiss.omp_set_num_threads(1)
-        resumed = self.lifecycle.resume_outstanding()
-        reconciled = self.lifecycle.reconcile_keys()
-        if resumed or reconciled:
-            _log.info(
-                "recovered: %d deletions resumed, %d keyless records forgotten", resumed, reconciled
-            )
+        recovery = self.lifecycle.recover()
+        if recovery != Recovery([], 0, 0, 0, [], 0, []):
+            _log.info("recovered: %s", recovery.summary())
         self.executor = FairExecutor(
             self._limits.workers,
             "lethe-rpc",
@@ -283,6 +280,7 @@ class LetheServer:
         self.hub, self.edge = hub, edge
         limits = self._limits
         server = grpc.aio.server(
+            interceptors=[RpcMetricsInterceptor(self.metrics)],
             options=self.config.grpc_options(),
             # A backstop over everything, health and reflection included: the
             # edge's own bounds (with reasons) refuse authenticated calls first.
@@ -302,8 +300,7 @@ class LetheServer:
                     self.store,
                     self.retriever,
                     self.config.pending_ttl,
-                    proposer=memories.propose,
-                    check_tags=memories.check_tags,
+                    proposer=memories.candidates,
                 ),
             ),
             (retrieval_pb2, "Retrieval", RetrievalService(self.retriever)),

@@ -58,14 +58,16 @@ def thread_proto(view: ThreadView) -> threads_pb2.Thread:
     return thread
 
 
-def turn_proto(view: TurnView) -> threads_pb2.Turn:
+def turn_proto(view: TurnView, *, text: bool = True) -> threads_pb2.Turn:
+    """A Turn message; without ``text`` its text and speaker are left out (the
+    reply of an append that did not ask for ``echo_text``)."""
     meta = view.meta
     turn = threads_pb2.Turn(
         name=meta.name,
         seq=meta.seq,
         role=meta.role,  # type: ignore[arg-type]
-        speaker=view.speaker,
-        text=view.text,
+        speaker=view.speaker if text else "",
+        text=view.text if text else "",
         time=timestamp(meta.time),
         state=_STATES[meta.state],
         version=meta.version,
@@ -131,6 +133,8 @@ def memory_proto(view: MemoryView) -> memories_pb2.Memory:
         memory.due_time.CopyFrom(timestamp(meta.due_time))
     if meta.state == PENDING and meta.expire_time:
         memory.expire_time.CopyFrom(timestamp(meta.expire_time))
+    if view.content.metadata is not None:
+        memory.metadata.update(view.content.metadata)
     if view.content.edge is not None:
         subject, predicate, obj = view.content.edge
         memory.edge.CopyFrom(

@@ -18,8 +18,10 @@ takes the request as raw bytes and, in this order:
    the event loop that gets a :class:`StreamContext` to run blocking work on
    the executor and to learn when it must end;
 6. turns every error into its ``google.rpc.Status`` (domain errors keep their
-   code and details; anything else is ``INTERNAL`` with no internals) and
-   times the call into ``lethe_rpc_duration_seconds{method,code}``.
+   code and details; anything else is ``INTERNAL`` with no internals).
+
+Every call (these and health and reflection) is counted and timed by
+:class:`server._metrics.RpcMetricsInterceptor`, around this pipeline.
 
 Lines about refused or malformed calls and internal errors go to the
 rate-limited log (:mod:`server._logs`). Open streams are re-checked once per
@@ -155,7 +157,7 @@ class Edge:
         authenticator: checks the bearer token of every call.
         admission: the bounds on calls and streams.
         executor: the worker pool for blocking work.
-        metrics: ``lethe_rpc_duration_seconds`` and the admission metrics.
+        metrics: the admission metrics.
     """
 
     def __init__(
@@ -209,11 +211,7 @@ class Edge:
     def _unary_handler(
         self, method: str, behaviour: UnaryBehaviour, request_type: type[message.Message]
     ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Any]:
-        histogram = self._metrics.rpc_duration
-
         async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-            start = time.perf_counter()
-            code = "OK"
             try:
                 principal = self._admit(method, context)
                 key = principal.id
@@ -226,11 +224,8 @@ class Edge:
                 return await asyncio.wrap_future(future)
             except (_Abort, LetheError, Exception) as exc:
                 status = self._status(method, exc)
-                code = status.code.name
                 await context.abort(status.code, status.details, status.trailing_metadata)
                 raise AssertionError("unreachable") from None  # abort raises
-            finally:
-                histogram.labels(method, code).observe(time.perf_counter() - start)
 
         return handle
 

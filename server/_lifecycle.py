@@ -8,25 +8,71 @@ on the writer twice); the sweeper runs on its own daemon thread.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from server._metrics import Metrics
 from server._search import Retriever
-from server.store import EVENT_RETENTION, AuditCounts, DeletionEntry, MemMeta, Store, ThreadView
+from server.errors import StoreFull, Unavailable
+from server.store import (
+    EVENT_RETENTION,
+    AuditCounts,
+    DeletionEntry,
+    MemMeta,
+    MemoryDraft,
+    MemoryView,
+    Store,
+    ThreadView,
+    record_ring,
+)
+from shredder import RingRef
 
 _log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
-# Set to "after-tombstones" to make the process kill itself (SIGKILL) between
-# step 1 and step 2 of every forget: the crash test's fault injection.
-CRASH_ENV = "LETHE_TEST_CRASH"
 REASON_FORGET = "FORGET"
 REASON_EXPIRED = "EXPIRED"
 REASON_KEY_DESTROYED = "KEY_DESTROYED"
+
+
+@dataclass(slots=True)
+class Recovery:
+    """What :meth:`Lifecycle.recover` did at start-up.
+
+    Attributes:
+        kek_versions_retired: KEK versions a cut-short rotation left behind.
+        keys_relocated: keys moved back to the ring their records name.
+        deletions_resumed: outstanding deletion-log entries finished.
+        forgotten: records forgotten because their keys were destroyed on
+            purpose after they were written (reason ``KEY_DESTROYED``).
+        kept_without_key: names of live records whose key is missing with no
+            decided deletion: kept, unreadable (``DATA_LOSS``), reported.
+        stray_keys_destroyed: keys no record uses.
+        deferred: steps that could not write (full disk or store) and wait for
+            the next start.
+    """
+
+    kek_versions_retired: list[int]
+    keys_relocated: int
+    deletions_resumed: int
+    forgotten: int
+    kept_without_key: list[str]
+    stray_keys_destroyed: int
+    deferred: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One log line (ids and counts only)."""
+        return (
+            f"{self.deletions_resumed} deletions resumed, {self.forgotten} records whose keys "
+            f"were shredded forgotten, {len(self.kept_without_key)} records without a key kept, "
+            f"{self.keys_relocated} keys relocated, {self.stray_keys_destroyed} stray keys "
+            f"destroyed, KEK versions {self.kek_versions_retired} retired"
+            + (f"; deferred: {', '.join(self.deferred)}" if self.deferred else "")
+        )
 
 
 class Lifecycle:
@@ -109,8 +155,6 @@ class Lifecycle:
             extra_rings=extra_rings,
             conclude_repair=conclude_repair,
         )
-        if os.environ.get(CRASH_ENV) == "after-tombstones":  # crash tests only
-            os.kill(os.getpid(), signal.SIGKILL)
         self.retriever.on_forget(
             owner, entry.index_rids(), entry.threads, whole_owner, touched_threads=entry.touched
         )
@@ -128,6 +172,24 @@ class Lifecycle:
             self.store.finish_forget(entry, time.time())
         return view
 
+    def conclude(
+        self, owner: str, repair_id: str, outcome: str, lesson: MemoryDraft | None
+    ) -> tuple[ThreadView, DeletionEntry, MemoryView | None]:
+        """Conclude a repair with ``DESTROY`` or ``DISTILL`` (one transaction, see
+        :meth:`server.store.Store.conclude_repair`), then finish forgetting what
+        it held: when this returns, its ring is destroyed and its rows purged.
+        """
+        started = time.time()
+        view, entry, made = self.store.conclude_repair(owner, repair_id, outcome, lesson)
+        if made is not None:
+            self.retriever.on_write(owner, [made.meta])
+        self.retriever.on_forget(
+            owner, entry.index_rids(), entry.threads, False, touched_threads=entry.touched
+        )
+        entry = self.store.finish_forget(entry, time.time(), self.shred_horizon())
+        self.metrics.deletion_latency.observe(time.time() - started)
+        return view, entry, made
+
     def resume_outstanding(self) -> int:
         """Finish every deletion a crash interrupted (start-up; indexes are empty)."""
         entries = self.store.outstanding_deletions()
@@ -138,25 +200,77 @@ class Lifecycle:
             self.store.finish_forget(entry, time.time())
         return len(entries)
 
-    def reconcile_keys(self) -> int:
-        """Forget live records whose key no longer exists.
+    def recover(self) -> Recovery:
+        """Bring the store to a consistent state after a crash or a restore, at
+        start-up (no call is being served; the indexes are empty).
 
-        After a data backup is restored beside the live keystore, records that
-        were shredded since the backup are back in LMDB with no key: they are
-        unreadable, and this makes them deleted everywhere (reason
-        ``KEY_DESTROYED``). Returns how many turns were forgotten.
+        In order: finish a rotation cut short (destroy KEK versions that wrap
+        nothing); move keys an interrupted seal left in another ring back to
+        the ring their records name (the data decided whether the seal
+        happened); resume every outstanding deletion; forget the records whose
+        keys were destroyed on purpose since the data was written (the shred
+        log names them: a restored backup); keep and report loudly every live
+        record whose key is missing with no decided deletion; destroy keys no
+        record uses (made for writes that never committed). Start-up never
+        forgets what nobody decided to forget.
+
+        A step that cannot write (a full disk, ``--max-store-size`` reached) is
+        deferred to the next start, logged at error level: the store still
+        opens and serves reads, and nothing it defers makes a forgotten record
+        readable (tombstones and destroyed keys already hold).
         """
+        deferred: list[str] = []
+
+        def attempt(step: str, run: Callable[[], _T], otherwise: _T) -> _T:
+            try:
+                return run()
+            except (Unavailable, StoreFull) as exc:
+                _log.error("recovery: %s deferred to the next start: %s", step, exc.message)
+                deferred.append(step)
+                return otherwise
+
+        retired = self.store.retire_unused_kek_versions()
+        relocated = attempt(
+            "key relocation", lambda: self.store.relocate_keys(self.store.check_keys().misplaced), 0
+        )
+        resumed = attempt("resuming deletions", self.resume_outstanding, 0)
+        forgotten = attempt("forgetting shredded threads", self._forget_decided_threads, 0)
+        more, kept = attempt(
+            "forgetting shredded records",
+            self._forget_decided_records,
+            (0, [r.name for r in self.store.records_without_key()]),
+        )
+        stray = attempt("destroying stray keys", self.store.destroy_unreferenced_keys, 0)
+        for name in kept:
+            _log.error(
+                "%s has no key and no decided deletion: kept unreadable for an operator "
+                "(lethe audit; forget it to remove it)",
+                name,
+            )
+        self.metrics.records_without_key.set(len(kept))
+        return Recovery(retired, relocated, resumed, forgotten + more, kept, stray, deferred)
+
+    def _forget_decided_threads(self) -> int:
         count = 0
         for meta in self.store.threads_without_key():
-            entry = self.forget(meta.owner, threads=[meta.thread], reason=REASON_KEY_DESTROYED)
-            count += entry.deleted
+            ring = RingRef(meta.owner, meta.thread)
+            if self.store.shred_decided(meta, ring, meta.title_key):
+                entry = self.forget(meta.owner, threads=[meta.thread], reason=REASON_KEY_DESTROYED)
+                count += entry.deleted
+        return count
+
+    def _forget_decided_records(self) -> tuple[int, list[str]]:
         by_owner: dict[str, list[tuple[str, int]]] = defaultdict(list)
         mems_by_owner: dict[str, list[str]] = defaultdict(list)
+        kept: list[str] = []
         for record in self.store.records_without_key():
-            if isinstance(record, MemMeta):
+            if not self.store.shred_decided(record, record_ring(record), record.key_id):
+                kept.append(record.name)
+            elif isinstance(record, MemMeta):
                 mems_by_owner[record.owner].append(record.memory_id)
             else:
                 by_owner[record.owner].append((record.thread, record.seq))
+        count = 0
         for owner in {*by_owner, *mems_by_owner}:
             entry = self.forget(
                 owner,
@@ -165,8 +279,7 @@ class Lifecycle:
                 reason=REASON_KEY_DESTROYED,
             )
             count += entry.deleted
-        self.store.destroy_unreferenced_keys()
-        return count
+        return count, kept
 
     def sweep(self, now: float | None = None) -> int:
         """Forget every pending turn past its expiry; returns how many."""
@@ -184,21 +297,26 @@ class Lifecycle:
             )
         return len(expired)
 
-    def audit(self, owner: str) -> AuditCounts:
-        """The owner's AuditReport: the store's counts plus the loaded index's drift."""
-        counts = self.store.audit(owner)
+    def audit(self, owner: str, *, integrity: bool = True) -> AuditCounts:
+        """The owner's AuditReport: the store's counts plus the loaded index's
+        drift (``integrity``: open every live record, see
+        :meth:`server.store.Store.audit`)."""
+        counts = self.store.audit(owner, integrity=integrity)
         counts.index_drift = self.retriever.index_drift(owner)
         return counts
 
     def periodic_audit(self) -> None:
-        """Audit every owner into the orphan / stale-summary gauges; prune old events."""
-        orphans = stale = 0
+        """Audit every owner into the orphan, stale-summary and keyless-record
+        gauges; prune old events."""
+        orphans = stale = keyless = 0
         for owner in self.store.owners():
-            counts = self.audit(owner)
+            counts = self.audit(owner, integrity=False)
             orphans += counts.orphans
             stale += counts.stale_summaries
+            keyless += counts.records_without_key
         self.metrics.orphan_derivatives.set(orphans)
         self.metrics.stale_summaries.set(stale)
+        self.metrics.records_without_key.set(keyless)
         self.store.prune_events(time.time() - EVENT_RETENTION)
 
     def refresh_gauges(self) -> None:
@@ -209,6 +327,10 @@ class Lifecycle:
         self.metrics.outstanding_deletions.set(len(self.store.outstanding_deletions()))
         self.metrics.index_vectors.set(self.retriever.cache.total_vectors())
         self.metrics.keystore_keys.set(self.store.key_count())
+        self.metrics.unreadable_records.set(self.store.unreadable_count())
+        used = self.store.used_bytes()
+        self.metrics.store_bytes.set(used)
+        self.metrics.store_fill_ratio.set(used / self.store.max_size)
         since = self.store.unrotated_since()
         self.metrics.shred_horizon.set(0.0 if since is None else now - since)
 

@@ -1,8 +1,44 @@
 """Prometheus metrics (API.md, "Metrics"), on their own registry so a test
-can run several servers in one process."""
+can run several servers in one process, and the interceptor that times every
+RPC.
+
+Besides Lethe's own metrics, :class:`RpcMetricsInterceptor` exports the
+standard gRPC server metrics under the names of go-grpc-prometheus (and
+py-grpc-prometheus), so the usual dashboards and alerts apply:
+
+==================================  =========  ==================================================
+metric                              type       labels
+==================================  =========  ==================================================
+``grpc_server_started_total``       counter    grpc_type, grpc_service, grpc_method
+``grpc_server_handled_total``       counter    ... and grpc_code (``OK``, ``NOT_FOUND``, ...)
+``grpc_server_handling_seconds``    histogram  grpc_type, grpc_service, grpc_method
+``grpc_server_msg_received_total``  counter    grpc_type, grpc_service, grpc_method
+``grpc_server_msg_sent_total``      counter    grpc_type, grpc_service, grpc_method
+==================================  =========  ==================================================
+
+``grpc_type`` is ``UNARY``, ``SERVER_STREAMING``, ``CLIENT_STREAMING`` or
+``BIDI_STREAMING``; ``grpc_code`` is the status code's name as grpcio spells
+it (py-grpc-prometheus's spelling; go-grpc-prometheus writes ``NotFound``).
+Streams (``Events.Watch``, health watches, reflection) are counted and timed
+when they end: a stream that ends because the client went away is
+``CANCELLED``. Every message is counted, unary ones too (as
+go-grpc-prometheus does). The library py-grpc-prometheus itself is not used:
+it reads grpcio's private ``_state``, never counts a streaming call as
+handled and never times one.
+
+Thread rules: metrics and the interceptor are safe from any thread.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Seconds; finer than Prometheus' defaults below 5 ms, where this server's RPCs live.
@@ -25,6 +61,9 @@ LATENCY_BUCKETS = (
     5.0,
     10.0,
 )
+# Seconds; the latency buckets, then up to an hour for streams (Events.Watch).
+STREAM_BUCKETS = (*LATENCY_BUCKETS, 30.0, 60.0, 300.0, 900.0, 3600.0)
+_GRPC_LABELS = ("grpc_type", "grpc_service", "grpc_method")
 
 
 class Metrics:
@@ -51,11 +90,13 @@ class Metrics:
             registry=self.registry,
         )
         self.pending_records = Gauge(
-            "lethe_pending_records", "Pending turns waiting for a decision.", registry=self.registry
+            "lethe_pending_records",
+            "Pending turns and memories waiting for a decision.",
+            registry=self.registry,
         )
         self.oldest_pending_age = Gauge(
             "lethe_oldest_pending_age_seconds",
-            "Age of the oldest pending turn, seconds.",
+            "Age of the oldest pending turn or memory (since it was stored), seconds.",
             registry=self.registry,
         )
         self.index_vectors = Gauge(
@@ -108,4 +149,220 @@ class Metrics:
             "lethe_lmdb_readers",
             "Reader slots of the data environment in use (read transactions open now).",
             registry=self.registry,
+        )
+        self.records_without_key = Gauge(
+            "lethe_records_without_key",
+            "Live records whose key is missing with no decided deletion: kept, unreadable, "
+            "for an operator to decide (must stay 0).",
+            registry=self.registry,
+        )
+        self.unreadable_records = Gauge(
+            "lethe_unreadable_records",
+            "Records whose stored ciphertext failed to open since start (corruption, a key "
+            "that does not match); each is skipped by bulk reads (must stay 0).",
+            registry=self.registry,
+        )
+        self.store_bytes = Gauge(
+            "lethe_store_bytes",
+            "Bytes of the data environment in use (pages times the page size).",
+            registry=self.registry,
+        )
+        self.store_fill_ratio = Gauge(
+            "lethe_store_fill_ratio",
+            "Fraction of --max-store-size the data environment uses (writes fail with "
+            "STORE_FULL at 1).",
+            registry=self.registry,
+        )
+        self.grpc_started = Counter(
+            "grpc_server_started_total",
+            "Total number of RPCs started on the server.",
+            _GRPC_LABELS,
+            registry=self.registry,
+        )
+        self.grpc_handled = Counter(
+            "grpc_server_handled_total",
+            "Total number of RPCs completed on the server, regardless of success or failure.",
+            (*_GRPC_LABELS, "grpc_code"),
+            registry=self.registry,
+        )
+        self.grpc_handling = Histogram(
+            "grpc_server_handling_seconds",
+            "Histogram of response latency (seconds) of gRPC that had been application-level "
+            "handled by the server.",
+            _GRPC_LABELS,
+            buckets=STREAM_BUCKETS,
+            registry=self.registry,
+        )
+        self.grpc_received = Counter(
+            "grpc_server_msg_received_total",
+            "Total number of RPC stream messages received on the server.",
+            _GRPC_LABELS,
+            registry=self.registry,
+        )
+        self.grpc_sent = Counter(
+            "grpc_server_msg_sent_total",
+            "Total number of gRPC stream messages sent by the server.",
+            _GRPC_LABELS,
+            registry=self.registry,
+        )
+
+
+class _Call:
+    """One RPC being measured: started when made, handled once by :meth:`done`."""
+
+    __slots__ = ("_done", "_labels", "_method", "_metrics", "_start")
+
+    def __init__(self, metrics: Metrics, method: str, grpc_type: str) -> None:
+        service, _, name = method.lstrip("/").rpartition("/")
+        self._metrics = metrics
+        self._method = method
+        self._labels = (grpc_type, service, name)
+        self._start = time.perf_counter()
+        self._done = False
+        metrics.grpc_started.labels(*self._labels).inc()
+
+    def received(self) -> None:
+        self._metrics.grpc_received.labels(*self._labels).inc()
+
+    def sent(self) -> None:
+        self._metrics.grpc_sent.labels(*self._labels).inc()
+
+    def done(self, code: str) -> None:
+        if self._done:
+            return
+        self._done = True
+        elapsed = time.perf_counter() - self._start
+        self._metrics.grpc_handled.labels(*self._labels, code).inc()
+        self._metrics.grpc_handling.labels(*self._labels).observe(elapsed)
+        self._metrics.rpc_duration.labels(self._method, code).observe(elapsed)
+
+
+def _code(context: Any, default: str) -> str:
+    """The status code the handler set on ``context`` (by abort or set_code), else ``default``."""
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if isinstance(code, int) and not isinstance(code, bool):
+        for member in grpc.StatusCode:
+            if member.value[0] == code:
+                return member.name
+    return default
+
+
+class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Counts and times every RPC of the asyncio server, unary and streaming,
+    into the standard gRPC server metrics and ``lethe_rpc_duration_seconds{method,code}``.
+
+    The handlers it wraps may be coroutine functions or plain functions (unary
+    responses), async or plain generators (streamed responses), as grpc.aio
+    allows; the wrapped handler is always async.
+
+    Args:
+        metrics: the server's metrics.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    async def intercept_service(  # type: ignore[override]  # grpc may find no handler: None
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """Wrap the method's handler (whatever its kind) in the measurements."""
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method: str = handler_call_details.method
+        metrics = self._metrics
+        kinds = {
+            (False, False): "UNARY",
+            (False, True): "SERVER_STREAMING",
+            (True, False): "CLIENT_STREAMING",
+            (True, True): "BIDI_STREAMING",
+        }
+        grpc_type = kinds[(bool(handler.request_streaming), bool(handler.response_streaming))]
+
+        async def requests(call: _Call, iterator: Any) -> AsyncIterator[Any]:
+            if hasattr(iterator, "__aiter__"):
+                async for request in iterator:
+                    call.received()
+                    yield request
+            else:
+                for request in iterator:
+                    call.received()
+                    yield request
+
+        def unary_response(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+            async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                call = _Call(metrics, method, grpc_type)
+                if handler.request_streaming:
+                    request = requests(call, request)
+                else:
+                    call.received()
+                try:
+                    response = behaviour(request, context)
+                    if inspect.isawaitable(response):
+                        response = await response
+                except BaseException:
+                    call.done(_code(context, "UNKNOWN"))
+                    raise
+                call.sent()
+                call.done(_code(context, "OK"))
+                return response
+
+            return run
+
+        def stream_response(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+            async def run(
+                request: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
+                call = _Call(metrics, method, grpc_type)
+                if handler.request_streaming:
+                    request = requests(call, request)
+                else:
+                    call.received()
+                code = "CANCELLED"  # unless the stream ends by itself (below)
+                try:
+                    responses = behaviour(request, context)
+                    if hasattr(responses, "__aiter__"):
+                        async for response in responses:
+                            call.sent()
+                            yield response
+                    else:
+                        for response in responses:
+                            call.sent()
+                            yield response
+                    code = _code(context, "CANCELLED" if context.cancelled() else "OK")
+                except (GeneratorExit, asyncio.CancelledError):
+                    raise  # closed by grpc: the call is gone
+                except BaseException:
+                    code = _code(context, "UNKNOWN")
+                    raise
+                finally:
+                    call.done(code)
+
+            return run
+
+        common = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                unary_response(handler.unary_unary), **common
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                unary_response(handler.stream_unary), **common
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                stream_response(handler.unary_stream), **common
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            stream_response(handler.stream_stream),  # type: ignore[arg-type]
+            **common,
         )

@@ -203,7 +203,10 @@ class Retriever:
         for rid, (meta, cts) in rows.items():
             try:
                 view = self.store.view_of(meta, cts)
-            except (RecordDeleted, DataLoss):
+            except RecordDeleted:
+                continue
+            except DataLoss:  # not indexed; counted and logged by id
+                self.store.note_unreadable(meta)
                 continue
             out[rid] = indexed_text(view)
         return out
@@ -258,22 +261,20 @@ class Retriever:
         if not metas:
             return
         need: dict[int, TurnMeta] = {m.rid: m for m in metas}
-        for meta in metas:
-            ordered = ordered_by_thread.get(meta.thread, [])
-            for i, other in enumerate(ordered):
-                if other.rid == meta.rid and i > 0:
+        for ordered in ordered_by_thread.values():
+            for i in range(1, len(ordered)):
+                if ordered[i].rid in need:
                     need.setdefault(ordered[i - 1].rid, ordered[i - 1])
         texts = self._texts(list(need.values()))
         plain_ids = [m.rid for m in metas if m.rid in texts]
         if plain_ids:
             bundle.plain.add(np.asarray(plain_ids, np.int64), [texts[r] for r in plain_ids])
         ctx: dict[int, str] = {}
+        by_thread: dict[str, list[int]] = {}
+        for meta in metas:
+            by_thread.setdefault(meta.thread, []).append(meta.rid)
         for thread, ordered in ordered_by_thread.items():
-            ctx.update(
-                self._contexts(
-                    ordered, [m.rid for m in metas if m.thread == thread], texts, bundle.ctx_prev
-                )
-            )
+            ctx.update(self._contexts(ordered, by_thread.get(thread, []), texts, bundle.ctx_prev))
         if ctx:
             bundle.ctx.add(np.asarray(list(ctx), np.int64), list(ctx.values()))
         rids, vecs = self.store.embeddings(list(with_dense))
@@ -326,34 +327,49 @@ class Retriever:
 
     # ------------------------------------------------------------------ upkeep
 
-    def _reindex_threads(
-        self, owner: str, bundle: _Bundle, threads: set[str], changed: set[int]
-    ) -> None:
-        """Refresh the contextual texts of turns whose predecessor may have changed.
+    def _recontext(self, owner: str, bundle: _Bundle, thread: str, seqs: Iterable[int]) -> None:
+        """Give the turn after each of ``seqs`` (the nearest later turn visible in
+        the general index) a new contextual text: its predecessor entered or
+        left the index. Reads a few rows per seq, never the whole thread."""
+        nexts = {
+            n.rid: n
+            for _, n in self.store.visible_neighbours(owner, thread, seqs, general_visible).values()
+            if n is not None
+        }
+        self._set_contexts(owner, bundle, thread, list(nexts.values()))
 
-        ``changed`` holds rids that entered or left the general index; the turn
-        after each of them (in its thread's visible order) gets a new context.
-        """
-        now = time.time()
-        for thread in threads:
-            ordered = [m for m in self.store.thread_turns(owner, thread) if general_visible(m, now)]
-            seqs_changed = {m.seq for m in self.store.metas(list(changed)) if m.thread == thread}
-            targets: list[TurnMeta] = []
-            for i, meta in enumerate(ordered):
-                prev_seq = ordered[i - 1].seq if i > 0 else 0
-                if any(prev_seq <= s < meta.seq for s in seqs_changed) or meta.rid in changed:
-                    targets.append(meta)
-            if not targets:
+    def _set_contexts(
+        self,
+        owner: str,
+        bundle: _Bundle,
+        thread: str,
+        targets: Sequence[TurnMeta],
+        known: dict[int, str] | None = None,
+    ) -> None:
+        """(Re)index the contextual text of ``targets`` (visible turns of one
+        thread); ``known`` holds texts already decrypted (rid -> plain text)."""
+        if not targets:
+            return
+        prevs = self.store.visible_neighbours(
+            owner, thread, [t.seq for t in targets], general_visible
+        )
+        known = known or {}
+        need = {t.rid: t for t in targets if t.rid not in known}
+        for before, _ in prevs.values():
+            if before is not None and before.rid not in known:
+                need.setdefault(before.rid, before)
+        texts = {**known, **self._texts(list(need.values()))}
+        ids, out = [], []
+        for turn in targets:
+            if turn.rid not in texts:
                 continue
-            need = {m.rid: m for m in targets}
-            for meta in targets:
-                i = ordered.index(meta)
-                if i > 0:
-                    need.setdefault(ordered[i - 1].rid, ordered[i - 1])
-            texts = self._texts(list(need.values()))
-            ctx = self._contexts(ordered, [m.rid for m in targets], texts, bundle.ctx_prev)
-            if ctx:
-                bundle.ctx.add(np.asarray(list(ctx), np.int64), list(ctx.values()))
+            before = prevs[turn.seq][0]
+            prev = texts.get(before.rid, "") if before is not None else ""
+            bundle.ctx_prev[turn.rid] = before.rid if before is not None and prev else 0
+            ids.append(turn.rid)
+            out.append(f"{date_text(turn.time)}. {prev} {texts[turn.rid]}".replace("  ", " "))
+        if ids:
+            bundle.ctx.add(np.asarray(ids, np.int64), out)
 
     def on_write(self, owner: str, records: Sequence[RecordMeta]) -> None:
         """Bring loaded bundles in line after records were appended, committed or updated.
@@ -390,17 +406,40 @@ class Retriever:
                 if rids and owner_b.dense.dim != vecs.shape[1] and len(owner_b.dense):
                     self.cache.evict(_owner_key(owner))  # rebuilt from LMDB on next use
                 else:
-                    threads = {m.thread for m in committed}
-                    by_thread = {
-                        t: [m for m in self.store.thread_turns(owner, t) if general_visible(m, now)]
-                        for t in threads
-                    }
-                    self._fill(owner_b, committed, dense, by_thread)
-                    self._reindex_threads(owner, owner_b, threads, {m.rid for m in committed})
+                    self._add_turns(owner, owner_b, committed, rids, vecs)
             for thread in {m.thread for m in metas}:
                 key = _pending_key(owner, thread)
                 if self.cache.get(key) is not None:
                     self.cache.evict(key)  # small: rebuilt from LMDB on next use
+
+    def _add_turns(
+        self,
+        owner: str,
+        bundle: _Bundle,
+        turns: Sequence[TurnMeta],
+        rids: Sequence[int],
+        vecs: npt.NDArray[np.float32],
+    ) -> None:
+        """Index newly visible turns in every leg: their texts, their contexts and
+        the contexts of the turns after them (whose predecessor they now are)."""
+        texts = self._texts(list(turns))
+        plain_ids = [m.rid for m in turns if m.rid in texts]
+        if plain_ids:
+            bundle.plain.add(np.asarray(plain_ids, np.int64), [texts[r] for r in plain_ids])
+        if rids:
+            if bundle.dense.dim != vecs.shape[1]:
+                bundle.dense = VectorIndex(vecs.shape[1])
+            bundle.dense.add(np.asarray(rids, np.int64), vecs)
+        by_thread: dict[str, list[TurnMeta]] = {}
+        for meta in turns:
+            by_thread.setdefault(meta.thread, []).append(meta)
+        for thread, added in by_thread.items():
+            nexts = self.store.visible_neighbours(
+                owner, thread, [t.seq for t in added], general_visible
+            )
+            fresh = {t.rid for t in added}
+            after = {n.rid: n for _, n in nexts.values() if n is not None and n.rid not in fresh}
+            self._set_contexts(owner, bundle, thread, [*added, *after.values()], texts)
 
     def on_forget(
         self,
@@ -439,7 +478,12 @@ class Retriever:
                 bundle.ctx_prev.pop(rid, None)
             survivors = set(touched_threads) - set(threads)
             if survivors:
-                self._reindex_threads(owner, bundle, survivors, set(rids))
+                seqs: dict[str, list[int]] = {}
+                for meta in self.store.metas(list(rids)):
+                    if meta.thread in survivors:
+                        seqs.setdefault(meta.thread, []).append(meta.seq)
+                for thread, gone in seqs.items():
+                    self._recontext(owner, bundle, thread, gone)
 
     def index_drift(self, owner: str) -> int:
         """The audit's ``index_drift`` for ``owner`` (see :func:`index_drift`)."""
@@ -560,6 +604,9 @@ class Retriever:
                 try:
                     view = self.store.view_of(row[0], row[1])
                 except RecordDeleted:  # its key was destroyed after the recheck
+                    continue
+                except DataLoss:  # one bad record never fails a whole search
+                    self.store.note_unreadable(row[0])
                     continue
                 hits.append(SearchHit(view, score))
                 if len(hits) == top_k:

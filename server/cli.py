@@ -33,10 +33,16 @@ from shredder import (
     ShredderError,
     backup_environment,
     check_kek_placement,
+    declare,
     default_kek_path,
+    failpoint,
     restore_environment,
 )
 
+FP_RESTORE_AFTER_REPLACE = declare(
+    "restore.after_replace",
+    "lethe restore replaced the data environment; start-up recovery has not run",
+)
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -56,20 +62,46 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-_SIZE_RE = re.compile(r"(\d+)(B|KiB|MiB|GiB)?")
-_SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?")
+_SIZE_UNITS = {
+    None: 1,
+    "B": 1,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
 
 
 def parse_size(text: str) -> int:
-    """``16MiB``, ``512KiB``, ``1048576`` or ``2GiB`` (at most 2 GiB - 1) → bytes.
+    """``64GiB``, ``512MiB``, ``10GB`` or a number of bytes → bytes (≥ 1 MiB).
+
+    Raises:
+        argparse.ArgumentTypeError: malformed, or below 1 MiB.
+    """
+    m = _SIZE_RE.fullmatch(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (examples: 64GiB, 512MiB, 10GB)")
+    size = int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    if size < 1 << 20:
+        raise argparse.ArgumentTypeError("the store's maximum size must be at least 1MiB")
+    return size
+
+
+def parse_message_size(text: str) -> int:
+    """A gRPC message limit: ``16MiB``, ``512KiB``, ``1048576`` (at most 2 GiB - 1) → bytes.
 
     Raises:
         argparse.ArgumentTypeError: malformed, zero or too large for gRPC.
     """
-    match = _SIZE_RE.fullmatch(text)
+    match = _SIZE_RE.fullmatch(text.strip())
     if match is None:
         raise argparse.ArgumentTypeError(f"bad size {text!r} (examples: 16MiB, 512KiB, 65536)")
-    size = int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
     if not 0 < size < 1 << 31:
         raise argparse.ArgumentTypeError("size must be positive and below 2GiB")
     return size
@@ -135,6 +167,13 @@ def _parser() -> argparse.ArgumentParser:
         help="complete shreds cryptographically this often (default 1h)",
     )
     serve.add_argument(
+        "--max-store-size",
+        type=parse_size,
+        default=parse_size("64GiB"),
+        help="the data environment grows on demand up to this size; a write that does not "
+        "fit is refused whole with STORE_FULL (default 64GiB; units B, KiB, MiB, GiB, TiB)",
+    )
+    serve.add_argument(
         "--tagger",
         choices=["rules", "none"],
         default="rules",
@@ -180,9 +219,11 @@ def _parser() -> argparse.ArgumentParser:
         help="PEM CAs of client certificates: clients must present one (mutual TLS)",
     )
     transport.add_argument(
-        "--max-receive-message-size", type=parse_size, default=parse_size("16MiB")
+        "--max-receive-message-size", type=parse_message_size, default=parse_message_size("16MiB")
     )
-    transport.add_argument("--max-send-message-size", type=parse_size, default=parse_size("16MiB"))
+    transport.add_argument(
+        "--max-send-message-size", type=parse_message_size, default=parse_message_size("16MiB")
+    )
     transport.add_argument(
         "--keepalive-min-interval",
         type=parse_duration,
@@ -296,6 +337,7 @@ def _serve(args: argparse.Namespace) -> int:
         keepalive_min_interval=args.keepalive_min_interval,
         keepalive_time=args.keepalive_time,
         keepalive_timeout=args.keepalive_timeout,
+        max_store_size=args.max_store_size,
     )
     try:
         config.limits()
@@ -313,6 +355,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"lethe serving {args.data.resolve()} on {args.listen.rpartition(':')[0]}:{port}",
         flush=True,
     )
+    print(_kek_line(server.store.kek.path, args.data), flush=True)
     stopped = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -325,6 +368,16 @@ def _serve(args: argparse.Namespace) -> int:
     stopped.wait()
     server.stop(grace=args.drain_grace)
     return 0
+
+
+def _kek_line(path: Path | None, data: Path) -> str:
+    """The second line ``lethe serve`` prints: where the store's KEK is."""
+    if path is None:
+        return "lethe KEK in memory (LETHE_KEK): never rotated, never written anywhere"
+    return (
+        f"lethe KEK {path} (outside {data}: removing the data directory leaves it behind; "
+        "never back it up with the keystore)"
+    )
 
 
 def _token_store(args: argparse.Namespace) -> Store:
@@ -476,13 +529,16 @@ def _restore(args: argparse.Namespace) -> int:
     store = Store(args.data, kek_file=args.kek_file)
     try:
         lifecycle = Lifecycle(store, Retriever(store, load_embedder("none")), Metrics())
-        resumed = lifecycle.resume_outstanding()
-        forgotten = lifecycle.reconcile_keys()
+        failpoint(FP_RESTORE_AFTER_REPLACE)
+        recovery = lifecycle.recover()
     finally:
         store.close()
+    kept = len(recovery.kept_without_key)
     print(
-        f"restored {args.backup} into {args.data}: {forgotten} turns and memories whose keys were "
-        f"destroyed since the backup are forgotten; {resumed} deletions resumed"
+        f"restored {args.backup} into {args.data}: {recovery.forgotten} turns and memories "
+        f"whose keys were destroyed since the backup are forgotten; "
+        f"{recovery.deletions_resumed} deletions resumed"
+        + (f"; {kept} records without a key kept (see the log, lethe audit)" if kept else "")
     )
     return 0
 

@@ -2,7 +2,7 @@
 
 Every error a client can see is a ``LetheError``: it knows its gRPC status
 code, its ``ErrorInfo`` reason (domain ``lethe``; a constant of
-:data:`Reason`, which *is* the proto enum ``lethe.v1.errors.ErrorReason``, so
+:data:`Reason`, which *is* the proto enum ``lethe.errors.v1.ErrorReason``, so
 the server cannot raise a reason clients do not have) and, where it applies,
 the offending field
 (``BadRequest``) or source (``PreconditionFailure``). The one boundary that
@@ -24,6 +24,7 @@ Exception tree::
     ├── StoreFull              RESOURCE_EXHAUSTED   STORE_FULL
     ├── Overloaded             RESOURCE_EXHAUSTED   TOO_MANY_REQUESTS | TOO_MANY_STREAMS
     ├── Draining               UNAVAILABLE          DRAINING
+    ├── Unavailable            UNAVAILABLE          STORAGE_UNAVAILABLE
     ├── DataLoss               DATA_LOSS            INTEGRITY
     └── Unimplemented          UNIMPLEMENTED        (no reason)
 """
@@ -34,7 +35,7 @@ import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from lethe.v1 import errors_pb2
+from lethe.errors.v1 import errors_pb2
 
 DOMAIN = "lethe"
 Reason = errors_pb2.ErrorReason
@@ -210,6 +211,13 @@ class Draining(LetheError):
 
     code = grpc.StatusCode.UNAVAILABLE
     default_reason = Reason.DRAINING
+
+
+class Unavailable(LetheError):
+    """A storage fault (full disk, I/O error) stopped a write; nothing was applied."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    default_reason = Reason.STORAGE_UNAVAILABLE
 
 
 class DataLoss(LetheError):

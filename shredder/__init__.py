@@ -18,8 +18,9 @@ from shredder._backup import (
     read_manifest,
     restore_environment,
 )
+from shredder._failpoints import FAILPOINTS_ENV, POINTS, declare, failpoint
 from shredder._kek import KekRing, check_kek_placement, default_kek_path
-from shredder._keystore import Keystore
+from shredder._keystore import FreshKeys, Keystore
 from shredder._lmdbenv import open_durable_env
 from shredder.errors import (
     CryptoError,
@@ -31,10 +32,13 @@ from shredder.errors import (
 )
 
 __all__ = [
+    "FAILPOINTS_ENV",
+    "POINTS",
     "AssociatedData",
     "BackupManifest",
     "CryptoError",
     "EnvironmentConfigError",
+    "FreshKeys",
     "IntegrityError",
     "KekRing",
     "KeyExistsError",
@@ -44,7 +48,9 @@ __all__ = [
     "ShredderError",
     "backup_environment",
     "check_kek_placement",
+    "declare",
     "default_kek_path",
+    "failpoint",
     "open_durable_env",
     "read_manifest",
     "restore_environment",

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import lmdb
 
+from shredder._failpoints import declare, failpoint
 from shredder._lmdbenv import open_durable_env
 from shredder.errors import EnvironmentConfigError
 
@@ -42,6 +43,12 @@ class BackupManifest:
     created_time: float
     bytes: int
     sha256: str
+
+
+FP_BACKUP_AFTER_COPY = declare(
+    "backup.after_copy",
+    "the backup's data.mdb is written; its manifest is not (a restore must refuse it)",
+)
 
 
 def _digest(path: Path) -> str:
@@ -94,6 +101,7 @@ def backup_environment(
     os.chmod(data, 0o600)
     with data.open("rb+") as f:
         os.fsync(f.fileno())
+    failpoint(FP_BACKUP_AFTER_COPY)
     manifest = BackupManifest(store_id, time.time(), data.stat().st_size, _digest(data))
     body = {"format": BACKUP_FORMAT, **manifest.__dict__}
     manifest_path = out_dir / MANIFEST

@@ -20,6 +20,13 @@ databases:
     4       77    the ring key wrapped under a KEK version (layout in `shredder._aead`;
                   its 4-byte version field is the KEK version)
 
+``shredded`` — the shred log: one entry per deliberate destruction (ids only, never key
+  material). LMDB key: a record key's LMDB key (below) and ``owner | 0x00 | b"K" | key id``
+  (the same key found by id, whichever ring held it), a ring prefix (the whole ring), or an
+  owner prefix ``owner | 0x00`` (every ring of the owner); value: the time of the latest such
+  destruction, ASCII decimal seconds. It lets start-up tell a record whose key was destroyed on
+  purpose (its forget is decided) from one whose key went missing (kept and reported).
+
 ``records`` — one entry per record key. LMDB key::
 
     ring prefix (as above) | key id (1-256 bytes of UTF-8, no 0x00)
@@ -61,6 +68,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import lmdb
 import nacl.encoding
@@ -78,6 +86,7 @@ from shredder._aead import (
     _wrap_key,
     _wrapped_version,
 )
+from shredder._failpoints import declare, failpoint
 from shredder._kek import KekRing
 from shredder._lmdbenv import open_durable_env
 from shredder.errors import (
@@ -87,18 +96,29 @@ from shredder.errors import (
     KeyNotFoundError,
 )
 
-__all__ = ["Keystore"]
+__all__ = ["FreshKeys", "Keystore"]
+
+FP_ROTATE_AFTER_KEK = declare(
+    "keystore.rotate.after_kek",
+    "a new KEK version is in the KEK file; the keystore is not re-wrapped",
+)
+FP_ROTATE_AFTER_KEYSTORE = declare(
+    "keystore.rotate.after_rewrap",
+    "ring keys are re-wrapped under the new KEK version; older versions are not destroyed",
+)
 
 _FORMAT = b"lethe-keystore/1"
 _META = b"meta"
 _RINGS = b"rings"
 _RECORDS = b"records"
 _DIRTY = b"dirty"  # rings that lost or gave away a record key since the last rotation
-_MAX_DBS = 4
+_SHREDDED = b"shredded"  # the shred log (see the module docstring)
+_MAX_DBS = 5
 _UNROTATED = b"unrotated_since"  # meta: seconds of the oldest shred not yet rotated
 _SEP = b"\x00"
 _THREAD_RING = b"T"
 _OWNER_RING = b"O"
+_KEY_ID_LOG = b"K"  # shred-log entries of a record key by id
 _WRAP_TAG = "lethe-wrap/1"
 _MAX_KEY_ID_BYTES = 256
 _RING_VALUE_SIZE = 4 + WRAPPED_KEY_SIZE
@@ -129,6 +149,11 @@ def _key_id_bytes(key_id: str) -> bytes:
     if _SEP in raw or len(raw) > _MAX_KEY_ID_BYTES:
         raise ValueError(f"key id must be 1-{_MAX_KEY_ID_BYTES} UTF-8 bytes without NUL")
     return raw
+
+
+def _key_id_log_key(owner: str, key_id: str) -> bytes:
+    """Shred-log key of a record key by owner and id, whichever ring held it."""
+    return _owner_prefix(owner) + _KEY_ID_LOG + _key_id_bytes(key_id)
 
 
 def _record_lmdb_key(ring: RingRef, key_id: str) -> bytes:
@@ -170,6 +195,34 @@ def _record_ad(ring: RingRef, key_id: str, generation: int) -> bytes:
     return _encode_fields(_WRAP_TAG, "record", *_ring_fields(ring), key_id, generation)
 
 
+class FreshKeys:
+    """Record keys one :meth:`Keystore.create_record_keys` just made, for sealing the
+    payloads of the same batch without unwrapping each key again. Holds raw keys:
+    never printed or pickled; drop it once the batch is written.
+    """
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: dict[tuple[RingRef, str], _Key]) -> None:
+        self._keys = keys
+
+    def seal(
+        self, ring: RingRef, key_id: str, ad: AssociatedData, plaintext: bytes
+    ) -> bytes | None:
+        """Seal as :meth:`Keystore.seal` would, or None when the key is not one of these."""
+        key = self._keys.get((ring, key_id))
+        return None if key is None else _seal_payload(key, ad.encode(), plaintext)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __repr__(self) -> str:
+        return f"<FreshKeys {len(self._keys)} redacted>"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("FreshKeys holds raw keys and cannot be pickled")
+
+
 class Keystore:
     """Wrapped keys in their own LMDB environment at `path` (a directory).
 
@@ -206,6 +259,7 @@ class Keystore:
                     self._rings = self._env.open_db(_RINGS, txn=txn)
                     self._records = self._env.open_db(_RECORDS, txn=txn)
                     self._dirty = self._env.open_db(_DIRTY, txn=txn)
+                    self._shredded = self._env.open_db(_SHREDDED, txn=txn)
                     self._meta = self._env.open_db(_META, txn=txn)
             except BaseException:
                 self._env.close()
@@ -312,7 +366,7 @@ class Keystore:
 
     # ----------------------------------------------------------------- writes
 
-    def create_record_keys(self, refs: Sequence[tuple[RingRef, str]]) -> None:
+    def create_record_keys(self, refs: Sequence[tuple[RingRef, str]]) -> FreshKeys:
         """Create one new random record key per ``(ring, key_id)`` in one synced transaction.
 
         A ring that does not exist yet (never created, or destroyed) gets a new random ring
@@ -321,6 +375,10 @@ class Keystore:
         Args:
             refs: ``(ring, key_id)`` pairs; key ids are 1-256 UTF-8 bytes without NUL.
 
+        Returns:
+            The new keys, able to seal payloads without unwrapping them again from
+            the keystore (the writer seals a batch's payloads with them, then drops them).
+
         Raises:
             KeyExistsError: If a key id already exists in its ring or repeats within `refs`.
             ValueError: If a key id is malformed.
@@ -328,6 +386,7 @@ class Keystore:
                 KEK version unavailable).
         """
         new_rings: list[tuple[bytes, bytes, _Key]] = []
+        fresh: dict[tuple[RingRef, str], _Key] = {}
         with self._env.begin(write=True) as txn:
             ring_keys: dict[bytes, tuple[int, _Key]] = {}
             for ring, key_id in refs:
@@ -347,13 +406,16 @@ class Keystore:
                     else:
                         ring_keys[prefix] = self._unwrap_ring(ring, prefix, value, self._epoch)
                 generation, ring_key = ring_keys[prefix]
+                record_key = _Key.generate()
                 wrapped = _wrap_key(
-                    ring_key, generation, _record_ad(ring, key_id, generation), _Key.generate()
+                    ring_key, generation, _record_ad(ring, key_id, generation), record_key
                 )
                 if not txn.put(lmdb_key, wrapped, db=self._records, overwrite=False):
                     raise KeyExistsError(f"record key {key_id!r} already exists in its ring")
+                fresh[(ring, key_id)] = record_key
         for prefix, value, ring_key in new_rings:
             self._cache_put(prefix, value, ring_key, self._epoch)
+        return FreshKeys(fresh)
 
     def destroy(
         self,
@@ -361,6 +423,7 @@ class Keystore:
         record_keys: Sequence[tuple[RingRef, str]] = (),
         rings: Sequence[RingRef] = (),
         owners: Sequence[str] = (),
+        logged: bool = True,
     ) -> int:
         """Delete keys in one write transaction, sync the environment, evict cached keys.
 
@@ -372,6 +435,9 @@ class Keystore:
             rings: Rings to delete, each with every record key under it.
             owners: Owner ids whose every ring (thread rings and the owner ring) is to be
                 deleted with every record key under them.
+            logged: Record the destruction in the shred log, in the same transaction
+                (False only for keys no record ever used: keys made for a write that
+                failed).
 
         Returns:
             The number of keys deleted (ring keys plus record keys).
@@ -384,7 +450,12 @@ class Keystore:
         owner_prefixes = [_owner_prefix(owner) for owner in owners]
         evict: set[bytes] = set(ring_prefixes)
         deleted = 0
+        now = repr(time.time()).encode()
         with self._env.begin(write=True) as txn:
+            if logged:
+                by_id = [_key_id_log_key(ring.owner, key_id) for ring, key_id in record_keys]
+                for key in (*record_lmdb_keys, *by_id, *ring_prefixes, *owner_prefixes):
+                    txn.put(key, now, db=self._shredded)
             for (ring, _), lmdb_key in zip(record_keys, record_lmdb_keys, strict=True):
                 if txn.delete(lmdb_key, db=self._records):
                     deleted += 1
@@ -505,6 +576,7 @@ class Keystore:
         """
         old_versions = sorted(self._kek.versions)
         self._kek.add_version()
+        failpoint(FP_ROTATE_AFTER_KEK)
         renewed = rewrapped = 0
         with self._env.begin(write=True) as txn:
             dirty = {bytes(k) for k, _ in txn.cursor(db=self._dirty)}
@@ -554,8 +626,36 @@ class Keystore:
         with self._cache_lock:
             self._epoch += 1
             self._cache.clear()
+        failpoint(FP_ROTATE_AFTER_KEYSTORE)
         self._kek.retire(old_versions)
         return renewed, rewrapped, old_versions
+
+    def retire_unused_kek_versions(self) -> list[int]:
+        """Finish a rotation that a crash cut short: destroy every KEK version
+        other than the current one that wraps no ring key any more.
+
+        A rotation writes the new KEK version first, re-wraps the keystore in one
+        transaction, then destroys the old versions; a crash after the keystore
+        commit leaves an old version that wraps nothing but could still open a
+        ring key lingering in a free page. Safe at any time (a version in use
+        is never retired).
+
+        Returns:
+            The KEK versions destroyed (empty when there was nothing to finish).
+
+        Raises:
+            IntegrityError: a stored ring entry is malformed.
+            OSError: the KEK file cannot be rewritten.
+        """
+        if self._kek.path is None:
+            return []
+        in_use = self.kek_version_in_use()
+        unused = sorted(
+            v for v in self._kek.versions if v != self._kek.current_version and v not in in_use
+        )
+        if unused:
+            self._kek.retire(unused)
+        return unused
 
     # ----------------------------------------------------------------- reads
 
@@ -659,6 +759,37 @@ class Keystore:
                     ring, size = _decode_ring_prefix(key)
                     found.append((ring, key[size:].decode("utf-8")))
         return iter(found)
+
+    def find_record_key(self, owner: str, key_id: str) -> list[RingRef]:
+        """The rings of ``owner`` that hold a record key with id ``key_id`` (key ids are
+        random, so normally at most one): where an interrupted move left a key.
+
+        Raises:
+            ValueError: If an id is malformed.
+        """
+        _key_id_bytes(key_id)  # validates
+        return [ring for ring, found in self.list_record_keys(owner) if found == key_id]
+
+    def shredded_at(self, ring: RingRef, key_id: str) -> float | None:
+        """When a record key was last destroyed on purpose — on its own (in this
+        ring or, by id, in another ring of the owner it had moved to), with its
+        ring, or with its owner — in seconds, or None if the shred log has no
+        such destruction (the key is live, never existed, or went missing).
+
+        Raises:
+            ValueError: If an id is malformed.
+        """
+        prefix = _ring_prefix(ring)
+        keys = (
+            prefix + _key_id_bytes(key_id),
+            _key_id_log_key(ring.owner, key_id),
+            prefix,
+            _owner_prefix(ring.owner),
+        )
+        with self._env.begin() as txn:
+            times = [txn.get(k, db=self._shredded) for k in keys]
+        found = [float(bytes(t)) for t in times if t is not None]
+        return max(found) if found else None
 
     def key_count(self) -> int:
         """Return the number of live wrapped keys: record keys plus ring keys."""

@@ -3,25 +3,46 @@
 ``lethe`` starts the real server (LMDB, keystore, FAISS, WordLlama) on port 0
 in a temporary data directory, with the KEK held in the ``LETHE_KEK``
 environment variable so nothing is written to the user's config directory.
+``Lethe.client`` returns the typed client (:class:`lethe.client.Client`);
+``api`` is what the portable client tests need (a target and tokens; see
+``tests/lethe/light_conftest.py`` for its twin in the light client's venv).
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from lethe._rpc import Stubs
+from lethe.client import Client as TypedClient
 from server import LetheServer, ServerConfig, new_token, principal_record, token_digest
 from shredder import KekRing
 
-Client = Stubs
-"""Stubs bound to one token: ``.channel``, ``.token``, ``.md`` and a stub per
-service (``.threads``, ``.memories``, ``.retrieval``, ``.lifecycle``,
-``.repairs``, ``.events``, ``.health``); the clients' own holder."""
+
+class Client(TypedClient):
+    """The typed client, plus shorthands for the raw stubs on its channel that
+    the wire-level tests call directly (``c.threads.CreateThread(req,
+    metadata=c.md)``): ``.channel``, ``.token``, ``.md`` and ``.threads``,
+    ``.memories``, ``.retrieval``, ``.lifecycle``, ``.repairs``, ``.events``,
+    ``.health``."""
+
+    def __init__(self, target: str, token: str, **kwargs: Any) -> None:
+        super().__init__(target, token, **kwargs)
+        s = self.stubs
+        # Over TLS the channel's call credentials carry the token: md is empty.
+        self.channel, self.token, self.md = s.channel, token, self.metadata
+        self.threads, self.memories, self.retrieval = s.threads, s.memories, s.retrieval
+        self.lifecycle, self.repairs, self.events, self.health = (
+            s.lifecycle,
+            s.repairs,
+            s.events,
+            s.health,
+        )
 
 
 class Lethe:
@@ -31,20 +52,26 @@ class Lethe:
         self.data_dir = data_dir
         self.config = config
         self.server: LetheServer | None = None
-        self.channels: list[grpc.Channel] = []
+        self.clients: list[TypedClient] = []
+        self.channels: list[grpc.Channel] = []  # raw channels a test opened itself
+        self.port = 0
         self.start()
 
-    def start(self) -> None:
+    def start(self, *, same_port: bool = False) -> None:
         cfg = ServerConfig(
             data_dir=self.data_dir,
-            listen="127.0.0.1:0",
+            listen=f"127.0.0.1:{self.port if same_port else 0}",
             metrics_listen=None,
             **{"sweep_interval": 0.0, **self.config},
         )
         self.server = LetheServer(cfg)
         self.port = self.server.start()
 
-    def stop(self) -> None:
+    def stop(self, *, keep_clients: bool = False) -> None:
+        if not keep_clients:
+            for client in self.clients:
+                client.close()
+            self.clients.clear()
         for ch in self.channels:
             ch.close()
         self.channels.clear()
@@ -52,9 +79,11 @@ class Lethe:
             self.server.stop(grace=1.0)
             self.server = None
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
+    def restart(self, *, same_port: bool = False) -> None:
+        """Stop and start again on the same data directory; with ``same_port``
+        on the same port, and clients made before stay open (they reconnect)."""
+        self.stop(keep_clients=same_port)
+        self.start(same_port=same_port)
 
     def token(self, *owners: str, admin: bool = False) -> str:
         assert self.server is not None
@@ -62,10 +91,16 @@ class Lethe:
         self.server.store.put_token(token_digest(token), principal_record(owners, admin))
         return token
 
-    def client(self, *owners: str, admin: bool = False, token: str | None = None) -> Client:
-        channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
-        self.channels.append(channel)
-        return Client(channel, token or self.token(*owners, admin=admin))
+    def client(
+        self, *owners: str, admin: bool = False, token: str | None = None, **kwargs: Any
+    ) -> Client:
+        """A typed client on a new channel, with a new token for ``owners`` (or
+        ``token``); ``kwargs`` go to :class:`lethe.client.Client`. Closed at stop."""
+        client = Client(
+            f"127.0.0.1:{self.port}", token or self.token(*owners, admin=admin), **kwargs
+        )
+        self.clients.append(client)
+        return client
 
 
 @pytest.fixture
@@ -95,6 +130,40 @@ def lethe_at(kek_env: str) -> Iterator[Callable[..., Lethe]]:
     yield start
     for server in started:
         server.stop()
+
+
+@dataclass(frozen=True)
+class Api:
+    """Where the portable client tests call (``tests/lethe/test_client*.py``).
+
+    Attributes:
+        target: ``HOST:PORT`` of the running server.
+        admin: an admin token.
+        limited: a token allowed to act for ``limited_owner`` only.
+        limited_owner: the owner id ``limited`` may act for.
+        owner: a fresh owner id for this test.
+    """
+
+    target: str
+    admin: str
+    limited: str
+    limited_owner: str
+    owner: str
+
+    @property
+    def parent(self) -> str:
+        return f"owners/{self.owner}"
+
+
+@pytest.fixture
+def api(lethe: Lethe) -> Api:
+    return Api(
+        target=f"127.0.0.1:{lethe.port}",
+        admin=lethe.token(admin=True),
+        limited=lethe.token("limited-owner"),
+        limited_owner="limited-owner",
+        owner=f"o{secrets.token_hex(6)}",
+    )
 
 
 def free_port() -> int:

@@ -65,6 +65,7 @@ def test_serve_answers_health_and_tokens_then_stops_on_sigterm(
         try:
             assert proc.stdout is not None
             assert "serving" in proc.stdout.readline()
+            assert proc.stdout.readline().startswith("lethe KEK in memory (LETHE_KEK)")
             token = subprocess.run(
                 _lethe("token", "create", "--data", str(data), "--owner", "alice", env=env),
                 env=env,
@@ -141,6 +142,7 @@ def test_demo_on_sample_conversation_passes_its_checks(tmp_path: Path, kek_env: 
     assert report["failures"] == []
     assert report["forget"]["leaked_after_forget"] == 0
     assert report["forget"]["get_forgotten_turn_after_restore"] == "NOT_FOUND/RECORD_DELETED"
+    assert report["kek"] == "in memory"  # LETHE_KEK; a KEK file is named by its path
 
 
 @pytest.mark.skipif(not LOCOMO.exists(), reason="LoCoMo data not beside the repository")

@@ -1,5 +1,6 @@
-"""The committed generated package ``lethe/v1`` must be exactly what ``scripts/gen_protos.py``
-produces from ``proto/``: a stale generated file fails here."""
+"""The committed generated packages ``lethe/v1`` and ``lethe/errors`` must be exactly
+what ``scripts/gen_protos.py`` produces from ``proto/``: a stale generated file (or a
+stale copy of a ``.proto`` beside them) fails here."""
 
 from __future__ import annotations
 
@@ -9,6 +10,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+GENERATED_DIRS = ("lethe/v1", "lethe/errors")
+PROTO_PACKAGES = ("lethe/v1", "lethe/errors/v1")
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(
+        p.relative_to(root)
+        for folder in GENERATED_DIRS
+        for p in (root / folder).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    )
 
 
 def test_generated_code_is_current(tmp_path: Path) -> None:
@@ -17,20 +29,25 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
-    fresh = sorted(
-        p.relative_to(tmp_path) for p in (tmp_path / "lethe" / "v1").rglob("*") if p.is_file()
-    )
-    committed = sorted(
-        p.relative_to(ROOT)
-        for p in (ROOT / "lethe" / "v1").rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
-    )
-    assert fresh == committed, "generated file set differs; run scripts/gen_protos.py"
+    fresh = _files(tmp_path)
+    assert fresh == _files(ROOT), "generated file set differs; run scripts/gen_protos.py"
     stale = [str(p) for p in fresh if not filecmp.cmp(tmp_path / p, ROOT / p, shallow=False)]
     assert stale == [], f"stale generated files (run scripts/gen_protos.py): {stale}"
 
 
-def test_every_proto_has_generated_modules() -> None:
-    protos = {p.stem for p in (ROOT / "proto" / "lethe" / "v1").glob("*.proto")}
-    modules = {p.name.removesuffix("_pb2.py") for p in (ROOT / "lethe" / "v1").glob("*_pb2.py")}
-    assert protos == modules
+def test_every_proto_has_generated_modules_and_a_copy() -> None:
+    for folder in PROTO_PACKAGES:
+        protos = {p.stem for p in (ROOT / "proto" / folder).glob("*.proto")}
+        assert protos, folder
+        modules = {p.name.removesuffix("_pb2.py") for p in (ROOT / folder).glob("*_pb2.py")}
+        copies = {p.stem for p in (ROOT / folder).glob("*.proto")}
+        assert protos == modules == copies, folder
+
+
+def test_error_reason_lives_in_a_versioned_package() -> None:
+    from lethe.errors.v1 import errors_pb2
+
+    descriptor = errors_pb2.DESCRIPTOR
+    assert descriptor.package == "lethe.errors.v1"
+    assert descriptor.name == "lethe/errors/v1/errors.proto"
+    assert errors_pb2.ErrorReason.DESCRIPTOR.full_name == "lethe.errors.v1.ErrorReason"

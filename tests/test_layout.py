@@ -24,7 +24,7 @@ MAX_LINES = 1000
 def _sources(*tops: str) -> Iterator[Path]:
     for top in tops:
         for path in sorted((ROOT / top).rglob("*.py")):
-            if "v1" in path.relative_to(ROOT).parts[:2] or "__pycache__" in path.parts:
+            if "v1" in path.relative_to(ROOT).parts[:3] or "__pycache__" in path.parts:
                 continue
             yield path
 

@@ -27,6 +27,7 @@ def test_store_face_is_pinned() -> None:
     assert sorted(server.store.__all__) == sorted(
         [
             "COMMITTED",
+            "DEFAULT_MAX_STORE_SIZE",
             "DESTINATIONS",
             "EVENT_RETENTION",
             "KEK_ENV",
@@ -39,6 +40,7 @@ def test_store_face_is_pinned() -> None:
             "AuditCounts",
             "DeletionEntry",
             "Destination",
+            "KeyCheck",
             "EventRow",
             "ManifestRow",
             "MemMeta",
@@ -64,6 +66,7 @@ def test_store_face_is_pinned() -> None:
             "open_store_for",
             "pending_indexable",
             "pending_visible",
+            "record_ring",
             "scope_chain",
             "searchable",
         ]

@@ -28,36 +28,74 @@ class _EventType:
 class _EventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EventType.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     EVENT_TYPE_UNSPECIFIED: _EventType.ValueType  # 0
+    """Never sent; in `WatchRequest.types` it is ignored."""
     COMMITMENT_DUE: _EventType.ValueType  # 1
+    """A committed open `COMMITMENT` passed its `due_time` (`subject`, once)."""
     REBUILD_REQUESTED: _EventType.ValueType  # 2
+    """A derivative (`subject`) was deleted although some sources survive;
+    `sources` are the survivors to rebuild it from.
+    """
     RECORD_DELETED: _EventType.ValueType  # 3
+    """A record (`subject`) was deleted; `receipt` is the deletion's receipt."""
     PENDING_EXPIRING: _EventType.ValueType  # 4
+    """A pending record (`subject`) expires within the server's warning window
+    (1 h by default), announced once.
+    """
     SLOT_CONFLICT: _EventType.ValueType  # 5
+    """A memory could not take a slot and scope; `subject` is the memory that
+    holds it.
+    """
     CANDIDATE_PROPOSED: _EventType.ValueType  # 6
+    """The write-time tagger or the client's tags proposed a candidate memory
+    (`subject`, `PENDING`).
+    """
 
-class EventType(_EventType, metaclass=_EventTypeEnumTypeWrapper): ...
+class EventType(_EventType, metaclass=_EventTypeEnumTypeWrapper):
+    """What happened."""
 
 EVENT_TYPE_UNSPECIFIED: EventType.ValueType  # 0
+"""Never sent; in `WatchRequest.types` it is ignored."""
 COMMITMENT_DUE: EventType.ValueType  # 1
+"""A committed open `COMMITMENT` passed its `due_time` (`subject`, once)."""
 REBUILD_REQUESTED: EventType.ValueType  # 2
+"""A derivative (`subject`) was deleted although some sources survive;
+`sources` are the survivors to rebuild it from.
+"""
 RECORD_DELETED: EventType.ValueType  # 3
+"""A record (`subject`) was deleted; `receipt` is the deletion's receipt."""
 PENDING_EXPIRING: EventType.ValueType  # 4
+"""A pending record (`subject`) expires within the server's warning window
+(1 h by default), announced once.
+"""
 SLOT_CONFLICT: EventType.ValueType  # 5
+"""A memory could not take a slot and scope; `subject` is the memory that
+holds it.
+"""
 CANDIDATE_PROPOSED: EventType.ValueType  # 6
+"""The write-time tagger or the client's tags proposed a candidate memory
+(`subject`, `PENDING`).
+"""
 Global___EventType: _TypeAlias = EventType  # noqa: Y015
 
 @_typing.final
 class WatchRequest(_message.Message):
+    """Request of `Events.Watch`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PARENT_FIELD_NUMBER: _builtins.int
     TYPES_FIELD_NUMBER: _builtins.int
     AFTER_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
+    """Required: the owner, `owners/{o}`."""
     after: _builtins.str
-    """Resume after this event id."""
+    """Resume after this event id (`Event.id`, decimal digits); "" starts with
+    the oldest event kept. Events are kept for 7 days.
+    """
     @_builtins.property
-    def types(self) -> _containers.RepeatedScalarFieldContainer[Global___EventType.ValueType]: ...
+    def types(self) -> _containers.RepeatedScalarFieldContainer[Global___EventType.ValueType]:
+        """Only these types; empty means every type."""
+
     def __init__(
         self,
         *,
@@ -75,6 +113,8 @@ Global___WatchRequest: _TypeAlias = WatchRequest  # noqa: Y015
 
 @_typing.final
 class Event(_message.Message):
+    """One event."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -84,14 +124,25 @@ class Event(_message.Message):
     SOURCES_FIELD_NUMBER: _builtins.int
     RECEIPT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    """Event id: decimal, increasing within the owner; pass it as `after` to resume."""
     type: Global___EventType.ValueType
+    """What happened."""
     subject: _builtins.str
+    """The resource it is about (see `EventType`)."""
     @_builtins.property
-    def time(self) -> _timestamp_pb2.Timestamp: ...
+    def time(self) -> _timestamp_pb2.Timestamp:
+        """When it happened."""
+
     @_builtins.property
-    def sources(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]: ...
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]:
+        """For `REBUILD_REQUESTED`: the surviving sources at their versions."""
+
     @_builtins.property
-    def receipt(self) -> _common_pb2.DeletionReceipt: ...
+    def receipt(self) -> _common_pb2.DeletionReceipt:
+        """For events of a deletion (`RECORD_DELETED`, `REBUILD_REQUESTED`): the
+        deletion's receipt, when it is still in the log.
+        """
+
     def __init__(
         self,
         *,

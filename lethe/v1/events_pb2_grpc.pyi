@@ -27,8 +27,8 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class EventsStub:
-    """Server-pushed lifecycle events. Defined for the contract; answers
-    UNIMPLEMENTED until a later release.
+    """Server-pushed lifecycle events of an owner (identifiers only, never
+    content). Errors common to every method are listed in common.proto.
     """
 
     @_typing.overload
@@ -36,19 +36,33 @@ class EventsStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> EventsAsyncStub: ...
     Watch: _grpc.UnaryStreamMultiCallable[_events_pb2.WatchRequest, _events_pb2.Event]
+    """Streams the owner's events in id order: first those after `after` that
+    are still kept (7 days), then new ones as they happen (polled every
+    0.2 s), until the client cancels or the server stops (the stream then
+    ends with OK; resume with the last id seen).
+    Errors (before the first event): `INVALID_ARGUMENT` / `BAD_FIELD` (a
+    malformed `after`, an unknown type).
+    """
 
 @_typing.type_check_only
 class EventsAsyncStub(EventsStub):
-    """Server-pushed lifecycle events. Defined for the contract; answers
-    UNIMPLEMENTED until a later release.
+    """Server-pushed lifecycle events of an owner (identifiers only, never
+    content). Errors common to every method are listed in common.proto.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Watch: _aio.UnaryStreamMultiCallable[_events_pb2.WatchRequest, _events_pb2.Event]  # type: ignore[assignment]
+    """Streams the owner's events in id order: first those after `after` that
+    are still kept (7 days), then new ones as they happen (polled every
+    0.2 s), until the client cancels or the server stops (the stream then
+    ends with OK; resume with the last id seen).
+    Errors (before the first event): `INVALID_ARGUMENT` / `BAD_FIELD` (a
+    malformed `after`, an unknown type).
+    """
 
 class EventsServicer(metaclass=_abc_1.ABCMeta):
-    """Server-pushed lifecycle events. Defined for the contract; answers
-    UNIMPLEMENTED until a later release.
+    """Server-pushed lifecycle events of an owner (identifiers only, never
+    content). Errors common to every method are listed in common.proto.
     """
 
     @_abc_1.abstractmethod
@@ -56,6 +70,13 @@ class EventsServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _events_pb2.WatchRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_events_pb2.Event], _abc.AsyncIterator[_events_pb2.Event]]: ...
+    ) -> _typing.Union[_abc.Iterator[_events_pb2.Event], _abc.AsyncIterator[_events_pb2.Event]]:
+        """Streams the owner's events in id order: first those after `after` that
+        are still kept (7 days), then new ones as they happen (polled every
+        0.2 s), until the client cancels or the server stops (the stream then
+        ends with OK; resume with the last id seen).
+        Errors (before the first event): `INVALID_ARGUMENT` / `BAD_FIELD` (a
+        malformed `after`, an unknown type).
+        """
 
 def add_EventsServicer_to_server(servicer: EventsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

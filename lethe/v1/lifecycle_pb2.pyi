@@ -23,14 +23,19 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class CommitRequest(_message.Message):
+    """Request of `Lifecycle.Commit`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAMES_FIELD_NUMBER: _builtins.int
     INCLUDE_SOURCES_FIELD_NUMBER: _builtins.int
     include_sources: _builtins.bool
+    """Also commit the pending sources of the named memories, transitively."""
     @_builtins.property
     def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Turn or memory names, one owner."""
+        """Required: 1..1000 turn or memory names of one owner; a name given twice
+        is committed once.
+        """
 
     def __init__(
         self,
@@ -48,11 +53,17 @@ Global___CommitRequest: _TypeAlias = CommitRequest  # noqa: Y015
 
 @_typing.final
 class CommitResponse(_message.Message):
+    """Response of `Lifecycle.Commit`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     COMMITTED_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def committed(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]: ...
+    def committed(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]:
+        """The named records at their versions, in request order, then the sources
+        `include_sources` committed.
+        """
+
     def __init__(
         self,
         *,
@@ -68,14 +79,22 @@ Global___CommitResponse: _TypeAlias = CommitResponse  # noqa: Y015
 
 @_typing.final
 class ExtendPendingRequest(_message.Message):
+    """Request of `Lifecycle.ExtendPending`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAMES_FIELD_NUMBER: _builtins.int
     TTL_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Required: 1..1000 turn or memory names of one owner."""
+
     @_builtins.property
-    def ttl(self) -> _duration_pb2.Duration: ...
+    def ttl(self) -> _duration_pb2.Duration:
+        """Required: the new pending lifetime counted from now; positive, at most
+        366 days.
+        """
+
     def __init__(
         self,
         *,
@@ -92,11 +111,15 @@ Global___ExtendPendingRequest: _TypeAlias = ExtendPendingRequest  # noqa: Y015
 
 @_typing.final
 class ExtendPendingResponse(_message.Message):
+    """Response of `Lifecycle.ExtendPending`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     RECORDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def records(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]: ...
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]:
+        """The named records at their versions, in request order."""
+
     def __init__(
         self,
         *,
@@ -112,14 +135,19 @@ Global___ExtendPendingResponse: _TypeAlias = ExtendPendingResponse  # noqa: Y015
 
 @_typing.final
 class TurnRange(_message.Message):
+    """A stretch of one thread's turns, both ends included."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     THREAD_FIELD_NUMBER: _builtins.int
     FROM_SEQ_FIELD_NUMBER: _builtins.int
     TO_SEQ_FIELD_NUMBER: _builtins.int
     thread: _builtins.str
+    """Required: `owners/{o}/threads/{t}`."""
     from_seq: _builtins.int
+    """First seq, ≥ 1."""
     to_seq: _builtins.int
+    """Last seq, ≥ `from_seq`; seqs without a stored turn are skipped."""
     def __init__(
         self,
         *,
@@ -137,6 +165,10 @@ Global___TurnRange: _TypeAlias = TurnRange  # noqa: Y015
 
 @_typing.final
 class ForgetRequest(_message.Message):
+    """Request of `Lifecycle.Forget`: at least one of `names` and `range`, all of
+    one owner.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     class _Responses:
@@ -146,27 +178,46 @@ class ForgetRequest(_message.Message):
     class _ResponsesEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[ForgetRequest._Responses.ValueType], _builtins.type):
         DESCRIPTOR: _descriptor.EnumDescriptor
         RESPONSES_UNSPECIFIED: ForgetRequest._Responses.ValueType  # 0
+        """`TAINT`."""
         TAINT: ForgetRequest._Responses.ValueType  # 1
+        """Keep them, marked `tainted` (excluded from retrieval, context and
+        rebuilds; listed only on request).
+        """
         DELETE: ForgetRequest._Responses.ValueType  # 2
+        """Delete them with the rest (counted in `cascaded`)."""
 
-    class Responses(_Responses, metaclass=_ResponsesEnumTypeWrapper): ...
+    class Responses(_Responses, metaclass=_ResponsesEnumTypeWrapper):
+        """What happens to assistant turns whose lineage includes a forgotten record."""
+
     RESPONSES_UNSPECIFIED: ForgetRequest.Responses.ValueType  # 0
+    """`TAINT`."""
     TAINT: ForgetRequest.Responses.ValueType  # 1
+    """Keep them, marked `tainted` (excluded from retrieval, context and
+    rebuilds; listed only on request).
+    """
     DELETE: ForgetRequest.Responses.ValueType  # 2
+    """Delete them with the rest (counted in `cascaded`)."""
 
     NAMES_FIELD_NUMBER: _builtins.int
     RANGE_FIELD_NUMBER: _builtins.int
     RESPONSES_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     responses: Global___ForgetRequest.Responses.ValueType
+    """Default `TAINT`."""
     reason: _builtins.str
-    """Free text kept on the receipt; must not carry content (at most 256 bytes)."""
+    """Free text kept on the receipt, at most 256 bytes of UTF-8; default
+    "FORGET". Stored in plaintext: it must not carry content.
+    """
     @_builtins.property
     def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Turn, memory, thread or owner names, one owner per request."""
+        """Up to 1000 turn, memory, thread or owner names (`owners/{o}` forgets the
+        whole owner); a name given twice is forgotten once.
+        """
 
     @_builtins.property
-    def range(self) -> Global___TurnRange: ...
+    def range(self) -> Global___TurnRange:
+        """Optional range of turns to forget."""
+
     def __init__(
         self,
         *,
@@ -185,6 +236,8 @@ Global___ForgetRequest: _TypeAlias = ForgetRequest  # noqa: Y015
 
 @_typing.final
 class GetLineageRequest(_message.Message):
+    """Request of `Lifecycle.GetLineage`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     class _Direction:
@@ -194,20 +247,33 @@ class GetLineageRequest(_message.Message):
     class _DirectionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[GetLineageRequest._Direction.ValueType], _builtins.type):
         DESCRIPTOR: _descriptor.EnumDescriptor
         DIRECTION_UNSPECIFIED: GetLineageRequest._Direction.ValueType  # 0
+        """Refused: the direction is required."""
         ANCESTORS: GetLineageRequest._Direction.ValueType  # 1
+        """Towards sources (what this was built from)."""
         DESCENDANTS: GetLineageRequest._Direction.ValueType  # 2
+        """Towards derivatives (what was built from this)."""
 
-    class Direction(_Direction, metaclass=_DirectionEnumTypeWrapper): ...
+    class Direction(_Direction, metaclass=_DirectionEnumTypeWrapper):
+        """Which way to follow the edges."""
+
     DIRECTION_UNSPECIFIED: GetLineageRequest.Direction.ValueType  # 0
+    """Refused: the direction is required."""
     ANCESTORS: GetLineageRequest.Direction.ValueType  # 1
+    """Towards sources (what this was built from)."""
     DESCENDANTS: GetLineageRequest.Direction.ValueType  # 2
+    """Towards derivatives (what was built from this)."""
 
     NAME_FIELD_NUMBER: _builtins.int
     DIRECTION_FIELD_NUMBER: _builtins.int
     MAX_DEPTH_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Required: a live turn or memory, `owners/{o}/threads/{t}/turns/{seq}` or
+    `owners/{o}/memories/{m}`.
+    """
     direction: Global___GetLineageRequest.Direction.ValueType
+    """Required."""
     max_depth: _builtins.int
+    """Hops to follow, 0..100; 0 means 10."""
     def __init__(
         self,
         *,
@@ -225,14 +291,20 @@ Global___GetLineageRequest: _TypeAlias = GetLineageRequest  # noqa: Y015
 
 @_typing.final
 class LineageEdge(_message.Message):
+    """One lineage edge: `derivative` was built from `source`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SOURCE_FIELD_NUMBER: _builtins.int
     DERIVATIVE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def source(self) -> _common_pb2.SourceRef: ...
+    def source(self) -> _common_pb2.SourceRef:
+        """The source at the version the derivative references."""
+
     @_builtins.property
-    def derivative(self) -> _common_pb2.SourceRef: ...
+    def derivative(self) -> _common_pb2.SourceRef:
+        """The derivative at the version that references the source."""
+
     def __init__(
         self,
         *,
@@ -249,11 +321,15 @@ Global___LineageEdge: _TypeAlias = LineageEdge  # noqa: Y015
 
 @_typing.final
 class GetLineageResponse(_message.Message):
+    """Response of `Lifecycle.GetLineage`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EDGES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def edges(self) -> _containers.RepeatedCompositeFieldContainer[Global___LineageEdge]: ...
+    def edges(self) -> _containers.RepeatedCompositeFieldContainer[Global___LineageEdge]:
+        """Every edge reached, nearest first."""
+
     def __init__(
         self,
         *,
@@ -269,14 +345,23 @@ Global___GetLineageResponse: _TypeAlias = GetLineageResponse  # noqa: Y015
 
 @_typing.final
 class ListDeletionsRequest(_message.Message):
+    """Request of `Lifecycle.ListDeletions`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PARENT_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
+    """Required: the owner, `owners/{o}`."""
     page_size: _builtins.int
+    """Maximum receipts per page: 0 means 100, values above 1000 are read as
+    1000; negative is `BAD_FIELD`. May change from page to page.
+    """
     page_token: _builtins.str
+    """`next_page_token` of the previous page; "" for the first page. Opaque and
+    bound to this request's other fields (see `ListThreadsRequest.page_token`).
+    """
     def __init__(
         self,
         *,
@@ -294,13 +379,18 @@ Global___ListDeletionsRequest: _TypeAlias = ListDeletionsRequest  # noqa: Y015
 
 @_typing.final
 class ListDeletionsResponse(_message.Message):
+    """Response of `Lifecycle.ListDeletions`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     RECEIPTS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
+    """Token of the next page; "" on the last page."""
     @_builtins.property
-    def receipts(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.DeletionReceipt]: ...
+    def receipts(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.DeletionReceipt]:
+        """One page of receipts, oldest first."""
+
     def __init__(
         self,
         *,
@@ -317,10 +407,13 @@ Global___ListDeletionsResponse: _TypeAlias = ListDeletionsResponse  # noqa: Y015
 
 @_typing.final
 class AuditRequest(_message.Message):
+    """Request of `Lifecycle.Audit`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PARENT_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
+    """Required: the owner, `owners/{o}`."""
     def __init__(
         self,
         *,
@@ -336,6 +429,13 @@ Global___AuditRequest: _TypeAlias = AuditRequest  # noqa: Y015
 
 @_typing.final
 class AuditReport(_message.Message):
+    """An owner's audit: every count but `checked` and `stale_summaries` (a
+    rebuild hint) is zero in a healthy store; `lethe audit` exits 1 on any of
+    them (the same counts feed the `lethe_orphan_derivatives`,
+    `lethe_stale_summaries`, `lethe_records_without_key` and
+    `lethe_unreadable_records` metrics).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CHECKED_FIELD_NUMBER: _builtins.int
@@ -344,12 +444,34 @@ class AuditReport(_message.Message):
     KEYS_WITHOUT_RECORD_FIELD_NUMBER: _builtins.int
     RECORDS_WITHOUT_KEY_FIELD_NUMBER: _builtins.int
     INDEX_DRIFT_FIELD_NUMBER: _builtins.int
+    UNREADABLE_RECORDS_FIELD_NUMBER: _builtins.int
     checked: _builtins.int
+    """Records examined."""
     orphans: _builtins.int
+    """Live derivatives with a source that is missing, deleted or expired
+    (zero by construction: a deletion cascades in its own transaction).
+    """
     stale_summaries: _builtins.int
+    """Live summaries built before a turn inside their own lineage range (between
+    the first and the last turn they name, in one thread) was forgotten or
+    expired: a hint to rebuild them, not a failure.
+    """
     keys_without_record: _builtins.int
+    """Record keys in the keystore that no record uses."""
     records_without_key: _builtins.int
+    """Live records whose record key is missing with no decided deletion: kept,
+    answered DATA_LOSS, for an operator to forget or restore.
+    """
     index_drift: _builtins.int
+    """Entries of the owner's in-memory indexes that disagree with the store
+    (held but not visible, visible but missing, stale context); 0 when the
+    owner's indexes are not loaded. Only the server measures it.
+    """
+    unreadable_records: _builtins.int
+    """Live records whose stored ciphertext fails to open (corruption, a
+    truncated value, a key that does not match): each is answered DATA_LOSS /
+    INTEGRITY by name and skipped by every bulk read.
+    """
     def __init__(
         self,
         *,
@@ -359,10 +481,11 @@ class AuditReport(_message.Message):
         keys_without_record: _builtins.int = ...,
         records_without_key: _builtins.int = ...,
         index_drift: _builtins.int = ...,
+        unreadable_records: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked", b"checked", "index_drift", b"index_drift", "keys_without_record", b"keys_without_record", "orphans", b"orphans", "records_without_key", b"records_without_key", "stale_summaries", b"stale_summaries"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked", b"checked", "index_drift", b"index_drift", "keys_without_record", b"keys_without_record", "orphans", b"orphans", "records_without_key", b"records_without_key", "stale_summaries", b"stale_summaries", "unreadable_records", b"unreadable_records"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

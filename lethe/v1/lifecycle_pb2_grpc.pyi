@@ -28,8 +28,9 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class LifecycleStub:
-    """Commit, forget and inspect what was deleted. Commit and Forget are served
-    now; the others answer UNIMPLEMENTED until a later release.
+    """Commit pending material, extend its window, forget, and inspect lineage,
+    deletions and the audit. Errors common to every method are listed in
+    common.proto; each method lists the rest.
     """
 
     @_typing.overload
@@ -37,31 +38,119 @@ class LifecycleStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> LifecycleAsyncStub: ...
     Commit: _grpc.UnaryUnaryMultiCallable[_lifecycle_pb2.CommitRequest, _lifecycle_pb2.CommitResponse]
+    """Commits pending turns and memories in one transaction (already committed
+    ones are returned unchanged). A memory with a pending source is refused
+    unless `include_sources`, which commits those sources too (transitively).
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (also for an
+    expired or tainted record); `FAILED_PRECONDITION` / `SEALED`,
+    `SOURCE_PENDING` or `SOURCE_DELETED` (naming the record or source);
+    `INVALID_ARGUMENT` / `BAD_FIELD` (no names, more than 1000, several
+    owners, not a turn or memory name); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
     ExtendPending: _grpc.UnaryUnaryMultiCallable[_lifecycle_pb2.ExtendPendingRequest, _lifecycle_pb2.ExtendPendingResponse]
+    """Gives pending records `ttl` from now; committed ones are returned
+    unchanged.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (also for an
+    expired record); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+    `BAD_FIELD` (as `Commit`, and a missing or out-of-range `ttl`);
+    `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
     Forget: _grpc.UnaryUnaryMultiCallable[_lifecycle_pb2.ForgetRequest, _common_pb2.DeletionReceipt]
-    """Returns when the deletion is effective for every reader."""
+    """Forgets turns, turn ranges, memories, threads or a whole owner: writes
+    tombstones for the targets and every transitive descendant in one
+    transaction, taints (or deletes) responses built on them, removes index
+    entries, destroys the keys (the record keys, or the thread's or owner's
+    whole ring) and purges the rows. Returns when the deletion is effective
+    for every reader; the cryptographic completion follows at the next
+    rotation (`DeletionReceipt.shred_horizon_time`). A crash mid-way is
+    resumed at start-up.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (a named record
+    never existed or is gone: nothing is deleted); `INVALID_ARGUMENT` /
+    `BAD_FIELD` (no target, more than 1000 names, several owners, a bad
+    range, an unknown `responses`, a `reason` over 256 bytes);
+    `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
     GetLineage: _grpc.UnaryUnaryMultiCallable[_lifecycle_pb2.GetLineageRequest, _lifecycle_pb2.GetLineageResponse]
+    """Lists the lineage edges around a live turn or memory, breadth first up to
+    `max_depth` hops.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+    `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` / `BAD_FIELD` (not a
+    turn or memory name, a missing direction, `max_depth` outside 0..100).
+    """
     ListDeletions: _grpc.UnaryUnaryMultiCallable[_lifecycle_pb2.ListDeletionsRequest, _lifecycle_pb2.ListDeletionsResponse]
+    """Lists an owner's deletion receipts, oldest first. Paginated (AIP-158).
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for a negative `page_size` or a
+    `page_token` that this server did not issue for the same request.
+    """
     Audit: _grpc.UnaryUnaryMultiCallable[_lifecycle_pb2.AuditRequest, _lifecycle_pb2.AuditReport]
+    """Audits an owner now: opens every live record (integrity) and checks
+    lineage, keys and the loaded indexes; every count of a healthy store but
+    `stale_summaries` is zero.
+    """
 
 @_typing.type_check_only
 class LifecycleAsyncStub(LifecycleStub):
-    """Commit, forget and inspect what was deleted. Commit and Forget are served
-    now; the others answer UNIMPLEMENTED until a later release.
+    """Commit pending material, extend its window, forget, and inspect lineage,
+    deletions and the audit. Errors common to every method are listed in
+    common.proto; each method lists the rest.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Commit: _aio.UnaryUnaryMultiCallable[_lifecycle_pb2.CommitRequest, _lifecycle_pb2.CommitResponse]  # type: ignore[assignment]
+    """Commits pending turns and memories in one transaction (already committed
+    ones are returned unchanged). A memory with a pending source is refused
+    unless `include_sources`, which commits those sources too (transitively).
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (also for an
+    expired or tainted record); `FAILED_PRECONDITION` / `SEALED`,
+    `SOURCE_PENDING` or `SOURCE_DELETED` (naming the record or source);
+    `INVALID_ARGUMENT` / `BAD_FIELD` (no names, more than 1000, several
+    owners, not a turn or memory name); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
     ExtendPending: _aio.UnaryUnaryMultiCallable[_lifecycle_pb2.ExtendPendingRequest, _lifecycle_pb2.ExtendPendingResponse]  # type: ignore[assignment]
+    """Gives pending records `ttl` from now; committed ones are returned
+    unchanged.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (also for an
+    expired record); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+    `BAD_FIELD` (as `Commit`, and a missing or out-of-range `ttl`);
+    `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
     Forget: _aio.UnaryUnaryMultiCallable[_lifecycle_pb2.ForgetRequest, _common_pb2.DeletionReceipt]  # type: ignore[assignment]
-    """Returns when the deletion is effective for every reader."""
+    """Forgets turns, turn ranges, memories, threads or a whole owner: writes
+    tombstones for the targets and every transitive descendant in one
+    transaction, taints (or deletes) responses built on them, removes index
+    entries, destroys the keys (the record keys, or the thread's or owner's
+    whole ring) and purges the rows. Returns when the deletion is effective
+    for every reader; the cryptographic completion follows at the next
+    rotation (`DeletionReceipt.shred_horizon_time`). A crash mid-way is
+    resumed at start-up.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (a named record
+    never existed or is gone: nothing is deleted); `INVALID_ARGUMENT` /
+    `BAD_FIELD` (no target, more than 1000 names, several owners, a bad
+    range, an unknown `responses`, a `reason` over 256 bytes);
+    `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
     GetLineage: _aio.UnaryUnaryMultiCallable[_lifecycle_pb2.GetLineageRequest, _lifecycle_pb2.GetLineageResponse]  # type: ignore[assignment]
+    """Lists the lineage edges around a live turn or memory, breadth first up to
+    `max_depth` hops.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+    `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` / `BAD_FIELD` (not a
+    turn or memory name, a missing direction, `max_depth` outside 0..100).
+    """
     ListDeletions: _aio.UnaryUnaryMultiCallable[_lifecycle_pb2.ListDeletionsRequest, _lifecycle_pb2.ListDeletionsResponse]  # type: ignore[assignment]
+    """Lists an owner's deletion receipts, oldest first. Paginated (AIP-158).
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for a negative `page_size` or a
+    `page_token` that this server did not issue for the same request.
+    """
     Audit: _aio.UnaryUnaryMultiCallable[_lifecycle_pb2.AuditRequest, _lifecycle_pb2.AuditReport]  # type: ignore[assignment]
+    """Audits an owner now: opens every live record (integrity) and checks
+    lineage, keys and the loaded indexes; every count of a healthy store but
+    `stale_summaries` is zero.
+    """
 
 class LifecycleServicer(metaclass=_abc_1.ABCMeta):
-    """Commit, forget and inspect what was deleted. Commit and Forget are served
-    now; the others answer UNIMPLEMENTED until a later release.
+    """Commit pending material, extend its window, forget, and inspect lineage,
+    deletions and the audit. Errors common to every method are listed in
+    common.proto; each method lists the rest.
     """
 
     @_abc_1.abstractmethod
@@ -69,14 +158,30 @@ class LifecycleServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _lifecycle_pb2.CommitRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_lifecycle_pb2.CommitResponse, _abc.Awaitable[_lifecycle_pb2.CommitResponse]]: ...
+    ) -> _typing.Union[_lifecycle_pb2.CommitResponse, _abc.Awaitable[_lifecycle_pb2.CommitResponse]]:
+        """Commits pending turns and memories in one transaction (already committed
+        ones are returned unchanged). A memory with a pending source is refused
+        unless `include_sources`, which commits those sources too (transitively).
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (also for an
+        expired or tainted record); `FAILED_PRECONDITION` / `SEALED`,
+        `SOURCE_PENDING` or `SOURCE_DELETED` (naming the record or source);
+        `INVALID_ARGUMENT` / `BAD_FIELD` (no names, more than 1000, several
+        owners, not a turn or memory name); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+        """
 
     @_abc_1.abstractmethod
     def ExtendPending(
         self,
         request: _lifecycle_pb2.ExtendPendingRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_lifecycle_pb2.ExtendPendingResponse, _abc.Awaitable[_lifecycle_pb2.ExtendPendingResponse]]: ...
+    ) -> _typing.Union[_lifecycle_pb2.ExtendPendingResponse, _abc.Awaitable[_lifecycle_pb2.ExtendPendingResponse]]:
+        """Gives pending records `ttl` from now; committed ones are returned
+        unchanged.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (also for an
+        expired record); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+        `BAD_FIELD` (as `Commit`, and a missing or out-of-range `ttl`);
+        `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+        """
 
     @_abc_1.abstractmethod
     def Forget(
@@ -84,27 +189,54 @@ class LifecycleServicer(metaclass=_abc_1.ABCMeta):
         request: _lifecycle_pb2.ForgetRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.DeletionReceipt, _abc.Awaitable[_common_pb2.DeletionReceipt]]:
-        """Returns when the deletion is effective for every reader."""
+        """Forgets turns, turn ranges, memories, threads or a whole owner: writes
+        tombstones for the targets and every transitive descendant in one
+        transaction, taints (or deletes) responses built on them, removes index
+        entries, destroys the keys (the record keys, or the thread's or owner's
+        whole ring) and purges the rows. Returns when the deletion is effective
+        for every reader; the cryptographic completion follows at the next
+        rotation (`DeletionReceipt.shred_horizon_time`). A crash mid-way is
+        resumed at start-up.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (a named record
+        never existed or is gone: nothing is deleted); `INVALID_ARGUMENT` /
+        `BAD_FIELD` (no target, more than 1000 names, several owners, a bad
+        range, an unknown `responses`, a `reason` over 256 bytes);
+        `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+        """
 
     @_abc_1.abstractmethod
     def GetLineage(
         self,
         request: _lifecycle_pb2.GetLineageRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_lifecycle_pb2.GetLineageResponse, _abc.Awaitable[_lifecycle_pb2.GetLineageResponse]]: ...
+    ) -> _typing.Union[_lifecycle_pb2.GetLineageResponse, _abc.Awaitable[_lifecycle_pb2.GetLineageResponse]]:
+        """Lists the lineage edges around a live turn or memory, breadth first up to
+        `max_depth` hops.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+        `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` / `BAD_FIELD` (not a
+        turn or memory name, a missing direction, `max_depth` outside 0..100).
+        """
 
     @_abc_1.abstractmethod
     def ListDeletions(
         self,
         request: _lifecycle_pb2.ListDeletionsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_lifecycle_pb2.ListDeletionsResponse, _abc.Awaitable[_lifecycle_pb2.ListDeletionsResponse]]: ...
+    ) -> _typing.Union[_lifecycle_pb2.ListDeletionsResponse, _abc.Awaitable[_lifecycle_pb2.ListDeletionsResponse]]:
+        """Lists an owner's deletion receipts, oldest first. Paginated (AIP-158).
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for a negative `page_size` or a
+        `page_token` that this server did not issue for the same request.
+        """
 
     @_abc_1.abstractmethod
     def Audit(
         self,
         request: _lifecycle_pb2.AuditRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_lifecycle_pb2.AuditReport, _abc.Awaitable[_lifecycle_pb2.AuditReport]]: ...
+    ) -> _typing.Union[_lifecycle_pb2.AuditReport, _abc.Awaitable[_lifecycle_pb2.AuditReport]]:
+        """Audits an owner now: opens every live record (integrity) and checks
+        lineage, keys and the loaded indexes; every count of a healthy store but
+        `stale_summaries` is zero.
+        """
 
 def add_LifecycleServicer_to_server(servicer: LifecycleServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

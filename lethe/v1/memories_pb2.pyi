@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -29,27 +30,45 @@ class _Trigger:
 class _TriggerEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Trigger.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     TRIGGER_UNSPECIFIED: _Trigger.ValueType  # 0
+    """Unset: in a request, take the kind's default; on derived kinds, none."""
     CORRECTION_ONLY: _Trigger.ValueType  # 1
+    """Only a correction changes it (`FACT`, `PREFERENCE`)."""
     ANSWERED: _Trigger.ValueType  # 2
+    """Closed when answered (`OPEN_QUESTION`)."""
     PROGRESS_OR_ABANDONED: _Trigger.ValueType  # 3
+    """Closed by progress or abandonment (`GOAL`)."""
     RESUMED_OR_RELEASED: _Trigger.ValueType  # 4
+    """Closed when resumed or released (`PENDING_POINT`)."""
     FULFILLED_CANCELLED_EXPIRED_OR_BROKEN: _Trigger.ValueType  # 5
+    """Closed when fulfilled, cancelled, expired or broken (`COMMITMENT`)."""
 
 class Trigger(_Trigger, metaclass=_TriggerEnumTypeWrapper):
-    """The condition that closes a memory. Top-level rather than inside Memory
-    because its value ANSWERED is also a Memory.Status value.
+    """The condition that closes a memory (a stored field, set from the kind).
+    Top-level rather than inside Memory because its value ANSWERED is also a
+    Memory.Status value.
     """
 
 TRIGGER_UNSPECIFIED: Trigger.ValueType  # 0
+"""Unset: in a request, take the kind's default; on derived kinds, none."""
 CORRECTION_ONLY: Trigger.ValueType  # 1
+"""Only a correction changes it (`FACT`, `PREFERENCE`)."""
 ANSWERED: Trigger.ValueType  # 2
+"""Closed when answered (`OPEN_QUESTION`)."""
 PROGRESS_OR_ABANDONED: Trigger.ValueType  # 3
+"""Closed by progress or abandonment (`GOAL`)."""
 RESUMED_OR_RELEASED: Trigger.ValueType  # 4
+"""Closed when resumed or released (`PENDING_POINT`)."""
 FULFILLED_CANCELLED_EXPIRED_OR_BROKEN: Trigger.ValueType  # 5
+"""Closed when fulfilled, cancelled, expired or broken (`COMMITMENT`)."""
 Global___Trigger: _TypeAlias = Trigger  # noqa: Y015
 
 @_typing.final
 class Memory(_message.Message):
+    """Everything that is not a turn. A memory without `sources` is an
+    authoritative root (an explicit setting, a distilled lesson); with
+    `sources` it is a derivative.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     class _Kind:
@@ -59,31 +78,61 @@ class Memory(_message.Message):
     class _KindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[Memory._Kind.ValueType], _builtins.type):
         DESCRIPTOR: _descriptor.EnumDescriptor
         KIND_UNSPECIFIED: Memory._Kind.ValueType  # 0
+        """Refused in `CreateMemoryRequest`; in filters it is ignored."""
         FACT: Memory._Kind.ValueType  # 1
+        """About the person; changes only by correction. Slotted."""
         OPEN_QUESTION: Memory._Kind.ValueType  # 2
+        """A question the assistant asked; OPEN → ANSWERED."""
         GOAL: Memory._Kind.ValueType  # 3
+        """Something the person is working towards; ACTIVE → ACHIEVED | ABANDONED."""
         COMMITMENT: Memory._Kind.ValueType  # 4
+        """Owed by the system; OPEN → FULFILLED | CANCELLED | EXPIRED | BROKEN.
+        With a `due_time` it is surfaced (`COMMITMENT_DUE`) once due.
+        """
         PENDING_POINT: Memory._Kind.ValueType  # 5
+        """A point the person broke off; PAUSED → RESUMED | RELEASED."""
         PREFERENCE: Memory._Kind.ValueType  # 6
+        """A fact with a `scope` and an `origin`; resolved by `ResolvePreference`."""
         SUMMARY: Memory._Kind.ValueType  # 7
+        """A summary of sources; stale once a source thread loses a turn (Audit)."""
         GRAPH_EDGE: Memory._Kind.ValueType  # 8
+        """A subject-predicate-object edge (`edge`)."""
         ANNOTATION: Memory._Kind.ValueType  # 9
+        """A note on sources."""
         REFLECTION: Memory._Kind.ValueType  # 10
+        """A reflection over sources."""
         LESSON: Memory._Kind.ValueType  # 11
+        """An agreed lesson (`ConcludeRepair` with `DISTILL`, or the client's)."""
 
-    class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
+    class Kind(_Kind, metaclass=_KindEnumTypeWrapper):
+        """What a memory is (ARCHITECTURE.md, "Shapes")."""
+
     KIND_UNSPECIFIED: Memory.Kind.ValueType  # 0
+    """Refused in `CreateMemoryRequest`; in filters it is ignored."""
     FACT: Memory.Kind.ValueType  # 1
+    """About the person; changes only by correction. Slotted."""
     OPEN_QUESTION: Memory.Kind.ValueType  # 2
+    """A question the assistant asked; OPEN → ANSWERED."""
     GOAL: Memory.Kind.ValueType  # 3
+    """Something the person is working towards; ACTIVE → ACHIEVED | ABANDONED."""
     COMMITMENT: Memory.Kind.ValueType  # 4
+    """Owed by the system; OPEN → FULFILLED | CANCELLED | EXPIRED | BROKEN.
+    With a `due_time` it is surfaced (`COMMITMENT_DUE`) once due.
+    """
     PENDING_POINT: Memory.Kind.ValueType  # 5
+    """A point the person broke off; PAUSED → RESUMED | RELEASED."""
     PREFERENCE: Memory.Kind.ValueType  # 6
+    """A fact with a `scope` and an `origin`; resolved by `ResolvePreference`."""
     SUMMARY: Memory.Kind.ValueType  # 7
+    """A summary of sources; stale once a source thread loses a turn (Audit)."""
     GRAPH_EDGE: Memory.Kind.ValueType  # 8
+    """A subject-predicate-object edge (`edge`)."""
     ANNOTATION: Memory.Kind.ValueType  # 9
+    """A note on sources."""
     REFLECTION: Memory.Kind.ValueType  # 10
+    """A reflection over sources."""
     LESSON: Memory.Kind.ValueType  # 11
+    """An agreed lesson (`ConcludeRepair` with `DISTILL`, or the client's)."""
 
     class _Direction:
         ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -92,13 +141,21 @@ class Memory(_message.Message):
     class _DirectionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[Memory._Direction.ValueType], _builtins.type):
         DESCRIPTOR: _descriptor.EnumDescriptor
         DIRECTION_UNSPECIFIED: Memory._Direction.ValueType  # 0
+        """Unset: in a request, take the kind's default; on derived kinds, none."""
         ABOUT_PERSON: Memory._Direction.ValueType  # 1
+        """About the person (facts, questions, goals, pending points, preferences)."""
         OWED_BY_SYSTEM: Memory._Direction.ValueType  # 2
+        """Owed by the system (commitments)."""
 
-    class Direction(_Direction, metaclass=_DirectionEnumTypeWrapper): ...
+    class Direction(_Direction, metaclass=_DirectionEnumTypeWrapper):
+        """Whom a memory is about or owed by (a stored field, set from the kind)."""
+
     DIRECTION_UNSPECIFIED: Memory.Direction.ValueType  # 0
+    """Unset: in a request, take the kind's default; on derived kinds, none."""
     ABOUT_PERSON: Memory.Direction.ValueType  # 1
+    """About the person (facts, questions, goals, pending points, preferences)."""
     OWED_BY_SYSTEM: Memory.Direction.ValueType  # 2
+    """Owed by the system (commitments)."""
 
     class _Status:
         ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -107,35 +164,65 @@ class Memory(_message.Message):
     class _StatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[Memory._Status.ValueType], _builtins.type):
         DESCRIPTOR: _descriptor.EnumDescriptor
         STATUS_UNSPECIFIED: Memory._Status.ValueType  # 0
+        """Unset: in a request, take the kind's initial status; in filters, ignored."""
         ACTIVE: Memory._Status.ValueType  # 1
+        """Current (`FACT`, `PREFERENCE`, `GOAL`, derived kinds)."""
         SUPERSEDED: Memory._Status.ValueType  # 2
+        """A version replaced by a correction; never returned as current."""
         OPEN: Memory._Status.ValueType  # 3
+        """Not yet closed (`OPEN_QUESTION`, `COMMITMENT`)."""
         ANSWERED: Memory._Status.ValueType  # 4
+        """An `OPEN_QUESTION` that was answered."""
         ACHIEVED: Memory._Status.ValueType  # 5
+        """A `GOAL` reached."""
         ABANDONED: Memory._Status.ValueType  # 6
+        """A `GOAL` given up."""
         FULFILLED: Memory._Status.ValueType  # 7
+        """A `COMMITMENT` kept."""
         CANCELLED: Memory._Status.ValueType  # 8
+        """A `COMMITMENT` called off."""
         EXPIRED: Memory._Status.ValueType  # 9
+        """A `COMMITMENT` that lapsed."""
         BROKEN: Memory._Status.ValueType  # 10
+        """A `COMMITMENT` not kept."""
         PAUSED: Memory._Status.ValueType  # 11
+        """A `PENDING_POINT` waiting to be picked up."""
         RESUMED: Memory._Status.ValueType  # 12
+        """A `PENDING_POINT` picked up again."""
         RELEASED: Memory._Status.ValueType  # 13
+        """A `PENDING_POINT` let go."""
 
-    class Status(_Status, metaclass=_StatusEnumTypeWrapper): ...
+    class Status(_Status, metaclass=_StatusEnumTypeWrapper):
+        """Where a memory stands in its kind's state machine (`TransitionMemory`)."""
+
     STATUS_UNSPECIFIED: Memory.Status.ValueType  # 0
+    """Unset: in a request, take the kind's initial status; in filters, ignored."""
     ACTIVE: Memory.Status.ValueType  # 1
+    """Current (`FACT`, `PREFERENCE`, `GOAL`, derived kinds)."""
     SUPERSEDED: Memory.Status.ValueType  # 2
+    """A version replaced by a correction; never returned as current."""
     OPEN: Memory.Status.ValueType  # 3
+    """Not yet closed (`OPEN_QUESTION`, `COMMITMENT`)."""
     ANSWERED: Memory.Status.ValueType  # 4
+    """An `OPEN_QUESTION` that was answered."""
     ACHIEVED: Memory.Status.ValueType  # 5
+    """A `GOAL` reached."""
     ABANDONED: Memory.Status.ValueType  # 6
+    """A `GOAL` given up."""
     FULFILLED: Memory.Status.ValueType  # 7
+    """A `COMMITMENT` kept."""
     CANCELLED: Memory.Status.ValueType  # 8
+    """A `COMMITMENT` called off."""
     EXPIRED: Memory.Status.ValueType  # 9
+    """A `COMMITMENT` that lapsed."""
     BROKEN: Memory.Status.ValueType  # 10
+    """A `COMMITMENT` not kept."""
     PAUSED: Memory.Status.ValueType  # 11
+    """A `PENDING_POINT` waiting to be picked up."""
     RESUMED: Memory.Status.ValueType  # 12
+    """A `PENDING_POINT` picked up again."""
     RELEASED: Memory.Status.ValueType  # 13
+    """A `PENDING_POINT` let go."""
 
     class _Origin:
         ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -144,13 +231,21 @@ class Memory(_message.Message):
     class _OriginEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[Memory._Origin.ValueType], _builtins.type):
         DESCRIPTOR: _descriptor.EnumDescriptor
         ORIGIN_UNSPECIFIED: Memory._Origin.ValueType  # 0
+        """Unset: a `PREFERENCE` created without one is `EXPLICIT`."""
         EXPLICIT: Memory._Origin.ValueType  # 1
+        """Stated by the person."""
         INFERRED: Memory._Origin.ValueType  # 2
+        """Inferred (by the tagger or a client model); a candidate until committed."""
 
-    class Origin(_Origin, metaclass=_OriginEnumTypeWrapper): ...
+    class Origin(_Origin, metaclass=_OriginEnumTypeWrapper):
+        """Where a preference came from."""
+
     ORIGIN_UNSPECIFIED: Memory.Origin.ValueType  # 0
+    """Unset: a `PREFERENCE` created without one is `EXPLICIT`."""
     EXPLICIT: Memory.Origin.ValueType  # 1
+    """Stated by the person."""
     INFERRED: Memory.Origin.ValueType  # 2
+    """Inferred (by the tagger or a client model); a candidate until committed."""
 
     NAME_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
@@ -171,36 +266,87 @@ class Memory(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """`owners/{o}/memories/{m}`."""
+    """`owners/{o}/memories/{m}`. Output only (set `memory_id` on create)."""
     kind: Global___Memory.Kind.ValueType
+    """Required on create; immutable."""
     text: _builtins.str
+    """At most 64 KiB of UTF-8 (content: encrypted); required unless the kind is
+    `GRAPH_EDGE` with an `edge`.
+    """
     state: _common_pb2.State.ValueType
+    """`PENDING` or `COMMITTED`; on create, `COMMITTED` asks to commit (granted
+    only when every source is committed), unset means `PENDING`.
+    """
     version: _builtins.int
+    """Version of this memory, from 1, one more on every update or transition.
+    Output only.
+    """
     direction: Global___Memory.Direction.ValueType
+    """Defaults from the kind; a contradicting value is `BAD_FIELD`."""
     trigger: Global___Trigger.ValueType
+    """Defaults from the kind; a contradicting value is `BAD_FIELD`."""
     status: Global___Memory.Status.ValueType
+    """Defaults to the kind's initial status; change it with `TransitionMemory`."""
     slot: _builtins.str
+    """Optional slot, at most 1024 bytes (for example `event.guest_count`); one
+    active `FACT` or `PREFERENCE` per slot and scope. Encrypted; indexed by a
+    keyed digest, never in plaintext.
+    """
     scope: _builtins.str
+    """Optional scope, at most 1024 bytes, dot-separated from broad to narrow
+    (`work.project-x`); "" is `default`. Encrypted.
+    """
     origin: Global___Memory.Origin.ValueType
+    """For preferences: `EXPLICIT` (default) or `INFERRED`."""
     supersedes: _builtins.int
-    """The version this one replaced (corrections)."""
+    """The version this one replaced by a correction; 0 if none. Output only."""
     @_builtins.property
-    def due_time(self) -> _timestamp_pb2.Timestamp: ...
-    @_builtins.property
-    def sources(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]: ...
-    @_builtins.property
-    def embedding(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
-        """Input only."""
+    def due_time(self) -> _timestamp_pb2.Timestamp:
+        """For commitments: when it falls due."""
 
     @_builtins.property
-    def edge(self) -> Global___GraphEdge: ...
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]:
+        """Lineage: the turns and memories (same owner) at the exact versions
+        (≥ 1) this was built from, at most 1000, each named once.
+        """
+
     @_builtins.property
-    def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    def embedding(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Input only: 1..4096 finite float32 values (the owner's index dimension);
+        empty means the server embeds the text (or the edge). Never returned.
+        """
+
     @_builtins.property
-    def update_time(self) -> _timestamp_pb2.Timestamp: ...
+    def edge(self) -> Global___GraphEdge:
+        """For `GRAPH_EDGE`: the edge (required for that kind)."""
+
     @_builtins.property
-    def expire_time(self) -> _timestamp_pb2.Timestamp: ...
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the memory was created. Output only."""
+
+    @_builtins.property
+    def update_time(self) -> _timestamp_pb2.Timestamp:
+        """When the current version was written. Output only."""
+
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When a `PENDING` memory expires: its own pending lifetime (the server's
+        `--pending-ttl`) or its first pending source's expiry if sooner. Unset
+        otherwise. Output only.
+        """
+
+    @_builtins.property
+    def metadata(self) -> _struct_pb2.Struct:
+        """A JSON object the client keeps with the memory: content, encrypted like
+        the text, at most 256 KiB as JSON; returned on every read, never indexed
+        or searched (put what should be found in `text`). Numbers are doubles, as
+        in any Struct. UpdateMemory changes it when the mask names `metadata`, or
+        when the mask is empty and the field is set. The LangGraph store
+        (`lethe.langgraph`) keeps an item's namespace, key and value here.
+        """
+
     def __init__(
         self,
         *,
@@ -223,10 +369,11 @@ class Memory(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
         expire_time: _timestamp_pb2.Timestamp | None = ...,
+        metadata: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "due_time", b"due_time", "edge", b"edge", "expire_time", b"expire_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "due_time", b"due_time", "edge", b"edge", "expire_time", b"expire_time", "metadata", b"metadata", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "direction", b"direction", "due_time", b"due_time", "edge", b"edge", "embedding", b"embedding", "expire_time", b"expire_time", "kind", b"kind", "name", b"name", "origin", b"origin", "scope", b"scope", "slot", b"slot", "sources", b"sources", "state", b"state", "status", b"status", "supersedes", b"supersedes", "text", b"text", "trigger", b"trigger", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "direction", b"direction", "due_time", b"due_time", "edge", b"edge", "embedding", b"embedding", "expire_time", b"expire_time", "kind", b"kind", "metadata", b"metadata", "name", b"name", "origin", b"origin", "scope", b"scope", "slot", b"slot", "sources", b"sources", "state", b"state", "status", b"status", "supersedes", b"supersedes", "text", b"text", "trigger", b"trigger", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -234,14 +381,19 @@ Global___Memory: _TypeAlias = Memory  # noqa: Y015
 
 @_typing.final
 class GraphEdge(_message.Message):
+    """A graph edge (content: every part is encrypted)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SUBJECT_FIELD_NUMBER: _builtins.int
     PREDICATE_FIELD_NUMBER: _builtins.int
     OBJECT_FIELD_NUMBER: _builtins.int
     subject: _builtins.str
+    """Required: 1 byte to 1024 bytes of UTF-8."""
     predicate: _builtins.str
+    """Required: 1 byte to 1024 bytes of UTF-8."""
     object: _builtins.str
+    """Required: 1 byte to 1024 bytes of UTF-8."""
     def __init__(
         self,
         *,
@@ -259,15 +411,23 @@ Global___GraphEdge: _TypeAlias = GraphEdge  # noqa: Y015
 
 @_typing.final
 class CreateMemoryRequest(_message.Message):
+    """Request of `Memories.CreateMemory`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PARENT_FIELD_NUMBER: _builtins.int
     MEMORY_ID_FIELD_NUMBER: _builtins.int
     MEMORY_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
+    """Required: the owner, `owners/{o}`."""
     memory_id: _builtins.str
+    """Optional id `[a-z0-9][a-z0-9-]{0,62}`; generated when empty. The id of a
+    forgotten memory may be used again: its versions number on.
+    """
     @_builtins.property
-    def memory(self) -> Global___Memory: ...
+    def memory(self) -> Global___Memory:
+        """Required: the memory (`kind`, and `text` or `edge`; see `Memory`)."""
+
     def __init__(
         self,
         *,
@@ -285,13 +445,16 @@ Global___CreateMemoryRequest: _TypeAlias = CreateMemoryRequest  # noqa: Y015
 
 @_typing.final
 class GetMemoryRequest(_message.Message):
+    """Request of `Memories.GetMemory`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Required: `owners/{o}/memories/{m}`."""
     version: _builtins.int
-    """0 = current."""
+    """0 (the default) for the current version, or an exact version ≥ 1."""
     def __init__(
         self,
         *,
@@ -308,6 +471,8 @@ Global___GetMemoryRequest: _TypeAlias = GetMemoryRequest  # noqa: Y015
 
 @_typing.final
 class ListMemoriesRequest(_message.Message):
+    """Request of `Memories.ListMemories`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PARENT_FIELD_NUMBER: _builtins.int
@@ -317,14 +482,27 @@ class ListMemoriesRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
+    """Required: the owner, `owners/{o}`."""
     page_size: _builtins.int
+    """Maximum memories per page: 0 means 100, values above 1000 are read as
+    1000; negative is `BAD_FIELD`. May change from page to page.
+    """
     page_token: _builtins.str
+    """`next_page_token` of the previous page; "" for the first page. Opaque and
+    bound to this request's other fields (see `ListThreadsRequest.page_token`).
+    """
     @_builtins.property
-    def kinds(self) -> _containers.RepeatedScalarFieldContainer[Global___Memory.Kind.ValueType]: ...
+    def kinds(self) -> _containers.RepeatedScalarFieldContainer[Global___Memory.Kind.ValueType]:
+        """Only these kinds; empty means every kind."""
+
     @_builtins.property
-    def states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.State.ValueType]: ...
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.State.ValueType]:
+        """Only these states; empty means `PENDING` and `COMMITTED`."""
+
     @_builtins.property
-    def statuses(self) -> _containers.RepeatedScalarFieldContainer[Global___Memory.Status.ValueType]: ...
+    def statuses(self) -> _containers.RepeatedScalarFieldContainer[Global___Memory.Status.ValueType]:
+        """Only these statuses (of the current version); empty means every status."""
+
     def __init__(
         self,
         *,
@@ -345,13 +523,18 @@ Global___ListMemoriesRequest: _TypeAlias = ListMemoriesRequest  # noqa: Y015
 
 @_typing.final
 class ListMemoriesResponse(_message.Message):
+    """Response of `Memories.ListMemories`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MEMORIES_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
+    """Token of the next page; "" on the last page."""
     @_builtins.property
-    def memories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]: ...
+    def memories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
+        """One page of memories (current versions), in id order."""
+
     def __init__(
         self,
         *,
@@ -368,17 +551,31 @@ Global___ListMemoriesResponse: _TypeAlias = ListMemoriesResponse  # noqa: Y015
 
 @_typing.final
 class UpdateMemoryRequest(_message.Message):
+    """Request of `Memories.UpdateMemory`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MEMORY_FIELD_NUMBER: _builtins.int
     UPDATE_MASK_FIELD_NUMBER: _builtins.int
     EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
     expected_version: _builtins.int
-    """Etag: ABORTED / VERSION_MISMATCH when not current."""
+    """Etag: the version the client read; `ABORTED` / `VERSION_MISMATCH` when it
+    is not current. 0 updates whatever version is current.
+    """
     @_builtins.property
-    def memory(self) -> Global___Memory: ...
+    def memory(self) -> Global___Memory:
+        """Required: the memory with `name` set and the new values of the fields in
+        `update_mask`; `kind` must be unset (immutable).
+        """
+
     @_builtins.property
-    def update_mask(self) -> _field_mask_pb2.FieldMask: ...
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """Fields to replace: any of `text`, `slot`, `scope`, `edge`, `sources`,
+        `due_time`, `embedding`. Empty means all of them but `embedding` (which is
+        included when `memory.embedding` is set). Fields not named are carried
+        over from the current version.
+        """
+
     def __init__(
         self,
         *,
@@ -396,6 +593,8 @@ Global___UpdateMemoryRequest: _TypeAlias = UpdateMemoryRequest  # noqa: Y015
 
 @_typing.final
 class TransitionMemoryRequest(_message.Message):
+    """Request of `Memories.TransitionMemory`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -404,11 +603,20 @@ class TransitionMemoryRequest(_message.Message):
     EVIDENCE_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Required: `owners/{o}/memories/{m}`."""
     expected_version: _builtins.int
+    """Etag as in `UpdateMemoryRequest.expected_version`; 0 means any."""
     status: Global___Memory.Status.ValueType
+    """Required: the status to move to (see `TransitionMemory`)."""
     note: _builtins.str
+    """Optional note, at most 64 KiB of UTF-8 (content: encrypted)."""
     @_builtins.property
-    def evidence(self) -> _common_pb2.SourceRef: ...
+    def evidence(self) -> _common_pb2.SourceRef:
+        """Optional record (same owner, exact version ≥ 1) that justifies the
+        transition, kept with the memory; checked like a source (deleted, stale
+        or sealed evidence is refused).
+        """
+
     def __init__(
         self,
         *,
@@ -428,14 +636,19 @@ Global___TransitionMemoryRequest: _TypeAlias = TransitionMemoryRequest  # noqa: 
 
 @_typing.final
 class ResolvePreferenceRequest(_message.Message):
+    """Request of `Memories.ResolvePreference`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PARENT_FIELD_NUMBER: _builtins.int
     SLOT_FIELD_NUMBER: _builtins.int
     SCOPE_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
+    """Required: the owner, `owners/{o}`."""
     slot: _builtins.str
+    """Required: the slot, 1 byte to 1024 bytes."""
     scope: _builtins.str
+    """The scope asked about (`a.b`); "" means `default`. At most 1024 bytes."""
     def __init__(
         self,
         *,
@@ -453,14 +666,22 @@ Global___ResolvePreferenceRequest: _TypeAlias = ResolvePreferenceRequest  # noqa
 
 @_typing.final
 class ResolvePreferenceResponse(_message.Message):
+    """Response of `Memories.ResolvePreference`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PREFERENCE_FIELD_NUMBER: _builtins.int
     CANDIDATES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def preference(self) -> Global___Memory: ...
+    def preference(self) -> Global___Memory:
+        """The committed preference that applies; unset when none does."""
+
     @_builtins.property
-    def candidates(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]: ...
+    def candidates(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
+        """Pending preferences on the slot in the applicable scopes (candidates
+        awaiting a commit).
+        """
+
     def __init__(
         self,
         *,

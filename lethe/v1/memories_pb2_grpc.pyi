@@ -27,8 +27,12 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class MemoriesStub:
-    """Typed memories and derivatives. Defined here for the contract; served from
-    a later release (calls answer UNIMPLEMENTED until then).
+    """Typed memories and derivatives (`owners/{o}/memories/{m}`): facts, open
+    questions, goals, commitments, pending points, preferences, summaries,
+    graph edges, annotations, reflections, lessons. A memory with `sources` is
+    a derivative and is never more durable or more visible than its least
+    durable source. Errors common to every method are listed in common.proto;
+    each method lists the rest.
     """
 
     @_typing.overload
@@ -36,29 +40,149 @@ class MemoriesStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> MemoriesAsyncStub: ...
     CreateMemory: _grpc.UnaryUnaryMultiCallable[_memories_pb2.CreateMemoryRequest, _memories_pb2.Memory]
+    """Publishes a memory with its lineage, in one transaction. It is
+    `PENDING` (a candidate) unless `memory.state` is `COMMITTED` and every
+    source is committed. Direction, trigger and status default from the kind.
+    Errors: `ALREADY_EXISTS` / `ALREADY_EXISTS` (`memory_id` taken);
+    `ALREADY_EXISTS` / `SLOT_CONFLICT` (a second active `FACT`, or
+    `PREFERENCE` of the same origin, on a slot and scope; a `SLOT_CONFLICT`
+    event names the holder); `FAILED_PRECONDITION` / `SOURCE_DELETED`,
+    `SOURCE_STALE` or `SOURCE_SEALED` (naming the source); `INVALID_ARGUMENT`
+    / `DIMENSION_MISMATCH`; `INVALID_ARGUMENT` / `BAD_FIELD` (a source that
+    never existed, a contradictory direction, trigger or status, a missing
+    kind or text); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
     GetMemory: _grpc.UnaryUnaryMultiCallable[_memories_pb2.GetMemoryRequest, _memories_pb2.Memory]
+    """Reads a memory's current version (`version` 0) or an explicit one (a
+    superseded version of a corrected fact is readable only this way).
+    Errors: `NOT_FOUND` / `NOT_FOUND` (never existed, or no such version),
+    `NOT_FOUND` / `RECORD_DELETED` (deleted, or expired while pending),
+    `FAILED_PRECONDITION` / `SEALED`, `DATA_LOSS` / `INTEGRITY`.
+    """
     ListMemories: _grpc.UnaryUnaryMultiCallable[_memories_pb2.ListMemoriesRequest, _memories_pb2.ListMemoriesResponse]
+    """Lists the current versions of an owner's memories in id order, filtered
+    by kind, state and status. Sealed, deleted and expired memories are never
+    listed. Paginated (AIP-158).
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for an unknown enum value, a
+    negative `page_size`, or a `page_token` that this server did not issue for
+    the same request.
+    """
     UpdateMemory: _grpc.UnaryUnaryMultiCallable[_memories_pb2.UpdateMemoryRequest, _memories_pb2.Memory]
+    """Writes a new version of a memory (the version is the etag). Updating a
+    `FACT` or `PREFERENCE` is a correction: the old version becomes
+    `SUPERSEDED`, readable only by explicit version. A memory whose new
+    sources are pending becomes pending again. The embedding follows the text
+    unless the request sets one.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`; `ABORTED` /
+    `VERSION_MISMATCH` (`expected_version` is not current);
+    `FAILED_PRECONDITION` / `SEALED`, `SOURCE_DELETED`, `SOURCE_STALE`,
+    `SOURCE_SEALED`; `ALREADY_EXISTS` / `SLOT_CONFLICT`; `INVALID_ARGUMENT` /
+    `BAD_FIELD` (an unknown or immutable `update_mask` path, a set
+    `memory.kind`, empty text) or `DIMENSION_MISMATCH`; `RESOURCE_EXHAUSTED` /
+    `STORE_FULL`.
+    """
     TransitionMemory: _grpc.UnaryUnaryMultiCallable[_memories_pb2.TransitionMemoryRequest, _memories_pb2.Memory]
+    """Moves a memory along its kind's state machine (a new version):
+    `OPEN_QUESTION` OPEN → ANSWERED; `GOAL` ACTIVE → ACTIVE (progress),
+    ACHIEVED or ABANDONED; `COMMITMENT` OPEN → FULFILLED, CANCELLED, EXPIRED
+    or BROKEN; `PENDING_POINT` PAUSED → RESUMED or RELEASED. `FACT` and
+    `PREFERENCE` change only by correction (`UpdateMemory`); derived kinds
+    have no statuses of their own.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`; `ABORTED` /
+    `VERSION_MISMATCH`; `FAILED_PRECONDITION` / `ILLEGAL_TRANSITION`,
+    `SEALED`, or `SOURCE_DELETED` / `SOURCE_STALE` / `SOURCE_SEALED` for the
+    evidence; `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
     ResolvePreference: _grpc.UnaryUnaryMultiCallable[_memories_pb2.ResolvePreferenceRequest, _memories_pb2.ResolvePreferenceResponse]
+    """Resolves the preference that applies to a slot in a scope: the narrowest
+    applicable scope first (`a.b`, then `a`, then `default`), a committed
+    `EXPLICIT` one before a committed `INFERRED` one. Pending preferences
+    (including every uncommitted `INFERRED` one) are returned only as
+    candidates.
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (empty `slot`).
+    """
 
 @_typing.type_check_only
 class MemoriesAsyncStub(MemoriesStub):
-    """Typed memories and derivatives. Defined here for the contract; served from
-    a later release (calls answer UNIMPLEMENTED until then).
+    """Typed memories and derivatives (`owners/{o}/memories/{m}`): facts, open
+    questions, goals, commitments, pending points, preferences, summaries,
+    graph edges, annotations, reflections, lessons. A memory with `sources` is
+    a derivative and is never more durable or more visible than its least
+    durable source. Errors common to every method are listed in common.proto;
+    each method lists the rest.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateMemory: _aio.UnaryUnaryMultiCallable[_memories_pb2.CreateMemoryRequest, _memories_pb2.Memory]  # type: ignore[assignment]
+    """Publishes a memory with its lineage, in one transaction. It is
+    `PENDING` (a candidate) unless `memory.state` is `COMMITTED` and every
+    source is committed. Direction, trigger and status default from the kind.
+    Errors: `ALREADY_EXISTS` / `ALREADY_EXISTS` (`memory_id` taken);
+    `ALREADY_EXISTS` / `SLOT_CONFLICT` (a second active `FACT`, or
+    `PREFERENCE` of the same origin, on a slot and scope; a `SLOT_CONFLICT`
+    event names the holder); `FAILED_PRECONDITION` / `SOURCE_DELETED`,
+    `SOURCE_STALE` or `SOURCE_SEALED` (naming the source); `INVALID_ARGUMENT`
+    / `DIMENSION_MISMATCH`; `INVALID_ARGUMENT` / `BAD_FIELD` (a source that
+    never existed, a contradictory direction, trigger or status, a missing
+    kind or text); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
     GetMemory: _aio.UnaryUnaryMultiCallable[_memories_pb2.GetMemoryRequest, _memories_pb2.Memory]  # type: ignore[assignment]
+    """Reads a memory's current version (`version` 0) or an explicit one (a
+    superseded version of a corrected fact is readable only this way).
+    Errors: `NOT_FOUND` / `NOT_FOUND` (never existed, or no such version),
+    `NOT_FOUND` / `RECORD_DELETED` (deleted, or expired while pending),
+    `FAILED_PRECONDITION` / `SEALED`, `DATA_LOSS` / `INTEGRITY`.
+    """
     ListMemories: _aio.UnaryUnaryMultiCallable[_memories_pb2.ListMemoriesRequest, _memories_pb2.ListMemoriesResponse]  # type: ignore[assignment]
+    """Lists the current versions of an owner's memories in id order, filtered
+    by kind, state and status. Sealed, deleted and expired memories are never
+    listed. Paginated (AIP-158).
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for an unknown enum value, a
+    negative `page_size`, or a `page_token` that this server did not issue for
+    the same request.
+    """
     UpdateMemory: _aio.UnaryUnaryMultiCallable[_memories_pb2.UpdateMemoryRequest, _memories_pb2.Memory]  # type: ignore[assignment]
+    """Writes a new version of a memory (the version is the etag). Updating a
+    `FACT` or `PREFERENCE` is a correction: the old version becomes
+    `SUPERSEDED`, readable only by explicit version. A memory whose new
+    sources are pending becomes pending again. The embedding follows the text
+    unless the request sets one.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`; `ABORTED` /
+    `VERSION_MISMATCH` (`expected_version` is not current);
+    `FAILED_PRECONDITION` / `SEALED`, `SOURCE_DELETED`, `SOURCE_STALE`,
+    `SOURCE_SEALED`; `ALREADY_EXISTS` / `SLOT_CONFLICT`; `INVALID_ARGUMENT` /
+    `BAD_FIELD` (an unknown or immutable `update_mask` path, a set
+    `memory.kind`, empty text) or `DIMENSION_MISMATCH`; `RESOURCE_EXHAUSTED` /
+    `STORE_FULL`.
+    """
     TransitionMemory: _aio.UnaryUnaryMultiCallable[_memories_pb2.TransitionMemoryRequest, _memories_pb2.Memory]  # type: ignore[assignment]
+    """Moves a memory along its kind's state machine (a new version):
+    `OPEN_QUESTION` OPEN → ANSWERED; `GOAL` ACTIVE → ACTIVE (progress),
+    ACHIEVED or ABANDONED; `COMMITMENT` OPEN → FULFILLED, CANCELLED, EXPIRED
+    or BROKEN; `PENDING_POINT` PAUSED → RESUMED or RELEASED. `FACT` and
+    `PREFERENCE` change only by correction (`UpdateMemory`); derived kinds
+    have no statuses of their own.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`; `ABORTED` /
+    `VERSION_MISMATCH`; `FAILED_PRECONDITION` / `ILLEGAL_TRANSITION`,
+    `SEALED`, or `SOURCE_DELETED` / `SOURCE_STALE` / `SOURCE_SEALED` for the
+    evidence; `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
     ResolvePreference: _aio.UnaryUnaryMultiCallable[_memories_pb2.ResolvePreferenceRequest, _memories_pb2.ResolvePreferenceResponse]  # type: ignore[assignment]
+    """Resolves the preference that applies to a slot in a scope: the narrowest
+    applicable scope first (`a.b`, then `a`, then `default`), a committed
+    `EXPLICIT` one before a committed `INFERRED` one. Pending preferences
+    (including every uncommitted `INFERRED` one) are returned only as
+    candidates.
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (empty `slot`).
+    """
 
 class MemoriesServicer(metaclass=_abc_1.ABCMeta):
-    """Typed memories and derivatives. Defined here for the contract; served from
-    a later release (calls answer UNIMPLEMENTED until then).
+    """Typed memories and derivatives (`owners/{o}/memories/{m}`): facts, open
+    questions, goals, commitments, pending points, preferences, summaries,
+    graph edges, annotations, reflections, lessons. A memory with `sources` is
+    a derivative and is never more durable or more visible than its least
+    durable source. Errors common to every method are listed in common.proto;
+    each method lists the rest.
     """
 
     @_abc_1.abstractmethod
@@ -66,41 +190,97 @@ class MemoriesServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _memories_pb2.CreateMemoryRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_memories_pb2.Memory, _abc.Awaitable[_memories_pb2.Memory]]: ...
+    ) -> _typing.Union[_memories_pb2.Memory, _abc.Awaitable[_memories_pb2.Memory]]:
+        """Publishes a memory with its lineage, in one transaction. It is
+        `PENDING` (a candidate) unless `memory.state` is `COMMITTED` and every
+        source is committed. Direction, trigger and status default from the kind.
+        Errors: `ALREADY_EXISTS` / `ALREADY_EXISTS` (`memory_id` taken);
+        `ALREADY_EXISTS` / `SLOT_CONFLICT` (a second active `FACT`, or
+        `PREFERENCE` of the same origin, on a slot and scope; a `SLOT_CONFLICT`
+        event names the holder); `FAILED_PRECONDITION` / `SOURCE_DELETED`,
+        `SOURCE_STALE` or `SOURCE_SEALED` (naming the source); `INVALID_ARGUMENT`
+        / `DIMENSION_MISMATCH`; `INVALID_ARGUMENT` / `BAD_FIELD` (a source that
+        never existed, a contradictory direction, trigger or status, a missing
+        kind or text); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+        """
 
     @_abc_1.abstractmethod
     def GetMemory(
         self,
         request: _memories_pb2.GetMemoryRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_memories_pb2.Memory, _abc.Awaitable[_memories_pb2.Memory]]: ...
+    ) -> _typing.Union[_memories_pb2.Memory, _abc.Awaitable[_memories_pb2.Memory]]:
+        """Reads a memory's current version (`version` 0) or an explicit one (a
+        superseded version of a corrected fact is readable only this way).
+        Errors: `NOT_FOUND` / `NOT_FOUND` (never existed, or no such version),
+        `NOT_FOUND` / `RECORD_DELETED` (deleted, or expired while pending),
+        `FAILED_PRECONDITION` / `SEALED`, `DATA_LOSS` / `INTEGRITY`.
+        """
 
     @_abc_1.abstractmethod
     def ListMemories(
         self,
         request: _memories_pb2.ListMemoriesRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_memories_pb2.ListMemoriesResponse, _abc.Awaitable[_memories_pb2.ListMemoriesResponse]]: ...
+    ) -> _typing.Union[_memories_pb2.ListMemoriesResponse, _abc.Awaitable[_memories_pb2.ListMemoriesResponse]]:
+        """Lists the current versions of an owner's memories in id order, filtered
+        by kind, state and status. Sealed, deleted and expired memories are never
+        listed. Paginated (AIP-158).
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for an unknown enum value, a
+        negative `page_size`, or a `page_token` that this server did not issue for
+        the same request.
+        """
 
     @_abc_1.abstractmethod
     def UpdateMemory(
         self,
         request: _memories_pb2.UpdateMemoryRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_memories_pb2.Memory, _abc.Awaitable[_memories_pb2.Memory]]: ...
+    ) -> _typing.Union[_memories_pb2.Memory, _abc.Awaitable[_memories_pb2.Memory]]:
+        """Writes a new version of a memory (the version is the etag). Updating a
+        `FACT` or `PREFERENCE` is a correction: the old version becomes
+        `SUPERSEDED`, readable only by explicit version. A memory whose new
+        sources are pending becomes pending again. The embedding follows the text
+        unless the request sets one.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`; `ABORTED` /
+        `VERSION_MISMATCH` (`expected_version` is not current);
+        `FAILED_PRECONDITION` / `SEALED`, `SOURCE_DELETED`, `SOURCE_STALE`,
+        `SOURCE_SEALED`; `ALREADY_EXISTS` / `SLOT_CONFLICT`; `INVALID_ARGUMENT` /
+        `BAD_FIELD` (an unknown or immutable `update_mask` path, a set
+        `memory.kind`, empty text) or `DIMENSION_MISMATCH`; `RESOURCE_EXHAUSTED` /
+        `STORE_FULL`.
+        """
 
     @_abc_1.abstractmethod
     def TransitionMemory(
         self,
         request: _memories_pb2.TransitionMemoryRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_memories_pb2.Memory, _abc.Awaitable[_memories_pb2.Memory]]: ...
+    ) -> _typing.Union[_memories_pb2.Memory, _abc.Awaitable[_memories_pb2.Memory]]:
+        """Moves a memory along its kind's state machine (a new version):
+        `OPEN_QUESTION` OPEN → ANSWERED; `GOAL` ACTIVE → ACTIVE (progress),
+        ACHIEVED or ABANDONED; `COMMITMENT` OPEN → FULFILLED, CANCELLED, EXPIRED
+        or BROKEN; `PENDING_POINT` PAUSED → RESUMED or RELEASED. `FACT` and
+        `PREFERENCE` change only by correction (`UpdateMemory`); derived kinds
+        have no statuses of their own.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`; `ABORTED` /
+        `VERSION_MISMATCH`; `FAILED_PRECONDITION` / `ILLEGAL_TRANSITION`,
+        `SEALED`, or `SOURCE_DELETED` / `SOURCE_STALE` / `SOURCE_SEALED` for the
+        evidence; `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+        """
 
     @_abc_1.abstractmethod
     def ResolvePreference(
         self,
         request: _memories_pb2.ResolvePreferenceRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_memories_pb2.ResolvePreferenceResponse, _abc.Awaitable[_memories_pb2.ResolvePreferenceResponse]]: ...
+    ) -> _typing.Union[_memories_pb2.ResolvePreferenceResponse, _abc.Awaitable[_memories_pb2.ResolvePreferenceResponse]]:
+        """Resolves the preference that applies to a slot in a scope: the narrowest
+        applicable scope first (`a.b`, then `a`, then `default`), a committed
+        `EXPLICIT` one before a committed `INFERRED` one. Pending preferences
+        (including every uncommitted `INFERRED` one) are returned only as
+        candidates.
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (empty `slot`).
+        """
 
 def add_MemoriesServicer_to_server(servicer: MemoriesServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -23,12 +23,16 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class SealRepairRequest(_message.Message):
+    """Request of `Repairs.SealRepair`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     THREAD_FIELD_NUMBER: _builtins.int
     FROM_SEQ_FIELD_NUMBER: _builtins.int
     thread: _builtins.str
+    """Required: the conversation, `owners/{o}/threads/{t}`."""
     from_seq: _builtins.int
+    """Required: the first turn to seal, ≥ 1; it and every later turn move."""
     def __init__(
         self,
         *,
@@ -45,12 +49,16 @@ Global___SealRepairRequest: _TypeAlias = SealRepairRequest  # noqa: Y015
 
 @_typing.final
 class ReopenRepairRequest(_message.Message):
+    """Request of `Repairs.ReopenRepair`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     ACKNOWLEDGE_RESTRICTED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Required: the repair thread, `owners/{o}/threads/{t}`."""
     acknowledge_restricted: _builtins.bool
+    """Required to reopen a repair concluded `PRESERVE_RESTRICTED`."""
     def __init__(
         self,
         *,
@@ -67,17 +75,27 @@ Global___ReopenRepairRequest: _TypeAlias = ReopenRepairRequest  # noqa: Y015
 
 @_typing.final
 class ReopenRepairResponse(_message.Message):
+    """Response of `Repairs.ReopenRepair`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     REPAIR_FIELD_NUMBER: _builtins.int
     TURNS_FIELD_NUMBER: _builtins.int
     MEMORIES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def repair(self) -> _threads_pb2.Thread: ...
+    def repair(self) -> _threads_pb2.Thread:
+        """The repair thread, now `CONTINUED`."""
+
     @_builtins.property
-    def turns(self) -> _containers.RepeatedCompositeFieldContainer[_threads_pb2.Turn]: ...
+    def turns(self) -> _containers.RepeatedCompositeFieldContainer[_threads_pb2.Turn]:
+        """The sealed stretch of the source thread, then the repair thread's own
+        turns, in seq order (state `SEALED`).
+        """
+
     @_builtins.property
-    def memories(self) -> _containers.RepeatedCompositeFieldContainer[_memories_pb2.Memory]: ...
+    def memories(self) -> _containers.RepeatedCompositeFieldContainer[_memories_pb2.Memory]:
+        """The memories sealed with them."""
+
     def __init__(
         self,
         *,
@@ -95,10 +113,13 @@ Global___ReopenRepairResponse: _TypeAlias = ReopenRepairResponse  # noqa: Y015
 
 @_typing.final
 class PauseRepairRequest(_message.Message):
+    """Request of `Repairs.PauseRepair`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Required: the repair thread, `owners/{o}/threads/{t}`."""
     def __init__(
         self,
         *,
@@ -114,14 +135,22 @@ Global___PauseRepairRequest: _TypeAlias = PauseRepairRequest  # noqa: Y015
 
 @_typing.final
 class ConcludeRepairRequest(_message.Message):
+    """Request of `Repairs.ConcludeRepair`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     LESSON_TEXT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Required: the repair thread, `owners/{o}/threads/{t}`."""
     outcome: _threads_pb2.RepairInfo.Outcome.ValueType
+    """Required: `DESTROY`, `PRESERVE_RESTRICTED` or `DISTILL`."""
     lesson_text: _builtins.str
+    """With `DISTILL` only (and required there): the agreed lesson, 1 byte to 64
+    KiB of UTF-8, stored as a committed `LESSON` memory without lineage to
+    the sealed content.
+    """
     def __init__(
         self,
         *,
@@ -139,17 +168,27 @@ Global___ConcludeRepairRequest: _TypeAlias = ConcludeRepairRequest  # noqa: Y015
 
 @_typing.final
 class ConcludeRepairResponse(_message.Message):
+    """Response of `Repairs.ConcludeRepair`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     REPAIR_FIELD_NUMBER: _builtins.int
     RECEIPT_FIELD_NUMBER: _builtins.int
     LESSON_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def repair(self) -> _threads_pb2.Thread: ...
+    def repair(self) -> _threads_pb2.Thread:
+        """The repair thread, `CONCLUDED` with its outcome."""
+
     @_builtins.property
-    def receipt(self) -> _common_pb2.DeletionReceipt: ...
+    def receipt(self) -> _common_pb2.DeletionReceipt:
+        """For `DESTROY` and `DISTILL`: the receipt of the forget (reason
+        "REPAIR_DESTROY" or "REPAIR_DISTILL"); unset for `PRESERVE_RESTRICTED`.
+        """
+
     @_builtins.property
-    def lesson(self) -> _memories_pb2.Memory: ...
+    def lesson(self) -> _memories_pb2.Memory:
+        """For `DISTILL`: the stored lesson; unset otherwise."""
+
     def __init__(
         self,
         *,

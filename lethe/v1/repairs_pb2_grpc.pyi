@@ -28,8 +28,12 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class RepairsStub:
-    """Retroactive sealing of a stretch of conversation. Defined for the
-    contract; answers UNIMPLEMENTED until a later release.
+    """Retroactive sealing of a stretch of conversation into a repair thread
+    (ARCHITECTURE.md, "Repair threads"). Sealed turns keep their names and
+    their place in the source thread with state `SEALED`; they are invisible
+    everywhere except `ReopenRepair`. No timer concludes, commits or destroys a
+    repair. Errors common to every method are listed in common.proto; each
+    method lists the rest.
     """
 
     @_typing.overload
@@ -37,25 +41,101 @@ class RepairsStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RepairsAsyncStub: ...
     SealRepair: _grpc.UnaryUnaryMultiCallable[_repairs_pb2.SealRepairRequest, _threads_pb2.Thread]
+    """Seals turn `from_seq` and every later turn of a conversation into a new
+    repair thread (state `PAUSED`); their record keys are re-wrapped under the
+    repair's own ring. Derivatives whose sources all moved move with them;
+    mixed derivatives are deleted and a rebuild is requested from the
+    surviving sources.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread or turn
+    `from_seq`); `FAILED_PRECONDITION` / `SEALED` (already sealed) or
+    `ILLEGAL_TRANSITION` (the thread is itself a repair); `ABORTED` /
+    `VERSION_MISMATCH` (the stretch changed meanwhile: retry);
+    `INVALID_ARGUMENT` / `BAD_FIELD` (`from_seq` < 1); `RESOURCE_EXHAUSTED` /
+    `STORE_FULL`.
+    """
     ReopenRepair: _grpc.UnaryUnaryMultiCallable[_repairs_pb2.ReopenRepairRequest, _repairs_pb2.ReopenRepairResponse]
+    """Reopens a repair (state `CONTINUED`) and returns what it holds, so that
+    nobody has to retell it. A repair concluded `PRESERVE_RESTRICTED` needs
+    `acknowledge_restricted` (it keeps that outcome).
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+    `FAILED_PRECONDITION` / `RESTRICTED` (restricted, not acknowledged) or
+    `ILLEGAL_TRANSITION` (not a repair, or concluded otherwise).
+    """
     PauseRepair: _grpc.UnaryUnaryMultiCallable[_repairs_pb2.PauseRepairRequest, _threads_pb2.Thread]
+    """Pauses a `CONTINUED` repair (a `PAUSED` one stays paused).
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+    `FAILED_PRECONDITION` / `ILLEGAL_TRANSITION` (not a repair, or concluded).
+    """
     ConcludeRepair: _grpc.UnaryUnaryMultiCallable[_repairs_pb2.ConcludeRepairRequest, _repairs_pb2.ConcludeRepairResponse]
+    """Concludes a repair with one outcome (see `RepairInfo.Outcome`). `DESTROY`
+    and `DISTILL` forget everything the repair holds and shred its ring, and
+    return the receipt; `PRESERVE_RESTRICTED` keeps it sealed. A
+    `PRESERVE_RESTRICTED` repair may later be concluded with `DESTROY` or
+    `DISTILL`.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+    `FAILED_PRECONDITION` / `ILLEGAL_TRANSITION` (not a repair, or already
+    concluded); `INVALID_ARGUMENT` / `BAD_FIELD` (a missing outcome,
+    `lesson_text` missing for `DISTILL` or given for another outcome);
+    `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
 
 @_typing.type_check_only
 class RepairsAsyncStub(RepairsStub):
-    """Retroactive sealing of a stretch of conversation. Defined for the
-    contract; answers UNIMPLEMENTED until a later release.
+    """Retroactive sealing of a stretch of conversation into a repair thread
+    (ARCHITECTURE.md, "Repair threads"). Sealed turns keep their names and
+    their place in the source thread with state `SEALED`; they are invisible
+    everywhere except `ReopenRepair`. No timer concludes, commits or destroys a
+    repair. Errors common to every method are listed in common.proto; each
+    method lists the rest.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     SealRepair: _aio.UnaryUnaryMultiCallable[_repairs_pb2.SealRepairRequest, _threads_pb2.Thread]  # type: ignore[assignment]
+    """Seals turn `from_seq` and every later turn of a conversation into a new
+    repair thread (state `PAUSED`); their record keys are re-wrapped under the
+    repair's own ring. Derivatives whose sources all moved move with them;
+    mixed derivatives are deleted and a rebuild is requested from the
+    surviving sources.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread or turn
+    `from_seq`); `FAILED_PRECONDITION` / `SEALED` (already sealed) or
+    `ILLEGAL_TRANSITION` (the thread is itself a repair); `ABORTED` /
+    `VERSION_MISMATCH` (the stretch changed meanwhile: retry);
+    `INVALID_ARGUMENT` / `BAD_FIELD` (`from_seq` < 1); `RESOURCE_EXHAUSTED` /
+    `STORE_FULL`.
+    """
     ReopenRepair: _aio.UnaryUnaryMultiCallable[_repairs_pb2.ReopenRepairRequest, _repairs_pb2.ReopenRepairResponse]  # type: ignore[assignment]
+    """Reopens a repair (state `CONTINUED`) and returns what it holds, so that
+    nobody has to retell it. A repair concluded `PRESERVE_RESTRICTED` needs
+    `acknowledge_restricted` (it keeps that outcome).
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+    `FAILED_PRECONDITION` / `RESTRICTED` (restricted, not acknowledged) or
+    `ILLEGAL_TRANSITION` (not a repair, or concluded otherwise).
+    """
     PauseRepair: _aio.UnaryUnaryMultiCallable[_repairs_pb2.PauseRepairRequest, _threads_pb2.Thread]  # type: ignore[assignment]
+    """Pauses a `CONTINUED` repair (a `PAUSED` one stays paused).
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+    `FAILED_PRECONDITION` / `ILLEGAL_TRANSITION` (not a repair, or concluded).
+    """
     ConcludeRepair: _aio.UnaryUnaryMultiCallable[_repairs_pb2.ConcludeRepairRequest, _repairs_pb2.ConcludeRepairResponse]  # type: ignore[assignment]
+    """Concludes a repair with one outcome (see `RepairInfo.Outcome`). `DESTROY`
+    and `DISTILL` forget everything the repair holds and shred its ring, and
+    return the receipt; `PRESERVE_RESTRICTED` keeps it sealed. A
+    `PRESERVE_RESTRICTED` repair may later be concluded with `DESTROY` or
+    `DISTILL`.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+    `FAILED_PRECONDITION` / `ILLEGAL_TRANSITION` (not a repair, or already
+    concluded); `INVALID_ARGUMENT` / `BAD_FIELD` (a missing outcome,
+    `lesson_text` missing for `DISTILL` or given for another outcome);
+    `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
 
 class RepairsServicer(metaclass=_abc_1.ABCMeta):
-    """Retroactive sealing of a stretch of conversation. Defined for the
-    contract; answers UNIMPLEMENTED until a later release.
+    """Retroactive sealing of a stretch of conversation into a repair thread
+    (ARCHITECTURE.md, "Repair threads"). Sealed turns keep their names and
+    their place in the source thread with state `SEALED`; they are invisible
+    everywhere except `ReopenRepair`. No timer concludes, commits or destroys a
+    repair. Errors common to every method are listed in common.proto; each
+    method lists the rest.
     """
 
     @_abc_1.abstractmethod
@@ -63,27 +143,61 @@ class RepairsServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _repairs_pb2.SealRepairRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_threads_pb2.Thread, _abc.Awaitable[_threads_pb2.Thread]]: ...
+    ) -> _typing.Union[_threads_pb2.Thread, _abc.Awaitable[_threads_pb2.Thread]]:
+        """Seals turn `from_seq` and every later turn of a conversation into a new
+        repair thread (state `PAUSED`); their record keys are re-wrapped under the
+        repair's own ring. Derivatives whose sources all moved move with them;
+        mixed derivatives are deleted and a rebuild is requested from the
+        surviving sources.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread or turn
+        `from_seq`); `FAILED_PRECONDITION` / `SEALED` (already sealed) or
+        `ILLEGAL_TRANSITION` (the thread is itself a repair); `ABORTED` /
+        `VERSION_MISMATCH` (the stretch changed meanwhile: retry);
+        `INVALID_ARGUMENT` / `BAD_FIELD` (`from_seq` < 1); `RESOURCE_EXHAUSTED` /
+        `STORE_FULL`.
+        """
 
     @_abc_1.abstractmethod
     def ReopenRepair(
         self,
         request: _repairs_pb2.ReopenRepairRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_repairs_pb2.ReopenRepairResponse, _abc.Awaitable[_repairs_pb2.ReopenRepairResponse]]: ...
+    ) -> _typing.Union[_repairs_pb2.ReopenRepairResponse, _abc.Awaitable[_repairs_pb2.ReopenRepairResponse]]:
+        """Reopens a repair (state `CONTINUED`) and returns what it holds, so that
+        nobody has to retell it. A repair concluded `PRESERVE_RESTRICTED` needs
+        `acknowledge_restricted` (it keeps that outcome).
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+        `FAILED_PRECONDITION` / `RESTRICTED` (restricted, not acknowledged) or
+        `ILLEGAL_TRANSITION` (not a repair, or concluded otherwise).
+        """
 
     @_abc_1.abstractmethod
     def PauseRepair(
         self,
         request: _repairs_pb2.PauseRepairRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_threads_pb2.Thread, _abc.Awaitable[_threads_pb2.Thread]]: ...
+    ) -> _typing.Union[_threads_pb2.Thread, _abc.Awaitable[_threads_pb2.Thread]]:
+        """Pauses a `CONTINUED` repair (a `PAUSED` one stays paused).
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+        `FAILED_PRECONDITION` / `ILLEGAL_TRANSITION` (not a repair, or concluded).
+        """
 
     @_abc_1.abstractmethod
     def ConcludeRepair(
         self,
         request: _repairs_pb2.ConcludeRepairRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_repairs_pb2.ConcludeRepairResponse, _abc.Awaitable[_repairs_pb2.ConcludeRepairResponse]]: ...
+    ) -> _typing.Union[_repairs_pb2.ConcludeRepairResponse, _abc.Awaitable[_repairs_pb2.ConcludeRepairResponse]]:
+        """Concludes a repair with one outcome (see `RepairInfo.Outcome`). `DESTROY`
+        and `DISTILL` forget everything the repair holds and shred its ring, and
+        return the receipt; `PRESERVE_RESTRICTED` keeps it sealed. A
+        `PRESERVE_RESTRICTED` repair may later be concluded with `DESTROY` or
+        `DISTILL`.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`;
+        `FAILED_PRECONDITION` / `ILLEGAL_TRANSITION` (not a repair, or already
+        concluded); `INVALID_ARGUMENT` / `BAD_FIELD` (a missing outcome,
+        `lesson_text` missing for `DISTILL` or given for another outcome);
+        `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+        """
 
 def add_RepairsServicer_to_server(servicer: RepairsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -25,6 +25,8 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class SearchRequest(_message.Message):
+    """Request of `Retrieval.Search`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     class _Mode:
@@ -34,21 +36,33 @@ class SearchRequest(_message.Message):
     class _ModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[SearchRequest._Mode.ValueType], _builtins.type):
         DESCRIPTOR: _descriptor.EnumDescriptor
         MODE_UNSPECIFIED: SearchRequest._Mode.ValueType  # 0
+        """`HYBRID`."""
         HYBRID: SearchRequest._Mode.ValueType  # 1
-        """Lexical and dense, fused (the default)."""
+        """Dense similarity fused with two BM25 legs (the turn, and the turn with
+        its session date and previous turn) by a weighted sum of min-max
+        normalised scores (the default). With only a vector it is `DENSE`; with
+        only text and no vector it is `LEXICAL`.
+        """
         DENSE: SearchRequest._Mode.ValueType  # 2
-        """Needs an embedder or query_embedding."""
+        """Dense similarity alone; needs an embedder on the server or `query_embedding`."""
         LEXICAL: SearchRequest._Mode.ValueType  # 3
-        """Needs query_text."""
+        """The BM25 legs alone; needs `query_text`."""
 
-    class Mode(_Mode, metaclass=_ModeEnumTypeWrapper): ...
+    class Mode(_Mode, metaclass=_ModeEnumTypeWrapper):
+        """How the legs are combined."""
+
     MODE_UNSPECIFIED: SearchRequest.Mode.ValueType  # 0
+    """`HYBRID`."""
     HYBRID: SearchRequest.Mode.ValueType  # 1
-    """Lexical and dense, fused (the default)."""
+    """Dense similarity fused with two BM25 legs (the turn, and the turn with
+    its session date and previous turn) by a weighted sum of min-max
+    normalised scores (the default). With only a vector it is `DENSE`; with
+    only text and no vector it is `LEXICAL`.
+    """
     DENSE: SearchRequest.Mode.ValueType  # 2
-    """Needs an embedder or query_embedding."""
+    """Dense similarity alone; needs an embedder on the server or `query_embedding`."""
     LEXICAL: SearchRequest.Mode.ValueType  # 3
-    """Needs query_text."""
+    """The BM25 legs alone; needs `query_text`."""
 
     PARENT_FIELD_NUMBER: _builtins.int
     QUERY_TEXT_FIELD_NUMBER: _builtins.int
@@ -60,22 +74,33 @@ class SearchRequest(_message.Message):
     INCLUDE_TURNS_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
-    """`owners/{o}`."""
+    """Required: the owner, `owners/{o}`."""
     query_text: _builtins.str
+    """The query for the lexical legs (and for the server embedder), at most 64
+    KiB of UTF-8. Required unless `query_embedding` is set.
+    """
     top_k: _builtins.int
-    """1..1000; default 10."""
+    """Hits wanted, 1..1000; 0 means 10."""
     thread: _builtins.str
-    """`owners/{o}/threads/{t}`: with include_pending, adds that thread's
-    pending turns.
+    """Optional thread of `parent`, `owners/{o}/threads/{t}`: with
+    `include_pending`, that thread's pending turns are searched too.
     """
     include_pending: _builtins.bool
+    """Also search `thread`'s pending turns (requires `thread`)."""
     include_turns: _builtins.bool
-    """Turns are searched unless kinds is set and include_turns is false."""
+    """Turns are searched unless `kinds` is set and `include_turns` is false."""
     mode: Global___SearchRequest.Mode.ValueType
+    """Default `HYBRID`."""
     @_builtins.property
-    def query_embedding(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def query_embedding(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Optional query vector: 1..4096 finite float32 values, not all zero, of the
+        owner's index dimension; wins over embedding `query_text`.
+        """
+
     @_builtins.property
-    def kinds(self) -> _containers.RepeatedScalarFieldContainer[_memories_pb2.Memory.Kind.ValueType]: ...
+    def kinds(self) -> _containers.RepeatedScalarFieldContainer[_memories_pb2.Memory.Kind.ValueType]:
+        """Only memories of these kinds; empty means every kind."""
+
     def __init__(
         self,
         *,
@@ -99,17 +124,26 @@ Global___SearchRequest: _TypeAlias = SearchRequest  # noqa: Y015
 
 @_typing.final
 class Hit(_message.Message):
+    """One search result."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SCORE_FIELD_NUMBER: _builtins.int
     TURN_FIELD_NUMBER: _builtins.int
     MEMORY_FIELD_NUMBER: _builtins.int
     score: _builtins.float
-    """Inner product of unit vectors for dense hits."""
+    """Higher is better: the inner product of unit vectors (in [-1, 1]) for
+    `DENSE`; the fused score in [0, 1] for `LEXICAL` and `HYBRID`. Comparable
+    within one response only.
+    """
     @_builtins.property
-    def turn(self) -> _threads_pb2.Turn: ...
+    def turn(self) -> _threads_pb2.Turn:
+        """A turn (its text and metadata; no embedding)."""
+
     @_builtins.property
-    def memory(self) -> _memories_pb2.Memory: ...
+    def memory(self) -> _memories_pb2.Memory:
+        """A memory (its current version)."""
+
     def __init__(
         self,
         *,
@@ -129,11 +163,15 @@ Global___Hit: _TypeAlias = Hit  # noqa: Y015
 
 @_typing.final
 class SearchResponse(_message.Message):
+    """Response of `Retrieval.Search`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     HITS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def hits(self) -> _containers.RepeatedCompositeFieldContainer[Global___Hit]: ...
+    def hits(self) -> _containers.RepeatedCompositeFieldContainer[Global___Hit]:
+        """Up to `top_k` hits, best first."""
+
     def __init__(
         self,
         *,
@@ -149,6 +187,8 @@ Global___SearchResponse: _TypeAlias = SearchResponse  # noqa: Y015
 
 @_typing.final
 class AssembleContextRequest(_message.Message):
+    """Request of `Retrieval.AssembleContext`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     THREAD_FIELD_NUMBER: _builtins.int
@@ -159,13 +199,25 @@ class AssembleContextRequest(_message.Message):
     TOP_K_FIELD_NUMBER: _builtins.int
     SCOPE_FIELD_NUMBER: _builtins.int
     thread: _builtins.str
+    """Required: the thread, `owners/{o}/threads/{t}`."""
     query_text: _builtins.str
+    """What the next response is about (for the relevant memories), at most 64
+    KiB of UTF-8; optional.
+    """
     max_chars: _builtins.int
+    """Budget of text, in characters; 0 means 8000; negative is `BAD_FIELD`."""
     recent_turns: _builtins.int
+    """How many of the thread's latest turns, 0..1000; 0 means 10."""
     top_k: _builtins.int
+    """How many relevant memories, 0..1000; 0 means 5."""
     scope: _builtins.str
+    """The scope preferences are resolved in (as `ResolvePreferenceRequest.scope`);
+    at most 1024 bytes.
+    """
     @_builtins.property
-    def query_embedding(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def query_embedding(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Optional query vector, as `SearchRequest.query_embedding`."""
+
     def __init__(
         self,
         *,
@@ -187,17 +239,26 @@ Global___AssembleContextRequest: _TypeAlias = AssembleContextRequest  # noqa: Y0
 
 @_typing.final
 class ContextManifest(_message.Message):
+    """The records put into a model's input for one response
+    (`owners/{o}/manifests/{m}`). An assistant turn that names it in
+    `TurnInput.context_manifest` has these records as its lineage.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     REFS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """`owners/{o}/manifests/{m}`."""
+    """`owners/{o}/manifests/{m}`; the id is server-generated."""
     @_builtins.property
-    def refs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]: ...
+    def refs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]:
+        """Every record returned in the bundle, at its exact version."""
+
     @_builtins.property
-    def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the manifest was stored."""
+
     def __init__(
         self,
         *,
@@ -215,6 +276,8 @@ Global___ContextManifest: _TypeAlias = ContextManifest  # noqa: Y015
 
 @_typing.final
 class ContextBundle(_message.Message):
+    """Response of `Retrieval.AssembleContext`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MANIFEST_FIELD_NUMBER: _builtins.int
@@ -224,17 +287,33 @@ class ContextBundle(_message.Message):
     MEMORIES_FIELD_NUMBER: _builtins.int
     SUMMARIES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def manifest(self) -> Global___ContextManifest: ...
+    def manifest(self) -> Global___ContextManifest:
+        """The stored manifest of this bundle."""
+
     @_builtins.property
-    def recent_turns(self) -> _containers.RepeatedCompositeFieldContainer[_threads_pb2.Turn]: ...
+    def recent_turns(self) -> _containers.RepeatedCompositeFieldContainer[_threads_pb2.Turn]:
+        """The thread's latest turns, oldest first (pending included; tainted,
+        sealed, deleted and expired never).
+        """
+
     @_builtins.property
-    def preferences(self) -> _containers.RepeatedCompositeFieldContainer[_memories_pb2.Memory]: ...
+    def preferences(self) -> _containers.RepeatedCompositeFieldContainer[_memories_pb2.Memory]:
+        """Per slot, the preference `ResolvePreference` picks for `scope`."""
+
     @_builtins.property
-    def open_items(self) -> _containers.RepeatedCompositeFieldContainer[_memories_pb2.Memory]: ...
+    def open_items(self) -> _containers.RepeatedCompositeFieldContainer[_memories_pb2.Memory]:
+        """Open commitments (due ones first, by due time), open questions, paused
+        pending points and active goals.
+        """
+
     @_builtins.property
-    def memories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Hit]: ...
+    def memories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Hit]:
+        """Committed memories relevant to the query (current versions only)."""
+
     @_builtins.property
-    def summaries(self) -> _containers.RepeatedCompositeFieldContainer[_memories_pb2.Memory]: ...
+    def summaries(self) -> _containers.RepeatedCompositeFieldContainer[_memories_pb2.Memory]:
+        """The newest valid (not stale) summaries, at most 3, with their sources."""
+
     def __init__(
         self,
         *,
@@ -255,10 +334,13 @@ Global___ContextBundle: _TypeAlias = ContextBundle  # noqa: Y015
 
 @_typing.final
 class GetContextManifestRequest(_message.Message):
+    """Request of `Retrieval.GetContextManifest`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Required: `owners/{o}/manifests/{m}`."""
     def __init__(
         self,
         *,

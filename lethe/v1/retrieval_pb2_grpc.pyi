@@ -27,8 +27,11 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class RetrievalStub:
-    """Search and context assembly. Search is served now; AssembleContext and
-    GetContextManifest answer UNIMPLEMENTED until a later release.
+    """Search and context assembly. Every hit is rechecked (state, tombstone,
+    expiry, owner, taint) before it is decrypted: sealed, deleted, expired,
+    superseded and tainted records are never returned, nor any record of
+    another owner. Errors common to every method are listed in common.proto;
+    each method lists the rest.
     """
 
     @_typing.overload
@@ -36,23 +39,75 @@ class RetrievalStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RetrievalAsyncStub: ...
     Search: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.SearchRequest, _retrieval_pb2.SearchResponse]
+    """Searches an owner's committed turns and memories (and, with `thread` and
+    `include_pending`, that thread's pending turns), best first.
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (`top_k` outside 1..1000, neither
+    `query_text` nor `query_embedding`, `LEXICAL` without `query_text`,
+    `DENSE` without `query_embedding` on a server without an embedder,
+    `include_pending` without `thread`, a `thread` of another owner, an
+    unknown mode or kind); `INVALID_ARGUMENT` / `DIMENSION_MISMATCH`
+    (`query_embedding`); `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`
+    (`thread`).
+    """
     AssembleContext: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.AssembleContextRequest, _retrieval_pb2.ContextBundle]
+    """Assembles what a model should see for the next response in a thread,
+    within `max_chars`, in this order until the budget is spent: open items,
+    applicable preferences, the thread's recent turns (pending included,
+    tainted excluded), relevant committed memories, the newest valid
+    summaries. Stores the manifest of everything returned.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread);
+    `INVALID_ARGUMENT` / `BAD_FIELD` (a negative or too large number) or
+    `DIMENSION_MISMATCH`; `RESOURCE_EXHAUSTED` / `STORE_FULL` (the manifest is
+    stored).
+    """
     GetContextManifest: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.GetContextManifestRequest, _retrieval_pb2.ContextManifest]
+    """Reads a stored context manifest.
+    Errors: `NOT_FOUND` / `NOT_FOUND`.
+    """
 
 @_typing.type_check_only
 class RetrievalAsyncStub(RetrievalStub):
-    """Search and context assembly. Search is served now; AssembleContext and
-    GetContextManifest answer UNIMPLEMENTED until a later release.
+    """Search and context assembly. Every hit is rechecked (state, tombstone,
+    expiry, owner, taint) before it is decrypted: sealed, deleted, expired,
+    superseded and tainted records are never returned, nor any record of
+    another owner. Errors common to every method are listed in common.proto;
+    each method lists the rest.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Search: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.SearchRequest, _retrieval_pb2.SearchResponse]  # type: ignore[assignment]
+    """Searches an owner's committed turns and memories (and, with `thread` and
+    `include_pending`, that thread's pending turns), best first.
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (`top_k` outside 1..1000, neither
+    `query_text` nor `query_embedding`, `LEXICAL` without `query_text`,
+    `DENSE` without `query_embedding` on a server without an embedder,
+    `include_pending` without `thread`, a `thread` of another owner, an
+    unknown mode or kind); `INVALID_ARGUMENT` / `DIMENSION_MISMATCH`
+    (`query_embedding`); `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`
+    (`thread`).
+    """
     AssembleContext: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.AssembleContextRequest, _retrieval_pb2.ContextBundle]  # type: ignore[assignment]
+    """Assembles what a model should see for the next response in a thread,
+    within `max_chars`, in this order until the budget is spent: open items,
+    applicable preferences, the thread's recent turns (pending included,
+    tainted excluded), relevant committed memories, the newest valid
+    summaries. Stores the manifest of everything returned.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread);
+    `INVALID_ARGUMENT` / `BAD_FIELD` (a negative or too large number) or
+    `DIMENSION_MISMATCH`; `RESOURCE_EXHAUSTED` / `STORE_FULL` (the manifest is
+    stored).
+    """
     GetContextManifest: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.GetContextManifestRequest, _retrieval_pb2.ContextManifest]  # type: ignore[assignment]
+    """Reads a stored context manifest.
+    Errors: `NOT_FOUND` / `NOT_FOUND`.
+    """
 
 class RetrievalServicer(metaclass=_abc_1.ABCMeta):
-    """Search and context assembly. Search is served now; AssembleContext and
-    GetContextManifest answer UNIMPLEMENTED until a later release.
+    """Search and context assembly. Every hit is rechecked (state, tombstone,
+    expiry, owner, taint) before it is decrypted: sealed, deleted, expired,
+    superseded and tainted records are never returned, nor any record of
+    another owner. Errors common to every method are listed in common.proto;
+    each method lists the rest.
     """
 
     @_abc_1.abstractmethod
@@ -60,20 +115,43 @@ class RetrievalServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _retrieval_pb2.SearchRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_retrieval_pb2.SearchResponse, _abc.Awaitable[_retrieval_pb2.SearchResponse]]: ...
+    ) -> _typing.Union[_retrieval_pb2.SearchResponse, _abc.Awaitable[_retrieval_pb2.SearchResponse]]:
+        """Searches an owner's committed turns and memories (and, with `thread` and
+        `include_pending`, that thread's pending turns), best first.
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (`top_k` outside 1..1000, neither
+        `query_text` nor `query_embedding`, `LEXICAL` without `query_text`,
+        `DENSE` without `query_embedding` on a server without an embedder,
+        `include_pending` without `thread`, a `thread` of another owner, an
+        unknown mode or kind); `INVALID_ARGUMENT` / `DIMENSION_MISMATCH`
+        (`query_embedding`); `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED`
+        (`thread`).
+        """
 
     @_abc_1.abstractmethod
     def AssembleContext(
         self,
         request: _retrieval_pb2.AssembleContextRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_retrieval_pb2.ContextBundle, _abc.Awaitable[_retrieval_pb2.ContextBundle]]: ...
+    ) -> _typing.Union[_retrieval_pb2.ContextBundle, _abc.Awaitable[_retrieval_pb2.ContextBundle]]:
+        """Assembles what a model should see for the next response in a thread,
+        within `max_chars`, in this order until the budget is spent: open items,
+        applicable preferences, the thread's recent turns (pending included,
+        tainted excluded), relevant committed memories, the newest valid
+        summaries. Stores the manifest of everything returned.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread);
+        `INVALID_ARGUMENT` / `BAD_FIELD` (a negative or too large number) or
+        `DIMENSION_MISMATCH`; `RESOURCE_EXHAUSTED` / `STORE_FULL` (the manifest is
+        stored).
+        """
 
     @_abc_1.abstractmethod
     def GetContextManifest(
         self,
         request: _retrieval_pb2.GetContextManifestRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_retrieval_pb2.ContextManifest, _abc.Awaitable[_retrieval_pb2.ContextManifest]]: ...
+    ) -> _typing.Union[_retrieval_pb2.ContextManifest, _abc.Awaitable[_retrieval_pb2.ContextManifest]]:
+        """Reads a stored context manifest.
+        Errors: `NOT_FOUND` / `NOT_FOUND`.
+        """
 
 def add_RetrievalServicer_to_server(servicer: RetrievalServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

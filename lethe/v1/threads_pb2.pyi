@@ -25,6 +25,8 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class Thread(_message.Message):
+    """A conversation, or a repair thread that holds a sealed stretch of one."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     class _Kind:
@@ -34,13 +36,21 @@ class Thread(_message.Message):
     class _KindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[Thread._Kind.ValueType], _builtins.type):
         DESCRIPTOR: _descriptor.EnumDescriptor
         KIND_UNSPECIFIED: Thread._Kind.ValueType  # 0
+        """Never returned."""
         CONVERSATION: Thread._Kind.ValueType  # 1
+        """An ordinary conversation (`CreateThread`)."""
         REPAIR: Thread._Kind.ValueType  # 2
+        """A repair thread made by `Repairs.SealRepair`; see `repair`."""
 
-    class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
+    class Kind(_Kind, metaclass=_KindEnumTypeWrapper):
+        """What a thread is."""
+
     KIND_UNSPECIFIED: Thread.Kind.ValueType  # 0
+    """Never returned."""
     CONVERSATION: Thread.Kind.ValueType  # 1
+    """An ordinary conversation (`CreateThread`)."""
     REPAIR: Thread.Kind.ValueType  # 2
+    """A repair thread made by `Repairs.SealRepair`; see `repair`."""
 
     NAME_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
@@ -50,17 +60,27 @@ class Thread(_message.Message):
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     REPAIR_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """`owners/{o}/threads/{t}`."""
+    """`owners/{o}/threads/{t}`. Output only."""
     kind: Global___Thread.Kind.ValueType
+    """Output only."""
     title: _builtins.str
+    """The title given at creation (content: encrypted at rest); "" if none."""
     last_seq: _builtins.int
-    """Highest turn seq ever assigned (deleted turns keep their numbers)."""
+    """Highest turn `seq` ever assigned in this thread (deleted and sealed turns
+    keep their numbers; the next append gets `last_seq + 1`). Output only.
+    """
     @_builtins.property
-    def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the thread was created. Output only."""
+
     @_builtins.property
-    def update_time(self) -> _timestamp_pb2.Timestamp: ...
+    def update_time(self) -> _timestamp_pb2.Timestamp:
+        """When a turn was last appended (or the thread created). Output only."""
+
     @_builtins.property
-    def repair(self) -> Global___RepairInfo: ...
+    def repair(self) -> Global___RepairInfo:
+        """Set when `kind` is `REPAIR`. Output only."""
+
     def __init__(
         self,
         *,
@@ -82,6 +102,8 @@ Global___Thread: _TypeAlias = Thread  # noqa: Y015
 
 @_typing.final
 class RepairInfo(_message.Message):
+    """The state of a repair thread (ARCHITECTURE.md, "Repair threads")."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     class _State:
@@ -91,15 +113,25 @@ class RepairInfo(_message.Message):
     class _StateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[RepairInfo._State.ValueType], _builtins.type):
         DESCRIPTOR: _descriptor.EnumDescriptor
         STATE_UNSPECIFIED: RepairInfo._State.ValueType  # 0
+        """Never returned."""
         PAUSED: RepairInfo._State.ValueType  # 1
+        """Sealed and left alone (after `SealRepair` or `PauseRepair`)."""
         CONTINUED: RepairInfo._State.ValueType  # 2
+        """Reopened (`ReopenRepair`): turns may be appended to it, sealed."""
         CONCLUDED: RepairInfo._State.ValueType  # 3
+        """Concluded with `outcome` (`ConcludeRepair`)."""
 
-    class State(_State, metaclass=_StateEnumTypeWrapper): ...
+    class State(_State, metaclass=_StateEnumTypeWrapper):
+        """Where a repair stands. Leaving is not concluding: no timer moves it."""
+
     STATE_UNSPECIFIED: RepairInfo.State.ValueType  # 0
+    """Never returned."""
     PAUSED: RepairInfo.State.ValueType  # 1
+    """Sealed and left alone (after `SealRepair` or `PauseRepair`)."""
     CONTINUED: RepairInfo.State.ValueType  # 2
+    """Reopened (`ReopenRepair`): turns may be appended to it, sealed."""
     CONCLUDED: RepairInfo.State.ValueType  # 3
+    """Concluded with `outcome` (`ConcludeRepair`)."""
 
     class _Outcome:
         ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -108,24 +140,52 @@ class RepairInfo(_message.Message):
     class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[RepairInfo._Outcome.ValueType], _builtins.type):
         DESCRIPTOR: _descriptor.EnumDescriptor
         OUTCOME_UNSPECIFIED: RepairInfo._Outcome.ValueType  # 0
+        """Not concluded yet; refused in `ConcludeRepairRequest.outcome`."""
         DESTROY: RepairInfo._Outcome.ValueType  # 1
+        """Shred the repair thread's ring: everything sealed and appended is
+        gone; a content-free deletion receipt remains.
+        """
         PRESERVE_RESTRICTED: RepairInfo._Outcome.ValueType  # 2
+        """Keep it sealed; readable only through `ReopenRepair` with
+        `acknowledge_restricted`.
+        """
         DISTILL: RepairInfo._Outcome.ValueType  # 3
+        """Store `lesson_text` as a committed `LESSON` memory with no lineage to
+        the sealed content (its `scope` names the repair), then destroy the rest.
+        """
 
-    class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper): ...
+    class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper):
+        """How a repair was concluded."""
+
     OUTCOME_UNSPECIFIED: RepairInfo.Outcome.ValueType  # 0
+    """Not concluded yet; refused in `ConcludeRepairRequest.outcome`."""
     DESTROY: RepairInfo.Outcome.ValueType  # 1
+    """Shred the repair thread's ring: everything sealed and appended is
+    gone; a content-free deletion receipt remains.
+    """
     PRESERVE_RESTRICTED: RepairInfo.Outcome.ValueType  # 2
+    """Keep it sealed; readable only through `ReopenRepair` with
+    `acknowledge_restricted`.
+    """
     DISTILL: RepairInfo.Outcome.ValueType  # 3
+    """Store `lesson_text` as a committed `LESSON` memory with no lineage to
+    the sealed content (its `scope` names the repair), then destroy the rest.
+    """
 
     SOURCE_THREAD_FIELD_NUMBER: _builtins.int
     FROM_SEQ_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     source_thread: _builtins.str
+    """The conversation the stretch was sealed from (`owners/{o}/threads/{t}`)."""
     from_seq: _builtins.int
+    """The first sealed `seq` of `source_thread`; that turn and every later one
+    at sealing time moved into the repair.
+    """
     state: Global___RepairInfo.State.ValueType
+    """Where the repair stands."""
     outcome: Global___RepairInfo.Outcome.ValueType
+    """Set once `state` is `CONCLUDED`."""
     def __init__(
         self,
         *,
@@ -144,6 +204,8 @@ Global___RepairInfo: _TypeAlias = RepairInfo  # noqa: Y015
 
 @_typing.final
 class TurnInput(_message.Message):
+    """One turn to append (API.md, `TurnInput`)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ROLE_FIELD_NUMBER: _builtins.int
@@ -158,35 +220,58 @@ class TurnInput(_message.Message):
     TAGS_FIELD_NUMBER: _builtins.int
     TAGGED_FIELD_NUMBER: _builtins.int
     role: _common_pb2.Role.ValueType
+    """Required: `USER`, `ASSISTANT`, `SYSTEM` or `TOOL`."""
     speaker: _builtins.str
-    """Optional display name (content: encrypted)."""
+    """Optional display name, at most 1024 bytes of UTF-8 (content: encrypted)."""
     text: _builtins.str
-    """1 byte .. 64 KiB of UTF-8."""
+    """Required: 1 byte to 64 KiB of UTF-8, not only whitespace (content: encrypted)."""
     context_manifest: _builtins.str
-    """`owners/{o}/manifests/{m}` that produced an assistant turn."""
+    """For an assistant turn: the `owners/{o}/manifests/{m}` that
+    `Retrieval.AssembleContext` returned for its input (same owner). Its refs
+    become the turn's lineage.
+    """
     commit: _builtins.bool
-    """Store as COMMITTED instead of PENDING."""
+    """Store as `COMMITTED` instead of `PENDING`."""
     tagged: _builtins.bool
+    """Set when the client tagged the turn, even with no `tags`: the server's
+    write-time rules then step aside for it.
+    """
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp:
-        """When it was said (imports set it); default: now."""
+        """When it was said (imports of old conversations set it); default: the
+        server's time of the append. Seconds in 0..253402300799 (years 1970 to 9999).
+        """
 
     @_builtins.property
     def embedding(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
-        """Optional client embedding; the owner's index dimension applies."""
+        """Optional client embedding: 1..4096 finite float32 values, not all zero.
+        The first vector stored fixes the owner's index dimension; a different
+        one (or one that differs from the server embedder's) is
+        `DIMENSION_MISMATCH`. Empty: the server embeds the text.
+        """
 
     @_builtins.property
-    def context_refs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]: ...
+    def context_refs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]:
+        """Further records the response was built from (same owner), added to its
+        lineage; version 0 means the record's current version. A turn whose
+        lineage names a record already gone is stored but born `tainted`. Only
+        declared lineage (these refs and the manifest's) propagates deletion and
+        taint: a reply that repeats a fact without declaring where it came from is
+        not tainted when that fact is forgotten.
+        """
+
     @_builtins.property
     def pending_ttl(self) -> _duration_pb2.Duration:
-        """Pending lifetime; default the server's --pending-ttl."""
+        """How long the turn stays pending before it expires; default the server's
+        `--pending-ttl` (72 h). Positive, at most 366 days; ignored with `commit`.
+        """
 
     @_builtins.property
     def tags(self) -> _containers.RepeatedCompositeFieldContainer[_memories_pb2.Memory]:
         """Candidate memories the client derived from this turn itself (for example
-        with an LLM): stored as PENDING memories whose source is this turn. Set
-        `tagged` when the client tagged the turn, even with no tags: the server's
-        write-time rules then step aside for it.
+        with an LLM), at most 32: stored as `PENDING` memories whose source is
+        this turn (each validated as `CreateMemoryRequest.memory`; a bad one is
+        `BAD_FIELD` naming `turns[i].tags[j].<field>` and nothing is appended).
         """
 
     def __init__(
@@ -214,6 +299,10 @@ Global___TurnInput: _TypeAlias = TurnInput  # noqa: Y015
 
 @_typing.final
 class Turn(_message.Message):
+    """A stored turn: an authoritative record of what was said. Turns are
+    immutable (version 1); only their state changes.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -233,28 +322,46 @@ class Turn(_message.Message):
     name: _builtins.str
     """`owners/{o}/threads/{t}/turns/{seq}`."""
     seq: _builtins.int
+    """Position in the thread, from 1."""
     role: _common_pb2.Role.ValueType
+    """Who said it."""
     speaker: _builtins.str
+    """Display name, "" if none."""
     text: _builtins.str
+    """What was said."""
     state: _common_pb2.State.ValueType
+    """`PENDING`, `COMMITTED` or `SEALED` (the latter only through `ReopenRepair`)."""
     version: _builtins.int
+    """Always 1 (turns are immutable)."""
     tainted: _builtins.bool
+    """Its lineage names a record that was deleted: excluded from retrieval,
+    context assembly and rebuild sources, listed only with `include_tainted`.
+    """
     context_manifest: _builtins.str
+    """The manifest given at append, "" if none."""
     @_builtins.property
-    def time(self) -> _timestamp_pb2.Timestamp: ...
+    def time(self) -> _timestamp_pb2.Timestamp:
+        """When it was said (`TurnInput.time`, or the append time)."""
+
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the server stored it; pending expiry counts from here."""
 
     @_builtins.property
     def expire_time(self) -> _timestamp_pb2.Timestamp:
-        """Set while PENDING."""
+        """When a `PENDING` turn expires (then it reads as `RECORD_DELETED` and the
+        sweeper forgets it); unset otherwise.
+        """
 
     @_builtins.property
-    def context_refs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]: ...
+    def context_refs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]:
+        """The `context_refs` given at append, with version 0 resolved to the
+        version current at that time.
+        """
+
     @_builtins.property
     def embedding(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
-        """Only with view FULL."""
+        """The stored embedding (float32); only with view `FULL`."""
 
     def __init__(
         self,
@@ -284,16 +391,19 @@ Global___Turn: _TypeAlias = Turn  # noqa: Y015
 
 @_typing.final
 class CreateThreadRequest(_message.Message):
+    """Request of `Threads.CreateThread`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PARENT_FIELD_NUMBER: _builtins.int
     THREAD_ID_FIELD_NUMBER: _builtins.int
     TITLE_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
-    """`owners/{o}`."""
+    """Required: the owner, `owners/{o}`."""
     thread_id: _builtins.str
-    """Optional; generated when empty."""
+    """Optional id `[a-z0-9][a-z0-9-]{0,62}`; generated when empty."""
     title: _builtins.str
+    """Optional title, at most 4096 bytes of UTF-8 (content: encrypted)."""
     def __init__(
         self,
         *,
@@ -311,10 +421,13 @@ Global___CreateThreadRequest: _TypeAlias = CreateThreadRequest  # noqa: Y015
 
 @_typing.final
 class GetThreadRequest(_message.Message):
+    """Request of `Threads.GetThread`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Required: `owners/{o}/threads/{t}`."""
     def __init__(
         self,
         *,
@@ -330,6 +443,8 @@ Global___GetThreadRequest: _TypeAlias = GetThreadRequest  # noqa: Y015
 
 @_typing.final
 class ListThreadsRequest(_message.Message):
+    """Request of `Threads.ListThreads`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PARENT_FIELD_NUMBER: _builtins.int
@@ -337,10 +452,20 @@ class ListThreadsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     INCLUDE_REPAIRS_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
+    """Required: the owner, `owners/{o}`."""
     page_size: _builtins.int
-    """Default 100, capped at 1000."""
+    """Maximum threads per page: 0 means 100, values above 1000 are read as
+    1000; negative is `BAD_FIELD`. May change from page to page.
+    """
     page_token: _builtins.str
+    """`next_page_token` of the previous page; "" for the first page. Opaque,
+    bound to this request's other fields and valid only against the server
+    process that issued it: a token of another listing, another request, a
+    restarted server, or an altered token is `INVALID_ARGUMENT` /
+    `BAD_FIELD` naming `page_token` (list again from the first page).
+    """
     include_repairs: _builtins.bool
+    """Also list repair threads."""
     def __init__(
         self,
         *,
@@ -359,13 +484,18 @@ Global___ListThreadsRequest: _TypeAlias = ListThreadsRequest  # noqa: Y015
 
 @_typing.final
 class ListThreadsResponse(_message.Message):
+    """Response of `Threads.ListThreads`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     THREADS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
+    """Token of the next page; "" on the last page."""
     @_builtins.property
-    def threads(self) -> _containers.RepeatedCompositeFieldContainer[Global___Thread]: ...
+    def threads(self) -> _containers.RepeatedCompositeFieldContainer[Global___Thread]:
+        """One page of threads, in id order."""
+
     def __init__(
         self,
         *,
@@ -382,18 +512,30 @@ Global___ListThreadsResponse: _TypeAlias = ListThreadsResponse  # noqa: Y015
 
 @_typing.final
 class AppendTurnsRequest(_message.Message):
+    """Request of `Threads.AppendTurns`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PARENT_FIELD_NUMBER: _builtins.int
     TURNS_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    ECHO_TEXT_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
-    """The thread: `owners/{o}/threads/{t}`."""
+    """Required: the thread, `owners/{o}/threads/{t}`."""
     request_id: _builtins.str
-    """Idempotency key: a retry with the same id returns the first result."""
+    """Optional idempotency key, `[A-Za-z0-9._:-]{1,128}`, scoped to the
+    thread: a retry with the same id appends nothing and returns the first
+    result (minus turns since deleted, expired, sealed or tainted).
+    """
+    echo_text: _builtins.bool
+    """Echo each stored turn's text and speaker in the response. By default the
+    response carries names, states, versions and times only, so a reply never
+    exceeds what the writer could send (a client with gRPC's default 4 MiB
+    receive limit can always read the acknowledgement of its own append).
+    """
     @_builtins.property
     def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___TurnInput]:
-        """1..1000 turns."""
+        """Required: 1..1000 turns, appended in order."""
 
     def __init__(
         self,
@@ -401,10 +543,11 @@ class AppendTurnsRequest(_message.Message):
         parent: _builtins.str = ...,
         turns: _abc.Iterable[Global___TurnInput] | None = ...,
         request_id: _builtins.str = ...,
+        echo_text: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["parent", b"parent", "request_id", b"request_id", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["echo_text", b"echo_text", "parent", b"parent", "request_id", b"request_id", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -412,15 +555,22 @@ Global___AppendTurnsRequest: _TypeAlias = AppendTurnsRequest  # noqa: Y015
 
 @_typing.final
 class AppendTurnsResponse(_message.Message):
+    """Response of `Threads.AppendTurns`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TURNS_FIELD_NUMBER: _builtins.int
     PROPOSED_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___Turn]: ...
+    def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___Turn]:
+        """The stored turns, in request order."""
+
     @_builtins.property
     def proposed(self) -> _containers.RepeatedCompositeFieldContainer[_memories_pb2.Memory]:
-        """Candidates proposed by the write-time tagger (PENDING memories)."""
+        """Candidates proposed for these turns (`PENDING` memories): the client's
+        `tags`, or the write-time tagger's commitments, open questions and
+        pending points. Empty on a retried `request_id`.
+        """
 
     def __init__(
         self,
@@ -438,6 +588,8 @@ Global___AppendTurnsResponse: _TypeAlias = AppendTurnsResponse  # noqa: Y015
 
 @_typing.final
 class ListTurnsRequest(_message.Message):
+    """Request of `Threads.ListTurns`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PARENT_FIELD_NUMBER: _builtins.int
@@ -447,13 +599,24 @@ class ListTurnsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
+    """Required: the thread, `owners/{o}/threads/{t}`."""
     include_tainted: _builtins.bool
+    """Also list tainted turns."""
     page_size: _builtins.int
+    """Maximum turns per page: 0 means 100, values above 1000 are read as 1000;
+    negative is `BAD_FIELD`. May change from page to page.
+    """
     page_token: _builtins.str
+    """`next_page_token` of the previous page; "" for the first page. Opaque and
+    bound to this request's other fields (see `ListThreadsRequest.page_token`).
+    """
     view: _common_pb2.View.ValueType
+    """`FULL` adds embeddings; default `BASIC`."""
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.State.ValueType]:
-        """Default: PENDING and COMMITTED."""
+        """Which states to list; empty means `PENDING` and `COMMITTED`. Sealed turns
+        are never listed (read them with `Repairs.ReopenRepair`).
+        """
 
     def __init__(
         self,
@@ -475,13 +638,18 @@ Global___ListTurnsRequest: _TypeAlias = ListTurnsRequest  # noqa: Y015
 
 @_typing.final
 class ListTurnsResponse(_message.Message):
+    """Response of `Threads.ListTurns`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TURNS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
+    """Token of the next page; "" on the last page."""
     @_builtins.property
-    def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___Turn]: ...
+    def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___Turn]:
+        """One page of turns, in `seq` order."""
+
     def __init__(
         self,
         *,
@@ -498,12 +666,16 @@ Global___ListTurnsResponse: _TypeAlias = ListTurnsResponse  # noqa: Y015
 
 @_typing.final
 class GetTurnRequest(_message.Message):
+    """Request of `Threads.GetTurn`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Required: `owners/{o}/threads/{t}/turns/{seq}`."""
     view: _common_pb2.View.ValueType
+    """`FULL` adds the embedding; default `BASIC`."""
     def __init__(
         self,
         *,

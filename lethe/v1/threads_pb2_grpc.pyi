@@ -27,56 +27,165 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class ThreadsStub:
-    """Conversations and their turns."""
+    """Conversations (`owners/{o}/threads/{t}`) and their turns
+    (`owners/{o}/threads/{t}/turns/{seq}`). Errors common to every method are
+    listed in common.proto; each method lists the rest.
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ThreadsAsyncStub: ...
     CreateThread: _grpc.UnaryUnaryMultiCallable[_threads_pb2.CreateThreadRequest, _threads_pb2.Thread]
+    """Creates a conversation thread (and its own encryption ring).
+    Errors: `ALREADY_EXISTS` / `ALREADY_EXISTS` when a live thread has
+    `thread_id`; `RESOURCE_EXHAUSTED` / `STORE_FULL`. The id of a forgotten
+    thread may be used again: its turns number on after the old ones.
+    """
     GetThread: _grpc.UnaryUnaryMultiCallable[_threads_pb2.GetThreadRequest, _threads_pb2.Thread]
+    """Reads a thread (conversation or repair).
+    Errors: `NOT_FOUND` / `NOT_FOUND` (never existed), `NOT_FOUND` /
+    `RECORD_DELETED` (forgotten).
+    """
     ListThreads: _grpc.UnaryUnaryMultiCallable[_threads_pb2.ListThreadsRequest, _threads_pb2.ListThreadsResponse]
+    """Lists an owner's live threads in id order, repair threads only with
+    `include_repairs`. Paginated (AIP-158).
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for a negative `page_size` or a
+    `page_token` that this server did not issue for the same request.
+    """
     AppendTurns: _grpc.UnaryUnaryMultiCallable[_threads_pb2.AppendTurnsRequest, _threads_pb2.AppendTurnsResponse]
-    """Appends turns at the end of a thread, in one transaction."""
+    """Appends 1..1000 turns at the end of a thread, in one transaction: all
+    are stored or none. Turns are `PENDING` unless `commit` is set; turns
+    appended to a `CONTINUED` repair thread are `SEALED`. The server embeds
+    each turn's text (`speaker: text`) unless the turn carries an embedding,
+    and its write-time tagger proposes candidate memories for untagged turns
+    (`AppendTurnsResponse.proposed`, `CANDIDATE_PROPOSED` events).
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread);
+    `FAILED_PRECONDITION` / `REPAIR_NOT_CONTINUED` (a repair thread that is
+    not `CONTINUED`); `INVALID_ARGUMENT` / `DIMENSION_MISMATCH` (an
+    embedding's dimension differs from the owner's index or the server
+    embedder's); `INVALID_ARGUMENT` / `BAD_FIELD` (see `TurnInput`, and a
+    `context_manifest` that does not exist); `ALREADY_EXISTS` /
+    `SLOT_CONFLICT` is never returned here: a conflicting candidate is
+    dropped and announced by a `SLOT_CONFLICT` event; `RESOURCE_EXHAUSTED` /
+    `STORE_FULL`.
+    """
     ListTurns: _grpc.UnaryUnaryMultiCallable[_threads_pb2.ListTurnsRequest, _threads_pb2.ListTurnsResponse]
+    """Lists a thread's turns in `seq` order. Sealed, deleted and expired turns
+    are never listed; tainted ones only with `include_tainted`. Paginated
+    (AIP-158).
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread);
+    `INVALID_ARGUMENT` / `BAD_FIELD` for a negative `page_size`, an unknown
+    state or view, or a `page_token` that this server did not issue for the
+    same request.
+    """
     GetTurn: _grpc.UnaryUnaryMultiCallable[_threads_pb2.GetTurnRequest, _threads_pb2.Turn]
+    """Reads one turn.
+    Errors: `NOT_FOUND` / `NOT_FOUND` (never existed), `NOT_FOUND` /
+    `RECORD_DELETED` (deleted, or expired while pending),
+    `FAILED_PRECONDITION` / `SEALED` (sealed into a repair: no content),
+    `DATA_LOSS` / `INTEGRITY`.
+    """
 
 @_typing.type_check_only
 class ThreadsAsyncStub(ThreadsStub):
-    """Conversations and their turns."""
+    """Conversations (`owners/{o}/threads/{t}`) and their turns
+    (`owners/{o}/threads/{t}/turns/{seq}`). Errors common to every method are
+    listed in common.proto; each method lists the rest.
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateThread: _aio.UnaryUnaryMultiCallable[_threads_pb2.CreateThreadRequest, _threads_pb2.Thread]  # type: ignore[assignment]
+    """Creates a conversation thread (and its own encryption ring).
+    Errors: `ALREADY_EXISTS` / `ALREADY_EXISTS` when a live thread has
+    `thread_id`; `RESOURCE_EXHAUSTED` / `STORE_FULL`. The id of a forgotten
+    thread may be used again: its turns number on after the old ones.
+    """
     GetThread: _aio.UnaryUnaryMultiCallable[_threads_pb2.GetThreadRequest, _threads_pb2.Thread]  # type: ignore[assignment]
+    """Reads a thread (conversation or repair).
+    Errors: `NOT_FOUND` / `NOT_FOUND` (never existed), `NOT_FOUND` /
+    `RECORD_DELETED` (forgotten).
+    """
     ListThreads: _aio.UnaryUnaryMultiCallable[_threads_pb2.ListThreadsRequest, _threads_pb2.ListThreadsResponse]  # type: ignore[assignment]
+    """Lists an owner's live threads in id order, repair threads only with
+    `include_repairs`. Paginated (AIP-158).
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for a negative `page_size` or a
+    `page_token` that this server did not issue for the same request.
+    """
     AppendTurns: _aio.UnaryUnaryMultiCallable[_threads_pb2.AppendTurnsRequest, _threads_pb2.AppendTurnsResponse]  # type: ignore[assignment]
-    """Appends turns at the end of a thread, in one transaction."""
+    """Appends 1..1000 turns at the end of a thread, in one transaction: all
+    are stored or none. Turns are `PENDING` unless `commit` is set; turns
+    appended to a `CONTINUED` repair thread are `SEALED`. The server embeds
+    each turn's text (`speaker: text`) unless the turn carries an embedding,
+    and its write-time tagger proposes candidate memories for untagged turns
+    (`AppendTurnsResponse.proposed`, `CANDIDATE_PROPOSED` events).
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread);
+    `FAILED_PRECONDITION` / `REPAIR_NOT_CONTINUED` (a repair thread that is
+    not `CONTINUED`); `INVALID_ARGUMENT` / `DIMENSION_MISMATCH` (an
+    embedding's dimension differs from the owner's index or the server
+    embedder's); `INVALID_ARGUMENT` / `BAD_FIELD` (see `TurnInput`, and a
+    `context_manifest` that does not exist); `ALREADY_EXISTS` /
+    `SLOT_CONFLICT` is never returned here: a conflicting candidate is
+    dropped and announced by a `SLOT_CONFLICT` event; `RESOURCE_EXHAUSTED` /
+    `STORE_FULL`.
+    """
     ListTurns: _aio.UnaryUnaryMultiCallable[_threads_pb2.ListTurnsRequest, _threads_pb2.ListTurnsResponse]  # type: ignore[assignment]
+    """Lists a thread's turns in `seq` order. Sealed, deleted and expired turns
+    are never listed; tainted ones only with `include_tainted`. Paginated
+    (AIP-158).
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread);
+    `INVALID_ARGUMENT` / `BAD_FIELD` for a negative `page_size`, an unknown
+    state or view, or a `page_token` that this server did not issue for the
+    same request.
+    """
     GetTurn: _aio.UnaryUnaryMultiCallable[_threads_pb2.GetTurnRequest, _threads_pb2.Turn]  # type: ignore[assignment]
+    """Reads one turn.
+    Errors: `NOT_FOUND` / `NOT_FOUND` (never existed), `NOT_FOUND` /
+    `RECORD_DELETED` (deleted, or expired while pending),
+    `FAILED_PRECONDITION` / `SEALED` (sealed into a repair: no content),
+    `DATA_LOSS` / `INTEGRITY`.
+    """
 
 class ThreadsServicer(metaclass=_abc_1.ABCMeta):
-    """Conversations and their turns."""
+    """Conversations (`owners/{o}/threads/{t}`) and their turns
+    (`owners/{o}/threads/{t}/turns/{seq}`). Errors common to every method are
+    listed in common.proto; each method lists the rest.
+    """
 
     @_abc_1.abstractmethod
     def CreateThread(
         self,
         request: _threads_pb2.CreateThreadRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_threads_pb2.Thread, _abc.Awaitable[_threads_pb2.Thread]]: ...
+    ) -> _typing.Union[_threads_pb2.Thread, _abc.Awaitable[_threads_pb2.Thread]]:
+        """Creates a conversation thread (and its own encryption ring).
+        Errors: `ALREADY_EXISTS` / `ALREADY_EXISTS` when a live thread has
+        `thread_id`; `RESOURCE_EXHAUSTED` / `STORE_FULL`. The id of a forgotten
+        thread may be used again: its turns number on after the old ones.
+        """
 
     @_abc_1.abstractmethod
     def GetThread(
         self,
         request: _threads_pb2.GetThreadRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_threads_pb2.Thread, _abc.Awaitable[_threads_pb2.Thread]]: ...
+    ) -> _typing.Union[_threads_pb2.Thread, _abc.Awaitable[_threads_pb2.Thread]]:
+        """Reads a thread (conversation or repair).
+        Errors: `NOT_FOUND` / `NOT_FOUND` (never existed), `NOT_FOUND` /
+        `RECORD_DELETED` (forgotten).
+        """
 
     @_abc_1.abstractmethod
     def ListThreads(
         self,
         request: _threads_pb2.ListThreadsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_threads_pb2.ListThreadsResponse, _abc.Awaitable[_threads_pb2.ListThreadsResponse]]: ...
+    ) -> _typing.Union[_threads_pb2.ListThreadsResponse, _abc.Awaitable[_threads_pb2.ListThreadsResponse]]:
+        """Lists an owner's live threads in id order, repair threads only with
+        `include_repairs`. Paginated (AIP-158).
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for a negative `page_size` or a
+        `page_token` that this server did not issue for the same request.
+        """
 
     @_abc_1.abstractmethod
     def AppendTurns(
@@ -84,20 +193,49 @@ class ThreadsServicer(metaclass=_abc_1.ABCMeta):
         request: _threads_pb2.AppendTurnsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_threads_pb2.AppendTurnsResponse, _abc.Awaitable[_threads_pb2.AppendTurnsResponse]]:
-        """Appends turns at the end of a thread, in one transaction."""
+        """Appends 1..1000 turns at the end of a thread, in one transaction: all
+        are stored or none. Turns are `PENDING` unless `commit` is set; turns
+        appended to a `CONTINUED` repair thread are `SEALED`. The server embeds
+        each turn's text (`speaker: text`) unless the turn carries an embedding,
+        and its write-time tagger proposes candidate memories for untagged turns
+        (`AppendTurnsResponse.proposed`, `CANDIDATE_PROPOSED` events).
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread);
+        `FAILED_PRECONDITION` / `REPAIR_NOT_CONTINUED` (a repair thread that is
+        not `CONTINUED`); `INVALID_ARGUMENT` / `DIMENSION_MISMATCH` (an
+        embedding's dimension differs from the owner's index or the server
+        embedder's); `INVALID_ARGUMENT` / `BAD_FIELD` (see `TurnInput`, and a
+        `context_manifest` that does not exist); `ALREADY_EXISTS` /
+        `SLOT_CONFLICT` is never returned here: a conflicting candidate is
+        dropped and announced by a `SLOT_CONFLICT` event; `RESOURCE_EXHAUSTED` /
+        `STORE_FULL`.
+        """
 
     @_abc_1.abstractmethod
     def ListTurns(
         self,
         request: _threads_pb2.ListTurnsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_threads_pb2.ListTurnsResponse, _abc.Awaitable[_threads_pb2.ListTurnsResponse]]: ...
+    ) -> _typing.Union[_threads_pb2.ListTurnsResponse, _abc.Awaitable[_threads_pb2.ListTurnsResponse]]:
+        """Lists a thread's turns in `seq` order. Sealed, deleted and expired turns
+        are never listed; tainted ones only with `include_tainted`. Paginated
+        (AIP-158).
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (the thread);
+        `INVALID_ARGUMENT` / `BAD_FIELD` for a negative `page_size`, an unknown
+        state or view, or a `page_token` that this server did not issue for the
+        same request.
+        """
 
     @_abc_1.abstractmethod
     def GetTurn(
         self,
         request: _threads_pb2.GetTurnRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_threads_pb2.Turn, _abc.Awaitable[_threads_pb2.Turn]]: ...
+    ) -> _typing.Union[_threads_pb2.Turn, _abc.Awaitable[_threads_pb2.Turn]]:
+        """Reads one turn.
+        Errors: `NOT_FOUND` / `NOT_FOUND` (never existed), `NOT_FOUND` /
+        `RECORD_DELETED` (deleted, or expired while pending),
+        `FAILED_PRECONDITION` / `SEALED` (sealed into a repair: no content),
+        `DATA_LOSS` / `INTEGRITY`.
+        """
 
 def add_ThreadsServicer_to_server(servicer: ThreadsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

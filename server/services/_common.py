@@ -10,18 +10,17 @@ at most 1000, ``top_k`` 1..1000 (0 means 10).
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
 import logging
 import re
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf.message import Message
 from grpc_status import rpc_status
 
 from lethe.v1 import common_pb2, memories_pb2
@@ -30,6 +29,7 @@ from server._convert import STATE_NAMES
 from server._logs import LIMITED
 from server._names import parse_owner, parse_target
 from server.errors import InvalidArgument, LetheError
+from server.services._pages import PageTokens
 from server.store import COMMITTED, PENDING
 
 MAX_TEXT_BYTES = 64 * 1024
@@ -42,11 +42,16 @@ MAX_REASON_BYTES = 256
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 DEFAULT_TOP_K = 10
+MAX_REPLY_BYTES = 3 * 1024 * 1024 + 512 * 1024
+"""A reply page is cut below this many bytes (3.5 MiB), so a client with gRPC's
+default 4 MiB receive limit can read every page (API.md, "Views and sizes")."""
 MAX_TOP_K = 1000
 MAX_LINEAGE_DEPTH = 100
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 F = TypeVar("F", bound=Callable[..., Any])
+M = TypeVar("M", bound=Message)
+K = TypeVar("K", str, int)
 
 
 def abort(context: grpc.ServicerContext, error: BaseException) -> None:
@@ -138,25 +143,17 @@ def page_size(value: int) -> int:
     return min(value or DEFAULT_PAGE, MAX_PAGE)
 
 
-def encode_token(parent: str, after: str) -> str:
-    raw = json.dumps({"p": parent, "a": after}).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+PAGE_POLICY = f"{DEFAULT_PAGE}/{MAX_PAGE}"
+"""The page-size policy bound into every page token (default size / cap)."""
 
 
-def decode_token(token: str, parent: str) -> str:
-    if not token:
-        return ""
-    try:
-        padded = token + "=" * (-len(token) % 4)
-        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        if data["p"] == parent and isinstance(data["a"], str):
-            return str(data["a"])
-    except (ValueError, KeyError, TypeError):
-        pass
-    raise InvalidArgument("page_token", "not a token from a previous page of this listing")
+def page_tokens() -> PageTokens:
+    """A new :class:`~server.services._pages.PageTokens` under :data:`PAGE_POLICY`
+    (one per servicer, made when the server starts)."""
+    return PageTokens(PAGE_POLICY)
 
 
-def owner_page(request: Any) -> tuple[str, int, str]:
+def owner_page(request: Any, tokens: PageTokens) -> tuple[str, int, str]:
     """The authorised owner of a list request's ``parent``, its page size and the
     position its ``page_token`` resumes after (the shared head of every List method).
 
@@ -165,7 +162,7 @@ def owner_page(request: Any) -> tuple[str, int, str]:
     """
     owner = parse_owner(request.parent, "parent")
     authorize(owner)
-    return owner, page_size(request.page_size), decode_token(request.page_token, request.parent)
+    return owner, page_size(request.page_size), tokens.resume(request)
 
 
 def states(values: Any) -> set[str]:
@@ -218,3 +215,23 @@ def enum_name(enum: Any, value: int, field: str) -> str:
     if value not in enum.values():
         raise InvalidArgument(field, "unknown value")
     return str(enum.Name(value))
+
+
+def fit(messages: Sequence[M], nxt: K, key: Callable[[M], K]) -> tuple[list[M], K]:
+    """Cut a page of reply ``messages`` to :data:`MAX_REPLY_BYTES`.
+
+    Args:
+        messages: the page, in order.
+        nxt: where the full page would resume (falsy at the end).
+        key: the resume position of a message (what a page token carries).
+
+    Returns:
+        (the messages that fit — at least one —, where to resume: ``nxt`` when
+        all fit, else the key of the last message kept).
+    """
+    total = 0
+    for i, message in enumerate(messages):
+        total += message.ByteSize() + 8  # field tag and length
+        if total > MAX_REPLY_BYTES and i > 0:
+            return list(messages[:i]), key(messages[i - 1])
+    return list(messages), nxt

@@ -29,8 +29,9 @@ from server.services._common import (
     MAX_REASON_BYTES,
     check_text,
     duration,
-    encode_token,
+    fit,
     owner_page,
+    page_tokens,
     rpc,
 )
 from server.store import Store
@@ -74,6 +75,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         self.store = store
         self.retriever = retriever
         self.lifecycle = lifecycle
+        self.page_tokens = page_tokens()
 
     @rpc
     def Commit(  # noqa: N802
@@ -120,11 +122,14 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     def ListDeletions(  # noqa: N802
         self, request: lifecycle_pb2.ListDeletionsRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.ListDeletionsResponse:
-        owner, size, after = owner_page(request)
+        owner, size, after = owner_page(request, self.page_tokens)
         entries, nxt = self.store.list_deletions(owner, after, size)
+        receipts, nxt = fit(
+            [receipt_proto(e) for e in entries], nxt, lambda r: r.name.rsplit("/", 1)[-1]
+        )
         return lifecycle_pb2.ListDeletionsResponse(
-            receipts=[receipt_proto(e) for e in entries],
-            next_page_token=encode_token(request.parent, nxt) if nxt else "",
+            receipts=receipts,
+            next_page_token=self.page_tokens.issue(request, nxt),
         )
 
     @rpc

@@ -11,9 +11,12 @@ narrowest applicable scope, ``EXPLICIT`` before ``INFERRED``.
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from lethe.v1 import common_pb2, memories_pb2, memories_pb2_grpc, threads_pb2
 from server import _tagger as tagger
@@ -27,9 +30,10 @@ from server.services._common import (
     MAX_TEXT_BYTES,
     check_text,
     check_vector,
-    encode_token,
     enum_name,
+    fit,
     owner_page,
+    page_tokens,
     rpc,
     seconds,
     states,
@@ -42,11 +46,34 @@ from server.store import (
     MemoryDraft,
     SlotConflict,
     Store,
-    TurnMeta,
+    TurnDraft,
 )
 
 MAX_FIELD_BYTES = 1024
-_MASK_PATHS = {"text", "slot", "scope", "edge", "sources", "due_time", "embedding"}
+MAX_METADATA_BYTES = 256 * 1024
+"""Largest ``Memory.metadata``, as compact JSON in UTF-8 (bytes)."""
+_MASK_PATHS = {"text", "slot", "scope", "edge", "sources", "due_time", "embedding", "metadata"}
+
+
+def _metadata(memory: memories_pb2.Memory) -> dict[str, Any] | None:
+    """``memory.metadata`` as a JSON object, or None when it is not set.
+
+    Raises:
+        InvalidArgument: larger than ``MAX_METADATA_BYTES``, or a number that
+            is not finite (JSON has no NaN or infinity).
+    """
+    if not memory.HasField("metadata"):
+        return None
+    try:
+        data: dict[str, Any] = json_format.MessageToDict(memory.metadata)
+        encoded = json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+    except (json_format.Error, ValueError):
+        raise InvalidArgument("memory.metadata", "numbers must be finite") from None
+    if len(encoded) > MAX_METADATA_BYTES:
+        raise InvalidArgument("memory.metadata", f"at most {MAX_METADATA_BYTES} bytes as JSON")
+    return data
+
+
 MAX_TAGS = 32
 
 
@@ -78,6 +105,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         self.retriever = retriever
         self.pending_ttl = pending_ttl
         self.rules = rules  # the write-time rules (``--tagger rules``)
+        self.page_tokens = page_tokens()
 
     def _draft(self, memory: memories_pb2.Memory, owner: str, *, creating: bool) -> MemoryDraft:
         kind = enum_name(memories_pb2.Memory.Kind, memory.kind, "memory.kind")
@@ -124,7 +152,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             )
         return MemoryDraft(
             kind=kind,
-            content=MemoryContent(text, slot, scope, edge),
+            content=MemoryContent(text, slot, scope, edge, metadata=_metadata(memory)),
             sources=_sources(memory.sources, owner),
             direction=direction,
             trigger=trigger,
@@ -140,72 +168,48 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             text = content.text or (" ".join(content.edge) if content.edge else "")
             draft.embedding = self.retriever.embed_texts([text])[0] if text.strip() else None
 
-    def check_tags(self, owner: str, request: threads_pb2.AppendTurnsRequest) -> None:
-        """Validate client tags before any turn is stored.
+    def candidates(
+        self, owner: str, request: threads_pb2.AppendTurnsRequest, drafts: list[TurnDraft]
+    ) -> list[list[MemoryDraft]]:
+        """The candidate memories of each turn of an append, validated and embedded
+        before anything is stored: the client's own ``tags`` where it ``tagged``
+        the turn, otherwise the write-time rules of :mod:`server._tagger`. The
+        store writes them with the turns, in one transaction.
 
         Raises:
-            InvalidArgument: more than ``MAX_TAGS`` tags on a turn, or a malformed tag
-                (the field names the turn and tag).
+            InvalidArgument: more than ``MAX_TAGS`` tags on a turn, or a malformed
+                tag (the field names the turn and tag); nothing is stored.
         """
-        for i, turn in enumerate(request.turns):
+        out: list[list[MemoryDraft]] = []
+        for i, (turn, draft) in enumerate(zip(request.turns, drafts, strict=True)):
             if len(turn.tags) > MAX_TAGS:
                 raise InvalidArgument(f"turns[{i}].tags", f"at most {MAX_TAGS} tags per turn")
-            for j, tag in enumerate(turn.tags):
-                try:
-                    self._draft(tag, owner, creating=True)
-                except InvalidArgument as exc:
-                    raise InvalidArgument(
-                        f"turns[{i}].tags[{j}].{exc.field.removeprefix('memory.')}",
-                        exc.description,
-                        reason=exc.reason,
-                    ) from None
-
-    def propose(
-        self, owner: str, metas: list[TurnMeta], request: threads_pb2.AppendTurnsRequest
-    ) -> list[memories_pb2.Memory]:
-        """Candidates for freshly appended turns: the client's own ``tags`` where
-        it ``tagged`` the turn, otherwise the write-time rules of
-        :mod:`server._tagger`. Each becomes a ``PENDING`` memory whose source is
-        its turn, announced with a ``CANDIDATE_PROPOSED`` event.
-
-        Raises:
-            InvalidArgument: a client tag is malformed (the turns are stored).
-        """
-        out: list[memories_pb2.Memory] = []
-        for i, (meta, turn) in enumerate(zip(metas, request.turns, strict=True)):
-            if meta.state == "SEALED" or meta.tainted:
-                continue
-            drafts: list[MemoryDraft] = []
+            found: list[MemoryDraft] = []
             if turn.tagged or turn.tags:
                 for j, tag in enumerate(turn.tags):
-                    draft = self._draft(tag, owner, creating=True)
-                    drafts.append(draft)
-                    del j
+                    try:
+                        found.append(self._draft(tag, owner, creating=True))
+                    except InvalidArgument as exc:
+                        raise InvalidArgument(
+                            f"turns[{i}].tags[{j}].{exc.field.removeprefix('memory.')}",
+                            exc.description,
+                            reason=exc.reason,
+                        ) from None
             elif self.rules:
-                role = common_pb2.Role.Name(common_pb2.Role.ValueType(meta.role))
-                for proposal in tagger.propose(role, turn.text, meta.time):
-                    drafts.append(
-                        MemoryDraft(
-                            proposal.kind,
-                            MemoryContent(proposal.text),
-                            due_time=proposal.due_time or 0.0,
-                            origin="INFERRED",
-                        )
+                role = common_pb2.Role.Name(common_pb2.Role.ValueType(draft.role))
+                when = draft.time if draft.time is not None else time.time()
+                found.extend(
+                    MemoryDraft(
+                        proposal.kind,
+                        MemoryContent(proposal.text),
+                        due_time=proposal.due_time or 0.0,
+                        origin="INFERRED",
                     )
-            for draft in drafts:
-                draft.sources = [(meta.name, meta.version)]
-                self._embed(draft)
-                try:
-                    view = self.store.create_memory(
-                        owner, new_id(), draft, commit=False, pending_ttl=self.pending_ttl
-                    )
-                except SlotConflict as conflict:  # the turn is stored; the candidate is not
-                    self.store.emit_event(owner, "SLOT_CONFLICT", conflict.holder)
-                    continue
-                self.store.emit_event(owner, "CANDIDATE_PROPOSED", view.meta.name)
-                self.retriever.on_write(owner, [view.meta])
-                out.append(memory_proto(view))
-            del i
+                    for proposal in tagger.propose(role, turn.text, when)
+                )
+            for candidate in found:
+                self._embed(candidate)
+            out.append(found)
         return out
 
     @rpc
@@ -247,7 +251,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def ListMemories(  # noqa: N802
         self, request: memories_pb2.ListMemoriesRequest, context: grpc.ServicerContext
     ) -> memories_pb2.ListMemoriesResponse:
-        owner, size, after = owner_page(request)
+        owner, size, after = owner_page(request, self.page_tokens)
         kinds = {enum_name(memories_pb2.Memory.Kind, k, "kinds") for k in request.kinds}
         statuses = {enum_name(memories_pb2.Memory.Status, k, "statuses") for k in request.statuses}
         views, nxt = self.store.list_memories(
@@ -258,9 +262,12 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             states=states(request.states) if request.states else {PENDING, COMMITTED},
             statuses=statuses - {""},
         )
+        memories, nxt = fit(
+            [memory_proto(v) for v in views], nxt, lambda m: m.name.rsplit("/", 1)[-1]
+        )
         return memories_pb2.ListMemoriesResponse(
-            memories=[memory_proto(v) for v in views],
-            next_page_token=encode_token(request.parent, nxt) if nxt else "",
+            memories=memories,
+            next_page_token=self.page_tokens.issue(request, nxt),
         )
 
     @rpc
@@ -279,6 +286,8 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             paths = {"text", "slot", "scope", "edge", "sources", "due_time"}
             if request.memory.embedding:
                 paths.add("embedding")
+            if request.memory.HasField("metadata"):
+                paths.add("metadata")
         if request.memory.kind:
             raise InvalidArgument("memory.kind", "is immutable")
         draft = self._draft(request.memory, name.owner, creating=False)

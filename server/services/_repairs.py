@@ -19,7 +19,7 @@ from lethe.v1 import repairs_pb2, repairs_pb2_grpc, threads_pb2
 from server._auth import authorize
 from server._convert import memory_proto, receipt_proto, thread_proto, turn_proto
 from server._lifecycle import Lifecycle
-from server._names import new_id, parse_thread
+from server._names import parse_thread
 from server._search import Retriever
 from server.errors import FailedPrecondition, InvalidArgument, Reason
 from server.services._common import MAX_TEXT_BYTES, check_text, rpc
@@ -136,21 +136,13 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
             )
             response.repair.CopyFrom(thread_proto(repair))
             return response
+        lesson = None
         if outcome == "DISTILL":
-            draft = MemoryDraft("LESSON", MemoryContent(lesson_text, "", full_name, None))
-            draft.embedding = self.retriever.embed_texts([lesson_text])[0]
-            lesson = self.store.create_memory(owner, new_id(), draft, commit=True, pending_ttl=0.0)
-            self.retriever.on_write(owner, [lesson.meta])
-            response.lesson.CopyFrom(memory_proto(lesson))
-        turns, memories = self.store.repair_members(owner, repair_id)
-        entry = self.lifecycle.forget(
-            owner,
-            turns=turns,
-            memories=memories,
-            reason=f"REPAIR_{outcome}",
-            extra_rings=[repair_id],
-            conclude_repair=(repair_id, outcome),
-        )
-        response.repair.CopyFrom(thread_proto(self.store.repair(owner, repair_id)))
+            lesson = MemoryDraft("LESSON", MemoryContent(lesson_text, "", full_name, None))
+            lesson.embedding = self.retriever.embed_texts([lesson_text])[0]
+        repair, entry, made = self.lifecycle.conclude(owner, repair_id, outcome, lesson)
+        if made is not None:
+            response.lesson.CopyFrom(memory_proto(made))
+        response.repair.CopyFrom(thread_proto(repair))
         response.receipt.CopyFrom(receipt_proto(entry))
         return response

@@ -19,9 +19,13 @@ from server.services._common import (
     MAX_TOP_K,
     check_text,
     check_vector,
+    fit,
     kind_names,
     rpc,
 )
+
+MAX_CONTEXT_CHARS = 500_000
+"""Most characters one AssembleContext may return (its reply stays under 4 MiB)."""
 
 
 class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
@@ -33,6 +37,8 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
     ) -> retrieval_pb2.ContextBundle:
         thread = parse_thread(request.thread, "thread")
         authorize(thread.owner)
+        if request.max_chars > MAX_CONTEXT_CHARS:
+            raise InvalidArgument("max_chars", f"must be in 0..{MAX_CONTEXT_CHARS} (0 = 8000)")
         for field in ("max_chars", "recent_turns", "top_k"):
             if getattr(request, field) < 0:
                 raise InvalidArgument(field, "must not be negative")
@@ -132,4 +138,6 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
             kinds=kinds,
             include_turns=not request.kinds or request.include_turns,
         )
-        return retrieval_pb2.SearchResponse(hits=[hit_proto(h.view, h.score) for h in hits])
+        # Hits past the reply budget are left out (best first: the cut keeps the best).
+        found, _ = fit([hit_proto(h.view, h.score) for h in hits], 0, lambda h: 0)
+        return retrieval_pb2.SearchResponse(hits=found)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 
 from lethe.v1 import common_pb2, threads_pb2, threads_pb2_grpc
 from server._auth import authorize
-from server._convert import thread_proto, turn_proto
+from server._convert import memory_proto, thread_proto, turn_proto
 from server._names import check_id, new_id, parse_manifest, parse_owner, parse_thread, parse_turn
 from server._search import Retriever
 from server.errors import InvalidArgument, Reason
@@ -22,18 +21,18 @@ from server.services._common import (
     REQUEST_ID_RE,
     check_text,
     check_vector,
-    decode_token,
     duration,
-    encode_token,
+    fit,
     owner_page,
     page_size,
+    page_tokens,
     rpc,
     seconds,
     source_refs,
     states,
     view_full,
 )
-from server.store import Store, TurnDraft, TurnMeta, TurnView
+from server.store import MemoryDraft, Store, TurnDraft, TurnView
 
 
 class ThreadsService(threads_pb2_grpc.ThreadsServicer):
@@ -44,16 +43,17 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         store: Store,
         retriever: Retriever,
         pending_ttl: float,
-        proposer: Callable[[str, list[TurnMeta], threads_pb2.AppendTurnsRequest], list[Any]]
+        proposer: Callable[
+            [str, threads_pb2.AppendTurnsRequest, list[TurnDraft]], list[list[MemoryDraft]]
+        ]
         | None = None,
-        check_tags: Callable[[str, threads_pb2.AppendTurnsRequest], None] | None = None,
     ) -> None:
         self.store = store
         self.retriever = retriever
         self.pending_ttl = pending_ttl
         # Turns -> candidate memories (client tags, or the write-time rules).
         self.proposer = proposer
-        self.check_tags = check_tags
+        self.page_tokens = page_tokens()
 
     @rpc
     def CreateThread(  # noqa: N802
@@ -77,11 +77,14 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     def ListThreads(  # noqa: N802
         self, request: threads_pb2.ListThreadsRequest, context: grpc.ServicerContext
     ) -> threads_pb2.ListThreadsResponse:
-        owner, size, after = owner_page(request)
+        owner, size, after = owner_page(request, self.page_tokens)
         views, nxt = self.store.list_threads(owner, after, size, request.include_repairs)
+        threads, nxt = fit(
+            [thread_proto(v) for v in views], nxt, lambda t: t.name.rsplit("/", 1)[-1]
+        )
         return threads_pb2.ListThreadsResponse(
-            threads=[thread_proto(v) for v in views],
-            next_page_token=encode_token(request.parent, nxt) if nxt else "",
+            threads=threads,
+            next_page_token=self.page_tokens.issue(request, nxt),
         )
 
     def _drafts(self, request: threads_pb2.AppendTurnsRequest, owner: str) -> list[TurnDraft]:
@@ -146,8 +149,6 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         if request.request_id and not REQUEST_ID_RE.fullmatch(request.request_id):
             raise InvalidArgument("request_id", "must match [A-Za-z0-9._:-]{1,128}")
         drafts = self._drafts(request, name.owner)
-        if self.check_tags is not None:
-            self.check_tags(name.owner, request)
         embedder = self.retriever.embedder
         for i, draft in enumerate(drafts):
             if (
@@ -164,33 +165,38 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         if request.request_id:
             prior = self.store.find_request(name.owner, name.thread, request.request_id)
             if prior is not None:
-                return self._replay(prior)
+                return self._replay(prior, request.echo_text)
         missing = [i for i, d in enumerate(drafts) if d.embedding is None]
         vectors = self.retriever.embed_texts(
             [_indexed_text(drafts[i].speaker, drafts[i].text) for i in missing]
         )
         for i, vec in zip(missing, vectors, strict=True):
             drafts[i].embedding = vec
-        metas, retried = self.store.append_turns(
-            name.owner, name.thread, drafts, request.request_id
+        candidates = self.proposer(name.owner, request, drafts) if self.proposer else []
+        metas, retried, proposed = self.store.append_turns(
+            name.owner,
+            name.thread,
+            drafts,
+            request.request_id,
+            candidates=candidates,
+            pending_ttl=self.pending_ttl,
         )
         if retried:
-            return self._replay([m.rid for m in metas])
-        self.retriever.on_write(name.owner, metas)
-        proposed = self.proposer(name.owner, metas, request) if self.proposer else []
+            return self._replay([m.rid for m in metas], request.echo_text)
+        self.retriever.on_write(name.owner, [*metas, *(v.meta for v in proposed)])
         return threads_pb2.AppendTurnsResponse(
             turns=[
-                turn_proto(TurnView(meta, draft.text, draft.speaker))
+                turn_proto(TurnView(meta, draft.text, draft.speaker), text=request.echo_text)
                 for meta, draft in zip(metas, drafts, strict=True)
             ],
-            proposed=proposed,
+            proposed=[memory_proto(v) for v in proposed],
         )
 
-    def _replay(self, rids: list[int]) -> threads_pb2.AppendTurnsResponse:
+    def _replay(self, rids: list[int], echo_text: bool) -> threads_pb2.AppendTurnsResponse:
         """The first result of a retried append, through the visibility rules:
         a turn since deleted, expired, sealed or tainted is left out."""
         return threads_pb2.AppendTurnsResponse(
-            turns=[turn_proto(v) for v in self.store.replay_turns(rids)]
+            turns=[turn_proto(v, text=echo_text) for v in self.store.replay_turns(rids)]
         )
 
     @rpc
@@ -200,7 +206,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         name = parse_thread(request.parent, "parent")
         authorize(name.owner)
         size = page_size(request.page_size)
-        after = decode_token(request.page_token, request.parent)
+        after = self.page_tokens.resume(request)
         if after and not re.fullmatch(r"[1-9][0-9]{0,17}", after):
             raise InvalidArgument("page_token", "not a token from a previous page of this listing")
         views, nxt = self.store.list_turns(
@@ -212,9 +218,10 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
             include_tainted=request.include_tainted,
             with_embedding=view_full(request.view),
         )
+        turns, nxt = fit([turn_proto(v) for v in views], nxt, lambda t: int(t.seq))
         return threads_pb2.ListTurnsResponse(
-            turns=[turn_proto(v) for v in views],
-            next_page_token=encode_token(request.parent, str(nxt)) if nxt else "",
+            turns=turns,
+            next_page_token=self.page_tokens.issue(request, str(nxt) if nxt else ""),
         )
 
     @rpc

@@ -35,7 +35,8 @@ May import: ``lethe`` (names, generated messages), ``server.errors`` and
 ``shredder``; never another ``server`` module, never ``index``.
 """
 
-from server.store._audit import AuditCounts
+from server.store._audit import AuditCounts, KeyCheck
+from server.store._base import record_ring
 from server.store._events import EVENT_RETENTION
 from server.store._forget import DESTINATIONS, DeletionEntry, Destination
 from server.store._records import (
@@ -54,6 +55,7 @@ from server.store._records import (
 )
 from server.store._shapes import KIND_DEFAULTS, SlotConflict, scope_chain
 from server.store._store import (
+    DEFAULT_MAX_STORE_SIZE,
     KEK_ENV,
     Store,
     StoreLockedError,
@@ -82,6 +84,7 @@ from server.store._visibility import (
 
 __all__ = [
     "COMMITTED",
+    "DEFAULT_MAX_STORE_SIZE",
     "DESTINATIONS",
     "EVENT_RETENTION",
     "KEK_ENV",
@@ -95,6 +98,7 @@ __all__ = [
     "DeletionEntry",
     "Destination",
     "EventRow",
+    "KeyCheck",
     "ManifestRow",
     "MemMeta",
     "MemoryContent",
@@ -119,6 +123,7 @@ __all__ = [
     "open_store_for",
     "pending_indexable",
     "pending_visible",
+    "record_ring",
     "scope_chain",
     "searchable",
 ]

@@ -1,14 +1,23 @@
 """The store's half of the audit, and the key/record reconciliation queries
 (API.md, ``Lifecycle.Audit``; ``lethe audit``).
 
-Counts that must all be zero in a healthy store:
+Counts of broken invariants, all zero in a healthy store (``lethe audit``
+exits 1 on any of them):
 
 - ``orphans``: live derivatives with a source that is missing, deleted or
   expired (zero by construction: a deletion cascades in its own transaction);
-- ``stale_summaries``: live ``SUMMARY`` memories older than the last deletion
-  in a thread one of their sources belongs to;
 - ``keys_without_record``: record keys in the keystore that no record uses;
-- ``records_without_key``: live records whose record key is gone.
+- ``records_without_key``: live records whose record key is gone (kept for an
+  operator; see ``server._lifecycle.Lifecycle.recover``);
+- ``unreadable_records``: live records whose ciphertext fails to open.
+
+A hint, reported but not a failure:
+
+- ``stale_summaries``: live ``SUMMARY`` memories built before a record in
+  their own lineage range changed: a turn whose seq lies between the first
+  and the last turn a summary names (in one thread) was forgotten or expired
+  after the summary was built. An unrelated turn of the same thread does not
+  make it stale. Rebuild it from the sources ``Search`` still finds.
 
 ``index_drift`` needs the in-memory indexes, which the store does not hold:
 the retriever measures it (:meth:`server._search.Retriever.index_drift`).
@@ -20,19 +29,34 @@ Thread rules: read-only except :meth:`AuditPart.destroy_unreferenced_keys`
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import lmdb
 
 from lethe.names import InvalidName, TurnName, parse_record
+from server.errors import DataLoss, RecordDeleted
 from server.store import _schema as sk
-from server.store._base import StoreBase, memory_ring
-from server.store._records import MemMeta, ThreadMeta, TurnMeta
+from server.store._base import StoreBase, memory_ring, record_ring
+from server.store._records import MemMeta, RecordMeta, ThreadMeta, TurnMeta
 from server.store._shapes import SLOT_KEY_ID
 from server.store._visibility import effective_state
 from server.store._writer import WriteOp
 from shredder import RingRef
+
+
+@dataclass(slots=True)
+class KeyCheck:
+    """Where live records' keys are (:meth:`AuditPart.check_keys`).
+
+    Attributes:
+        missing: live records (and threads) with a key that is in no ring.
+        misplaced: ``(ring it is in, key id, ring the data names)`` of keys an
+            interrupted move left in another ring of the owner.
+    """
+
+    missing: list[RecordMeta | ThreadMeta] = field(default_factory=list)
+    misplaced: list[tuple[RingRef, str, RingRef]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -45,14 +69,16 @@ class AuditCounts:
     keys_without_record: int = 0
     records_without_key: int = 0
     index_drift: int = 0
+    unreadable_records: int = 0
 
     def healthy(self) -> bool:
+        """No broken invariant (stale summaries are a rebuild hint, not a failure)."""
         return not (
             self.orphans
-            or self.stale_summaries
             or self.keys_without_record
             or self.records_without_key
             or self.index_drift
+            or self.unreadable_records
         )
 
 
@@ -68,8 +94,14 @@ class AuditPart(StoreBase):
         with self.env.begin() as txn:
             return [key.decode() for key in sk.scan_keys(txn, self.t.owners, b"")]
 
-    def audit(self, owner: str) -> AuditCounts:
-        """Audit one owner's records and keys (``index_drift`` left at 0)."""
+    def audit(self, owner: str, *, integrity: bool = True) -> AuditCounts:
+        """Audit one owner's records and keys (``index_drift`` left at 0).
+
+        Args:
+            integrity: open every live record's ciphertext (content and vector)
+                to count the unreadable ones; without it, count those bulk
+                reads found unreadable since start (the cheap periodic audit).
+        """
         counts = AuditCounts()
         now = time.time()
         with self.env.begin() as txn:
@@ -82,21 +114,58 @@ class AuditPart(StoreBase):
                     RingRef(owner, turn.ring_thread), turn.key_id
                 ):
                     counts.records_without_key += 1
-            for mem in memories:
+            for mem in self._memories_read(txn, memories, now):
                 if mem.deleted or effective_state(mem, now) is None:
                     continue
                 if not self.keystore.has_record_key(memory_ring(mem), mem.key_id):
                     counts.records_without_key += 1
                 if any(self._gone(txn, name, now) for name, _ in mem.sources):
                     counts.orphans += 1
-                if mem.kind == "SUMMARY" and self._stale(mem, threads):
+                if mem.kind == "SUMMARY" and self._stale(txn, mem, threads):
                     counts.stale_summaries += 1
+            if integrity:
+                counts.unreadable_records = self._unreadable(txn, turns, memories, now)
+        if not integrity:
+            counts.unreadable_records = self.unreadable_count(owner)
         used = self._used_keys(owner, threads.values(), turns, memories)
         counts.keys_without_record = len(self._unused(owner, used))
         return counts
 
-    @staticmethod
-    def _stale(mem: MemMeta, threads: dict[str, ThreadMeta]) -> bool:
+    def _unreadable(
+        self, txn: lmdb.Transaction, turns: list[TurnMeta], memories: list[MemMeta], now: float
+    ) -> int:
+        """Open every live record's content (and vector); count those that fail."""
+        bad = 0
+        for turn in turns:
+            if turn.deleted or not self.keystore.has_record_key(record_ring(turn), turn.key_id):
+                continue
+            try:
+                cts = self._read_payloads(txn, turn.rid, turn.has_embedding)
+                self.turn_view(turn, cts, with_embedding=turn.has_embedding)
+            except (DataLoss, RecordDeleted):
+                self.note_unreadable(turn)
+                bad += 1
+        for mem in memories:
+            if mem.deleted or effective_state(mem, now) is None:
+                continue
+            if not self.keystore.has_record_key(memory_ring(mem), mem.key_id):
+                continue
+            try:
+                self.memory_view(mem, mem.version, self._memory_ct(txn, mem, mem.version))
+                vec = sk.get(
+                    txn, self.t.mpayloads, sk.memory_payload_key(mem.rid, mem.version, "embedding")
+                )
+                if mem.has_embedding and vec is not None:
+                    self.open_memory(mem, mem.version, "embedding", vec)
+            except (DataLoss, RecordDeleted):
+                self.note_unreadable(mem)
+                bad += 1
+        return bad
+
+    def _stale(self, txn: lmdb.Transaction, mem: MemMeta, threads: dict[str, ThreadMeta]) -> bool:
+        """Whether a turn inside the summary's own lineage range was forgotten or
+        expired after the summary was built (see the module docstring)."""
+        ranges: dict[str, tuple[int, int]] = {}
         for name, _ in mem.sources:
             try:
                 parsed = parse_record(name)
@@ -104,14 +173,21 @@ class AuditPart(StoreBase):
                 continue
             if not isinstance(parsed, TurnName) or parsed.thread not in threads:
                 continue
-            last = threads[parsed.thread].last_deletion_time
-            if last and last > mem.update_time:
-                return True
+            lo, hi = ranges.get(parsed.thread, (parsed.seq, parsed.seq))
+            ranges[parsed.thread] = (min(lo, parsed.seq), max(hi, parsed.seq))
+        for thread, (lo, hi) in ranges.items():
+            last = threads[thread].last_deletion_time
+            if not last or last <= mem.update_time:
+                continue  # nothing of this thread was forgotten since the summary
+            for seq in range(lo, hi + 1):
+                stone = self._tombstone_of(txn, f"owners/{mem.owner}/threads/{thread}/turns/{seq}")
+                if stone is not None and stone.time > mem.update_time:
+                    return True
         return False
 
     def _gone(self, txn: lmdb.Transaction, name: str, now: float) -> bool:
         meta = self.resolve(txn, name)
-        return meta is None or effective_state(meta, now) is None
+        return meta is None or effective_state(self._as_read(txn, meta, now), now) is None
 
     @staticmethod
     def _used_keys(
@@ -149,39 +225,89 @@ class AuditPart(StoreBase):
         owners = set(self.owners()) | {ring.owner for ring, _ in self.keystore.list_record_keys()}
         stray = [ref for owner in sorted(owners) for ref in self.unreferenced_keys(owner)]
         if stray:
-            self.writer.run(WriteOp(_noop, destroy_keys=stray))
+            self.writer.run(WriteOp(_noop, destroy_keys=stray, name="keys.destroy_stray"))
         return len(stray)
 
-    def records_without_key(self) -> list[TurnMeta | MemMeta]:
-        """Live turns and memories whose (current) record key no longer exists
-        (after a restore, say)."""
-        out: list[TurnMeta | MemMeta] = []
+    def _record_keys_wanted(
+        self, txn: lmdb.Transaction
+    ) -> Iterator[tuple[RecordMeta | ThreadMeta, RingRef, str]]:
+        """(live record or thread, the ring its data names, key id) of every key
+        the data needs: a live turn's, every version's of a live memory, a
+        live thread's title key."""
+        for _, raw in sk.scan(txn, self.t.turns, b""):
+            turn = TurnMeta.decode(raw)
+            if not turn.deleted:
+                yield turn, RingRef(turn.owner, turn.ring_thread), turn.key_id
+        for _, raw in sk.scan(txn, self.t.memories, b""):
+            mem = MemMeta.decode(raw)
+            if not mem.deleted:
+                for key_id in mem.key_ids.values():
+                    yield mem, memory_ring(mem), key_id
+        for _, raw in sk.scan(txn, self.t.threads, b""):
+            thread = ThreadMeta.decode(raw)
+            if thread.title_key and not thread.deleted:
+                # a repair concluded with DESTROY keeps no title key, by design
+                yield thread, RingRef(thread.owner, thread.thread), thread.title_key
+
+    def check_keys(self) -> KeyCheck:
+        """Where the key of every live record is, in one pass over the data and
+        one listing of the keystore (start-up recovery; the audit)."""
+        inventory = set(self.keystore.list_record_keys())
+        by_id: dict[tuple[str, str], list[RingRef]] = {}
+        for ring, key_id in inventory:
+            by_id.setdefault((ring.owner, key_id), []).append(ring)
+        check = KeyCheck()
         with self.env.begin() as txn:
-            for _, raw in sk.scan(txn, self.t.turns, b""):
-                meta = TurnMeta.decode(raw)
-                if not meta.deleted and not self.keystore.has_record_key(
-                    RingRef(meta.owner, meta.ring_thread), meta.key_id
-                ):
-                    out.append(meta)
-            for _, raw in sk.scan(txn, self.t.memories, b""):
-                mem = MemMeta.decode(raw)
-                if not mem.deleted and not self.keystore.has_record_key(
-                    memory_ring(mem), mem.key_id
-                ):
-                    out.append(mem)
+            for record, ring, key_id in self._record_keys_wanted(txn):
+                if (ring, key_id) in inventory:
+                    continue
+                elsewhere = [r for r in by_id.get((ring.owner, key_id), []) if r != ring]
+                if len(elsewhere) == 1:
+                    check.misplaced.append((elsewhere[0], key_id, ring))
+                elif not any(r is record for r in check.missing):
+                    check.missing.append(record)
+        return check
+
+    def relocate_keys(self, misplaced: Sequence[tuple[RingRef, str, RingRef]]) -> int:
+        """Move each key back to the ring its record names: this completes or
+        undoes a move (a seal) that a crash cut between the keystore and the
+        data commit, as the data decided. Returns how many keys moved."""
+        by_target: dict[RingRef, list[tuple[RingRef, str]]] = {}
+        for found, key_id, wanted in misplaced:
+            by_target.setdefault(wanted, []).append((found, key_id))
+        for wanted, refs in by_target.items():
+            op = WriteOp(_noop, rewrap_keys=refs, rewrap_to=wanted, name="keys.relocate")
+            self.writer.run(op)
+        return len(misplaced)
+
+    def shred_decided(self, record: RecordMeta | ThreadMeta, ring: RingRef, key_id: str) -> bool:
+        """Whether a missing key was destroyed on purpose after ``record`` was
+        made (the shred log names the key, its ring or its owner): the
+        record's deletion was decided, and forgetting it is only the rest of
+        that decision."""
+        when = self.keystore.shredded_at(ring, key_id)
+        return when is not None and when >= record.create_time - 1.0
+
+    def records_without_key(self) -> list[TurnMeta | MemMeta]:
+        """Live turns and memories whose current record key is in no ring."""
+        out: list[TurnMeta | MemMeta] = []
+        for record in self.check_keys().missing:
+            if isinstance(record, TurnMeta):
+                out.append(record)
+            elif isinstance(record, MemMeta):
+                current = self.keystore.has_record_key(memory_ring(record), record.key_id)
+                if not current:
+                    out.append(record)
         return out
 
     def threads_without_key(self) -> list[ThreadMeta]:
-        """Threads whose ring was destroyed (their title key is gone)."""
-        out = []
-        with self.env.begin() as txn:
-            for _, raw in sk.scan(txn, self.t.threads, b""):
-                meta = ThreadMeta.decode(raw)
-                if meta.title_key and not self.keystore.has_record_key(
-                    RingRef(meta.owner, meta.thread), meta.title_key
-                ):  # a repair concluded with DESTROY keeps no title key, by design
-                    out.append(meta)
-        return out
+        """Live threads whose title key is in no ring (their ring was destroyed)."""
+        return [r for r in self.check_keys().missing if isinstance(r, ThreadMeta)]
+
+    def retire_unused_kek_versions(self) -> list[int]:
+        """Finish a rotation a crash cut short (see
+        :meth:`shredder.Keystore.retire_unused_kek_versions`); returns the versions destroyed."""
+        return self.keystore.retire_unused_kek_versions()
 
     def key_count(self) -> int:
         """Live wrapped keys in the keystore (``lethe_keystore_keys``)."""
@@ -198,4 +324,4 @@ class AuditPart(StoreBase):
         Returns:
             (rings renewed, ring keys moved to a new KEK version, KEK versions destroyed).
         """
-        return self.writer.run(WriteOp(lambda txn: self.keystore.rotate()))
+        return self.writer.run(WriteOp(lambda txn: self.keystore.rotate(), name="rotation"))

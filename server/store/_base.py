@@ -16,8 +16,11 @@ thread. Read helpers are safe from any thread.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import threading
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import NoReturn, cast
 
 import lmdb
 import numpy as np
@@ -25,11 +28,13 @@ import numpy as np
 from lethe.names import InvalidName, MemoryName, parse_record
 from server.errors import DataLoss, NotFound, RecordDeleted
 from server.store import _schema as sk
+from server.store._lineage import ancestors_of
 from server.store._records import (
     PAYLOAD_CONTENT,
     PAYLOAD_EMBEDDING,
     PAYLOAD_MEMORY,
     PAYLOAD_TITLE,
+    PENDING,
     EventRow,
     MemMeta,
     OwnerRow,
@@ -41,6 +46,7 @@ from server.store._records import (
 )
 from server.store._schema import Tables
 from server.store._views import MemoryContent, MemoryView, ThreadView, TurnView
+from server.store._visibility import effective_state
 from server.store._writer import Writer
 from shredder import (
     AssociatedData,
@@ -51,10 +57,19 @@ from shredder import (
     RingRef,
 )
 
+_log = logging.getLogger(__name__)
+
 
 def memory_ring(meta: MemMeta) -> RingRef:
     """The ring holding a memory's record keys (its thread's, or the owner's)."""
     return RingRef(meta.owner, meta.ring_thread or None)
+
+
+def record_ring(meta: RecordMeta) -> RingRef:
+    """The ring holding a record's current key."""
+    if isinstance(meta, MemMeta):
+        return memory_ring(meta)
+    return RingRef(meta.owner, meta.ring_thread)
 
 
 def thread_name(owner: str, thread: str) -> str:
@@ -71,10 +86,37 @@ class StoreBase:
     writer: Writer
     _event_owners: set[str]
     """Owners of events appended since the last commit (writer thread only)."""
+    # name -> owner of every record whose ciphertext failed to open since start.
+    unreadable: dict[str, str]
+    _unreadable_guard: threading.Lock
+
+    # ------------------------------------------------------------------ bad rows
+
+    def note_unreadable(self, meta: RecordMeta) -> None:
+        """Count a record whose ciphertext failed to open (``DataLoss``) once, and
+        log it by id (never content). Bulk reads skip such a record; it stays
+        ``DATA_LOSS`` by name until an operator forgets or restores it."""
+        with self._unreadable_guard:
+            if meta.name in self.unreadable:
+                return
+            self.unreadable[meta.name] = meta.owner
+        _log.error("record %s (rid %d) is unreadable: skipped by bulk reads", meta.name, meta.rid)
+
+    def unreadable_count(self, owner: str | None = None) -> int:
+        """Records found unreadable since start (of ``owner``, or of every owner)."""
+        with self._unreadable_guard:
+            return sum(1 for o in self.unreadable.values() if owner is None or o == owner)
 
     # ------------------------------------------------------------------ crypto
 
     def _seal(self, ring: RingRef, key_id: str, ad: AssociatedData, plaintext: bytes) -> bytes:
+        """Seal a payload under a record key (writer thread: a key the running
+        group just created is used as created, not unwrapped again)."""
+        fresh = self.writer.fresh
+        if fresh is not None:
+            sealed = fresh.seal(ring, key_id, ad, plaintext)
+            if sealed is not None:
+                return sealed
         return self.keystore.seal(ring, key_id, ad, plaintext)
 
     def _open(
@@ -83,13 +125,17 @@ class StoreBase:
         """Open one payload of record ``name``.
 
         Raises:
-            RecordDeleted: its record key was destroyed.
-            DataLoss: the ciphertext fails authentication while its key exists.
+            RecordDeleted: its record key was destroyed on purpose (the shred log
+                says so: a forget decided it).
+            DataLoss: the ciphertext fails authentication while its key exists,
+                or the key is missing without a decided deletion.
         """
         try:
             return self.keystore.open(ring, key_id, ad, ciphertext)
         except KeyNotFoundError:
-            raise RecordDeleted(f"{name} was deleted") from None
+            if self.keystore.shredded_at(ring, key_id) is not None:
+                raise RecordDeleted(f"{name} was deleted") from None
+            raise DataLoss(f"the key of {name} is missing, and no deletion decided it") from None
         except IntegrityError:
             raise DataLoss(f"stored ciphertext of {name} failed authentication") from None
 
@@ -302,6 +348,69 @@ class StoreBase:
         raw = sk.get(txn, self.t.owners, sk.owner_key(owner))
         return None if raw is None else OwnerRow.decode(raw)
 
+    # ------------------------------------------------------------------ lineage at read time
+
+    def _lineage_gone(
+        self,
+        txn: lmdb.Transaction,
+        meta: RecordMeta,
+        now: float,
+        seen: dict[str, bool] | None = None,
+    ) -> bool:
+        """Whether a record built on pending material has lost it: a source (or a
+        source's source) expired, was deleted or tainted. Checked only once the
+        earliest pending expiry of its lineage (``lineage_expiry``) has passed,
+        so the hot path pays one comparison."""
+        if not meta.lineage_expiry or now < meta.lineage_expiry:
+            return False
+        seen = {} if seen is None else seen
+        if meta.name in seen:
+            return seen[meta.name]
+        seen[meta.name] = False  # lineage is a DAG; this only guards the walk
+        gone = False
+        for name, _ in ancestors_of(txn, self.t, meta.name):
+            source = self.resolve(txn, name)
+            if (
+                source is None
+                or source.tainted
+                or effective_state(source, now) is None
+                or self._lineage_gone(txn, source, now, seen)
+            ):
+                gone = True
+                break
+        seen[meta.name] = gone
+        return gone
+
+    def _as_read(self, txn: lmdb.Transaction, meta: RecordMeta, now: float) -> RecordMeta:
+        """``meta`` as every read path must see it now: when its lineage lost a
+        pending source that expired (before the sweeper forgot it), a turn is
+        tainted and a memory is gone, exactly as after the forget. A copy; the
+        row is unchanged."""
+        if not self._lineage_gone(txn, meta, now):
+            return meta
+        if isinstance(meta, MemMeta):
+            return dataclasses.replace(meta, deleted=True)
+        return dataclasses.replace(meta, tainted=True)
+
+    def _turn_read(self, txn: lmdb.Transaction, rid: int, now: float) -> TurnMeta | None:
+        """A turn's metadata as reads see it (:meth:`_as_read`)."""
+        turn = self._turn(txn, rid)
+        return None if turn is None else cast(TurnMeta, self._as_read(txn, turn, now))
+
+    def _memory_read(self, txn: lmdb.Transaction, meta: MemMeta, now: float) -> MemMeta:
+        """A memory's metadata as reads see it (:meth:`_as_read`)."""
+        return cast(MemMeta, self._as_read(txn, meta, now))
+
+    def _turns_read(
+        self, txn: lmdb.Transaction, metas: Sequence[TurnMeta], now: float
+    ) -> list[TurnMeta]:
+        return [cast(TurnMeta, self._as_read(txn, m, now)) for m in metas]
+
+    def _memories_read(
+        self, txn: lmdb.Transaction, metas: Sequence[MemMeta], now: float
+    ) -> list[MemMeta]:
+        return [cast(MemMeta, self._as_read(txn, m, now)) for m in metas]
+
     # ------------------------------------------------------------------ writes
 
     def _put_turn(self, txn: lmdb.Transaction, meta: TurnMeta) -> None:
@@ -383,3 +492,12 @@ class StoreBase:
         if sk.get(txn, self.t.slots, key) == sk.rid_key(meta.rid):
             txn.delete(key, db=self.t.slots)
         meta.slot_digest = ""
+
+
+def lineage_expiry_of(sources: Sequence[RecordMeta]) -> float:
+    """The earliest pending expiry in the lineage of a record built on ``sources``
+    (seconds; 0 when none is pending and none carries one): when a record's
+    ``lineage_expiry`` passes, reads recheck its lineage."""
+    times = [s.expire_time for s in sources if s.state == PENDING and s.expire_time]
+    times += [s.lineage_expiry for s in sources if s.lineage_expiry]
+    return min(times) if times else 0.0

@@ -60,7 +60,7 @@ class EventsPart(StoreBase):
         def apply(txn: lmdb.Transaction) -> None:
             self._append_event(txn, owner, event_type, subject, time.time())
 
-        self.writer.run(WriteOp(apply))
+        self.writer.run(WriteOp(apply, name="event"))
 
     def events(self, owner: str, after: int, types: set[str], limit: int = 1000) -> list[EventRow]:
         """Events of ``owner`` with a number above ``after``, oldest first (at most ``limit``)."""
@@ -93,4 +93,4 @@ class EventsPart(StoreBase):
                     break
             return dropped
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="events.prune"))

@@ -355,95 +355,128 @@ class ForgetPart(StoreBase):
         """
 
         def apply(txn: lmdb.Transaction) -> DeletionEntry:
-            now = time.time()
-            plan = Planner(self, txn, owner, now, reason)
-            plan.rings.extend(extra_rings)
-            if conclude_repair is not None:
-                repair_id, outcome = conclude_repair
-                rmeta = self._live_thread(txn, owner, repair_id)
-                rmeta.repair_state, rmeta.repair_outcome = REPAIR_CONCLUDED, outcome
-                rmeta.title_key, rmeta.update_time = "", now
-                self._put_thread(txn, rmeta)
-                txn.delete(sk.thread_key(owner, repair_id), db=self.t.titles)
-            single = list(turns)
-            for thread, lo, hi in ranges:
-                last = self._live_thread(txn, owner, thread).last_seq
-                single.extend(
-                    (thread, m.seq)
-                    for m in self._thread_metas(txn, owner, thread)
-                    if lo <= m.seq <= min(hi, last)
-                )
-            thread_ids = list(threads)
-            if whole_owner:
-                plan.targets.append(f"owners/{owner}")
-                thread_ids.extend(self._owner_thread_ids(txn, owner))
-            for thread in list(dict.fromkeys(thread_ids)):
-                name = thread_name(owner, thread)
-                row = self._thread_row(txn, owner, thread)
-                if row is None:
-                    self._raise_missing(txn, name)
-                tmeta = row
-                if tmeta.deleted:  # another forget is finishing it
-                    if whole_owner:
-                        thread_ids.remove(thread)
-                        continue
-                    raise RecordDeleted(f"{name} was deleted")
-                tmeta.deleted = True
-                self._put_thread(txn, tmeta)
-                if not whole_owner:
-                    plan.targets.append(name)
-                    plan.rings.append(thread)
-                self._tombstone(txn, name, now, plan.deletion_id, reason, last_seq=tmeta.last_seq)
-                for meta in self._thread_metas(txn, owner, thread):
-                    plan.delete_turn(meta, key_in_ring=True)
-                if tmeta.kind == REPAIR:
-                    # The repair's ring holds the sealed stretch's keys and its
-                    # sealed memories' keys: they go with it.
-                    for meta in self._thread_metas(txn, owner, tmeta.repair_source):
-                        if meta.key_ring == thread:
-                            plan.delete_turn(meta, key_in_ring=False)
-                            plan.touched_threads.add(tmeta.repair_source)
-                    for sealed_mem in self._owner_memory_metas(txn, owner):
-                        if sealed_mem.ring_thread == thread and not sealed_mem.deleted:
-                            plan.delete_memory(sealed_mem)
-            plan.done_threads = set(thread_ids)
-            for thread, seq in dict.fromkeys(single):
-                if thread in plan.done_threads:
-                    continue
-                name = f"{thread_name(owner, thread)}/turns/{seq}"
-                found = self._turn_at(txn, owner, thread, seq)
-                if found is None:
-                    self._raise_missing(txn, name)
-                plan.targets.append(name)
-                if not found.deleted:
-                    plan.delete_turn(found, key_in_ring=False)
-                    plan.touched_threads.add(thread)
-            memory_ids = list(memories)
-            if whole_owner:
-                memory_ids.extend(m.memory_id for m in self._owner_memory_metas(txn, owner))
-            for memory_id in dict.fromkeys(memory_ids):
-                name = f"owners/{owner}/memories/{memory_id}"
-                mem = self._mem_by_id(txn, owner, memory_id)
-                if mem is None:
-                    self._raise_missing(txn, name)
-                if mem.deleted:
-                    if whole_owner:
-                        continue
-                    raise RecordDeleted(f"{name} was deleted")
-                if not whole_owner:
-                    plan.targets.append(name)
-                plan.delete_memory(mem)
-            plan.cascade(delete_responses)
-            for thread in plan.touched_threads - plan.done_threads:
-                touched = self._thread_row(txn, owner, thread)
-                if touched is not None:
-                    touched.last_deletion_time = now
-                    self._put_thread(txn, touched)
-            if whole_owner:
-                self._tombstone(txn, f"owners/{owner}", now, plan.deletion_id, reason)
-            return plan.write(request_time, whole_owner)
+            return self._plan(
+                txn,
+                owner,
+                time.time(),
+                reason=reason,
+                request_time=request_time,
+                turns=turns,
+                ranges=ranges,
+                threads=threads,
+                whole_owner=whole_owner,
+                memories=memories,
+                delete_responses=delete_responses,
+                extra_rings=extra_rings,
+                conclude_repair=conclude_repair,
+            )
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="forget.plan"))
+
+    def _plan(
+        self,
+        txn: lmdb.Transaction,
+        owner: str,
+        now: float,
+        *,
+        reason: str,
+        request_time: float,
+        turns: Sequence[tuple[str, int]] = (),
+        ranges: Sequence[tuple[str, int, int]] = (),
+        threads: Sequence[str] = (),
+        whole_owner: bool = False,
+        memories: Sequence[str] = (),
+        delete_responses: bool = False,
+        extra_rings: Sequence[str] = (),
+        conclude_repair: tuple[str, str] | None = None,
+    ) -> DeletionEntry:
+        """Step 1 of a forget inside the caller's transaction (see :meth:`plan_forget`)."""
+        plan = Planner(self, txn, owner, now, reason)
+        plan.rings.extend(extra_rings)
+        if conclude_repair is not None:
+            repair_id, outcome = conclude_repair
+            rmeta = self._live_thread(txn, owner, repair_id)
+            rmeta.repair_state, rmeta.repair_outcome = REPAIR_CONCLUDED, outcome
+            rmeta.title_key, rmeta.update_time = "", now
+            self._put_thread(txn, rmeta)
+            txn.delete(sk.thread_key(owner, repair_id), db=self.t.titles)
+        single = list(turns)
+        for thread, lo, hi in ranges:
+            last = self._live_thread(txn, owner, thread).last_seq
+            single.extend(
+                (thread, m.seq)
+                for m in self._thread_metas(txn, owner, thread)
+                if lo <= m.seq <= min(hi, last)
+            )
+        thread_ids = list(threads)
+        if whole_owner:
+            plan.targets.append(f"owners/{owner}")
+            thread_ids.extend(self._owner_thread_ids(txn, owner))
+        for thread in list(dict.fromkeys(thread_ids)):
+            name = thread_name(owner, thread)
+            row = self._thread_row(txn, owner, thread)
+            if row is None:
+                self._raise_missing(txn, name)
+            tmeta = row
+            if tmeta.deleted:  # another forget is finishing it
+                if whole_owner:
+                    thread_ids.remove(thread)
+                    continue
+                raise RecordDeleted(f"{name} was deleted")
+            tmeta.deleted = True
+            self._put_thread(txn, tmeta)
+            if not whole_owner:
+                plan.targets.append(name)
+                plan.rings.append(thread)
+            self._tombstone(txn, name, now, plan.deletion_id, reason, last_seq=tmeta.last_seq)
+            for meta in self._thread_metas(txn, owner, thread):
+                plan.delete_turn(meta, key_in_ring=True)
+            if tmeta.kind == REPAIR:
+                # The repair's ring holds the sealed stretch's keys and its
+                # sealed memories' keys: they go with it.
+                for meta in self._thread_metas(txn, owner, tmeta.repair_source):
+                    if meta.key_ring == thread:
+                        plan.delete_turn(meta, key_in_ring=False)
+                        plan.touched_threads.add(tmeta.repair_source)
+                for sealed_mem in self._owner_memory_metas(txn, owner):
+                    if sealed_mem.ring_thread == thread and not sealed_mem.deleted:
+                        plan.delete_memory(sealed_mem)
+        plan.done_threads = set(thread_ids)
+        for thread, seq in dict.fromkeys(single):
+            if thread in plan.done_threads:
+                continue
+            name = f"{thread_name(owner, thread)}/turns/{seq}"
+            found = self._turn_at(txn, owner, thread, seq)
+            if found is None:
+                self._raise_missing(txn, name)
+            plan.targets.append(name)
+            if not found.deleted:
+                plan.delete_turn(found, key_in_ring=False)
+                plan.touched_threads.add(thread)
+        memory_ids = list(memories)
+        if whole_owner:
+            memory_ids.extend(m.memory_id for m in self._owner_memory_metas(txn, owner))
+        for memory_id in dict.fromkeys(memory_ids):
+            name = f"owners/{owner}/memories/{memory_id}"
+            mem = self._mem_by_id(txn, owner, memory_id)
+            if mem is None:
+                self._raise_missing(txn, name)
+            if mem.deleted:
+                if whole_owner:
+                    continue
+                raise RecordDeleted(f"{name} was deleted")
+            if not whole_owner:
+                plan.targets.append(name)
+            plan.delete_memory(mem)
+        plan.cascade(delete_responses)
+        for thread in plan.touched_threads - plan.done_threads:
+            touched = self._thread_row(txn, owner, thread)
+            if touched is not None:
+                touched.last_deletion_time = now
+                self._put_thread(txn, touched)
+        if whole_owner:
+            self._tombstone(txn, f"owners/{owner}", now, plan.deletion_id, reason)
+        return plan.write(request_time, whole_owner)
 
     def finish_forget(
         self, entry: DeletionEntry, index_done_time: float, shred_horizon: float = 0.0
@@ -490,6 +523,7 @@ class ForgetPart(StoreBase):
                 destroy_keys=keys,
                 destroy_rings=rings,
                 destroy_owners=[owner] if entry.whole_owner else [],
+                name="forget.finish",
             )
         )
 

@@ -44,7 +44,7 @@ from server.errors import (
     RecordDeleted,
 )
 from server.store import _schema as sk
-from server.store._base import StoreBase
+from server.store._base import StoreBase, lineage_expiry_of
 from server.store._lineage import add_edges, ancestors_of, children_of, remove_edges_of
 from server.store._records import (
     COMMITTED,
@@ -100,7 +100,8 @@ class MemoriesPart(StoreBase):
             FailedPrecondition: ``SOURCE_DELETED``, ``SOURCE_SEALED`` or ``SOURCE_STALE``.
             InvalidArgument: the source never existed.
         """
-        meta = self.resolve(txn, name)
+        found = self.resolve(txn, name)
+        meta = None if found is None else self._as_read(txn, found, now)
         if meta is None:
             if self._tombstone_of(txn, name) is not None:
                 raise FailedPrecondition(
@@ -187,6 +188,12 @@ class MemoriesPart(StoreBase):
                     earliest = meta.expire_time
         return state, earliest
 
+    def _sources_lineage(self, txn: lmdb.Transaction, sources: Sequence[tuple[str, int]]) -> float:
+        """The ``lineage_expiry`` of a derivative of ``sources`` (see
+        :func:`~server.store._base.lineage_expiry_of`)."""
+        found = [m for m in (self.resolve(txn, name) for name, _ in sources) if m is not None]
+        return lineage_expiry_of(found)
+
     def create_memory(
         self,
         owner: str,
@@ -199,70 +206,95 @@ class MemoriesPart(StoreBase):
         """Publish a memory with its lineage, in one transaction.
 
         Raises:
-            AlreadyExists: the id is taken (also by a deleted memory not yet purged).
+            AlreadyExists: the id is taken (also by a deleted memory not yet purged),
+                or ``SLOT_CONFLICT``.
             FailedPrecondition: a source is deleted, stale or sealed.
             InvalidArgument: a source never existed or belongs to another owner.
         """
         ring_thread = self.ring_for_sources(owner, draft.sources) if draft.sources else ""
         key_id = secrets.token_hex(8)
-        direction, trigger, status = KIND_DEFAULTS[draft.kind]
         if draft.kind in SLOTTED_KINDS and draft.content.slot:
             self.ensure_slot_key(owner)
 
         def apply(txn: lmdb.Transaction) -> MemoryView:
-            now = time.time()
-            if txn.get(sk.memory_id_key(owner, memory_id), db=self.t.memory_ids) is not None:
-                raise AlreadyExists(f"owners/{owner}/memories/{memory_id} already exists")
-            sources_state, sources_expiry = self._sources_window(txn, owner, draft.sources, now)
-            state = COMMITTED if commit and sources_state == COMMITTED else PENDING
-            rid = self._next_rids(txn, 1)
-            self._ensure_owner(txn, owner, now)
-            name = f"owners/{owner}/memories/{memory_id}"
-            stone = self._tombstone_of(txn, name)
-            # An id used again continues the old numbering: (name, version) is unique.
-            version = stone.last_version + 1 if stone is not None else 1
-            txn.delete(sk.tombstone_key(name), db=self.t.tombstones)
-            meta = MemMeta(
-                rid=rid,
-                owner=owner,
-                memory_id=memory_id,
-                kind=draft.kind,
-                state=state,
-                version=version,
-                status=draft.status or status,
-                direction=draft.direction or direction,
-                trigger=draft.trigger or trigger,
-                origin=draft.origin,
-                create_time=now,
-                update_time=now,
-                expire_time=_earliest(now + pending_ttl, sources_expiry)
-                if state == PENDING
-                else 0.0,
-                ring_thread=ring_thread,
-                key_ids={str(version): key_id},
-                sources=list(draft.sources),
-                due_time=draft.due_time,
-            )
-            if draft.embedding is not None:
-                self._check_memory_dim(txn, owner, draft.embedding.shape[0], now)
-            self._claim_slot(txn, meta, draft.content, now)
-            self._write_version(txn, meta, draft)
-            self._put_memory(txn, meta)
-            if meta.state == PENDING:
-                self._queue_expiry(txn, meta)
-            txn.put(sk.memory_id_key(owner, memory_id), sk.rid_key(rid), db=self.t.memory_ids)
-            txn.put(sk.owner_record_key(owner, rid), b"", db=self.t.owner_records)
-            add_edges(
+            return self._insert_memory(
                 txn,
-                self.t,
-                meta.name,
-                version,
-                draft.sources,
+                owner,
+                memory_id,
+                draft,
+                key_id,
+                ring_thread,
+                commit=commit,
+                pending_ttl=pending_ttl,
+                now=time.time(),
             )
-            return MemoryView(meta, version, meta.status, draft.content, list(draft.sources))
 
         ring = RingRef(owner, ring_thread or None)
-        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)]))
+        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)], name="memory.create"))
+
+    def _insert_memory(
+        self,
+        txn: lmdb.Transaction,
+        owner: str,
+        memory_id: str,
+        draft: MemoryDraft,
+        key_id: str,
+        ring_thread: str,
+        *,
+        commit: bool,
+        pending_ttl: float,
+        now: float,
+    ) -> MemoryView:
+        """Write a new memory in the caller's transaction; its record key
+        ``key_id`` in ``ring_thread``'s ring ("" for the owner's) must exist.
+
+        Raises:
+            AlreadyExists: the id is taken, or ``SLOT_CONFLICT``.
+            FailedPrecondition / InvalidArgument: a source (see :meth:`check_source`).
+        """
+        direction, trigger, status = KIND_DEFAULTS[draft.kind]
+        if sk.get(txn, self.t.memory_ids, sk.memory_id_key(owner, memory_id)) is not None:
+            raise AlreadyExists(f"owners/{owner}/memories/{memory_id} already exists")
+        sources_state, sources_expiry = self._sources_window(txn, owner, draft.sources, now)
+        state = COMMITTED if commit and sources_state == COMMITTED else PENDING
+        rid = self._next_rids(txn, 1)
+        self._ensure_owner(txn, owner, now)
+        name = f"owners/{owner}/memories/{memory_id}"
+        stone = self._tombstone_of(txn, name)
+        # An id used again continues the old numbering: (name, version) is unique.
+        version = stone.last_version + 1 if stone is not None else 1
+        txn.delete(sk.tombstone_key(name), db=self.t.tombstones)
+        meta = MemMeta(
+            rid=rid,
+            owner=owner,
+            memory_id=memory_id,
+            kind=draft.kind,
+            state=state,
+            version=version,
+            status=draft.status or status,
+            direction=draft.direction or direction,
+            trigger=draft.trigger or trigger,
+            origin=draft.origin,
+            create_time=now,
+            update_time=now,
+            expire_time=_earliest(now + pending_ttl, sources_expiry) if state == PENDING else 0.0,
+            ring_thread=ring_thread,
+            key_ids={str(version): key_id},
+            sources=list(draft.sources),
+            due_time=draft.due_time,
+            lineage_expiry=self._sources_lineage(txn, draft.sources),
+        )
+        if draft.embedding is not None:
+            self._check_memory_dim(txn, owner, draft.embedding.shape[0], now)
+        self._claim_slot(txn, meta, draft.content, now)
+        self._write_version(txn, meta, draft)
+        self._put_memory(txn, meta)
+        if meta.state == PENDING:
+            self._queue_expiry(txn, meta)
+        txn.put(sk.memory_id_key(owner, memory_id), sk.rid_key(rid), db=self.t.memory_ids)
+        txn.put(sk.owner_record_key(owner, rid), b"", db=self.t.owner_records)
+        add_edges(txn, self.t, meta.name, version, draft.sources)
+        return MemoryView(meta, version, meta.status, draft.content, list(draft.sources))
 
     # ------------------------------------------------------------------ slots
 
@@ -271,7 +303,9 @@ class MemoriesPart(StoreBase):
         ring = RingRef(owner, None)
         with self._slot_key_guard:
             if not self.keystore.has_record_key(ring, SLOT_KEY_ID):
-                self.writer.run(WriteOp(_noop_apply, create_keys=[(ring, SLOT_KEY_ID)]))
+                self.writer.run(
+                    WriteOp(_noop_apply, create_keys=[(ring, SLOT_KEY_ID)], name="slot.key")
+                )
 
     def _slot_digest(self, meta: MemMeta, content: MemoryContent) -> str:
         origin = meta.origin if meta.kind == "PREFERENCE" else ""
@@ -383,7 +417,9 @@ class MemoriesPart(StoreBase):
             return MemoryView(meta, meta.version, meta.status, content, list(meta.sources))
 
         ring = RingRef(owner, ring_thread or None)
-        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)]))
+        return self.writer.run(
+            WriteOp(apply, create_keys=[(ring, key_id)], name="memory.transition")
+        )
 
     # ------------------------------------------------------------------ commitments
 
@@ -413,7 +449,7 @@ class MemoriesPart(StoreBase):
                 self._append_event(txn, meta.owner, "COMMITMENT_DUE", meta.name, now)
             return overdue
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="commitments.due"))
 
     # ------------------------------------------------------------------ preferences
 
@@ -431,7 +467,7 @@ class MemoriesPart(StoreBase):
         prefs: list[MemoryView] = []
         with self.env.begin() as txn:
             rows = []
-            for meta in self._owner_memory_metas(txn, owner):
+            for meta in self._memories_read(txn, self._owner_memory_metas(txn, owner), now):
                 state = effective_state(meta, now)
                 if meta.kind != "PREFERENCE" or state not in (PENDING, COMMITTED):
                     continue
@@ -440,6 +476,9 @@ class MemoriesPart(StoreBase):
             try:
                 view = self.memory_view(meta, meta.version, ct)
             except RecordDeleted:
+                continue
+            except DataLoss:
+                self.note_unreadable(meta)
                 continue
             if view.content.slot == slot:
                 prefs.append(view)
@@ -487,7 +526,7 @@ class MemoriesPart(StoreBase):
         new version's vector (the embedding follows the text).
 
         ``paths`` are the update-mask fields: text, slot, scope, edge, sources,
-        due_time, embedding. Fields not named are carried over from the current
+        due_time, embedding, metadata. Fields not named are carried over from the current
         version. A ``FACT`` or ``PREFERENCE`` update is a correction: the old
         version becomes ``SUPERSEDED`` (readable only by explicit version).
 
@@ -535,6 +574,7 @@ class MemoriesPart(StoreBase):
                 draft.content.slot if "slot" in paths else old.content.slot,
                 draft.content.scope if "scope" in paths else old.content.scope,
                 draft.content.edge if "edge" in paths else old.content.edge,
+                metadata=draft.content.metadata if "metadata" in paths else old.content.metadata,
             )
             sources_state, sources_expiry = self._sources_window(txn, owner, sources, now)
             if meta.kind in SLOTTED_KINDS:
@@ -546,6 +586,7 @@ class MemoriesPart(StoreBase):
             meta.version += 1
             meta.key_ids[str(meta.version)] = key_id
             meta.sources = list(sources)
+            meta.lineage_expiry = self._sources_lineage(txn, sources)
             meta.update_time = now
             if "due_time" in paths:
                 meta.due_time = draft.due_time
@@ -581,7 +622,7 @@ class MemoriesPart(StoreBase):
             return MemoryView(meta, meta.version, meta.status, content, list(sources))
 
         ring = RingRef(owner, ring_thread or None)
-        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)]))
+        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)], name="memory.update"))
 
     # ------------------------------------------------------------------ reads
 
@@ -593,11 +634,13 @@ class MemoriesPart(StoreBase):
             or expired. DataLoss: ciphertext fails authentication.
         """
         name = f"owners/{owner}/memories/{memory_id}"
+        now = time.time()
         with self.env.begin() as txn:
-            meta = self._mem_by_id(txn, owner, memory_id)
-            if meta is None:
+            found = self._mem_by_id(txn, owner, memory_id)
+            if found is None:
                 self._raise_missing(txn, name)
-            if effective_state(meta, time.time()) is None:
+            meta = self._memory_read(txn, found, now)
+            if effective_state(meta, now) is None:
                 raise RecordDeleted(f"{name} was deleted")
             if meta.state == SEALED:
                 raise FailedPrecondition(f"{name} is sealed", reason=Reason.SEALED, subject=name)
@@ -631,9 +674,10 @@ class MemoriesPart(StoreBase):
         more = False
         with self.env.begin() as txn:
             for _, rk in sk.scan(txn, self.t.memory_ids, prefix, start=start):
-                meta = self._memory(txn, sk.rid_of(rk))
-                if meta is None:
+                raw = self._memory(txn, sk.rid_of(rk))
+                if raw is None:
                     continue
+                meta = self._memory_read(txn, raw, now)
                 state = effective_state(meta, now)
                 if state is None or state == SEALED or state not in states:
                     continue
@@ -649,12 +693,16 @@ class MemoriesPart(StoreBase):
                 views.append(self.memory_view(meta, meta.version, ct))
             except RecordDeleted:
                 continue
+            except DataLoss:
+                self.note_unreadable(meta)
+                continue
         return views, (rows[-1][0].memory_id if more and rows else "")
 
     def owner_memories(self, owner: str) -> list[MemMeta]:
-        """Every stored memory of an owner (one read transaction)."""
+        """Every stored memory of an owner (one read transaction), as reads see them."""
+        now = time.time()
         with self.env.begin() as txn:
-            return self._owner_memory_metas(txn, owner)
+            return self._memories_read(txn, self._owner_memory_metas(txn, owner), now)
 
     def committed_memories(self, owner: str) -> list[MemoryView]:
         """The current versions of the owner's committed, live, untainted
@@ -663,7 +711,7 @@ class MemoriesPart(StoreBase):
         with self.env.begin() as txn:
             rows = [
                 (meta, self._memory_ct(txn, meta, meta.version))
-                for meta in self._owner_memory_metas(txn, owner)
+                for meta in self._memories_read(txn, self._owner_memory_metas(txn, owner), now)
                 if effective_state(meta, now) == COMMITTED and not meta.tainted
             ]
         out = []
@@ -671,6 +719,9 @@ class MemoriesPart(StoreBase):
             try:
                 out.append(self.memory_view(meta, meta.version, ct))
             except RecordDeleted:
+                continue
+            except DataLoss:
+                self.note_unreadable(meta)
                 continue
         return out
 
@@ -727,7 +778,10 @@ class MemoriesPart(StoreBase):
                 continue
             try:
                 raw = self.open_memory(meta, meta.version, PAYLOAD_EMBEDDING, bytes(ct))
-            except (RecordDeleted, DataLoss):
+            except RecordDeleted:
+                continue
+            except DataLoss:  # one corrupt vector must not take the owner's index down
+                self.note_unreadable(meta)
                 continue
             rids.append(meta.rid)
             vecs.append(np.frombuffer(raw, dtype="<f4"))

@@ -43,9 +43,12 @@ class PendingPart(StoreBase):
             done: set[str] = set()
 
             def commit_one(name: str, explicit: bool) -> RecordMeta:
-                meta = self.resolve(txn, name)
-                if meta is None:
+                found = self.resolve(txn, name)
+                if found is None:
                     self._raise_missing(txn, name)
+                if self._lineage_gone(txn, found, now):
+                    raise RecordDeleted(f"{name} was built on material that expired")
+                meta = found
                 state = effective_state(meta, now)
                 if state is None or meta.tainted:
                     raise RecordDeleted(f"{name} was deleted")
@@ -85,7 +88,7 @@ class PendingPart(StoreBase):
             explicit = [commit_one(name, True) for name in names]
             return explicit + out
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="commit"))
 
     def extend_pending(self, names: Sequence[str], ttl: float) -> list[RecordMeta]:
         """Give pending records ``ttl`` seconds from now; committed ones are returned
@@ -103,6 +106,8 @@ class PendingPart(StoreBase):
                 meta = self.resolve(txn, name)
                 if meta is None:
                     self._raise_missing(txn, name)
+                if self._lineage_gone(txn, meta, now):
+                    raise RecordDeleted(f"{name} was built on material that expired")
                 state = effective_state(meta, now)
                 if state is None:
                     raise RecordDeleted(f"{name} was deleted")
@@ -119,7 +124,7 @@ class PendingPart(StoreBase):
                 out.append(meta)
             return out
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="extend"))
 
     def _queued(self, txn: lmdb.Transaction, until: float, limit: int) -> list[int]:
         """Record numbers on the expiry queue with ``expire_time`` ≤ ``until``, soonest first."""
@@ -147,7 +152,7 @@ class PendingPart(StoreBase):
                 announced += 1
             return announced
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="expiry.warn"))
 
     def expired(self, now: float, limit: int = 1000) -> list[RecordMeta]:
         """Pending turns and memories whose ``expire_time`` ≤ ``now`` (seconds)."""
@@ -161,13 +166,21 @@ class PendingPart(StoreBase):
             return found
 
     def pending_stats(self, now: float) -> tuple[int, float]:
-        """(number of pending records, age in seconds of the soonest-expiring pending turn)."""
-        oldest = now
+        """(number of pending records, age in seconds of the oldest one), turns and
+        memories alike; (0, 0.0) when nothing is pending.
+
+        The oldest is the pending record stored longest ago (its ``create_time``),
+        whatever its kind and whenever it expires. Record numbers are taken in
+        creation order by the one writer, so it is the smallest rid on the expiry
+        queue: one scan of the queue's keys (no row decoded but that one).
+        """
         with self.env.begin() as txn:
             count = int(txn.stat(self.t.expiry)["entries"])
-            for key in sk.scan_keys(txn, self.t.expiry, b""):
-                turn = self._turn(txn, sk.rid_of(key[8:]))
-                if turn is not None:
-                    oldest = min(oldest, turn.create_time)
-                break
-        return count, max(0.0, now - oldest)
+            oldest_rid = min(
+                (sk.rid_of(key[8:]) for key in sk.scan_keys(txn, self.t.expiry, b"")),
+                default=None,
+            )
+            meta = None if oldest_rid is None else self._record(txn, oldest_rid)
+        if meta is None:
+            return count, 0.0
+        return count, max(0.0, now - meta.create_time)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # Storage states (lethe.v1.State value names).
@@ -35,6 +35,18 @@ PAYLOAD_CONTENT = "content"
 PAYLOAD_EMBEDDING = "embedding"
 PAYLOAD_TITLE = "title"
 PAYLOAD_MEMORY = "memory"  # JSON {text, slot, scope, edge: [s, p, o]} of one memory version
+
+
+def _encode(row: Any) -> bytes:
+    """Compact JSON of a slotted dataclass row, field by field (``asdict`` deep-copies
+    every list and dict first: it was a measurable part of every append)."""
+    names = _FIELD_NAMES.get(type(row))
+    if names is None:
+        names = _FIELD_NAMES[type(row)] = tuple(f.name for f in fields(row))
+    return json.dumps({n: getattr(row, n) for n in names}, separators=(",", ":")).encode()
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def pack_content(speaker: str, text: str) -> bytes:
@@ -81,7 +93,7 @@ class ThreadMeta:
     repair_outcome: str = ""
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        return _encode(self)
 
     @classmethod
     def decode(cls, raw: bytes) -> ThreadMeta:
@@ -119,6 +131,9 @@ class TurnMeta:
     key_ring: str = ""
     # Set when PENDING_EXPIRING was announced for this turn.
     expiry_warned: bool = False
+    # The earliest expire_time of a pending record in this turn's lineage when
+    # it was written (0: none): from then on its lineage is rechecked on read.
+    lineage_expiry: float = 0.0
 
     @property
     def name(self) -> str:
@@ -130,7 +145,7 @@ class TurnMeta:
         return self.key_ring or self.thread
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        return _encode(self)
 
     @classmethod
     def decode(cls, raw: bytes) -> TurnMeta:
@@ -182,6 +197,8 @@ class MemMeta:
     evidence: list[tuple[str, int]] = field(default_factory=list)
     # Set when COMMITMENT_DUE was announced for this (committed, open) commitment.
     due_announced: bool = False
+    # As TurnMeta.lineage_expiry, for the current version's lineage.
+    lineage_expiry: float = 0.0
 
     @property
     def name(self) -> str:
@@ -197,7 +214,7 @@ class MemMeta:
         return self.key_ids[str(self.version)]
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        return _encode(self)
 
     @classmethod
     def decode(cls, raw: bytes) -> MemMeta:

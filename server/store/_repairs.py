@@ -24,31 +24,35 @@ from collections.abc import Sequence
 
 import lmdb
 
-from server.errors import Aborted, FailedPrecondition, Reason, RecordDeleted
+from lethe.names import new_id
+from server.errors import Aborted, DataLoss, FailedPrecondition, Reason, RecordDeleted
 from server.store import _schema as sk
-from server.store._base import StoreBase, memory_ring, thread_name
-from server.store._forget import DeletionEntry, Planner
+from server.store._base import memory_ring, thread_name
+from server.store._forget import DeletionEntry, ForgetPart, Planner
 from server.store._lineage import children_of
+from server.store._memories import MemoriesPart
 from server.store._records import (
     COMMITTED,
     CONVERSATION,
     PAYLOAD_TITLE,
     PENDING,
     REPAIR,
+    REPAIR_CONTINUED,
     REPAIR_PAUSED,
     SEALED,
     MemMeta,
     ThreadMeta,
     TurnMeta,
 )
-from server.store._views import MemoryView, ThreadView, TurnView
+from server.store._views import MemoryDraft, MemoryView, ThreadView, TurnView
 from server.store._visibility import effective_state
 from server.store._writer import WriteOp
 from shredder import AssociatedData, RingRef
 
 
-class RepairsPart(StoreBase):
-    """Repair operations of :class:`server.store.Store`."""
+class RepairsPart(ForgetPart, MemoriesPart):
+    """Repair operations of :class:`server.store.Store` (over the forget and
+    memories parts: concluding writes a lesson and forgets in one transaction)."""
 
     # ------------------------------------------------------------------ sealing
 
@@ -187,7 +191,13 @@ class RepairsPart(StoreBase):
             return view, entry, left
 
         return self.writer.run(
-            WriteOp(apply, create_keys=[(ring, title_key)], rewrap_keys=moves, rewrap_to=ring)
+            WriteOp(
+                apply,
+                create_keys=[(ring, title_key)],
+                rewrap_keys=moves,
+                rewrap_to=ring,
+                name="seal",
+            )
         )
 
     # ------------------------------------------------------------------ repair state
@@ -237,7 +247,7 @@ class RepairsPart(StoreBase):
             self._put_thread(txn, meta)
             return ThreadView(meta, "")
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, name="repair.state"))
 
     def repair_contents(
         self, owner: str, repair_id: str
@@ -260,22 +270,97 @@ class RepairsPart(StoreBase):
                     mem_rows.append((mem, self._memory_ct(txn, mem, mem.version)))
 
         def views(items: list[tuple[TurnMeta, dict[str, bytes]]]) -> list[TurnView]:
-            return [self.turn_view(t, cts, False) for t, cts in items]
+            out = []
+            for turn, cts in items:
+                try:
+                    out.append(self.turn_view(turn, cts, False))
+                except DataLoss:  # one bad record stays one bad record
+                    self.note_unreadable(turn)
+            return out
 
-        return views(rows), views(own), [self.memory_view(m, m.version, ct) for m, ct in mem_rows]
+        mems: list[MemoryView] = []
+        for mem, ct in mem_rows:
+            try:
+                mems.append(self.memory_view(mem, mem.version, ct))
+            except DataLoss:
+                self.note_unreadable(mem)
+        return views(rows), views(own), mems
 
-    def repair_members(self, owner: str, repair_id: str) -> tuple[list[tuple[str, int]], list[str]]:
-        """((thread, seq) of every turn a repair holds, its memory ids)."""
-        with self.env.begin() as txn:
-            meta = self._live_thread(txn, owner, repair_id)
-            turns = [
-                (t.thread, t.seq)
-                for t in self._thread_metas(txn, owner, meta.repair_source)
-                if t.key_ring == repair_id
-            ] + [(t.thread, t.seq) for t in self._thread_metas(txn, owner, repair_id)]
-            mems = [
-                m.memory_id
-                for m in self._owner_memory_metas(txn, owner)
-                if m.ring_thread == repair_id and not m.deleted
-            ]
+    def _repair_members(
+        self, txn: lmdb.Transaction, owner: str, meta: ThreadMeta
+    ) -> tuple[list[tuple[str, int]], list[str]]:
+        """((thread, seq) of every turn a repair holds, its live memory ids)."""
+        repair_id = meta.thread
+        turns = [
+            (t.thread, t.seq)
+            for t in self._thread_metas(txn, owner, meta.repair_source)
+            if t.key_ring == repair_id
+        ] + [(t.thread, t.seq) for t in self._thread_metas(txn, owner, repair_id)]
+        mems = [
+            m.memory_id
+            for m in self._owner_memory_metas(txn, owner)
+            if m.ring_thread == repair_id and not m.deleted
+        ]
         return turns, mems
+
+    def conclude_repair(
+        self,
+        owner: str,
+        repair_id: str,
+        outcome: str,
+        lesson: MemoryDraft | None = None,
+    ) -> tuple[ThreadView, DeletionEntry, MemoryView | None]:
+        """Conclude a repair with ``DESTROY`` or ``DISTILL``, in one transaction:
+        the lesson (for ``DISTILL``: a committed root ``LESSON`` whose only link
+        is the repair's name), the repair marked ``CONCLUDED``, and step 1 of
+        forgetting everything it holds (its ring is destroyed in step 3). After
+        a crash, either all of it happened or none.
+
+        Returns:
+            (the concluded repair, the deletion-log entry to finish, the lesson or None).
+
+        Raises:
+            NotFound / RecordDeleted: no such repair.
+            FailedPrecondition: not a repair, or already concluded other than
+                ``PRESERVE_RESTRICTED`` (reason ``ILLEGAL_TRANSITION``).
+        """
+        key_id = secrets.token_hex(8)
+        lesson_id = new_id()
+        owner_ring = RingRef(owner, None)
+
+        def apply(txn: lmdb.Transaction) -> tuple[ThreadView, DeletionEntry, MemoryView | None]:
+            now = time.time()
+            meta = self._live_thread(txn, owner, repair_id)
+            name = thread_name(owner, repair_id)
+            restricted = meta.repair_outcome == "PRESERVE_RESTRICTED"
+            if meta.kind != REPAIR or (
+                meta.repair_state not in (REPAIR_PAUSED, REPAIR_CONTINUED) and not restricted
+            ):
+                raise FailedPrecondition(
+                    f"{name} is already concluded", reason=Reason.ILLEGAL_TRANSITION, subject=name
+                )
+            made = None
+            if lesson is not None:
+                made = self._insert_memory(
+                    txn, owner, lesson_id, lesson, key_id, "", commit=True, pending_ttl=0.0, now=now
+                )
+            else:
+                op.unused.append((owner_ring, key_id))
+            turns, memories = self._repair_members(txn, owner, meta)
+            entry = self._plan(
+                txn,
+                owner,
+                now,
+                reason=f"REPAIR_{outcome}",
+                request_time=now,
+                turns=turns,
+                memories=memories,
+                extra_rings=[repair_id],
+                conclude_repair=(repair_id, outcome),
+            )
+            concluded = self._thread_row(txn, owner, repair_id)
+            assert concluded is not None
+            return ThreadView(concluded, ""), entry, made
+
+        op = WriteOp(apply, create_keys=[(owner_ring, key_id)], name="repair.conclude")
+        return self.writer.run(op)

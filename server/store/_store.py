@@ -44,7 +44,11 @@ from shredder import (
 )
 
 KEK_ENV = "LETHE_KEK"
-DATA_MAP_SIZE = 64 << 30  # bytes of address space; the file grows as needed
+DEFAULT_MAX_STORE_SIZE = 64 << 30
+"""Bytes the data environment may grow to by default (``--max-store-size``): its
+file grows as pages are used, up to this ceiling; a write that does not fit
+is refused whole with ``STORE_FULL``."""
+MIN_STORE_SIZE = 1 << 20
 KEYSTORE_MAP_SIZE = 8 << 30
 _OPEN: dict[Path, Store] = {}
 _OPEN_GUARD = threading.Lock()
@@ -105,14 +109,14 @@ def acquire_lock(data_dir: Path) -> int:
 
 class Store(
     ThreadsPart,
-    MemoriesPart,
     RepairsPart,
     PendingPart,
-    ForgetPart,
     EventsPart,
     ManifestsPart,
     AuditPart,
     TokensPart,
+    ForgetPart,
+    MemoriesPart,
 ):
     """The data environment, the keystore and the writer for one data directory.
 
@@ -120,14 +124,26 @@ class Store(
         data_dir: The data directory (created if missing).
         kek_file: The KEK file; default in the user's config directory.
         lock: Take the exclusive directory lock (a serving process must).
+        max_size: Bytes the data environment may grow to (the LMDB map size);
+            at least 1 MiB.
 
     Raises:
+        ValueError: ``max_size`` is below 1 MiB.
         StoreLockedError: another process holds ``data_dir``.
         EnvironmentConfigError: LMDB flags or KEK placement are unsafe, or the
             data environment belongs to another keystore.
     """
 
-    def __init__(self, data_dir: Path, *, kek_file: Path | None = None, lock: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        kek_file: Path | None = None,
+        lock: bool = True,
+        max_size: int = DEFAULT_MAX_STORE_SIZE,
+    ) -> None:
+        if max_size < MIN_STORE_SIZE:
+            raise ValueError(f"the store's maximum size must be at least {MIN_STORE_SIZE} bytes")
         self.data_dir = data_dir.resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd: int | None = acquire_lock(self.data_dir) if lock else None
@@ -138,7 +154,8 @@ class Store(
         self.keystore = Keystore(ks_path, self.kek, map_size=KEYSTORE_MAP_SIZE)
         data_path.mkdir(parents=True, exist_ok=True)
         names = Tables.names()
-        self.env = open_durable_env(data_path, map_size=DATA_MAP_SIZE, max_dbs=len(names) + 2)
+        self.env = open_durable_env(data_path, map_size=max_size, max_dbs=len(names) + 2)
+        self.max_size = max_size
         with self.env.begin(write=True) as txn:
             self.t = Tables.open(self.env, txn)
             stored = sk.get(txn, self.t.meta, sk.STORE_ID)
@@ -153,6 +170,8 @@ class Store(
         self.store_id = store_id
         self._event_owners: set[str] = set()
         self._event_listeners: list[Callable[[frozenset[str]], None]] = []
+        self.unreadable = {}
+        self._unreadable_guard = threading.Lock()
         self.writer = Writer(self.env, self.keystore, on_commit=self._announce_events)
         with _OPEN_GUARD:
             _OPEN[self.data_dir] = self
@@ -168,6 +187,12 @@ class Store(
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    def used_bytes(self) -> int:
+        """Bytes of the data environment in use: its highest page in use times the
+        page size (freed pages are reused before the file grows)."""
+        info, stat = self.env.info(), self.env.stat()
+        return (int(info["last_pgno"]) + 1) * int(stat["psize"])
 
     @property
     def kek_rotatable(self) -> bool:

@@ -12,13 +12,14 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
 
 import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from lethe.names import parse_manifest
+from lethe.names import new_id, parse_manifest
 from server.errors import (
     AlreadyExists,
     DataLoss,
@@ -28,8 +29,9 @@ from server.errors import (
     RecordDeleted,
 )
 from server.store import _schema as sk
-from server.store._base import StoreBase, thread_name
+from server.store._base import lineage_expiry_of, thread_name
 from server.store._lineage import add_edges
+from server.store._memories import MemoriesPart
 from server.store._records import (
     COMMITTED,
     CONVERSATION,
@@ -47,7 +49,8 @@ from server.store._records import (
     TurnMeta,
     pack_content,
 )
-from server.store._views import ThreadView, TurnDraft, TurnView
+from server.store._shapes import SLOTTED_KINDS, SlotConflict
+from server.store._views import MemoryDraft, MemoryView, ThreadView, TurnDraft, TurnView
 from server.store._visibility import check_readable, listable, source_alive
 from server.store._writer import WriteOp
 from shredder import AssociatedData, RingRef
@@ -59,8 +62,9 @@ def _noop(txn: lmdb.Transaction) -> None:
     del txn
 
 
-class ThreadsPart(StoreBase):
-    """Thread and turn operations of :class:`~server.store.Store`."""
+class ThreadsPart(MemoriesPart):
+    """Thread and turn operations of :class:`~server.store.Store` (over the
+    memories part: an append writes its tagger candidates in its own transaction)."""
 
     # ------------------------------------------------------------------ threads
 
@@ -95,7 +99,9 @@ class ThreadsPart(StoreBase):
             )
             return ThreadView(meta, title)
 
-        return self.writer.run(WriteOp(apply, create_keys=[(ring, title_key)]))
+        return self.writer.run(
+            WriteOp(apply, create_keys=[(ring, title_key)], name="thread.create")
+        )
 
     def get_thread(self, owner: str, thread: str) -> ThreadView:
         """Read a thread.
@@ -147,16 +153,32 @@ class ThreadsPart(StoreBase):
         return None if raw is None else [int(r) for r in json.loads(raw)]
 
     def append_turns(
-        self, owner: str, thread: str, drafts: Sequence[TurnDraft], request_id: str
-    ) -> tuple[list[TurnMeta], bool]:
-        """Append turns at the end of a thread in one transaction.
+        self,
+        owner: str,
+        thread: str,
+        drafts: Sequence[TurnDraft],
+        request_id: str,
+        *,
+        candidates: Sequence[Sequence[MemoryDraft]] = (),
+        pending_ttl: float = 0.0,
+    ) -> tuple[list[TurnMeta], bool, list[MemoryView]]:
+        """Append turns at the end of a thread, with their tagger candidates, in
+        one transaction: after a crash either all of it is stored or none.
 
         Drafts must already carry their embeddings (or None when the owner has
         no embedder and the client sent none).
 
+        Args:
+            candidates: per draft, the memories proposed for it (client tags or
+                the write-time rules); each is stored ``PENDING`` with the turn
+                as its source and announced with ``CANDIDATE_PROPOSED``. None is
+                made for a turn that is sealed or born tainted; one whose slot is
+                held is skipped with a ``SLOT_CONFLICT`` event.
+            pending_ttl: lifetime of the candidates, seconds.
+
         Returns:
             (the stored turns' metadata, True if this was a retry of
-            ``request_id`` that appended nothing).
+            ``request_id`` that appended nothing, the candidates stored).
 
         Raises:
             NotFound / RecordDeleted: the thread does not exist / was forgotten.
@@ -168,13 +190,22 @@ class ThreadsPart(StoreBase):
         now = time.time()
         ring = RingRef(owner, thread)
         key_ids = [secrets.token_hex(8) for _ in drafts]
+        proposals = [list(c) for c in candidates] or [[] for _ in drafts]
+        cand_keys = [[secrets.token_hex(8) for _ in c] for c in proposals]
+        if any(d.kind in SLOTTED_KINDS and d.content.slot for c in proposals for d in c):
+            self.ensure_slot_key(owner)
         req_key = sk.request_key(owner, thread, request_id) if request_id else b""
+        all_keys = [(ring, kid) for kid in key_ids] + [
+            (ring, kid) for keys in cand_keys for kid in keys
+        ]
+        op: WriteOp[tuple[list[TurnMeta], bool, list[MemoryView]]]
 
-        def apply(txn: lmdb.Transaction) -> tuple[list[TurnMeta], bool]:
+        def apply(txn: lmdb.Transaction) -> tuple[list[TurnMeta], bool, list[MemoryView]]:
             if req_key:
                 prior = sk.get(txn, self.t.requests, req_key)
-                if prior is not None:
-                    return self._turns(txn, [int(r) for r in json.loads(prior)]), True
+                if prior is not None:  # the keys made for this attempt hold nothing
+                    op.unused.extend(all_keys)
+                    return self._turns(txn, [int(r) for r in json.loads(prior)]), True, []
             tmeta = self._live_thread(txn, owner, thread)
             repair = tmeta.kind == REPAIR
             if repair and tmeta.repair_state != REPAIR_CONTINUED:
@@ -216,14 +247,52 @@ class ThreadsPart(StoreBase):
             self._put_thread(txn, tmeta)
             if req_key:
                 txn.put(req_key, json.dumps([m.rid for m in metas]).encode(), db=self.t.requests)
-            return metas, False
+            stored = self._store_candidates(txn, metas, proposals, cand_keys, pending_ttl, now, op)
+            return metas, False, stored
 
-        metas, retried = self.writer.run(
-            WriteOp(apply, create_keys=[(ring, kid) for kid in key_ids])
-        )
-        if retried:  # the keys made for this attempt hold nothing: destroy them
-            self.writer.run(WriteOp(_noop, destroy_keys=[(ring, kid) for kid in key_ids]))
-        return metas, retried
+        op = WriteOp(apply, create_keys=all_keys, name="append")
+        return self.writer.run(op)
+
+    def _store_candidates(
+        self,
+        txn: lmdb.Transaction,
+        metas: Sequence[TurnMeta],
+        proposals: Sequence[Sequence[MemoryDraft]],
+        keys: Sequence[Sequence[str]],
+        pending_ttl: float,
+        now: float,
+        op: WriteOp[Any],
+    ) -> list[MemoryView]:
+        """Store each turn's candidates (see :meth:`append_turns`); the keys of
+        those not stored go on ``op.unused``."""
+        stored: list[MemoryView] = []
+        for meta, drafts, key_ids in zip(metas, proposals, keys, strict=True):
+            ring = RingRef(meta.owner, meta.thread)
+            for draft, key_id in zip(drafts, key_ids, strict=True):
+                if meta.state == SEALED or meta.tainted:
+                    op.unused.append((ring, key_id))
+                    continue
+                draft.sources = [(meta.name, meta.version)]
+                try:
+                    with self.env.begin(write=True, parent=txn) as child:
+                        view = self._insert_memory(
+                            child,
+                            meta.owner,
+                            new_id(),
+                            draft,
+                            key_id,
+                            meta.thread,
+                            commit=False,
+                            pending_ttl=pending_ttl,
+                            now=now,
+                        )
+                except SlotConflict as conflict:  # the turn is stored; the candidate is not
+                    op.unused.append((ring, key_id))
+                    self._append_event(txn, meta.owner, "SLOT_CONFLICT", conflict.holder, now)
+                    continue
+                self._append_event(txn, meta.owner, "CANDIDATE_PROPOSED", view.meta.name, now)
+                stored.append(view)
+        return stored
 
     def _response_lineage(
         self, txn: lmdb.Transaction, meta: TurnMeta, now: float
@@ -243,12 +312,16 @@ class ThreadsPart(StoreBase):
             if raw is None:
                 raise InvalidArgument("context_manifest", f"{meta.context_manifest} not found")
             wanted += ManifestRow.decode(raw).refs
+        found = []
         for name, version in dict.fromkeys(wanted):
             source = self.resolve(txn, name)
             # A later version (a correction) does not taint; a deletion does.
             if source is None or not source_alive(source, now):
                 meta.tainted = True
+            else:
+                found.append(source)
             refs.append((name, version or (source.version if source is not None else 0)))
+        meta.lineage_expiry = lineage_expiry_of(found)
         add_edges(txn, self.t, meta.name, meta.version, refs)
         return refs
 
@@ -295,9 +368,11 @@ class ThreadsPart(StoreBase):
         return row.dim if row is not None and row.dim else None
 
     def metas(self, rids: Sequence[int]) -> list[TurnMeta]:
-        """Current metadata of the turns ``rids`` in one read transaction (missing ones skipped)."""
+        """Current metadata of the turns ``rids`` in one read transaction (missing
+        ones skipped), as reads see them."""
+        now = time.time()
         with self.env.begin() as txn:
-            return self._turns(txn, rids)
+            return self._turns_read(txn, self._turns(txn, rids), now)
 
     def fetch(self, rids: Sequence[int]) -> dict[int, tuple[RecordMeta, dict[str, bytes]]]:
         """Metadata and content ciphertexts of ``rids`` in ONE read transaction
@@ -307,15 +382,17 @@ class ThreadsPart(StoreBase):
         ``memory`` to its current version's content ciphertext.
         """
         out: dict[int, tuple[RecordMeta, dict[str, bytes]]] = {}
+        now = time.time()
         with self.env.begin() as txn:
             for rid in rids:
-                turn = self._turn(txn, rid)
+                turn = self._turn_read(txn, rid, now)
                 if turn is not None:
                     out[rid] = (turn, self._read_payloads(txn, rid, False))
                     continue
-                mem = self._memory(txn, rid)
-                if mem is None:
+                raw = self._memory(txn, rid)
+                if raw is None:
                     continue
+                mem = self._memory_read(txn, raw, now)
                 ct = self._memory_ct(txn, mem, mem.version)
                 out[rid] = (mem, {PAYLOAD_MEMORY: ct} if ct is not None else {})
         return out
@@ -328,11 +405,13 @@ class ThreadsPart(StoreBase):
             FailedPrecondition: sealed. DataLoss: ciphertext fails authentication.
         """
         name = f"{thread_name(owner, thread)}/turns/{seq}"
+        now = time.time()
         with self.env.begin() as txn:
-            meta = self._turn_at(txn, owner, thread, seq)
-            if meta is None:
+            found = self._turn_at(txn, owner, thread, seq)
+            if found is None:
                 self._raise_missing(txn, name)
-            check_readable(meta, time.time())
+            meta = cast(TurnMeta, self._as_read(txn, found, now))
+            check_readable(meta, now)
             cts = self._read_payloads(txn, meta.rid, with_embedding)
         return self.turn_view(meta, cts, with_embedding)
 
@@ -343,11 +422,13 @@ class ThreadsPart(StoreBase):
             NotFound: never existed. RecordDeleted: deleted or expired.
             FailedPrecondition: sealed (reason ``SEALED``).
         """
+        now = time.time()
         with self.env.begin() as txn:
-            meta = self.resolve(txn, name)
-            if meta is None:
+            found = self.resolve(txn, name)
+            if found is None:
                 self._raise_missing(txn, name)
-        check_readable(meta, time.time())
+            meta = self._as_read(txn, found, now)
+        check_readable(meta, now)
 
     def list_turns(
         self,
@@ -375,7 +456,7 @@ class ThreadsPart(StoreBase):
             self._live_thread(txn, owner, thread)
             start = sk.seq_key(owner, thread, after_seq + 1)
             for _, rk in sk.scan(txn, self.t.seqs, sk.thread_prefix(owner, thread), start=start):
-                meta = self._turn(txn, sk.rid_of(rk))
+                meta = self._turn_read(txn, sk.rid_of(rk), now)
                 if meta is None or not listable(meta, now, states, include_tainted):
                     continue
                 if len(rows) == limit:
@@ -387,6 +468,9 @@ class ThreadsPart(StoreBase):
             try:
                 views.append(self.turn_view(meta, cts, with_embedding))
             except RecordDeleted:  # key shredded under us: it is gone
+                continue
+            except DataLoss:  # one bad record stays one bad record
+                self.note_unreadable(meta)
                 continue
         return views, (rows[-1][0].seq if more and rows else 0)
 
@@ -407,7 +491,10 @@ class ThreadsPart(StoreBase):
                 continue
             try:
                 out.append(self.turn_view(meta, cts, with_embedding=False))
-            except (RecordDeleted, DataLoss):
+            except RecordDeleted:
+                continue
+            except DataLoss:
+                self.note_unreadable(meta)
                 continue
         return out
 
@@ -425,7 +512,7 @@ class ThreadsPart(StoreBase):
             self._live_thread(txn, owner, thread)
             metas = [
                 m
-                for m in self._thread_metas(txn, owner, thread)
+                for m in self._turns_read(txn, self._thread_metas(txn, owner, thread), now)
                 if listable(m, now, {PENDING, COMMITTED}, include_tainted=False)
             ][-count:]
             rows = [(m, self._read_payloads(txn, m.rid, False)) for m in metas]
@@ -435,17 +522,56 @@ class ThreadsPart(StoreBase):
                 out.append(self.turn_view(meta, cts, with_embedding=False))
             except RecordDeleted:
                 continue
+            except DataLoss:
+                self.note_unreadable(meta)
+                continue
+        return out
+
+    def visible_neighbours(
+        self,
+        owner: str,
+        thread: str,
+        seqs: Iterable[int],
+        visible: Callable[[TurnMeta, float], bool],
+    ) -> dict[int, tuple[TurnMeta | None, TurnMeta | None]]:
+        """For each seq of a thread: the nearest earlier and the nearest later turn
+        for which ``visible(meta, now)`` holds (as reads see it), or None. One read
+        transaction; each walk stops at the first such turn, so this costs a few
+        rows per seq, not the thread's length."""
+        now = time.time()
+        prefix = sk.thread_prefix(owner, thread)
+        out: dict[int, tuple[TurnMeta | None, TurnMeta | None]] = {}
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.t.seqs)
+
+            def walk(found: bool, step: Callable[[], bool]) -> TurnMeta | None:
+                while found and bytes(cur.key()).startswith(prefix):
+                    meta = self._turn_read(txn, sk.rid_of(bytes(cur.value())), now)
+                    if meta is not None and visible(meta, now):
+                        return meta
+                    found = step()
+                return None
+
+            for seq in seqs:
+                at = cur.set_range(sk.seq_key(owner, thread, seq))
+                before = walk(cur.prev() if at else cur.last(), cur.prev)
+                after = walk(cur.set_range(sk.seq_key(owner, thread, seq + 1)), cur.next)
+                out[seq] = (before, after)
         return out
 
     def owner_turns(self, owner: str) -> list[TurnMeta]:
-        """Every stored turn of an owner (one read transaction)."""
+        """Every stored turn of an owner (one read transaction), as reads see them."""
+        now = time.time()
         with self.env.begin() as txn:
-            return self._owner_turn_metas(txn, owner)
+            return self._turns_read(txn, self._owner_turn_metas(txn, owner), now)
 
     def thread_turns(self, owner: str, thread: str) -> list[TurnMeta]:
-        """Every stored turn of a thread in seq order (deleted rows included)."""
+        """Every stored turn of a thread in seq order (deleted rows included), as
+        reads see them."""
+        now = time.time()
         with self.env.begin() as txn:
-            return self._thread_metas(txn, owner, thread, with_deleted=True)
+            metas = self._thread_metas(txn, owner, thread, with_deleted=True)
+            return self._turns_read(txn, metas, now)
 
     def embeddings(self, metas: Sequence[TurnMeta]) -> tuple[list[int], npt.NDArray[np.float32]]:
         """Decrypt the stored vectors of ``metas``.
@@ -471,7 +597,7 @@ class ThreadsPart(StoreBase):
             except RecordDeleted:
                 continue
             except DataLoss:  # one corrupt vector must not take the owner's index down
-                _log.error("vector of record %d fails authentication; not indexed", meta.rid)
+                self.note_unreadable(meta)
                 continue
             rids.append(meta.rid)
             vecs.append(np.frombuffer(raw, dtype="<f4"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -64,17 +65,20 @@ class MemoryContent:
     edge: tuple[str, str, str] | None = None
     # Progress notes and closing notes of TransitionMemory, oldest first.
     notes: list[str] = field(default_factory=list)
+    # The client's JSON object (``Memory.metadata``), or None when it set none.
+    metadata: dict[str, Any] | None = None
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "text": self.text,
-                "slot": self.slot,
-                "scope": self.scope,
-                "edge": list(self.edge) if self.edge else None,
-                "notes": self.notes,
-            }
-        ).encode()
+        data: dict[str, Any] = {
+            "text": self.text,
+            "slot": self.slot,
+            "scope": self.scope,
+            "edge": list(self.edge) if self.edge else None,
+            "notes": self.notes,
+        }
+        if self.metadata is not None:
+            data["metadata"] = self.metadata
+        return json.dumps(data).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> MemoryContent:
@@ -87,6 +91,7 @@ class MemoryContent:
             data["scope"],
             tuple(edge) if edge else None,
             list(data.get("notes", [])),
+            data.get("metadata"),
         )
 
 

@@ -13,9 +13,22 @@ every op already queued (up to ``max_batch``) and runs them as one group:
 3. one data-environment write transaction in which each op's ``apply`` runs
    in its own nested transaction, so an op that raises is rolled back alone
    and its future gets the exception, while the others commit together;
-4. the record keys made for ops that failed are destroyed again;
+4. the record keys made for ops that failed are destroyed again, and so are
+   the keys an op that committed reports it did not use (``WriteOp.unused``);
 5. ``on_commit`` (if given) runs once the data transaction has committed,
    before any future resolves (the store announces new events with it).
+
+Storage faults fail closed and whole: a group whose data transaction does not
+fit in the map (``MapFullError``) is retried op by op, so each op either
+commits whole or fails alone with ``STORE_FULL``; a disk error (ENOSPC, EIO)
+fails the group with ``UNAVAILABLE``; in both cases the keys made for the
+failed ops are destroyed and moved keys are moved back.
+
+Failpoints (:mod:`shredder._failpoints`, for the crash tests): every op has a
+``name``; ``<name>.after_keystore`` is reached after the group's keystore
+transactions committed and before its data transaction, ``<name>.after_commit``
+after the data transaction committed and before the caller is answered, and
+``writer.before_commit`` inside the data transaction (inject a disk error).
 
 Thread rules: ``submit`` from any thread; ``apply`` callables run only on the
 writer thread; ``close`` from the thread that owns the Writer.
@@ -23,6 +36,7 @@ writer thread; ``close`` from the thread that owns the Writer.
 
 from __future__ import annotations
 
+import errno
 import logging
 import queue
 import threading
@@ -33,11 +47,46 @@ from typing import Any, Generic, TypeVar
 
 import lmdb
 
-from server.errors import StoreFull
-from shredder import Keystore, RingRef
+from server.errors import StoreFull, Unavailable
+from shredder import FreshKeys, Keystore, RingRef, declare, failpoint
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
+
+FP_BEFORE_COMMIT = declare(
+    "writer.before_commit",
+    "a group's ops ran in its data transaction, which is not committed yet",
+)
+
+OPERATIONS = {
+    "write": "an unnamed write",
+    "thread.create": "CreateThread (a ring and title key, then the thread row)",
+    "append": "AppendTurns with its tagger candidates (record keys, then the turns)",
+    "commit": "Commit",
+    "extend": "ExtendPending",
+    "expiry.warn": "the sweeper's PENDING_EXPIRING announcements",
+    "memory.create": "CreateMemory (a record key, then the memory)",
+    "memory.update": "UpdateMemory, a correction",
+    "memory.transition": "TransitionMemory",
+    "slot.key": "creating an owner's slot-digest key",
+    "commitments.due": "the scheduler's COMMITMENT_DUE announcements",
+    "forget.plan": "step 1 of a forget: tombstones, cascade and the deletion-log entry",
+    "forget.finish": "steps 3-4 of a forget: keys destroyed, then rows purged",
+    "seal": "SealRepair (record keys moved to the repair's ring, then the data)",
+    "repair.state": "ReopenRepair, PauseRepair, PRESERVE_RESTRICTED",
+    "repair.conclude": "ConcludeRepair DESTROY / DISTILL: lesson, conclusion and step 1",
+    "event": "an event outside any other write",
+    "events.prune": "pruning events past their retention",
+    "manifest": "storing a context manifest",
+    "keys.destroy_stray": "destroying keys no record uses (start-up, restore)",
+    "keys.relocate": "moving keys back to the ring their records name (start-up)",
+    "rotation": "rotation (renew rings, move ring keys to a new KEK version)",
+}
+"""Every named write op; each has the failpoints ``<name>.after_keystore`` and
+``<name>.after_commit``."""
+for _name, _what in OPERATIONS.items():
+    declare(f"{_name}.after_keystore", f"{_what}: keystore committed, data not")
+    declare(f"{_name}.after_commit", f"{_what}: data committed, caller not answered")
 
 
 @dataclass
@@ -53,6 +102,9 @@ class WriteOp(Generic[T]):
         destroy_owners: owners whose every ring is destroyed.
         rewrap_keys, rewrap_to: record keys to move into ring ``rewrap_to``
             before ``apply`` (sealing into a repair); moved back if ``apply`` fails.
+        name: the operation, for failpoints and logs (``append``, ``seal``, …).
+        unused: record keys ``apply`` reports it made no record for (it may
+            append to this list); destroyed once the group has committed.
     """
 
     apply: Callable[[lmdb.Transaction], T]
@@ -62,7 +114,13 @@ class WriteOp(Generic[T]):
     destroy_owners: Sequence[str] = ()
     rewrap_keys: Sequence[tuple[RingRef, str]] = ()
     rewrap_to: RingRef | None = None
+    name: str = "write"
+    unused: list[tuple[RingRef, str]] = field(default_factory=list)
     future: Future[T] = field(default_factory=Future)
+
+    def __post_init__(self) -> None:
+        if self.name not in OPERATIONS:
+            raise ValueError(f"undeclared write op {self.name!r}")
 
 
 class Writer:
@@ -91,6 +149,9 @@ class Writer:
         self._queue: queue.SimpleQueue[WriteOp[Any] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="lethe-writer", daemon=True)
         self._closed = False
+        # The record keys the running group created (writer thread only): payloads
+        # of the group are sealed with them instead of unwrapping each again.
+        self.fresh: FreshKeys | None = None
         self.batches = 0
         self.ops = 0
         self._thread.start()
@@ -138,49 +199,42 @@ class Writer:
 
     def _run_batch(self, batch: list[WriteOp[Any]]) -> None:
         live = [op for op in batch if op.future.set_running_or_notify_cancel()]
+        if not live:
+            return
         try:
-            creates = [ref for op in live for ref in op.create_keys]
-            if creates:
-                self._keystore.create_record_keys(creates)
-            for op in live:
-                if op.rewrap_keys and op.rewrap_to is not None:
-                    self._keystore.rewrap_record_keys(op.rewrap_keys, op.rewrap_to)
-            destroy_keys = [ref for op in live for ref in op.destroy_keys]
-            destroy_rings = [ring for op in live for ring in op.destroy_rings]
-            destroy_owners = [owner for op in live for owner in op.destroy_owners]
-            if destroy_keys or destroy_rings or destroy_owners:
-                self._keystore.destroy(
-                    record_keys=destroy_keys, rings=destroy_rings, owners=destroy_owners
-                )
+            self._keystore_phase(live)
         except Exception as exc:  # keystore failure fails the whole group
             _log.error("keystore write failed: %s", type(exc).__name__)
             for op in live:
                 op.future.set_exception(_storage_error(exc))
             return
-        results: list[tuple[WriteOp[Any], bool, Any]] = []
+        for name in dict.fromkeys(op.name for op in live):
+            failpoint(f"{name}.after_keystore")
         try:
-            with self._env.begin(write=True) as parent:
-                for op in live:
-                    try:
-                        with self._env.begin(write=True, parent=parent) as child:
-                            value = op.apply(child)
-                        results.append((op, True, value))
-                    except Exception as exc:
-                        results.append((op, False, exc))
+            results = self._data_phase(live)
+        except lmdb.MapFullError:
+            # The group does not fit: each op alone commits whole or fails alone.
+            results = []
+            for op in live:
+                try:
+                    results.extend(self._data_phase([op]))
+                except Exception as exc:
+                    results.append((op, False, _storage_error(exc)))
         except Exception as exc:
             _log.error("data transaction failed: %s", type(exc).__name__)
-            self._discard_keys(creates)
-            for op in live:
-                if op.rewrap_keys and op.rewrap_to is not None:
-                    self._unwrap_back(op)
-            for op in live:
-                op.future.set_exception(_storage_error(exc))
-            return
+            results = [(op, False, _storage_error(exc)) for op in live]
+        self.fresh = None
         self.batches += 1
         self.ops += len(live)
+        committed = [op for op, ok, _ in results if ok]
+        for name in dict.fromkeys(op.name for op in committed):
+            failpoint(f"{name}.after_commit")
         if self._on_commit is not None:
             self._on_commit()
-        self._discard_keys([ref for op, ok, _ in results if not ok for ref in op.create_keys])
+        self._discard_keys(
+            [ref for op, ok, _ in results if not ok for ref in op.create_keys]
+            + [ref for op in committed for ref in op.unused]
+        )
         for op, ok, _ in results:
             if not ok and op.rewrap_keys and op.rewrap_to is not None:
                 self._unwrap_back(op)
@@ -189,6 +243,45 @@ class Writer:
                 op.future.set_result(value)
             else:
                 op.future.set_exception(value)
+
+    def _keystore_phase(self, live: list[WriteOp[Any]]) -> None:
+        """The group's keystore transactions (each synced): create, move, destroy."""
+        creates = [ref for op in live for ref in op.create_keys]
+        self.fresh = self._keystore.create_record_keys(creates) if creates else None
+        for op in live:
+            if op.rewrap_keys and op.rewrap_to is not None:
+                self._keystore.rewrap_record_keys(op.rewrap_keys, op.rewrap_to)
+        destroy_keys = [ref for op in live for ref in op.destroy_keys]
+        destroy_rings = [ring for op in live for ring in op.destroy_rings]
+        destroy_owners = [owner for op in live for owner in op.destroy_owners]
+        if destroy_keys or destroy_rings or destroy_owners:
+            self._keystore.destroy(
+                record_keys=destroy_keys, rings=destroy_rings, owners=destroy_owners
+            )
+
+    def _data_phase(self, ops: list[WriteOp[Any]]) -> list[tuple[WriteOp[Any], bool, Any]]:
+        """Run ``ops`` in one data transaction, each in a nested one.
+
+        Returns:
+            (op, committed, value or exception) per op, once the transaction committed.
+
+        Raises:
+            lmdb.MapFullError: the transaction does not fit in the map.
+            Exception: the transaction failed as a whole (disk error, …).
+        """
+        results: list[tuple[WriteOp[Any], bool, Any]] = []
+        with self._env.begin(write=True) as parent:
+            for op in ops:
+                try:
+                    with self._env.begin(write=True, parent=parent) as child:
+                        value = op.apply(child)
+                    results.append((op, True, value))
+                except lmdb.MapFullError:
+                    raise
+                except Exception as exc:
+                    results.append((op, False, exc))
+            failpoint(FP_BEFORE_COMMIT)
+        return results
 
     def _unwrap_back(self, op: WriteOp[Any]) -> None:
         """Return the keys a failed op moved to their original rings."""
@@ -208,12 +301,21 @@ class Writer:
         if not refs:
             return
         try:
-            self._keystore.destroy(record_keys=refs)
+            self._keystore.destroy(record_keys=refs, logged=False)
         except Exception as exc:  # the audit reports what is left
             _log.error("discarding unused keys failed: %s", type(exc).__name__)
 
 
 def _storage_error(exc: Exception) -> Exception:
+    """The error a caller sees for a failed storage write: ``STORE_FULL`` when the
+    map (``--max-store-size``) is full, ``UNAVAILABLE`` for a disk error; an
+    op's own error (a LetheError) is passed through."""
     if isinstance(exc, lmdb.MapFullError):
-        return StoreFull("the store cannot grow (LMDB map full)")
+        return StoreFull("the store is full: it has reached --max-store-size")
+    if isinstance(exc, lmdb.DiskError) or (
+        isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    ):
+        return Unavailable("the disk is full; the write was not applied")
+    if isinstance(exc, OSError | lmdb.Error):
+        return Unavailable("a storage error stopped the write; it was not applied")
     return exc

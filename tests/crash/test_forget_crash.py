@@ -78,7 +78,7 @@ def test_sigkill_between_tombstones_and_key_destruction_is_completed_at_restart(
     store.close()
     md = (("authorization", f"Bearer {token}"),)
     port = _free_port()
-    crashing = _serve(data, port, {**base, "LETHE_TEST_CRASH": "after-tombstones"})
+    crashing = _serve(data, port, {**base, "LETHE_FAILPOINTS": "forget.plan.after_commit=kill"})
     with _killed_at_exit(crashing), grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         threads = threads_pb2_grpc.ThreadsStub(ch)
         threads.CreateThread(

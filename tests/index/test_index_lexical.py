@@ -136,15 +136,48 @@ def test_pickling_is_refused() -> None:
         pickle.dumps(_index())
 
 
-def test_rebuild_is_lazy_and_once_per_change() -> None:
+def test_a_small_change_after_the_build_rebuilds_nothing() -> None:
+    """The first search builds the main segment; a write after it lands in the
+    delta, found by the next search without a rebuild (the first search after a
+    write costs what any search costs)."""
     ix = _index()
     ix.search("lake", k=1)
     ix.search("lake", k=1)
     assert ix.rebuilds == 1
     ix.add([20], ["new lake text"])
-    ix.remove([10])
+    ix.remove([13])
+    assert [i for i, _ in ix.search("lake", k=5)] == [20]
+    assert ix.rebuilds == 1
+
+
+def test_many_changes_rebuild_the_main_segment_once_past_the_threshold() -> None:
+    from index._lexical import MIN_REBUILD
+
+    ix = LexicalIndex()
+    ix.add(np.arange(10_000), [f"base doc{i} lake" for i in range(10_000)])
     ix.search("lake", k=1)
-    assert ix.rebuilds == 2
+    for i in range(MIN_REBUILD + 500):
+        ix.add([100_000 + i], [f"fresh lake {i}"])
+    assert ix.rebuilds == 2  # one rebuild, when the delta passed 10 % of 10,000
+    assert len(ix.search("fresh", k=10_000)) == MIN_REBUILD + 500
+
+
+def test_delta_scores_equal_a_fresh_build() -> None:
+    """Documents in the delta are scored with the current collection statistics:
+    exactly what a full rebuild over the same documents gives them."""
+    base = [f"common words {i} here" for i in range(50)]
+    extra = ["apple apple common", "apple banana"]
+    grown = LexicalIndex(k1=1.2, b=0.75)
+    grown.add(np.arange(50), base)
+    grown.search("common", k=1)  # builds the main segment
+    grown.add([50, 51], extra)  # the delta
+    fresh = LexicalIndex(k1=1.2, b=0.75)
+    fresh.add(np.arange(52), base + extra)
+    got = dict(grown.search("apple", k=5))
+    want = dict(fresh.search("apple", k=5))
+    assert set(got) == set(want) == {50, 51}
+    for id_, score in want.items():
+        assert got[id_] == pytest.approx(score, rel=1e-5)
 
 
 def test_concurrent_add_remove_and_search_stay_consistent() -> None:

@@ -237,3 +237,30 @@ def test_concurrent_searches_during_adds_and_removes() -> None:
     top_id, score = ix.search(pool[399], k=1)[0]
     assert top_id == 399
     assert score == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_search_from_a_fresh_thread_uses_one_openmp_thread() -> None:
+    """libgomp keeps the thread count per thread: setting it on the main thread
+    did not reach the gRPC workers, where each search forked one OpenMP thread
+    per core and contended with the other requests."""
+    import os
+    import threading
+
+    import faiss
+
+    index = VectorIndex(8)
+    rng = np.random.default_rng(0)
+    index.add(np.arange(100), rng.standard_normal((100, 8)))
+    seen: dict[str, int] = {}
+
+    def worker() -> None:
+        seen["before"] = faiss.omp_get_max_threads()
+        index.search(rng.standard_normal(8), 5)
+        seen["after"] = faiss.omp_get_max_threads()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen["after"] == 1
+    if (os.cpu_count() or 1) > 1 and "OMP_NUM_THREADS" not in os.environ:
+        assert seen["before"] > 1  # what a fresh thread gets: the bug this fixes

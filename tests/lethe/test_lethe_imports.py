@@ -12,11 +12,19 @@ from pathlib import Path
 import pytest
 
 import lethe
-from lethe import _rpc, demo, locomo, names, probe
+from lethe import _rpc, client, demo, langgraph, locomo, names, probe
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("server", "shredder", "index", "faiss", "lmdb", "nacl", "bm25s", "wordllama")
-CLIENT_MODULES = ("lethe._rpc", "lethe.names", "lethe.locomo", "lethe.probe", "lethe.demo")
+CLIENT_MODULES = (
+    "lethe._rpc",
+    "lethe.names",
+    "lethe.locomo",
+    "lethe.probe",
+    "lethe.demo",
+    "lethe.client",
+    "lethe.langgraph",
+)
 
 
 def _loaded_after_import(module: str) -> list[str]:
@@ -43,6 +51,11 @@ def test_client_module_imports_nothing_of_the_server(module: str) -> None:
     loaded = _loaded_after_import(module)
     assert "lethe" in loaded
     assert [m for m in FORBIDDEN if m in loaded] == []
+
+
+def test_the_typed_client_loads_no_numpy_and_no_langgraph() -> None:
+    loaded = _loaded_after_import("lethe.client")
+    assert [m for m in ("numpy", "langgraph", "langchain_core") if m in loaded] == []
 
 
 def test_demo_defers_numpy_and_tqdm_to_the_functions_that_use_them() -> None:
@@ -80,6 +93,7 @@ def test_lethe_module_public_names_are_pinned() -> None:
         "summarise",
     ]
     assert demo.__all__ == ["run_demo"]
-    for module in (_rpc, locomo, probe, demo, names):
+    assert langgraph.__all__ == ["LetheStore"]
+    for module in (_rpc, locomo, probe, demo, names, client, langgraph):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"

@@ -106,7 +106,7 @@ def test_find_locomo_finds_the_shared_data_beside_the_checkout(
     monkeypatch.chdir(tmp_path)  # ../shared relative to the working directory is absent
     found = find_locomo()
     assert found is not None
-    assert found.resolve() == LOCOMO.resolve()  # shared/ may be a symlink
+    assert found.resolve() == LOCOMO.resolve()  # ../shared may be a symlink
     convs = load_locomo(found)
     assert [c.sample_id for c in convs][:2] == ["conv-26", "conv-30"]
     assert sum(len(t) for t in convs[0].sessions.values()) == 419

@@ -1,8 +1,9 @@
 """Helpers shared by the black-box gRPC tests of the server.
 
 Decoding ``google.rpc.Status`` details (ErrorInfo reason, BadRequest field),
-creating threads and appending turns through a :class:`Client` from
-``tests/conftest.py``, and scanning files for planted plaintext.
+creating threads, appending turns, searching and forgetting through the typed
+client (:class:`lethe.client.Client`, as ``Client`` from ``tests/conftest.py``;
+its errors are ``grpc.RpcError`` too), and scanning files for planted plaintext.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from google.protobuf import duration_pb2
 from grpc_status import rpc_status
 
 from lethe import _rpc
-from lethe.v1 import common_pb2, lifecycle_pb2, memories_pb2, retrieval_pb2, threads_pb2
+from lethe.v1 import common_pb2, lifecycle_pb2, memories_pb2, threads_pb2
 
 DOMAIN = _rpc.DOMAIN
 
@@ -102,11 +103,7 @@ def owner_name(owner: str) -> str:
 
 def create_thread(c: Client, owner: str, thread_id: str = "", title: str = "") -> str:
     """Create a thread; returns its name."""
-    t = c.threads.CreateThread(
-        threads_pb2.CreateThreadRequest(parent=owner_name(owner), thread_id=thread_id, title=title),
-        metadata=tuple(c.md),
-    )
-    return str(t.name)
+    return str(c.create_thread(owner_name(owner), thread_id=thread_id, title=title).name)
 
 
 def turn_input(
@@ -139,14 +136,12 @@ def append(
     ttl: float | None = None,
     request_id: str = "",
 ) -> list[threads_pb2.Turn]:
-    """Append one turn per text; returns the stored turns."""
-    resp = c.threads.AppendTurns(
-        threads_pb2.AppendTurnsRequest(
-            parent=thread,
-            turns=[turn_input(t, commit=commit, speaker=speaker, ttl=ttl) for t in texts],
-            request_id=request_id,
-        ),
-        metadata=tuple(c.md),
+    """Append one turn per text; returns the stored turns (with their text echoed)."""
+    resp = c.append_turns(
+        thread,
+        [turn_input(t, commit=commit, speaker=speaker, ttl=ttl) for t in texts],
+        request_id=request_id,
+        echo_text=True,
     )
     return list(resp.turns)
 
@@ -161,15 +156,12 @@ def search(
     top_k: int = 50,
 ) -> list[threads_pb2.Turn]:
     """Search turns; returns the hit turns best first."""
-    resp = c.retrieval.Search(
-        retrieval_pb2.SearchRequest(
-            parent=owner_name(owner),
-            query_text=query,
-            top_k=top_k,
-            thread=thread,
-            include_pending=include_pending,
-        ),
-        metadata=tuple(c.md),
+    resp = c.search(
+        owner_name(owner),
+        query_text=query,
+        top_k=top_k,
+        thread=thread,
+        include_pending=include_pending,
     )
     return [h.turn for h in resp.hits]
 
@@ -180,29 +172,17 @@ def search_texts(c: Client, owner: str, query: str, **kw: Any) -> list[str]:
 
 def list_texts(c: Client, thread: str) -> list[str]:
     """Every listed turn text of a thread (all pages)."""
-    out: list[str] = []
-    token = ""
-    while True:
-        resp = c.threads.ListTurns(
-            threads_pb2.ListTurnsRequest(parent=thread, page_token=token), metadata=tuple(c.md)
-        )
-        out.extend(t.text for t in resp.turns)
-        token = resp.next_page_token
-        if not token:
-            return out
+    return [t.text for t in c.iter_turns(thread)]
 
 
 def get_turn(c: Client, name: str) -> threads_pb2.Turn:
-    return c.threads.GetTurn(threads_pb2.GetTurnRequest(name=name), metadata=tuple(c.md))
+    return c.get_turn(name)
 
 
 def forget(
     c: Client, *names: str, rng: lifecycle_pb2.TurnRange | None = None
 ) -> common_pb2.DeletionReceipt:
-    req = lifecycle_pb2.ForgetRequest(names=list(names))
-    if rng is not None:
-        req.range.CopyFrom(rng)
-    return c.lifecycle.Forget(req, metadata=tuple(c.md))
+    return c.forget(names, range=rng)
 
 
 def run_cli(argv: Sequence[str]) -> int:
@@ -260,71 +240,39 @@ def ref(name: str, version: int = 1) -> common_pb2.SourceRef:
 
 def reply(c: Client, thread: str, text: str, refs: Sequence[str]) -> threads_pb2.Turn:
     """Append a committed assistant turn whose ``context_refs`` name ``refs`` (version 1)."""
-    return c.threads.AppendTurns(
-        threads_pb2.AppendTurnsRequest(
-            parent=thread,
-            turns=[
-                threads_pb2.TurnInput(
-                    role=common_pb2.ASSISTANT,
-                    text=text,
-                    commit=True,
-                    context_refs=[ref(n) for n in refs],
-                )
-            ],
-        ),
-        metadata=tuple(c.md),
-    ).turns[0]
+    turn = {
+        "role": "ASSISTANT",
+        "text": text,
+        "commit": True,
+        "context_refs": [ref(n) for n in refs],
+    }
+    return c.append_turns(thread, [turn]).turns[0]
 
 
 def summary(
     c: Client, mid: str, text: str, sources: Sequence[str], commit: bool = True
 ) -> memories_pb2.Memory:
     """Create a SUMMARY of alice's with ``sources`` (version 1 each)."""
-    m = memories_pb2.Memory
-    return c.memories.CreateMemory(
-        memories_pb2.CreateMemoryRequest(
-            parent="owners/alice",
-            memory_id=mid,
-            memory=m(
-                kind=m.SUMMARY,
-                text=text,
-                sources=[ref(n) for n in sources],
-                state=common_pb2.COMMITTED if commit else common_pb2.PENDING,
-            ),
-        ),
-        metadata=tuple(c.md),
-    )
+    memory = {
+        "kind": "SUMMARY",
+        "text": text,
+        "sources": [ref(n) for n in sources],
+        "state": "COMMITTED" if commit else "PENDING",
+    }
+    return c.create_memory("owners/alice", memory, memory_id=mid)
 
 
 def visible_anywhere(c: Client, thread: str, needle: str) -> bool:
     """Whether ``needle`` appears in alice's search results in any mode or in
     the context assembled for ``thread``."""
     found = ""
-    for mode in (
-        retrieval_pb2.SearchRequest.HYBRID,
-        retrieval_pb2.SearchRequest.DENSE,
-        retrieval_pb2.SearchRequest.LEXICAL,
-    ):
-        resp = c.retrieval.Search(
-            retrieval_pb2.SearchRequest(
-                parent="owners/alice", query_text=needle, top_k=50, mode=mode
-            ),
-            metadata=tuple(c.md),
-        )
-        found += str(resp)
-    found += str(
-        c.retrieval.AssembleContext(
-            retrieval_pb2.AssembleContextRequest(thread=thread, query_text=needle),
-            metadata=tuple(c.md),
-        )
-    )
+    for mode in ("HYBRID", "DENSE", "LEXICAL"):
+        found += str(c.search("owners/alice", query_text=needle, top_k=50, mode=mode))
+    found += str(c.assemble_context(thread, query_text=needle))
     return needle in found
 
 
 def search_names(c: Client, query: str, **kw: Any) -> list[str]:
     """Names of the turns alice's Search returns for ``query`` (top 10)."""
-    resp = c.retrieval.Search(
-        retrieval_pb2.SearchRequest(parent="owners/alice", query_text=query, top_k=10, **kw),
-        metadata=tuple(c.md),
-    )
+    resp = c.search("owners/alice", query_text=query, top_k=10, **kw)
     return [h.turn.name for h in resp.hits]

@@ -1,4 +1,4 @@
-"""Every reason the server can raise is a value of ``lethe.v1`` ``ErrorReason``:
+"""Every reason the server can raise is a value of ``lethe.errors.v1.ErrorReason``:
 reasons are enum constants in the code, never strings, and a number outside
 the enum is refused when the error is made."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import server.errors as errors
-from lethe.v1 import errors_pb2
+from lethe.errors.v1 import errors_pb2
 from server.errors import LetheError, Reason
 
 ROOT = Path(__file__).resolve().parents[2]

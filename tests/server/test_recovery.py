@@ -34,7 +34,7 @@ def test_forget_interrupted_after_tombstones_is_resumed_at_start(
 ) -> None:
     store = Store(tmp_path / "d")
     store.create_thread("alice", "t1", "")
-    metas, _ = store.append_turns("alice", "t1", [_draft("one"), _draft("two")], "")
+    metas, _, _ = store.append_turns("alice", "t1", [_draft("one"), _draft("two")], "")
     # Step 1 only, as if the process died before destroying keys and purging.
     plan = store.plan_forget("alice", turns=[("t1", 1)], reason="FORGET", request_time=0.0)
     ring = RingRef("alice", "t1")
@@ -71,9 +71,9 @@ def test_append_retry_with_same_request_id_destroys_the_unused_keys(
     store = Store(tmp_path / "d")
     try:
         store.create_thread("alice", "t1", "")
-        first, retried = store.append_turns("alice", "t1", [_draft("x")], "req-1")
+        first, retried, _ = store.append_turns("alice", "t1", [_draft("x")], "req-1")
         keys_after_first = store.keystore.key_count()
-        again, retried_again = store.append_turns("alice", "t1", [_draft("x")], "req-1")
+        again, retried_again, _ = store.append_turns("alice", "t1", [_draft("x")], "req-1")
         assert (retried, retried_again) == (False, True)
         assert [m.rid for m in again] == [m.rid for m in first]
         assert store.keystore.key_count() == keys_after_first

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol, TypeVar
 
+import grpc
+import pytest
 from _helpers import append, create_thread, list_texts, turn_input
 from conftest import Lethe
 
+from lethe._rpc import Stubs
 from lethe.v1 import common_pb2, repairs_pb2, repairs_pb2_grpc, threads_pb2
 
 
@@ -221,6 +225,7 @@ def test_an_append_retry_does_not_return_what_was_sealed_since(lethe: Lethe) -> 
     req = threads_pb2.AppendTurnsRequest(
         parent=thread,
         request_id="rq-1",
+        echo_text=True,
         turns=[
             threads_pb2.TurnInput(role=common_pb2.USER, text="harmless", commit=True),
             threads_pb2.TurnInput(role=common_pb2.USER, text="sealed yakmuffin", commit=True),
@@ -232,3 +237,55 @@ def test_an_append_retry_does_not_return_what_was_sealed_since(lethe: Lethe) -> 
     )
     again = c.threads.AppendTurns(req, metadata=tuple(c.md))
     assert [t.text for t in again.turns] == ["harmless"]
+
+
+def test_a_big_append_is_acknowledged_to_a_client_with_default_limits(
+    lethe_at: Callable[..., Lethe], tmp_path: Path
+) -> None:
+    """1000 turns of 14 KiB (over 13 MiB, under the server's 16 MiB receive limit):
+    the reply carries names, states and versions only, and every page of the
+    listing fits gRPC's default 4 MiB receive limit of the client."""
+    lethe = lethe_at(tmp_path / "d", embedder="none")
+    token = lethe.token("alice")
+    channel = grpc.insecure_channel(f"127.0.0.1:{lethe.port}")  # default limits
+    try:
+        stubs = Stubs(channel, token)
+        thread = stubs.threads.CreateThread(
+            threads_pb2.CreateThreadRequest(parent="owners/alice", thread_id="big"),
+            metadata=stubs.md,
+        ).name
+        texts = [f"{i:04d} " + "long words of a long stored turn " * 430 for i in range(1000)]
+        request = threads_pb2.AppendTurnsRequest(
+            parent=thread, turns=[turn_input(t, commit=True) for t in texts]
+        )
+        assert request.ByteSize() > 13 * 1024 * 1024
+        resp = stubs.threads.AppendTurns(request, metadata=stubs.md)
+        assert [t.seq for t in resp.turns] == list(range(1, 1001))
+        assert {t.state for t in resp.turns} == {common_pb2.COMMITTED}
+        assert all(t.text == "" for t in resp.turns)
+        assert resp.ByteSize() < 1024 * 1024
+        # Asked to echo 14 MiB, the reply exceeds what this client accepts.
+        with pytest.raises(grpc.RpcError) as err:
+            stubs.threads.AppendTurns(
+                threads_pb2.AppendTurnsRequest(parent=thread, turns=request.turns, echo_text=True),
+                metadata=stubs.md,
+            )
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # Every page of a full listing fits the default limit, cut by size.
+        got: list[str] = []
+        token_ = ""
+        pages = 0
+        while True:
+            page = stubs.threads.ListTurns(
+                threads_pb2.ListTurnsRequest(parent=thread, page_size=1000, page_token=token_),
+                metadata=stubs.md,
+            )
+            pages += 1
+            got.extend(t.text for t in page.turns)
+            token_ = page.next_page_token
+            if not token_:
+                break
+        assert got[:1000] == texts
+        assert pages >= 5
+    finally:
+        channel.close()

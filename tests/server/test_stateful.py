@@ -93,6 +93,7 @@ class Record:
     live: bool = True
     sources: list[tuple[str, int]] = field(default_factory=list)
     written: int = 0  # logical time of the last create or update
+    deleted_at: int = 0  # logical time it was forgotten (0: never)
 
     @property
     def token(self) -> str:
@@ -104,6 +105,10 @@ class ThreadModel:
     thread_id: str
     live: bool = True
     last_deletion: int = 0  # logical time a single turn of it was last forgotten
+
+
+def _seq(turn_name: str) -> int:
+    return int(turn_name.rsplit("/", 1)[-1])
 
 
 def words(text: str) -> set[str]:
@@ -280,6 +285,7 @@ class StoreMachine(RuleBasedStateMachine):
                     threads_pb2.TurnInput(role=common_pb2.USER, text=t, commit=commit)
                     for t in texts
                 ],
+                echo_text=True,
             ),
             metadata=self.md,
         )
@@ -461,6 +467,7 @@ class StoreMachine(RuleBasedStateMachine):
                 deleted.add(name)
                 if self.records[name].kind == TURN:
                     self._thread(self.records[name].thread).last_deletion = now
+                    self.records[name].deleted_at = now
         explicit = set(deleted)
         changed = True
         while changed:
@@ -662,14 +669,23 @@ class StoreMachine(RuleBasedStateMachine):
             event("audit: stale summaries present")
 
     def _stale_summaries(self) -> int:
-        """Live summaries with a turn source in a thread that lost a turn since written."""
+        """Live summaries with a turn forgotten since they were written between the
+        first and the last turn they name in one thread (their own lineage range)."""
         count = 0
         for r in self._live(SUMMARY):
+            ranges: dict[str, list[int]] = {}
             for src, _ in r.sources:
-                s = self.records[src]
-                if s.kind == TURN and self._thread(s.thread).last_deletion > r.written:
-                    count += 1
-                    break
+                if self.records[src].kind == TURN:
+                    ranges.setdefault(self.records[src].thread, []).append(_seq(src))
+            if any(
+                t.kind == TURN
+                and t.thread == thread
+                and min(seqs) <= _seq(t.name) <= max(seqs)
+                and t.deleted_at > r.written
+                for thread, seqs in ranges.items()
+                for t in self.records.values()
+            ):
+                count += 1
         return count
 
 

@@ -13,9 +13,10 @@ import grpc
 import pytest
 from _helpers import append, create_thread, error_reason, get_turn
 from _pki import Pki, make_pki
-from conftest import Lethe
+from conftest import Client, Lethe
 
 from lethe._rpc import Stubs
+from lethe.client import TLSConfig
 from lethe.v1 import threads_pb2
 from server import LetheServer, ServerConfig
 
@@ -25,21 +26,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-def _secure(srv: Lethe, pki: Pki, token: str, *, client: str | None = None) -> Stubs:
+def _secure(srv: Lethe, pki: Pki, token: str, *, client: str | None = None) -> Client:
     key = pki.read(f"{client}_key") if client else None
     cert = pki.read(f"{client}_cert") if client else None
-    stubs = Stubs.secure(
-        f"127.0.0.1:{srv.port}",
-        token,
-        root_certificates=pki.read("ca"),
-        private_key=key,
-        certificate_chain=cert,
-    )
-    srv.channels.append(stubs.channel)
-    return stubs
+    tls = TLSConfig(root_certificates=pki.read("ca"), private_key=key, certificate_chain=cert)
+    return srv.client(token=token, tls=tls, retry=None)
 
 
-def _list_threads(c: Stubs, md: tuple[tuple[str, str], ...] = ()) -> list[str]:
+def _list_threads(c: Stubs | Client, md: tuple[tuple[str, str], ...] = ()) -> list[str]:
     resp = c.threads.ListThreads(
         threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=md or c.md, timeout=10
     )
@@ -113,13 +107,6 @@ def test_mutual_tls_needs_a_client_certificate_from_the_ca(
     srv.channels.append(channel)
     code, reason = _refusal(lambda: _list_threads(Stubs(channel, ""), md=(("x-other", "1"),)))
     assert (code, reason) == (grpc.StatusCode.UNAUTHENTICATED, "MISSING_TOKEN")
-
-
-def test_local_credentials_carry_the_token_on_loopback_plaintext(lethe: Lethe) -> None:
-    c = Stubs.local(f"127.0.0.1:{lethe.port}", lethe.token("alice"))
-    lethe.channels.append(c.channel)
-    thread = create_thread(c, "alice")
-    assert _list_threads(c) == [thread]
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 from _helpers import create_thread, error_reason, expect_error, open_data_env
-from conftest import Lethe
+from conftest import Client, Lethe
 
-from lethe._rpc import Stubs
 from lethe.v1 import events_pb2, threads_pb2
 from server import token_digest
 
@@ -48,20 +47,18 @@ def _list(data: Path, kek: str) -> dict[str, list[str]]:
     return rows
 
 
-def _stubs(lethe: Lethe, token: str) -> Stubs:
-    stubs = Stubs.insecure(f"127.0.0.1:{lethe.port}", token)
-    lethe.channels.append(stubs.channel)
-    return stubs
+def _stubs(lethe: Lethe, token: str) -> Client:
+    return lethe.client(token=token, retry=None)
 
 
-def _list_threads(c: Stubs) -> list[str]:
+def _list_threads(c: Client) -> list[str]:
     resp = c.threads.ListThreads(
         threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=c.md, timeout=10
     )
     return [t.name for t in resp.threads]
 
 
-def _until_refused(c: Stubs, limit: float) -> float:
+def _until_refused(c: Client, limit: float) -> float:
     """Seconds until alice's listing is refused (calls every 20 ms, up to ``limit``)."""
     start = time.monotonic()
     while time.monotonic() - start < limit:

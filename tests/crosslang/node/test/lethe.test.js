@@ -46,9 +46,10 @@ if (!TARGET || !TOKEN) {
 }
 
 const definition = protoLoader.loadSync(
-  ['threads', 'memories', 'retrieval', 'lifecycle', 'events', 'errors'].map(
-    (f) => `lethe/v1/${f}.proto`,
-  ),
+  [
+    ...['threads', 'memories', 'retrieval', 'lifecycle', 'events'].map((f) => `lethe/v1/${f}.proto`),
+    'lethe/errors/v1/errors.proto',
+  ],
   {
     includeDirs: [PROTO_ROOT],
     keepCase: true,

@@ -1,4 +1,4 @@
-"""The Node.js client in ``tests/interop/node/`` (``npm test``) against the
+"""The Node.js client in ``tests/crosslang/node/`` (``npm test``) against the
 real server, in plaintext with explicit metadata and over TLS with gRPC's
 call credentials. ``scripts/test.sh`` runs ``npm ci`` first; without Node or
 ``node_modules`` the test is skipped, except under CI, where it fails."""
@@ -21,7 +21,7 @@ NODE_DIR = Path(__file__).resolve().parent / "node"
 def _require_node() -> str:
     npm = shutil.which("npm")
     if npm is None or not (NODE_DIR / "node_modules").is_dir():
-        reason = "npm, or node_modules (run `npm ci` in tests/interop/node), is missing"
+        reason = "npm, or node_modules (run `npm ci` in tests/crosslang/node), is missing"
         if os.environ.get("CI"):
             pytest.fail(f"{reason}; CI must run the Node client")
         pytest.skip(reason)

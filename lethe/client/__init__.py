@@ -1,0 +1,141 @@
+"""The typed Python client of Lethe: :class:`Client` (blocking) and
+:class:`AsyncClient` (asyncio), one method per RPC of ``lethe.v1``, with typed
+errors by code and reason, retries where they are safe, default deadlines,
+page iterators and a resuming event stream.
+
+Example::
+
+    from lethe.client import Client, RecordDeleted
+
+    with Client("127.0.0.1:50051", token) as lethe:
+        thread = lethe.create_thread("owners/alice")
+        lethe.append_turns(thread.name, [{"role": "USER", "text": "I adopted a puppy"}])
+        try:
+            lethe.get_turn(thread.name + "/turns/1")
+        except RecordDeleted:
+            ...
+
+Importable without the server: grpc, protobuf, googleapis-common-protos and
+``lethe.v1`` only. Public names (pinned by ``tests/lethe/test_client_exports.py``):
+
+- clients: :class:`Client`, :class:`AsyncClient`, :class:`EventStream`,
+  :class:`AsyncEventStream`, :func:`new_request_id`;
+- settings: :class:`TLSConfig`, :class:`RetryPolicy`, :data:`DEFAULT_TIMEOUT`,
+  :data:`RETRIED_METHODS`, :data:`MAX_MESSAGE_BYTES`;
+- errors (tree in :mod:`lethe.client._errors`): :class:`LetheError`, a class
+  per status code and per documented ``ErrorReason``, :class:`FieldViolation`,
+  :data:`ErrorReason`, :data:`DOMAIN`, :func:`error_from_rpc`.
+"""
+
+from lethe.client._async import AsyncClient, AsyncEventStream
+from lethe.client._config import (
+    DEFAULT_TIMEOUT,
+    MAX_MESSAGE_BYTES,
+    RETRIED_METHODS,
+    RetryPolicy,
+    TLSConfig,
+)
+from lethe.client._errors import (
+    DOMAIN,
+    Aborted,
+    AlreadyExists,
+    BadField,
+    Cancelled,
+    DataLoss,
+    DeadlineExceeded,
+    DimensionMismatch,
+    Draining,
+    ErrorReason,
+    FailedPrecondition,
+    FieldViolation,
+    IllegalTransition,
+    Integrity,
+    Internal,
+    InvalidArgument,
+    InvalidToken,
+    LetheError,
+    MalformedRequest,
+    MissingToken,
+    NotFound,
+    OutOfRange,
+    OwnerNotAllowed,
+    PermissionDenied,
+    RecordDeleted,
+    RepairNotContinued,
+    ResourceExhausted,
+    Restricted,
+    Sealed,
+    SlotConflict,
+    SourceDeleted,
+    SourcePending,
+    SourceSealed,
+    SourceStale,
+    StorageUnavailable,
+    StoreFull,
+    TooManyRequests,
+    TooManyStreams,
+    Unauthenticated,
+    Unavailable,
+    Unimplemented,
+    Unknown,
+    VersionMismatch,
+    error_from_rpc,
+)
+from lethe.client._sync import Client, EventStream, new_request_id
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "DOMAIN",
+    "MAX_MESSAGE_BYTES",
+    "RETRIED_METHODS",
+    "Aborted",
+    "AlreadyExists",
+    "AsyncClient",
+    "AsyncEventStream",
+    "BadField",
+    "Cancelled",
+    "Client",
+    "DataLoss",
+    "DeadlineExceeded",
+    "DimensionMismatch",
+    "Draining",
+    "ErrorReason",
+    "EventStream",
+    "FailedPrecondition",
+    "FieldViolation",
+    "IllegalTransition",
+    "Integrity",
+    "Internal",
+    "InvalidArgument",
+    "InvalidToken",
+    "LetheError",
+    "MalformedRequest",
+    "MissingToken",
+    "NotFound",
+    "OutOfRange",
+    "OwnerNotAllowed",
+    "PermissionDenied",
+    "RecordDeleted",
+    "RepairNotContinued",
+    "ResourceExhausted",
+    "Restricted",
+    "RetryPolicy",
+    "Sealed",
+    "SlotConflict",
+    "SourceDeleted",
+    "SourcePending",
+    "SourceSealed",
+    "SourceStale",
+    "StorageUnavailable",
+    "StoreFull",
+    "TLSConfig",
+    "TooManyRequests",
+    "TooManyStreams",
+    "Unauthenticated",
+    "Unavailable",
+    "Unimplemented",
+    "Unknown",
+    "VersionMismatch",
+    "error_from_rpc",
+    "new_request_id",
+]

@@ -1,0 +1,608 @@
+"""The typed errors of the Lethe client: one class per gRPC status code, and
+below them one class per ``ErrorReason`` the API documents (API.md, "Errors").
+
+A failed call raises the most specific class that fits both its code and the
+``google.rpc.ErrorInfo`` reason (domain ``lethe``) the server attached, so
+callers write ``except lethe.client.RecordDeleted`` instead of comparing codes
+and decoding ``grpc-status-details-bin`` themselves. A reason that arrives
+with an unexpected code, or that this client does not know yet, raises the
+class of the code; :attr:`LetheError.reason_name` still holds the string.
+
+Every :class:`LetheError` is also a ``grpc.RpcError`` answering ``code()``,
+``details()`` and ``trailing_metadata()`` as the failed call did, so code
+written against the raw stubs (``except grpc.RpcError as err: err.code()``)
+keeps working.
+
+Exception tree (code; reason)::
+
+    grpc.RpcError
+    └── LetheError
+        ├── Cancelled               CANCELLED
+        ├── Unknown                 UNKNOWN
+        ├── InvalidArgument         INVALID_ARGUMENT
+        │   ├── BadField                BAD_FIELD (field_violations name the fields)
+        │   ├── DimensionMismatch       DIMENSION_MISMATCH
+        │   └── MalformedRequest        MALFORMED_REQUEST (the bytes did not decode)
+        ├── DeadlineExceeded        DEADLINE_EXCEEDED
+        ├── NotFound                NOT_FOUND; NOT_FOUND (never existed)
+        │   └── RecordDeleted           RECORD_DELETED (deleted or expired)
+        ├── AlreadyExists           ALREADY_EXISTS; ALREADY_EXISTS (id taken)
+        │   └── SlotConflict            SLOT_CONFLICT (subject names the holder)
+        ├── PermissionDenied        PERMISSION_DENIED
+        │   └── OwnerNotAllowed         OWNER_NOT_ALLOWED
+        ├── ResourceExhausted       RESOURCE_EXHAUSTED
+        │   ├── StoreFull               STORE_FULL
+        │   ├── TooManyRequests         TOO_MANY_REQUESTS (retry_delay: RetryInfo)
+        │   └── TooManyStreams          TOO_MANY_STREAMS
+        ├── FailedPrecondition      FAILED_PRECONDITION (subject names the record)
+        │   ├── SourceDeleted           SOURCE_DELETED
+        │   ├── SourceStale             SOURCE_STALE
+        │   ├── SourceSealed            SOURCE_SEALED
+        │   ├── SourcePending           SOURCE_PENDING
+        │   ├── IllegalTransition       ILLEGAL_TRANSITION
+        │   ├── RepairNotContinued      REPAIR_NOT_CONTINUED
+        │   ├── Restricted              RESTRICTED
+        │   └── Sealed                  SEALED
+        ├── Aborted                 ABORTED
+        │   └── VersionMismatch         VERSION_MISMATCH
+        ├── OutOfRange              OUT_OF_RANGE
+        ├── Unimplemented           UNIMPLEMENTED
+        ├── Internal                INTERNAL
+        ├── Unavailable             UNAVAILABLE
+        │   ├── StorageUnavailable      STORAGE_UNAVAILABLE (the server's disk failed)
+        │   └── Draining                DRAINING (the server is stopping)
+        ├── DataLoss                DATA_LOSS
+        │   └── Integrity               INTEGRITY (ciphertext fails authentication)
+        └── Unauthenticated         UNAUTHENTICATED
+            ├── MissingToken            MISSING_TOKEN
+            └── InvalidToken            INVALID_TOKEN
+
+The reasons are the proto enum ``ErrorReason`` (:data:`ErrorReason`); the one
+import of its generated module is :data:`_REASONS` below, so moving the enum to
+another proto package changes one line.
+
+Imports only grpc, protobuf, googleapis-common-protos and ``lethe.errors.v1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar, NamedTuple
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from lethe.errors.v1 import errors_pb2 as _REASONS  # noqa: N812 (the one place the enum is imported)
+
+__all__ = [
+    "DOMAIN",
+    "Aborted",
+    "AlreadyExists",
+    "BadField",
+    "Cancelled",
+    "DataLoss",
+    "DeadlineExceeded",
+    "DimensionMismatch",
+    "Draining",
+    "ErrorReason",
+    "FailedPrecondition",
+    "FieldViolation",
+    "IllegalTransition",
+    "Integrity",
+    "Internal",
+    "InvalidArgument",
+    "InvalidToken",
+    "LetheError",
+    "MalformedRequest",
+    "MissingToken",
+    "NotFound",
+    "OutOfRange",
+    "OwnerNotAllowed",
+    "PermissionDenied",
+    "RecordDeleted",
+    "RepairNotContinued",
+    "ResourceExhausted",
+    "Restricted",
+    "Sealed",
+    "SlotConflict",
+    "SourceDeleted",
+    "SourcePending",
+    "SourceSealed",
+    "SourceStale",
+    "StorageUnavailable",
+    "StoreFull",
+    "TooManyRequests",
+    "TooManyStreams",
+    "Unauthenticated",
+    "Unavailable",
+    "Unimplemented",
+    "Unknown",
+    "VersionMismatch",
+    "error_from_rpc",
+]
+
+ErrorReason = _REASONS.ErrorReason
+"""The proto enum of reasons: ``ErrorReason.RECORD_DELETED``, ``ErrorReason.Name(v)``, …"""
+
+DOMAIN = "lethe"
+"""The ``ErrorInfo.domain`` of every reason the Lethe server attaches."""
+
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+Metadata = tuple[tuple[str, str | bytes], ...]
+
+
+class FieldViolation(NamedTuple):
+    """One ``google.rpc.BadRequest.FieldViolation``: the field path
+    (``turns[0].text``) and what is wrong with it."""
+
+    field: str
+    description: str
+
+
+class LetheError(grpc.RpcError):
+    """A failed call to Lethe, with its decoded ``google.rpc.Status`` details.
+
+    Attributes:
+        message: the status message (human-readable; never compare it).
+        reason: the ``ErrorReason`` value, ``ERROR_REASON_UNSPECIFIED`` (0)
+            when the server attached none or one this client does not know.
+        reason_name: the ``ErrorInfo`` reason string as sent ("" for none).
+        field_violations: the ``BadRequest`` violations, in the server's order.
+        subject: the record a ``PreconditionFailure`` or ``ResourceInfo``
+            detail names ("" for none), e.g. the deleted source or the slot holder.
+        retry_delay: seconds a ``google.rpc.RetryInfo`` detail asks the client
+            to wait before retrying (refusals under load), or None.
+    """
+
+    status_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNKNOWN
+    """The gRPC code this class stands for."""
+    reason_value: ClassVar[int] = 0
+    """The ``ErrorReason`` this class stands for (0: any reason of its code)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: grpc.StatusCode | None = None,
+        reason_name: str = "",
+        field_violations: Iterable[FieldViolation] = (),
+        subject: str = "",
+        trailing_metadata: Metadata = (),
+        retry_delay: float | None = None,
+    ) -> None:
+        """Build an error; :func:`error_from_rpc` builds the right class from a call.
+
+        Args:
+            message: the status message.
+            code: the gRPC code (default: the class's).
+            reason_name: the ``ErrorInfo`` reason string ("" for none).
+            field_violations: the ``BadRequest`` violations.
+            subject: the record the error names, or "".
+            trailing_metadata: the call's trailing metadata, kept for
+                ``trailing_metadata()``.
+            retry_delay: the ``RetryInfo`` delay in seconds, or None.
+        """
+        super().__init__(message)
+        self.message = message
+        self._code = code or self.status_code
+        self.reason_name = reason_name
+        known = reason_name in ErrorReason.DESCRIPTOR.values_by_name
+        self.reason: _REASONS.ErrorReason.ValueType = (
+            ErrorReason.Value(reason_name) if known else ErrorReason.ERROR_REASON_UNSPECIFIED
+        )
+        self.field_violations = list(field_violations)
+        self.subject = subject
+        self.retry_delay = retry_delay
+        self._trailing = tuple(trailing_metadata)
+
+    @property
+    def fields(self) -> list[str]:
+        """The field paths of :attr:`field_violations`, in order."""
+        return [v.field for v in self.field_violations]
+
+    def code(self) -> grpc.StatusCode:
+        """The gRPC status code of the failed call (as ``grpc.Call.code()``)."""
+        return self._code
+
+    def details(self) -> str:
+        """The status message (as ``grpc.Call.details()``)."""
+        return self.message
+
+    def trailing_metadata(self) -> tuple[Any, ...]:
+        """The call's trailing metadata, ``grpc-status-details-bin`` included."""
+        return self._trailing
+
+    def __str__(self) -> str:
+        head = self._code.name + (f"/{self.reason_name}" if self.reason_name else "")
+        return f"{head}: {self.message}" if self.message else head
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild,
+            (
+                type(self),
+                self.message,
+                self._code.name,
+                self.reason_name,
+                self.field_violations,
+                self.subject,
+                self.retry_delay,
+            ),
+        )
+
+
+def _rebuild(
+    cls: type[LetheError],
+    message: str,
+    code: str,
+    reason_name: str,
+    violations: list[FieldViolation],
+    subject: str,
+    retry_delay: float | None = None,
+) -> LetheError:
+    return cls(
+        message,
+        code=grpc.StatusCode[code],
+        reason_name=reason_name,
+        field_violations=violations,
+        subject=subject,
+        retry_delay=retry_delay,
+    )
+
+
+# -- one class per status code ------------------------------------------------------
+
+
+class Cancelled(LetheError):
+    """The call was cancelled (usually by the caller)."""
+
+    status_code = grpc.StatusCode.CANCELLED
+
+
+class Unknown(LetheError):
+    """An error gRPC could not classify."""
+
+    status_code = grpc.StatusCode.UNKNOWN
+
+
+class InvalidArgument(LetheError):
+    """The request is malformed; :attr:`field_violations` name the fields."""
+
+    status_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class DeadlineExceeded(LetheError):
+    """The deadline passed before the server answered."""
+
+    status_code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class NotFound(LetheError):
+    """The named record never existed (reason ``NOT_FOUND``)."""
+
+    status_code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(LetheError):
+    """The id is taken (reason ``ALREADY_EXISTS``)."""
+
+    status_code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class PermissionDenied(LetheError):
+    """The token may not act for the owner named in the request."""
+
+    status_code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ResourceExhausted(LetheError):
+    """A bound on calls or streams was reached (retryable), or the store is full."""
+
+    status_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class FailedPrecondition(LetheError):
+    """A lifecycle rule refuses the call; :attr:`subject` names the record."""
+
+    status_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Aborted(LetheError):
+    """A concurrent change won (optimistic concurrency)."""
+
+    status_code = grpc.StatusCode.ABORTED
+
+
+class OutOfRange(LetheError):
+    status_code = grpc.StatusCode.OUT_OF_RANGE
+
+
+class Unimplemented(LetheError):
+    """The server does not serve this method."""
+
+    status_code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class Internal(LetheError):
+    """The server failed; its message carries no internals."""
+
+    status_code = grpc.StatusCode.INTERNAL
+
+
+class Unavailable(LetheError):
+    """The server could not be reached (retryable)."""
+
+    status_code = grpc.StatusCode.UNAVAILABLE
+
+
+class DataLoss(LetheError):
+    status_code = grpc.StatusCode.DATA_LOSS
+
+
+class Unauthenticated(LetheError):
+    """No bearer token, or one the server does not know."""
+
+    status_code = grpc.StatusCode.UNAUTHENTICATED
+
+
+# -- one class per documented reason ------------------------------------------------
+
+
+class MissingToken(Unauthenticated):
+    reason_value = ErrorReason.MISSING_TOKEN
+
+
+class InvalidToken(Unauthenticated):
+    reason_value = ErrorReason.INVALID_TOKEN
+
+
+class OwnerNotAllowed(PermissionDenied):
+    reason_value = ErrorReason.OWNER_NOT_ALLOWED
+
+
+class BadField(InvalidArgument):
+    """A malformed field; :attr:`field_violations` name it."""
+
+    reason_value = ErrorReason.BAD_FIELD
+
+
+class DimensionMismatch(InvalidArgument):
+    """A vector's dimension differs from the owner's index (or the embedder's)."""
+
+    reason_value = ErrorReason.DIMENSION_MISMATCH
+
+
+class RecordDeleted(NotFound):
+    """The record existed and was deleted, or expired: a tombstone remains."""
+
+    reason_value = ErrorReason.RECORD_DELETED
+
+
+class MalformedRequest(InvalidArgument):
+    """The request bytes did not decode as the method's request message (a
+    client bug, or bytes not meant for this method)."""
+
+    reason_value = ErrorReason.MALFORMED_REQUEST
+
+
+class SlotConflict(AlreadyExists):
+    """A second active fact on a slot and scope; :attr:`subject` names the holder."""
+
+    reason_value = ErrorReason.SLOT_CONFLICT
+
+
+class StoreFull(ResourceExhausted):
+    """The store cannot grow (not retryable)."""
+
+    reason_value = ErrorReason.STORE_FULL
+
+
+class TooManyRequests(ResourceExhausted):
+    """A bound on calls in flight (the server's or the token's) was reached: the
+    call was refused at once, nothing of it ran. Retry after :attr:`retry_delay`."""
+
+    reason_value = ErrorReason.TOO_MANY_REQUESTS
+
+
+class TooManyStreams(ResourceExhausted):
+    """A bound on open ``Watch`` streams (the server's or the token's) was reached."""
+
+    reason_value = ErrorReason.TOO_MANY_STREAMS
+
+
+class SourceDeleted(FailedPrecondition):
+    reason_value = ErrorReason.SOURCE_DELETED
+
+
+class SourceStale(FailedPrecondition):
+    reason_value = ErrorReason.SOURCE_STALE
+
+
+class SourceSealed(FailedPrecondition):
+    reason_value = ErrorReason.SOURCE_SEALED
+
+
+class SourcePending(FailedPrecondition):
+    reason_value = ErrorReason.SOURCE_PENDING
+
+
+class IllegalTransition(FailedPrecondition):
+    reason_value = ErrorReason.ILLEGAL_TRANSITION
+
+
+class RepairNotContinued(FailedPrecondition):
+    reason_value = ErrorReason.REPAIR_NOT_CONTINUED
+
+
+class Restricted(FailedPrecondition):
+    reason_value = ErrorReason.RESTRICTED
+
+
+class Sealed(FailedPrecondition):
+    """The record is sealed in a repair; only ``ReopenRepair`` reads it."""
+
+    reason_value = ErrorReason.SEALED
+
+
+class VersionMismatch(Aborted):
+    """``expected_version`` is not the current version (the etag failed)."""
+
+    reason_value = ErrorReason.VERSION_MISMATCH
+
+
+class StorageUnavailable(Unavailable):
+    """The server's disk refused a write (EIO, ENOSPC): nothing of the call was
+    applied; reads keep working. Retrying helps only once an operator has
+    freed or repaired the disk."""
+
+    reason_value = ErrorReason.STORAGE_UNAVAILABLE
+
+
+class Draining(Unavailable):
+    """The server is stopping: new calls are refused while running ones finish;
+    retry on this server once it is back, or on another (streams: resume with
+    ``after``)."""
+
+    reason_value = ErrorReason.DRAINING
+
+
+class Integrity(DataLoss):
+    """Stored ciphertext fails authentication while its key exists."""
+
+    reason_value = ErrorReason.INTEGRITY
+
+
+_BY_CODE: dict[grpc.StatusCode, type[LetheError]] = {
+    cls.status_code: cls
+    for cls in (
+        Cancelled,
+        Unknown,
+        InvalidArgument,
+        DeadlineExceeded,
+        NotFound,
+        AlreadyExists,
+        PermissionDenied,
+        ResourceExhausted,
+        FailedPrecondition,
+        Aborted,
+        OutOfRange,
+        Unimplemented,
+        Internal,
+        Unavailable,
+        DataLoss,
+        Unauthenticated,
+    )
+}
+_BY_REASON: dict[str, type[LetheError]] = {
+    ErrorReason.Name(cls.reason_value): cls
+    for cls in (
+        MissingToken,
+        InvalidToken,
+        OwnerNotAllowed,
+        BadField,
+        DimensionMismatch,
+        RecordDeleted,
+        SlotConflict,
+        StoreFull,
+        StorageUnavailable,
+        MalformedRequest,
+        TooManyRequests,
+        TooManyStreams,
+        Draining,
+        SourceDeleted,
+        SourceStale,
+        SourceSealed,
+        SourcePending,
+        IllegalTransition,
+        RepairNotContinued,
+        Restricted,
+        Sealed,
+        VersionMismatch,
+        Integrity,
+    )
+}
+
+
+def _error_class(code: grpc.StatusCode, reason_name: str) -> type[LetheError]:
+    by_code = _BY_CODE.get(code, Unknown)
+    by_reason = _BY_REASON.get(reason_name)
+    if by_reason is not None and by_reason.status_code == code:
+        return by_reason
+    return by_code
+
+
+def _status_of(metadata: Iterable[Any]) -> status_pb2.Status | None:
+    for key, value in metadata:
+        if key == _STATUS_DETAILS_KEY and isinstance(value, bytes):
+            status = status_pb2.Status()
+            try:
+                status.ParseFromString(value)
+            except Exception:  # a malformed detail is no detail
+                return None
+            return status
+    return None
+
+
+def error_from_rpc(err: grpc.RpcError) -> LetheError:
+    """The typed error for a failed call (sync ``grpc.RpcError`` or ``grpc.aio.AioRpcError``).
+
+    Args:
+        err: the error a stub raised; it must be a ``grpc.Call`` (have
+            ``code()``, ``details()`` and ``trailing_metadata()``), as every
+            error a gRPC stub raises is.
+
+    Returns:
+        An instance of the most specific class for the call's code and its
+        ``ErrorInfo`` reason of domain ``lethe``; ``err`` itself when it
+        already is a :class:`LetheError`.
+    """
+    if isinstance(err, LetheError):
+        return err
+    call: Any = err
+    code = call.code() if callable(getattr(call, "code", None)) else grpc.StatusCode.UNKNOWN
+    message = call.details() if callable(getattr(call, "details", None)) else str(err)
+    raw = call.trailing_metadata() if callable(getattr(call, "trailing_metadata", None)) else ()
+    trailing = tuple((str(k), v) for k, v in (raw or ()))
+    reason = ""
+    violations: list[FieldViolation] = []
+    subject = ""
+    retry_delay: float | None = None
+    status = _status_of(trailing)
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            if info.domain == DOMAIN and not reason:
+                reason = str(info.reason)
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            violations.extend(
+                FieldViolation(str(v.field), str(v.description)) for v in bad.field_violations
+            )
+        elif detail.Is(error_details_pb2.PreconditionFailure.DESCRIPTOR):
+            failure = error_details_pb2.PreconditionFailure()
+            detail.Unpack(failure)
+            if failure.violations and not subject:
+                subject = str(failure.violations[0].subject)
+        elif detail.Is(error_details_pb2.ResourceInfo.DESCRIPTOR):
+            info_r = error_details_pb2.ResourceInfo()
+            detail.Unpack(info_r)
+            subject = subject or str(info_r.resource_name)
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry = error_details_pb2.RetryInfo()
+            detail.Unpack(retry)
+            retry_delay = retry.retry_delay.ToNanoseconds() / 1e9
+    cls = _error_class(code, reason)
+    return cls(
+        message or "",
+        code=code,
+        reason_name=reason,
+        field_violations=violations,
+        subject=subject,
+        trailing_metadata=trailing,
+        retry_delay=retry_delay,
+    )

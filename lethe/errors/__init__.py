@@ -1,0 +1,1 @@
+"""Generated code of the lethe.errors proto packages; regenerate with scripts/gen_protos.py."""

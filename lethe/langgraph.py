@@ -1,0 +1,547 @@
+"""``LetheStore``: LangGraph's long-term memory interface
+(``langgraph.store.base.BaseStore``) on a Lethe server.
+
+Install the extra: ``pip install 'lethe-client[langgraph]'`` (or
+``lethe-memory[langgraph]``); it brings ``langgraph-checkpoint``, where
+``BaseStore`` lives. Everything else is :mod:`lethe.client`.
+
+The mapping
+-----------
+
+Owner
+    A store serves one owner (``LetheStore(client, owner="alice")``): every
+    namespace lives inside ``owners/alice``. With ``owner=None`` the first
+    namespace label names the owner (``("alice", "memories")`` is the
+    namespace ``("alice", "memories")`` inside ``owners/alice``), so one store
+    serves every owner its token may act for; then ``search`` and
+    ``list_namespaces`` need a prefix whose first label is that owner id, as
+    no call spans owners. The namespace is kept whole either way, so
+    ``("alice", "prefs")`` names the same item in both kinds of store.
+Item → memory
+    Each item is one committed memory of ``kind`` (default ``FACT``; every
+    kind's memories are the owner's memory, found by ``Search`` and
+    ``AssembleContext``). Its id is ``lg-`` and 40 hex digits of
+    HMAC-SHA256 over the namespace and key (keyed by ``id_key``), so neither
+    appears in the clear; they travel, with the value, in the memory's
+    encrypted ``metadata`` (``{"langgraph": {"namespace": [...], "key": ...,
+    "value": {...}}}``). Its ``text``, what Lethe indexes, is the value's
+    ``fields`` (LangGraph's JSON paths, default ``"$"``: the whole value as
+    JSON), at most 64 KiB. ``created_at`` / ``updated_at`` are the memory's
+    ``create_time`` / ``update_time``.
+``put``
+    Commits: what is put is searchable when ``put`` returns. A second ``put``
+    of the key is ``UpdateMemory``: a new version (a ``FACT``'s old version
+    becomes ``SUPERSEDED``); ``created_at`` stays the first put's.
+``delete`` (and ``put`` of ``None``)
+    Is a Lethe ``Forget``: the memory is tombstoned, everything derived from
+    it goes too, its key is destroyed (crypto-shredding), and a receipt is
+    kept. A later ``put`` of the key creates it again.
+``search``
+    Without ``query``: the owner's items under the prefix, filtered, oldest
+    first (every item of the owner is listed and decrypted by the server to
+    find them: namespaces are encrypted, so no index on the server can narrow
+    the listing; the cost grows with the owner's items). With ``query``:
+    Lethe's ``Search`` (``HYBRID``: BM25 and dense, fused) over memories of
+    ``kind``, best first, filtered after retrieval (at most 1000 hits are
+    examined, so a query whose matches rank below that returns fewer than
+    ``limit``); ``score`` is Lethe's fused score. ``filter`` follows
+    LangGraph's semantics: equality of nested values, and ``$eq``, ``$ne``,
+    ``$gt``, ``$gte``, ``$lt``, ``$lte``.
+``list_namespaces``
+    Namespaces holding at least one item, with LangGraph's prefix / suffix
+    conditions (``"*"`` matches any label), ``max_depth``, ``limit`` and
+    ``offset``; sorted.
+``batch``
+    Reads (get, search, list_namespaces) see the state before the batch's
+    writes, and of several writes to one key the last wins, as in
+    ``InMemoryStore``. ``abatch`` runs ``batch`` in the event loop's default
+    executor (the blocking client is thread-safe).
+
+Differences from ``InMemoryStore`` (each tested in
+``tests/lethe/test_langgraph.py``)
+    - values are JSON: they travel as a ``google.protobuf.Struct``, so a number
+      is a double (an integer beyond ±2**53 loses precision; an integral float
+      such as ``2.0`` comes back as the int ``2``), a tuple comes back as a
+      list, and a value JSON cannot hold (bytes, sets, datetimes, NaN) is
+      refused with ``TypeError`` or ``ValueError`` at ``put``;
+    - ``created_at`` survives updates (``InMemoryStore`` resets it);
+    - a search with ``query`` is ranked by Lethe's own retrieval, where
+      ``InMemoryStore`` without an index ignores the query and returns
+      insertion order with ``score`` None; a search over several namespaces
+      without ``query`` is ordered oldest first across them (``InMemoryStore``
+      groups by namespace);
+    - ``list_namespaces`` lists only namespaces holding an item
+      (``InMemoryStore`` also lists namespaces that were only read, or
+      emptied by deletes).
+
+Not supported, with a clear error, never silently
+    - ``ttl`` (``NotImplementedError``; ``supports_ttl`` is False, so
+      ``BaseStore.put`` refuses it): Lethe's expiry is for pending material,
+      and what a LangGraph ``put`` stores is committed;
+    - ``index=False`` at ``put`` (``NotImplementedError``): every Lethe memory's
+      text is indexed; keep such values out of the store or in ``fields``
+      that hold nothing to find;
+    - an ``index`` config with ``embed`` (``NotImplementedError``): the
+      server embeds (WordLlama) or takes the client's vectors through
+      :mod:`lethe.client`;
+    - values or texts over Lethe's limits raise :class:`lethe.client.BadField`.
+
+Errors of the server surface as :mod:`lethe.client` errors (a token not
+allowed for the owner raises :class:`lethe.client.OwnerNotAllowed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from google.protobuf import json_format
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    InvalidNamespaceError,
+    Item,
+    ListNamespacesOp,
+    MatchCondition,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    get_text_at_path,
+    tokenize_path,
+)
+
+from lethe.client import AlreadyExists, Client, NotFound
+from lethe.names import ID_RE
+from lethe.v1 import memories_pb2
+
+__all__ = ["LetheStore"]
+
+MAX_TEXT_BYTES = 64 * 1024
+"""Largest indexed text of an item (UTF-8 bytes): Lethe's limit on a memory's text."""
+SEARCH_WINDOW = 1000
+"""Most hits one query search examines (Lethe's ``top_k`` ceiling)."""
+_DEFAULT_ID_KEY = b"lethe.langgraph.v1"
+_META = "langgraph"
+_EXACT = float(2**53)
+
+
+def _utc(ts: Any) -> _dt.datetime:
+    return _dt.datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=_dt.UTC)
+
+
+def _from_struct(value: Any) -> Any:
+    """A Struct value as Python, integral doubles back to ints (within ±2**53)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _from_struct(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_struct(v) for v in value]
+    return value
+
+
+def _compare(item_value: Any, filter_value: Any) -> bool:
+    """LangGraph's filter semantics: nested equality and ``$`` operators."""
+    if isinstance(filter_value, dict):
+        if any(k.startswith("$") for k in filter_value):
+            return all(_operator(item_value, op, v) for op, v in filter_value.items())
+        if not isinstance(item_value, dict):
+            return False
+        return all(_compare(item_value.get(k), v) for k, v in filter_value.items())
+    if isinstance(filter_value, (list, tuple)):
+        return (
+            isinstance(item_value, (list, tuple))
+            and len(item_value) == len(filter_value)
+            and all(_compare(i, f) for i, f in zip(item_value, filter_value, strict=True))
+        )
+    return bool(item_value == filter_value)
+
+
+def _operator(value: Any, op: str, operand: Any) -> bool:
+    if op == "$eq":
+        return bool(value == operand)
+    if op == "$ne":
+        return bool(value != operand)
+    if op in ("$gt", "$gte", "$lt", "$lte"):
+        left, right = float(value), float(operand)
+        return {
+            "$gt": left > right,
+            "$gte": left >= right,
+            "$lt": left < right,
+            "$lte": left <= right,
+        }[op]
+    raise ValueError(f"Unsupported operator: {op}")
+
+
+def _matches_filter(value: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
+    return not flt or all(_compare(value.get(k), v) for k, v in flt.items())
+
+
+def _condition_holds(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:
+    path = tuple(condition.path)
+    if len(namespace) < len(path):
+        return False
+    if condition.match_type == "prefix":
+        pairs = zip(namespace, path, strict=False)
+    elif condition.match_type == "suffix":
+        pairs = zip(reversed(namespace), reversed(path), strict=False)
+    else:
+        raise ValueError(f"Unsupported match type: {condition.match_type}")
+    return all(p == "*" or n == p for n, p in pairs)
+
+
+def _check_labels(namespace: Sequence[str]) -> None:
+    for label in namespace:
+        if not isinstance(label, str) or not label or "." in label or "\x00" in label:
+            raise InvalidNamespaceError(
+                f"Invalid namespace label {label!r} in {tuple(namespace)}: labels are "
+                "non-empty strings without periods or NUL bytes"
+            )
+
+
+def _truncate(text: str, limit: int) -> str:
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    return raw[:limit].decode(errors="ignore")
+
+
+class LetheStore(BaseStore):
+    """A LangGraph ``BaseStore`` whose items are Lethe memories (see the module docstring).
+
+    Use it wherever LangGraph takes a store (``graph.compile(store=...)``,
+    ``create_react_agent(..., store=...)``), or directly (``put``, ``get``,
+    ``search``, ``delete``, ``list_namespaces`` and their ``a``-prefixed
+    coroutines).
+    """
+
+    supports_ttl = False
+
+    def __init__(
+        self,
+        client: Client | None = None,
+        *,
+        target: str | None = None,
+        token: str | None = None,
+        owner: str | None = None,
+        kind: str = "FACT",
+        fields: Sequence[str] = ("$",),
+        id_key: bytes | None = None,
+        index: Mapping[str, Any] | None = None,
+        **client_options: Any,
+    ) -> None:
+        """Bind the store to a client and an owner.
+
+        Args:
+            client: a :class:`lethe.client.Client`; the store does not close it.
+            target: ``HOST:PORT``, to build a client (with ``token``) instead.
+            token: the bearer token, with ``target``.
+            owner: the owner id every namespace lives in, or None to read the
+                owner id from each namespace's first label.
+            kind: the ``Memory.Kind`` name of the items' memories.
+            fields: JSON paths of a value whose text Lethe indexes (LangGraph's
+                ``index["fields"]``); ``"$"`` is the whole value.
+            id_key: secret key (at least 16 bytes) of the ids' HMAC; without
+                it the ids are an unkeyed digest, which someone who guesses a
+                namespace and key could confirm (ids are not encrypted). Keep
+                it: another key addresses other ids.
+            index: LangGraph's index config; only ``fields`` is taken (it
+                overrides ``fields``).
+            **client_options: more :class:`lethe.client.Client` arguments, with ``target``.
+
+        Raises:
+            ValueError: neither ``client`` nor ``target`` and ``token`` (or
+                both); an owner that is not a Lethe id; an unknown kind; an
+                ``id_key`` shorter than 16 bytes.
+            NotImplementedError: ``index`` with ``embed`` or ``dims``.
+        """
+        if (client is None) == (target is None):
+            raise ValueError("give either a client or target and token")
+        if client is None:
+            if not token:
+                raise ValueError("target needs a token")
+            client = Client(str(target), token, **client_options)
+            self._owns_client = True
+        else:
+            self._owns_client = False
+        if owner is not None and not ID_RE.fullmatch(owner):
+            raise ValueError(f"owner {owner!r} is not a Lethe id ([a-z0-9][a-z0-9-]{{0,62}})")
+        if (
+            kind not in memories_pb2.Memory.Kind.DESCRIPTOR.values_by_name
+            or kind == "KIND_UNSPECIFIED"
+        ):
+            raise ValueError(f"unknown memory kind {kind!r}")
+        if id_key is not None and len(id_key) < 16:
+            raise ValueError("id_key must be at least 16 bytes")
+        if index is not None:
+            if index.get("embed") is not None or index.get("dims") is not None:
+                raise NotImplementedError(
+                    "LetheStore does not embed on the client: the server embeds every item's "
+                    "text; pass index={'fields': [...]} or fields=[...] only"
+                )
+            fields = index.get("fields") or fields
+        self.client = client
+        self.owner = owner
+        self.kind = kind
+        self.fields = tuple(fields)
+        self._paths = [(p, tokenize_path(p) if p != "$" else p) for p in self.fields]
+        self._id_key = id_key or _DEFAULT_ID_KEY
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the client if this store built it (from ``target`` and ``token``)."""
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> LetheStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- the mapping ------------------------------------------------------------------
+
+    def _owner_of(self, namespace: Sequence[str]) -> str:
+        if self.owner is not None:
+            return self.owner
+        if not namespace or not ID_RE.fullmatch(namespace[0]):
+            raise InvalidNamespaceError(
+                f"namespace {tuple(namespace)} must start with a Lethe owner id "
+                "([a-z0-9][a-z0-9-]{0,62}) when the store has no owner"
+            )
+        return namespace[0]
+
+    def memory_name(self, namespace: Sequence[str], key: str) -> str:
+        """The Lethe resource name of an item: ``owners/{owner}/memories/lg-<40 hex>``.
+
+        Raises:
+            InvalidNamespaceError: a bad label, or no owner label when the store has no owner.
+        """
+        _check_labels(namespace)
+        owner = self._owner_of(namespace)
+        address = json.dumps([list(namespace), key], ensure_ascii=False, separators=(",", ":"))
+        digest = hmac.new(self._id_key, address.encode(), hashlib.sha256).hexdigest()
+        return f"owners/{owner}/memories/lg-{digest[:40]}"
+
+    def _text(self, value: Mapping[str, Any], index: list[str] | None) -> str:
+        paths = self._paths if index is None else [(p, tokenize_path(p)) for p in index]
+        texts: list[str] = []
+        for _path, tokens in paths:
+            if tokens == "$":
+                texts.append(json.dumps(value, ensure_ascii=False))
+            else:
+                texts.extend(get_text_at_path(value, tokens))
+        text = "\n".join(t for t in texts if t.strip())
+        if not text.strip():  # nothing at the fields: index the whole value
+            text = json.dumps(value, ensure_ascii=False)
+        return _truncate(text, MAX_TEXT_BYTES)
+
+    def _item(self, memory: memories_pb2.Memory) -> tuple[tuple[str, ...], str, Item] | None:
+        """The item a memory holds, or None when it is not one of this store's."""
+        if not memory.HasField("metadata") or _META not in memory.metadata.fields:
+            return None
+        data = _from_struct(json_format.MessageToDict(memory.metadata)).get(_META)
+        if not isinstance(data, dict) or not isinstance(data.get("value"), dict):
+            return None
+        namespace = tuple(str(label) for label in data.get("namespace", ()))
+        key = str(data.get("key", ""))
+        if memory.name != self.memory_name(namespace, key):
+            return None  # another store's item (other id_key or owner mode), or not ours
+        item = Item(
+            value=data["value"],
+            key=key,
+            namespace=namespace,
+            created_at=_utc(memory.create_time),
+            updated_at=_utc(memory.update_time),
+        )
+        return namespace, key, item
+
+    # -- operations --------------------------------------------------------------------
+
+    def _get(self, op: GetOp) -> Item | None:
+        name = self.memory_name(op.namespace, op.key)
+        try:
+            memory = self.client.get_memory(name)
+        except NotFound:  # never existed, or deleted (RecordDeleted)
+            return None
+        found = self._item(memory)
+        return None if found is None else found[2]
+
+    def _put(self, op: PutOp) -> None:
+        _check_labels(op.namespace)
+        if not op.namespace:
+            raise InvalidNamespaceError("Namespace cannot be empty.")
+        name = self.memory_name(op.namespace, op.key)
+        if op.value is None:
+            with contextlib.suppress(NotFound):  # nothing to delete: never put, or gone
+                self.client.forget([name], reason="langgraph delete")
+            return
+        if op.ttl is not None:
+            raise NotImplementedError(
+                "LetheStore does not support ttl: what a LangGraph put stores is committed "
+                "memory, and Lethe expires only pending material"
+            )
+        if op.index is False:
+            raise NotImplementedError(
+                "LetheStore cannot store an unindexed item (index=False): Lethe indexes "
+                "every memory's text"
+            )
+        value = dict(op.value)
+        json.dumps(value, allow_nan=False)  # TypeError / ValueError for non-JSON values
+        metadata = {_META: {"namespace": list(op.namespace), "key": op.key, "value": value}}
+        text = self._text(value, op.index if isinstance(op.index, list) else None)
+        memory = {"name": name, "text": text, "metadata": metadata}
+        try:
+            self.client.update_memory(memory, update_mask=["text", "metadata"])
+            return
+        except NotFound:
+            pass
+        owner, memory_id = name.split("/")[1], name.rsplit("/", 1)[1]
+        try:
+            self.client.create_memory(
+                f"owners/{owner}",
+                {"kind": self.kind, "text": text, "metadata": metadata, "state": "COMMITTED"},
+                memory_id=memory_id,
+            )
+        except AlreadyExists:  # another writer created it meanwhile: ours is the later put
+            self.client.update_memory(memory, update_mask=["text", "metadata"])
+
+    def _owner_items(self, owner: str) -> list[tuple[tuple[str, ...], str, Item]]:
+        out = []
+        for memory in self.client.iter_memories(
+            f"owners/{owner}", kinds=[self.kind], states=["COMMITTED"], page_size=1000
+        ):
+            found = self._item(memory)
+            if found is not None:
+                out.append(found)
+        return out
+
+    def _scope_owner(self, prefix: Sequence[str], what: str) -> str:
+        if self.owner is not None:
+            return self.owner
+        if not prefix or prefix[0] == "*":
+            raise NotImplementedError(
+                f"{what} without an owner label: this store has no owner, so the prefix "
+                "must start with the owner id (no Lethe call spans owners)"
+            )
+        return self._owner_of(prefix)
+
+    def _search(self, op: SearchOp) -> list[SearchItem]:
+        prefix = tuple(op.namespace_prefix)
+        _check_labels(prefix)
+        owner = self._scope_owner(prefix, "search")
+        n = len(prefix)
+        if not op.query:
+            items = [
+                item
+                for ns, _key, item in self._owner_items(owner)
+                if ns[:n] == prefix and _matches_filter(item.value, op.filter)
+            ]
+            items.sort(key=lambda i: (i.created_at, i.namespace, i.key))
+            return [
+                SearchItem(i.namespace, i.key, i.value, i.created_at, i.updated_at)
+                for i in items[op.offset : op.offset + op.limit]
+            ]
+        wanted = op.offset + op.limit
+        top_k = min(SEARCH_WINDOW, max(10, 4 * wanted))
+        while True:
+            hits = self.client.search(
+                f"owners/{owner}", query_text=op.query, top_k=top_k, kinds=[self.kind]
+            ).hits
+            kept: list[SearchItem] = []
+            for hit in hits:
+                if not hit.HasField("memory"):
+                    continue
+                found = self._item(hit.memory)
+                if found is None or found[0][:n] != prefix:
+                    continue
+                item = found[2]
+                if _matches_filter(item.value, op.filter):
+                    kept.append(
+                        SearchItem(
+                            item.namespace,
+                            item.key,
+                            item.value,
+                            item.created_at,
+                            item.updated_at,
+                            score=float(hit.score),
+                        )
+                    )
+            if len(kept) >= wanted or len(hits) < top_k or top_k >= SEARCH_WINDOW:
+                return kept[op.offset : op.offset + op.limit]
+            top_k = min(SEARCH_WINDOW, top_k * 4)
+
+    def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        conditions = tuple(op.match_conditions or ())
+        for condition in conditions:
+            _check_labels([label for label in condition.path if label != "*"])
+        prefixes = [c.path for c in conditions if c.match_type == "prefix"]
+        owner = self._scope_owner(prefixes[0] if prefixes else (), "list_namespaces")
+        namespaces = {ns for ns, _key, _item in self._owner_items(owner)}
+        selected = [ns for ns in namespaces if all(_condition_holds(c, ns) for c in conditions)]
+        if op.max_depth is not None:
+            result = sorted({ns[: op.max_depth] for ns in selected})
+        else:
+            result = sorted(selected)
+        return result[op.offset : op.offset + op.limit]
+
+    # -- BaseStore ----------------------------------------------------------------------
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        """Run LangGraph store operations in order (see the module docstring).
+
+        Reads see the state before the batch's writes; of several writes to one
+        ``(namespace, key)`` the last wins, applied where the first stood.
+
+        Args:
+            ops: ``GetOp``, ``SearchOp``, ``ListNamespacesOp`` and ``PutOp``.
+
+        Returns:
+            One result per operation: an ``Item`` or None, a list of
+            ``SearchItem``, a list of namespaces, or None for a put.
+
+        Raises:
+            InvalidNamespaceError: a bad label, or no owner label when the store has no owner.
+            NotImplementedError: ``ttl`` or ``index=False`` on a put; a search or
+                listing without an owner label when the store has no owner.
+            TypeError / ValueError: a value JSON cannot hold; an unknown operation.
+            lethe.client.LetheError: the server refused a call (e.g.
+                ``OwnerNotAllowed``, ``BadField`` for a value over the limits).
+        """
+        results: list[Result] = []
+        puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
+        for op in ops:
+            if isinstance(op, GetOp):
+                results.append(self._get(op))
+            elif isinstance(op, SearchOp):
+                results.append(self._search(op))
+            elif isinstance(op, ListNamespacesOp):
+                results.append(self._list_namespaces(op))
+            elif isinstance(op, PutOp):
+                puts[(tuple(op.namespace), op.key)] = op
+                results.append(None)
+            else:
+                raise ValueError(f"Unknown operation type: {type(op)}")
+        for op in puts.values():
+            self._put(op)
+        return results
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        """:meth:`batch` in the running loop's default executor (same results and errors)."""
+        pending = list(ops)
+        return await asyncio.get_running_loop().run_in_executor(None, self.batch, pending)

@@ -1,0 +1,156 @@
+"""Real ``lethe serve`` processes for crash tests: started on a data directory
+with a chosen environment (``LETHE_FAILPOINTS`` to arm a crash point), waited
+for, SIGTERMed or found SIGKILLed, and the offline ``lethe audit``.
+
+Nothing here mocks anything: each server is a child process of the test
+running the real CLI on a real data directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from lethe._rpc import Stubs
+
+OWNER = "alice"
+LETHE = [sys.executable, "-m", "server.cli"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_token(data: Path, env: dict[str, str], *owners: str) -> str:
+    """Create a store at ``data`` if needed and return a bearer token for
+    ``owners`` (admin when none). In this process, as ``lethe token create``
+    would (the server is not running yet)."""
+    from server import Store, new_token, principal_record, token_digest
+
+    saved = {k: os.environ.get(k) for k in ("LETHE_KEK",)}
+    os.environ.update({k: env[k] for k in saved if k in env})
+    try:
+        kek = env.get("TEST_KEK_FILE")
+        store = Store(data, kek_file=Path(kek) if kek else None, lock=False)
+        try:
+            token = new_token()
+            store.put_token(token_digest(token), principal_record(list(owners), not owners))
+        finally:
+            store.close()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return token
+
+
+def _kek_args(env: dict[str, str]) -> list[str]:
+    kek = env.get("TEST_KEK_FILE")
+    return ["--kek-file", kek] if kek else []
+
+
+class Server:
+    """One ``lethe serve`` child process (see :func:`serving`)."""
+
+    def __init__(self, data: Path, env: dict[str, str], *extra: str) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                *LETHE,
+                "serve",
+                "--data",
+                str(data),
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--metrics-listen",
+                "off",
+                "--embedder",
+                "none",
+                "--sweep-interval",
+                "1h",
+                *_kek_args(env),
+                *extra,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if "serving" not in line:
+            self.proc.wait(timeout=30)
+            err = self.stderr()
+            self.stop()
+            raise RuntimeError(
+                f"lethe serve did not start (exit {self.proc.returncode}): {line}{err}"
+            )
+
+    def stubs(self, token: str) -> Stubs:
+        return Stubs.insecure(f"127.0.0.1:{self.port}", token)
+
+    def killed(self, timeout: float = 30.0) -> bool:
+        """Whether the process died of SIGKILL (a failpoint) within ``timeout`` s."""
+        try:
+            return self.proc.wait(timeout=timeout) == -9
+        except subprocess.TimeoutExpired:
+            return False
+
+    def stderr(self) -> str:
+        """What the server logged (after it exited)."""
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@contextlib.contextmanager
+def serving(data: Path, env: dict[str, str], *extra: str) -> Iterator[Server]:
+    """A server for the block; stopped (SIGTERM) or reaped afterwards."""
+    server = Server(data, env, *extra)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def audit(data: Path, env: dict[str, str]) -> tuple[int, str]:
+    """``lethe audit --data DATA``: (exit status, output)."""
+    done = subprocess.run(
+        [*LETHE, "audit", "--data", str(data), *_kek_args(env)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def armed(env: dict[str, str], point: str, action: str = "kill") -> dict[str, str]:
+    """``env`` with one failpoint armed."""
+    return {**env, "LETHE_FAILPOINTS": f"{point}={action}"}
+
+
+def base_env(kek: str) -> dict[str, str]:
+    """The environment of a test server: ``LETHE_KEK`` set, no failpoint armed."""
+    env = {k: v for k, v in os.environ.items() if k != "LETHE_FAILPOINTS"}
+    env["LETHE_KEK"] = kek
+    return env

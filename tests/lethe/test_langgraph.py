@@ -1,0 +1,454 @@
+"""``lethe.langgraph.LetheStore`` against a real server, differentially against
+LangGraph's ``InMemoryStore``: the same randomised sequence of operations runs
+on both and their observable results must agree wherever the documented
+mapping says so (``lethe/langgraph.py``, "The mapping"); each documented
+difference is tested as a difference below.
+
+What is compared, step by step:
+
+- ``put`` / ``delete`` / ``batch`` of several ops: the same results (None for writes);
+- ``get``: the same item (namespace, key, value) or both None;
+- ``search`` without a query: the same items in the same order when the
+  prefix selects one namespace; across namespaces, the same items in Lethe's
+  documented order (oldest first), against a model of creation order;
+- ``search`` with a query: every hit is an item ``InMemoryStore`` also
+  matches (prefix and filter) with the same value, at most ``limit``, scores
+  non-increasing; with ``limit`` covering every candidate, the same set;
+- ``list_namespaces``: what ``InMemoryStore`` answers for the live items
+  (a fresh ``InMemoryStore`` holding exactly them), which is what the original
+  answers minus namespaces that only held deleted items or were only read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from conftest import Lethe
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from langgraph.store.base import (
+    GetOp,
+    InvalidNamespaceError,
+    Item,
+    ListNamespacesOp,
+    MatchCondition,
+    Op,
+    PutOp,
+    SearchOp,
+)
+from langgraph.store.memory import InMemoryStore
+
+import lethe.client as lc
+from lethe.langgraph import LetheStore
+
+NAMESPACES = [("a",), ("a", "b"), ("a", "c"), ("d",), ("a", "b", "e")]
+KEYS = ["k1", "k2", "Key With Spaces", "ключ"]
+WORDS = ["apple", "banana", "cherry", "dolphin", "eagle"]
+PREFIXES = [(), ("a",), ("a", "b"), ("d",), ("a", "b", "e"), ("z",)]
+FILTERS: list[dict[str, Any] | None] = [
+    None,
+    {"color": "red"},
+    {"n": {"$gt": 2}},
+    {"nested": {"x": 1}},
+    {"n": {"$ne": 3}, "color": "blue"},
+]
+
+values = st.fixed_dictionaries(
+    {
+        "text": st.sampled_from(WORDS).map(lambda w: f"a note about {w}"),
+        "n": st.integers(0, 5),
+        "color": st.sampled_from(["red", "blue"]),
+        "nested": st.fixed_dictionaries({"x": st.integers(0, 2)}),
+        "tags": st.lists(st.sampled_from(["t1", "t2"]), max_size=2),
+    }
+)
+puts = st.builds(
+    lambda ns, key, value: PutOp(ns, key, value),
+    st.sampled_from(NAMESPACES),
+    st.sampled_from(KEYS),
+    values,
+)
+deletes = st.builds(
+    lambda ns, key: PutOp(ns, key, None), st.sampled_from(NAMESPACES), st.sampled_from(KEYS)
+)
+gets = st.builds(GetOp, st.sampled_from(NAMESPACES), st.sampled_from(KEYS))
+filters = st.one_of(st.just(None), st.sampled_from(FILTERS))
+prefixes = st.one_of(st.sampled_from([(), ("a",)]), st.sampled_from(PREFIXES))
+listings = st.builds(
+    lambda flt, limit, offset, prefix: SearchOp(prefix, flt, limit, offset, None),
+    filters,
+    st.integers(1, 6),
+    st.one_of(st.just(0), st.integers(0, 3)),
+    prefixes,
+)
+queries = st.builds(
+    lambda word, flt, limit, prefix: SearchOp(prefix, flt, limit, 0, word),
+    st.sampled_from(WORDS),
+    st.sampled_from(FILTERS[:2]),
+    st.sampled_from([2, 50]),
+    st.sampled_from(PREFIXES[:4]),
+)
+
+
+def _conditions(prefix: tuple[str, ...], suffix: tuple[str, ...]) -> tuple[MatchCondition, ...]:
+    out = []
+    if prefix:
+        out.append(MatchCondition("prefix", prefix))
+    if suffix:
+        out.append(MatchCondition("suffix", suffix))
+    return tuple(out)
+
+
+namespace_listings = st.builds(
+    lambda prefix, suffix, depth, limit, offset: ListNamespacesOp(
+        _conditions(prefix, suffix), depth, limit, offset
+    ),
+    st.sampled_from([(), ("a",), ("a", "*"), ("d",)]),
+    st.sampled_from([(), ("b",), ("*", "e")]),
+    st.sampled_from([None, 1, 2]),
+    st.sampled_from([2, 100]),
+    st.sampled_from([0, 1]),
+)
+single = st.one_of(puts, puts, puts, deletes, gets, listings, queries, namespace_listings)
+steps = st.one_of(
+    single, st.lists(st.one_of(puts, deletes, gets, listings), min_size=2, max_size=4)
+)
+
+
+class Model:
+    """The test's own record of creation order: (namespace, key) → the step that created it."""
+
+    def __init__(self) -> None:
+        self.born: dict[tuple[tuple[str, ...], str], int] = {}
+        self.clock = 0
+
+    def write(self, op: PutOp) -> None:
+        self.clock += 1
+        where = (tuple(op.namespace), op.key)
+        if op.value is None:
+            self.born.pop(where, None)
+        else:
+            self.born.setdefault(where, self.clock)
+
+
+def _view(item: Item | None) -> tuple[tuple[str, ...], str, dict[str, Any]] | None:
+    return None if item is None else (item.namespace, item.key, item.value)
+
+
+def _check_search(
+    op: SearchOp, ref: InMemoryStore, model: Model, got: list[Any], want: list[Any]
+) -> None:
+    """``want`` is InMemoryStore's own answer to ``op``."""
+    candidates = ref.search(op.namespace_prefix, filter=op.filter, limit=10**6)
+    by_key = {(i.namespace, i.key): i.value for i in candidates}
+    if op.query is None:
+        ordered = sorted(candidates, key=lambda i: model.born[(i.namespace, i.key)])
+        expected = [_view(i) for i in ordered[op.offset : op.offset + op.limit]]
+        assert [_view(i) for i in got] == expected
+        if len({i.namespace for i in candidates}) <= 1:  # one namespace: InMemoryStore's order
+            assert [_view(i) for i in got] == [_view(i) for i in want]
+        return
+    assert len(got) <= op.limit
+    for item in got:
+        assert by_key[(item.namespace, item.key)] == item.value
+    scores = [i.score for i in got]
+    assert scores == sorted(scores, reverse=True)
+    if op.limit >= len(candidates):
+        assert {(i.namespace, i.key) for i in got} == set(by_key)
+    assert [i.score for i in want] == [None] * len(want)  # InMemoryStore ignores the query
+
+
+def _check_namespaces(
+    op: ListNamespacesOp, ref: InMemoryStore, got: list[Any], want: list[Any]
+) -> None:
+    live = ref.search((), limit=10**6)
+    clean = InMemoryStore()
+    for item in live:
+        clean.put(item.namespace, item.key, item.value)
+    assert got == clean.batch([op])[0]
+    if op.offset == 0 and op.limit >= 100:
+        assert set(got) <= set(want)  # InMemoryStore may list namespaces holding nothing
+
+
+def _run(step: Op | list[Op], store: LetheStore, ref: InMemoryStore, model: Model) -> None:
+    ops = step if isinstance(step, list) else [step]
+    before = InMemoryStore()  # reads of a batch see the state before its writes
+    for item in ref.search((), limit=10**6):
+        before.put(item.namespace, item.key, item.value)
+    got = store.batch(ops)
+    want = ref.batch(ops)
+    assert len(got) == len(want) == len(ops)
+    for op, g, w in zip(ops, got, want, strict=True):
+        kind = type(op).__name__ + ("(query)" if isinstance(op, SearchOp) and op.query else "")
+        if isinstance(op, PutOp):
+            kind = "PutOp(delete)" if op.value is None else "PutOp"
+        event(f"{kind}: {'empty' if not g else 'found'}{' in a batch' if len(ops) > 1 else ''}")
+        if isinstance(op, PutOp):
+            assert g is None
+            assert w is None
+        elif isinstance(op, GetOp):
+            assert _view(g) == _view(w)  # type: ignore[arg-type]
+        elif isinstance(op, SearchOp):
+            _check_search(op, before, model, g, w)  # type: ignore[arg-type]
+        else:
+            _check_namespaces(op, before, g, w)  # type: ignore[arg-type]
+    for op in {(tuple(o.namespace), o.key): o for o in ops if isinstance(o, PutOp)}.values():
+        model.write(op)
+
+
+@settings(
+    max_examples=int(os.environ.get("LETHE_LANGGRAPH_EXAMPLES", "25")),
+    deadline=None,
+    derandomize=bool(os.environ.get("CI")),
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(sequence=st.lists(steps, min_size=12, max_size=40))
+def test_same_sequence_same_observations_as_in_memory_store(
+    lethe: Lethe, sequence: list[Op | list[Op]]
+) -> None:
+    client = lethe.client(admin=True) if not lethe.clients else lethe.clients[0]
+    store = LetheStore(client, owner=f"o{secrets.token_hex(6)}")
+    ref, model = InMemoryStore(), Model()
+    for step in sequence:
+        _run(step, store, ref, model)
+
+
+def unique(tag: str) -> str:
+    return f"{tag}{secrets.token_hex(8)}"
+
+
+def files_containing(root: Path, needles: list[str]) -> list[tuple[str, str]]:
+    """(file, needle) for every file under ``root`` holding a needle in UTF-8."""
+    return [
+        (str(p), n)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+        for n in needles
+        if n.encode() in p.read_bytes()
+    ]
+
+
+def _store(lethe: Lethe, **kw: Any) -> LetheStore:
+    return LetheStore(lethe.client(admin=True), owner=kw.pop("owner", "alice"), **kw)
+
+
+# -- the documented differences, as differences -------------------------------------
+
+
+def test_created_at_survives_an_update_where_in_memory_store_resets_it(lethe: Lethe) -> None:
+    store, ref = _store(lethe), InMemoryStore()
+    for s in (store, ref):
+        s.put(("ns",), "k", {"v": 1})
+    first_lethe, first_ref = store.get(("ns",), "k"), ref.get(("ns",), "k")
+    for s in (store, ref):
+        s.put(("ns",), "k", {"v": 2})
+    again_lethe, again_ref = store.get(("ns",), "k"), ref.get(("ns",), "k")
+    assert first_lethe is not None
+    assert again_lethe is not None
+    assert first_ref is not None
+    assert again_ref is not None
+    assert again_lethe.value == again_ref.value == {"v": 2}
+    assert again_lethe.created_at == first_lethe.created_at
+    assert again_lethe.updated_at > first_lethe.updated_at
+    assert again_ref.created_at > first_ref.created_at  # InMemoryStore: reset on every put
+    assert again_lethe.created_at.tzinfo is not None
+
+
+def test_values_travel_as_json(lethe: Lethe) -> None:
+    store = _store(lethe)
+    store.put(("ns",), "k", {"i": 2, "f": 2.5, "whole": 2.0, "t": (1, 2), "big": 2**60 + 1})
+    item = store.get(("ns",), "k")
+    assert item is not None
+    assert item.value["i"] == 2
+    assert type(item.value["i"]) is int
+    assert item.value["f"] == 2.5
+    assert item.value["whole"] == 2
+    assert type(item.value["whole"]) is int
+    assert item.value["t"] == [1, 2]  # was a tuple
+    assert item.value["big"] != 2**60 + 1  # a double: precision lost beyond 2**53
+    with pytest.raises(TypeError):
+        store.put(("ns",), "b", {"raw": b"bytes"})
+    with pytest.raises(ValueError, match=r"JSON|Out of range"):
+        store.put(("ns",), "n", {"x": float("nan")})
+    with pytest.raises(TypeError):
+        store.put(("ns",), "d", {"when": dt.datetime.now(dt.UTC)})
+    ref = InMemoryStore()
+    ref.put(("ns",), "b", {"raw": b"bytes"})  # InMemoryStore keeps any Python object
+    assert ref.get(("ns",), "b").value == {"raw": b"bytes"}  # type: ignore[union-attr]
+
+
+def test_query_search_is_ranked_where_in_memory_store_ignores_the_query(lethe: Lethe) -> None:
+    store, ref = _store(lethe), InMemoryStore()
+    texts = ["the weather is mild", "my dog is called Biscuit", "tea with lemon"]
+    for i, text in enumerate(texts):
+        for s in (store, ref):
+            s.put(("notes",), f"n{i}", {"text": text})
+    got = store.search(("notes",), query="Biscuit the dog", limit=3)
+    want = ref.search(("notes",), query="Biscuit the dog", limit=3)
+    assert got[0].key == "n1"
+    assert got[0].score is not None
+    assert got[0].score >= (got[-1].score or 0.0)
+    assert [i.key for i in want] == ["n0", "n1", "n2"]  # insertion order
+    assert [i.score for i in want] == [None, None, None]
+
+
+def test_search_across_namespaces_is_oldest_first(lethe: Lethe) -> None:
+    store, ref = _store(lethe), InMemoryStore()
+    for ns, key in ((("x", "1"), "a"), (("x", "2"), "b"), (("x", "1"), "c")):
+        for s in (store, ref):
+            s.put(ns, key, {"v": key})
+    assert [i.key for i in store.search(("x",))] == ["a", "b", "c"]
+    assert [i.key for i in ref.search(("x",))] == ["a", "c", "b"]  # grouped by namespace
+
+
+def test_list_namespaces_lists_only_namespaces_holding_items(lethe: Lethe) -> None:
+    store, ref = _store(lethe), InMemoryStore()
+    for s in (store, ref):
+        s.put(("kept",), "k", {"v": 1})
+        s.put(("emptied",), "k", {"v": 1})
+        s.delete(("emptied",), "k")
+        s.get(("only", "read"), "k")
+    assert store.list_namespaces() == [("kept",)]
+    assert ref.list_namespaces() == [("emptied",), ("kept",), ("only", "read")]
+
+
+def test_ttl_unindexed_items_and_client_embeddings_are_refused(lethe: Lethe) -> None:
+    store = _store(lethe)
+    with pytest.raises(NotImplementedError, match="TTL"):
+        store.put(("ns",), "k", {"v": 1}, ttl=5)
+    with pytest.raises(NotImplementedError, match="ttl"):
+        store.batch([PutOp(("ns",), "k", {"v": 1}, ttl=5.0)])
+    with pytest.raises(NotImplementedError, match="index=False"):
+        store.put(("ns",), "k", {"v": 1}, index=False)
+    with pytest.raises(NotImplementedError, match="embed"):
+        LetheStore(lethe.client(admin=True), owner="alice", index={"dims": 3, "embed": len})
+    assert store.get(("ns",), "k") is None  # nothing was stored
+
+
+def test_delete_is_a_forget_with_a_receipt_and_the_key_can_come_back(lethe: Lethe) -> None:
+    client = lethe.client(admin=True)
+    store = LetheStore(client, owner="alice")
+    store.put(("ns",), "k", {"text": "remember the passport"})
+    name = store.memory_name(("ns",), "k")
+    assert client.get_memory(name).version == 1
+    store.delete(("ns",), "k")
+    assert store.get(("ns",), "k") is None
+    with pytest.raises(lc.RecordDeleted):
+        client.get_memory(name)
+    receipts = list(client.iter_deletions("owners/alice"))
+    assert [list(r.targets) for r in receipts] == [[name]]
+    assert receipts[0].reason == "langgraph delete"
+    assert store.search(("ns",), query="passport") == []
+    store.delete(("ns",), "k")  # deleting again is a no-op, as in InMemoryStore
+    store.put(("ns",), "k", {"text": "new"})
+    assert client.get_memory(name).version == 2  # the id numbers on; never two contents
+    assert store.get(("ns",), "k").value == {"text": "new"}  # type: ignore[union-attr]
+
+
+def test_fields_choose_the_indexed_text(lethe: Lethe) -> None:
+    client = lethe.client(admin=True)
+    store = LetheStore(client, owner="alice", fields=["memory", "tags[*]"])
+    store.put(("ns",), "k", {"memory": "likes sailing", "tags": ["boats"], "secret": "zebra"})
+    memory = client.get_memory(store.memory_name(("ns",), "k"))
+    assert memory.text == "likes sailing\nboats"
+    assert [i.key for i in store.search(("ns",), query="sailing")] == ["k"]
+    store.put(("ns",), "j", {"other": "x"}, index=["memory"])  # nothing there: the whole value
+    assert client.get_memory(store.memory_name(("ns",), "j")).text == '{"other": "x"}'
+
+
+def test_nothing_of_namespace_key_or_value_is_stored_in_plaintext(lethe: Lethe) -> None:
+    store = _store(lethe, id_key=secrets.token_bytes(32))
+    ns, key, value = unique("ns"), unique("key"), unique("val")
+    store.put((ns, "x"), key, {"text": value})
+    name = store.memory_name((ns, "x"), key)
+    assert key not in name
+    assert ns not in name
+    assert store.get((ns, "x"), key).value == {"text": value}  # type: ignore[union-attr]
+    lethe.stop()
+    assert files_containing(lethe.data_dir, [ns, key, value]) == []
+
+
+def test_id_key_addresses_other_ids(lethe: Lethe) -> None:
+    client = lethe.client(admin=True)
+    plain = LetheStore(client, owner="alice")
+    keyed = LetheStore(client, owner="alice", id_key=b"k" * 32)
+    assert plain.memory_name(("n",), "k") != keyed.memory_name(("n",), "k")
+    plain.put(("n",), "k", {"v": 1})
+    assert keyed.get(("n",), "k") is None
+    assert keyed.search(("n",)) == []  # another key's items are not this store's
+    with pytest.raises(ValueError, match="16 bytes"):
+        LetheStore(client, owner="alice", id_key=b"short")
+
+
+def test_without_an_owner_the_first_label_names_it(lethe: Lethe) -> None:
+    token = lethe.token("alice", "bob")
+    with LetheStore(target=f"127.0.0.1:{lethe.port}", token=token) as store:
+        store.put(("alice", "prefs"), "k", {"v": "a"})
+        store.put(("bob", "prefs"), "k", {"v": "b"})
+        assert store.get(("alice", "prefs"), "k").value == {"v": "a"}  # type: ignore[union-attr]
+        assert store.memory_name(("alice", "prefs"), "k").startswith("owners/alice/memories/lg-")
+        assert [i.value for i in store.search(("bob",))] == [{"v": "b"}]
+        assert store.list_namespaces(prefix=("alice",)) == [("alice", "prefs")]
+        with pytest.raises(lc.OwnerNotAllowed):
+            store.put(("carol", "prefs"), "k", {"v": "c"})
+        with pytest.raises(InvalidNamespaceError):
+            store.put(("Not An Id",), "k", {"v": 1})
+        with pytest.raises(NotImplementedError, match="owner"):
+            store.search(())
+        with pytest.raises(NotImplementedError, match="owner"):
+            store.list_namespaces(prefix=("*", "prefs"))
+    # The namespace is kept whole in both modes: the same tuple, the same item.
+    single = LetheStore(lethe.client(admin=True), owner="alice")
+    assert single.get(("alice", "prefs"), "k").value == {"v": "a"}  # type: ignore[union-attr]
+
+
+def test_abatch_and_the_async_methods(lethe: Lethe) -> None:
+    store = _store(lethe)
+
+    async def scenario() -> list[Any]:
+        await store.aput(("ns",), "k", {"text": "async note"})
+        got = await store.aget(("ns",), "k")
+        found = await store.asearch(("ns",), query="note")
+        await store.adelete(("ns",), "k")
+        return [got, found, await store.aget(("ns",), "k"), await store.alist_namespaces()]
+
+    got, found, gone, spaces = asyncio.run(scenario())
+    assert got.value == {"text": "async note"}
+    assert [i.key for i in found] == ["k"]
+    assert (gone, spaces) == (None, [])
+
+
+def test_a_token_not_allowed_for_the_owner_is_refused(lethe: Lethe) -> None:
+    store = LetheStore(lethe.client("bob"), owner="alice")
+    with pytest.raises(lc.OwnerNotAllowed) as err:
+        store.put(("ns",), "k", {"v": 1})
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_value_over_the_limit_is_a_bad_field(lethe: Lethe) -> None:
+    store = _store(lethe)
+    with pytest.raises(lc.BadField) as err:
+        store.put(("ns",), "k", {"text": "x" * 300_000})
+    assert err.value.fields == ["memory.metadata"]
+
+
+def test_constructor_refuses_what_it_cannot_serve(lethe: Lethe) -> None:
+    client = lethe.client(admin=True)
+    bad: list[Callable[[], object]] = [
+        lambda: LetheStore(),
+        lambda: LetheStore(client, target="x:1", token="t"),
+        lambda: LetheStore(target="127.0.0.1:1"),
+        lambda: LetheStore(client, owner="Alice"),
+        lambda: LetheStore(client, owner="a", kind="POEM"),
+    ]
+    for make in bad:
+        with pytest.raises(ValueError, match=r"client|token|owner|kind"):
+            make()
