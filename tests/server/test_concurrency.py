@@ -183,7 +183,11 @@ def test_calls_past_the_bounds_are_refused_while_the_admitted_wait(
     lethe_at: Callable[..., Lethe], tmp_path: Path
 ) -> None:
     srv = lethe_at(tmp_path / "d", max_workers=2, max_inflight=6, max_inflight_per_principal=4)
-    alice, bob, carol = srv.client("alice"), srv.client("bob"), srv.client("carol")
+    alice, bob, carol = (
+        srv.client("alice", retry=None),
+        srv.client("bob", retry=None),
+        srv.client("carol", retry=None),
+    )
     threads = {
         c: create_thread(c, o) for c, o in ((alice, "alice"), (bob, "bob"), (carol, "carol"))
     }
@@ -223,7 +227,7 @@ def test_calls_past_the_bounds_are_refused_while_the_admitted_wait(
 def test_a_burst_is_shed_at_once_not_queued(lethe_at: Callable[..., Lethe], tmp_path: Path) -> None:
     # Was: at 64 concurrent clients nothing was refused and p50 passed a second.
     srv = lethe_at(tmp_path / "d", max_workers=2, max_inflight=8, max_inflight_per_principal=8)
-    alice = srv.client("alice")
+    alice = srv.client("alice", retry=None)
     thread = create_thread(alice, "alice")
     outcomes: list[str] = []
     lock = threading.Lock()
