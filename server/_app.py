@@ -74,6 +74,8 @@ _log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 DEFAULT_PENDING_TTL = 72 * 3600.0
+DEFAULT_INDEX_CACHE_SIZE = 4 << 30
+"""Bytes of in-memory indexes kept by default (4 GiB: about 2.5 million 256-d turns)."""
 
 
 @dataclass
@@ -110,6 +112,9 @@ class ServerConfig:
             on an idle connection, and how long it waits for the answer.
         max_store_size: bytes the data environment may grow to; a write that
             does not fit is refused whole (``STORE_FULL``).
+        index_cache_size: bytes of in-memory indexes kept (estimates); past it
+            the least recently used owners' indexes are dropped and rebuilt from
+            the store when next searched.
     """
 
     data_dir: Path = Path("./lethe-data")
@@ -125,6 +130,7 @@ class ServerConfig:
     rotation_interval: float = 3600.0
     max_workers: int = 16
     max_store_size: int = DEFAULT_MAX_STORE_SIZE
+    index_cache_size: int = DEFAULT_INDEX_CACHE_SIZE
     max_inflight: int = 64
     max_inflight_per_principal: int = 16
     max_running_per_principal: int = 4
@@ -214,7 +220,9 @@ class LetheServer:
         self.store = Store(
             config.data_dir, kek_file=config.kek_file, max_size=config.max_store_size
         )
-        self.retriever = Retriever(self.store, load_embedder(config.embedder))
+        self.retriever = Retriever(
+            self.store, load_embedder(config.embedder), max_bytes=config.index_cache_size
+        )
         self.lifecycle = Lifecycle(
             self.store, self.retriever, self.metrics, config.rotation_interval
         )

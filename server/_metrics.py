@@ -99,6 +99,12 @@ class Metrics:
             "Age of the oldest pending turn or memory (since it was stored), seconds.",
             registry=self.registry,
         )
+        self.index_bytes = Gauge(
+            "lethe_index_bytes",
+            "Estimated bytes of the in-memory indexes held, all owners (bounded by "
+            "--index-cache-size).",
+            registry=self.registry,
+        )
         self.index_vectors = Gauge(
             "lethe_index_vectors", "Vectors held in FAISS, all owners.", registry=self.registry
         )

@@ -167,6 +167,14 @@ def _parser() -> argparse.ArgumentParser:
         help="complete shreds cryptographically this often (default 1h)",
     )
     serve.add_argument(
+        "--index-cache-size",
+        type=parse_size,
+        default=parse_size("4GiB"),
+        help="bytes of in-memory search indexes kept (estimated); past it the least recently "
+        "searched owners' indexes are dropped and rebuilt from the store on their next search "
+        "(default 4GiB)",
+    )
+    serve.add_argument(
         "--max-store-size",
         type=parse_size,
         default=parse_size("64GiB"),
@@ -338,6 +346,7 @@ def _serve(args: argparse.Namespace) -> int:
         keepalive_time=args.keepalive_time,
         keepalive_timeout=args.keepalive_timeout,
         max_store_size=args.max_store_size,
+        index_cache_size=args.index_cache_size,
     )
     try:
         config.limits()

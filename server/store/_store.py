@@ -172,6 +172,7 @@ class Store(
         self._event_listeners: list[Callable[[frozenset[str]], None]] = []
         self.unreadable = {}
         self._unreadable_guard = threading.Lock()
+        self._key_batch = threading.local()
         self.writer = Writer(self.env, self.keystore, on_commit=self._announce_events)
         with _OPEN_GUARD:
             _OPEN[self.data_dir] = self
