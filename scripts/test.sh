@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # .venv of a Python >= 3.11 ($PYTHON if set; a wrong one is made again)
 . scripts/_venv.sh
-.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet --upgrade pip 'setuptools>=77'
 .venv/bin/python -m pip install --quiet -e '.[dev,langgraph]'
 echo "== ruff"
 .venv/bin/ruff check .
