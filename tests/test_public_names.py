@@ -54,6 +54,7 @@ def test_store_face_is_pinned() -> None:
             "StoreLockedError",
             "ThreadMeta",
             "ThreadView",
+            "TokenRow",
             "TurnDraft",
             "TurnMeta",
             "TurnView",

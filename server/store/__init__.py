@@ -27,6 +27,7 @@ module              holds
 ``_events``         reading, emitting and pruning events
 ``_manifests``      context manifests
 ``_audit``          the audit's store counts and key/record reconciliation
+``_tokens``         bearer tokens as digests: create, list, revoke, expiry
 ``_store``          opening a data directory; ``Store`` composes the parts
 ==================  ===========================================================
 
@@ -62,6 +63,7 @@ from server.store._store import (
     data_paths,
     open_store_for,
 )
+from server.store._tokens import TokenRow
 from server.store._views import (
     MemoryContent,
     MemoryDraft,
@@ -109,6 +111,7 @@ __all__ = [
     "StoreLockedError",
     "ThreadMeta",
     "ThreadView",
+    "TokenRow",
     "TurnDraft",
     "TurnMeta",
     "TurnView",

@@ -90,6 +90,8 @@ class StoreBase:
     keystore: Keystore
     kek: KekRing
     writer: Writer
+    _event_owners: set[str]
+    """Owners of events appended since the last commit (writer thread only)."""
     # name -> owner of every record whose ciphertext failed to open since start.
     unreadable: dict[str, str]
     _unreadable_guard: threading.Lock
@@ -528,6 +530,7 @@ class StoreBase:
         number = sk.take_numbers(txn, self.t.meta, sk.NEXT_EVENT)
         row = EventRow(str(number), owner, now, event_type, subject, list(sources), receipt)
         txn.put(sk.event_key(owner, number), row.encode(), db=self.t.events)
+        self._event_owners.add(owner)  # announced after the commit (see ._events)
 
     def _tombstone(
         self,
