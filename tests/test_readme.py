@@ -34,6 +34,10 @@ NOT_RUN = {
     "bash scripts/demo.sh": "minutes on LoCoMo; tests/test_cli.py runs `lethe demo` on the sample",
     "bash scripts/test.sh": "the test suite itself (what CI runs)",
     ".venv/bin/python bench/": "benchmarks: minutes each",
+    ".venv/bin/pip install -e '.[bench]'": (
+        "the benchmark's optional peer and plot (Chroma, matplotlib): hundreds of MB;"
+        " tests/test_bench_smoke.py runs the benchmark without them"
+    ),
     "pip install ./lethe-client": "tests/lethe/test_light_client.py installs it in a fresh venv",
     "pip install './lethe-client[langgraph]'": "the same, with the extra the suite installs",
     ".venv/bin/lethe serve --data ./lethe-data --listen 0.0.0.0:50051": (
