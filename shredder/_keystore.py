@@ -123,6 +123,8 @@ _WRAP_TAG = "lethe-wrap/1"
 _MAX_KEY_ID_BYTES = 256
 _RING_VALUE_SIZE = 4 + WRAPPED_KEY_SIZE
 _CACHE_SIZE = 65536
+_RECORD_CACHE_SIZE = 32768
+"""Most unwrapped record keys kept between calls (about 8 MiB): see Keystore._record_key_in."""
 _FIRST_GENERATION = 1
 
 # Paths of keystores open in this process, to avoid opening one LMDB environment twice (which
@@ -230,9 +232,10 @@ class KeyReader:
     for every payload; a search that decrypts its hits, or an index build that
     decrypts every turn's content and vector (two payloads under one record
     key), pays that per payload. A reader holds one snapshot and keeps each
-    record key it unwrapped until :meth:`close`, so each key is read and
-    unwrapped once per reader. Keys live only as long as the reader (one call):
-    a key destroyed after the snapshot began still opens here, exactly as a
+    record key it looked up until :meth:`close`, so each key is read once per
+    reader (and unwrapped once while the keystore's bounded cache holds it: see
+    ``Keystore._record_key_in``). A key destroyed after the snapshot began
+    still opens here, exactly as a
     :meth:`Keystore.open` that began before the destroy would; callers recheck
     visibility after opening, as they must anyway.
 
@@ -328,6 +331,10 @@ class Keystore:
             _open_stores[self._path] = self._store_id
         self._cache_lock = threading.Lock()
         self._cache: OrderedDict[tuple[bytes, bytes], _Key] = OrderedDict()
+        # Unwrapped record keys by ring prefix (LRU over rings), then by their LMDB key, with
+        # the wrapped value they came from: see _record_key_in.
+        self._record_cache: OrderedDict[bytes, dict[bytes, tuple[bytes, _Key]]] = OrderedDict()
+        self._record_cached = 0
         self._epoch = 0
         self._closed = False
 
@@ -412,6 +419,7 @@ class Keystore:
         with self._cache_lock:
             self._epoch += 1
             self._cache.clear()
+            self._clear_record_cache()
         self._env.close()
         with _open_lock:
             _open_stores.pop(self._path, None)
@@ -540,6 +548,12 @@ class Keystore:
             self._epoch += 1
             for cached in [c for c in self._cache if c[0] in evict]:
                 del self._cache[cached]
+            for prefix in evict:
+                self._record_cached -= len(self._record_cache.pop(prefix, ()))
+            for (ring, _), lmdb_key in zip(record_keys, record_lmdb_keys, strict=True):
+                held = self._record_cache.get(_ring_prefix(ring))
+                if held is not None and held.pop(lmdb_key, None) is not None:
+                    self._record_cached -= 1
         return deleted
 
     def rewrap_record_keys(self, refs: Sequence[tuple[RingRef, str]], to_ring: RingRef) -> None:
@@ -599,6 +613,12 @@ class Keystore:
                 # The old wrapped copy may linger in a free page: its ring must be renewed.
                 txn.put(prefix, b"", db=self._dirty)
                 self._mark_unrotated(txn)
+        with self._cache_lock:  # the moved keys' old entries no longer exist
+            self._epoch += 1
+            for ring, key_id in refs:
+                held = self._record_cache.get(_ring_prefix(ring))
+                if held is not None and held.pop(_record_lmdb_key(ring, key_id), None) is not None:
+                    self._record_cached -= 1
         if new_ring is not None:
             self._cache_put(to_prefix, new_ring[0], new_ring[1], self._epoch)
 
@@ -687,6 +707,7 @@ class Keystore:
         with self._cache_lock:
             self._epoch += 1
             self._cache.clear()
+            self._clear_record_cache()
         failpoint(FP_ROTATE_AFTER_KEYSTORE)
         self._kek.retire(old_versions)
         return renewed, rewrapped, old_versions
@@ -888,6 +909,16 @@ class Keystore:
         """Unwrap a record key as seen by the read transaction ``txn`` (``epoch``
         read before ``txn`` began).
 
+        The ring entry and the wrapped record key are read from ``txn`` on every call, so
+        a key destroyed before the snapshot never opens. What is cached (up to
+        ``_RECORD_CACHE_SIZE`` keys, by ring, least recently used ring first out) is the
+        unwrap: a key read again with the same wrapped bytes skips the two AEAD
+        decryptions of ring and record key, the main per-hit cost of a search. The
+        cache obeys the ring cache's rules: :meth:`destroy` evicts what it destroys before
+        it returns (a destroyed key leaves memory with the destroy, as ring keys do),
+        rotation and :meth:`close` clear it, and a reader whose snapshot predates a
+        destroy never re-inserts (the epoch check).
+
         Raises:
             KeyNotFoundError, IntegrityError, ValueError: as :meth:`open`.
         """
@@ -900,10 +931,42 @@ class Keystore:
         if wrapped is None:
             raise KeyNotFoundError("record key does not exist")
         wrapped = bytes(wrapped)
+        with self._cache_lock:
+            held = self._record_cache.get(prefix)
+            hit = None if held is None else held.get(lmdb_key)
+            if hit is not None and hit[0] == wrapped:
+                self._record_cache.move_to_end(prefix)
+                return hit[1]
         generation, ring_key = self._unwrap_ring(ring, prefix, bytes(ring_value), epoch)
         if _wrapped_version(wrapped) != generation:
             raise IntegrityError("record key was wrapped under another ring-key generation")
-        return _unwrap_key(ring_key, _record_ad(ring, key_id, generation), wrapped)
+        key = _unwrap_key(ring_key, _record_ad(ring, key_id, generation), wrapped)
+        with self._cache_lock:
+            if epoch == self._epoch:
+                held = self._record_cache.setdefault(prefix, {})
+                self._record_cache.move_to_end(prefix)
+                if held.get(lmdb_key) is None:
+                    self._record_cached += 1
+                held[lmdb_key] = (wrapped, key)
+                while self._record_cached > _RECORD_CACHE_SIZE:
+                    if len(self._record_cache) > 1:  # the least recently used ring goes
+                        _, dropped = self._record_cache.popitem(last=False)
+                        self._record_cached -= len(dropped)
+                    else:  # one ring over the bound: its oldest keys go
+                        del held[next(iter(held))]
+                        self._record_cached -= 1
+        return key
+
+    def _clear_record_cache(self) -> None:
+        """Drop every cached record key (the caller holds ``_cache_lock``)."""
+        self._record_cache.clear()
+        self._record_cached = 0
+
+    @property
+    def cached_record_keys(self) -> int:
+        """How many unwrapped record keys the cache holds now (a count, for tests and metrics)."""
+        with self._cache_lock:
+            return self._record_cached
 
     def _unwrap_ring(
         self, ring: RingRef, prefix: bytes, value: bytes, epoch: int

@@ -313,6 +313,78 @@ def test_destroy_evicts_cached_ring_key(store: Keystore) -> None:
     assert not any(prefix.startswith(b"alice\x00") for prefix, _ in store._cache)
 
 
+def test_a_record_key_is_unwrapped_once_across_calls(store: Keystore) -> None:
+    sealed = _sealed(store)
+    store.create_record_keys([(ALICE_T2, "k2")])
+    other = store.seal(ALICE_T2, "k2", AD, SECRET)
+    assert store.cached_record_keys == 2  # seal unwrapped both
+    for _ in range(3):
+        assert store.open(ALICE_T1, "k1", AD, sealed) == SECRET
+        with store.reader() as reader:
+            assert reader.open(ALICE_T2, "k2", AD, other) == SECRET
+    assert store.cached_record_keys == 2
+
+
+@pytest.mark.parametrize(
+    "destroy",
+    [
+        {"record_keys": [(ALICE_T1, "k1")]},
+        {"rings": [ALICE_T1]},
+        {"owners": ["alice"]},
+    ],
+)
+def test_destroy_evicts_cached_record_keys(store: Keystore, destroy: dict[str, object]) -> None:
+    sealed = _sealed(store)
+    bob = RingRef("bob", "t1")
+    store.create_record_keys([(bob, "k1")])
+    bobs = store.seal(bob, "k1", AD, SECRET)
+    assert store.cached_record_keys == 2
+    store.destroy(**destroy)  # type: ignore[arg-type]
+    assert store.cached_record_keys == 1  # bob's stays
+    with pytest.raises(KeyNotFoundError):
+        store.open(ALICE_T1, "k1", AD, sealed)
+    assert store.open(bob, "k1", AD, bobs) == SECRET
+
+
+def test_a_reader_from_before_a_destroy_never_caches_the_destroyed_key(store: Keystore) -> None:
+    sealed = _sealed(store)
+    store.close()  # a fresh keystore: nothing cached
+    reopened = Keystore(store.path, store._kek, map_size=1 << 24)
+    try:
+        with reopened.reader() as reader:
+            reopened.destroy(record_keys=[(ALICE_T1, "k1")])
+            assert reader.open(ALICE_T1, "k1", AD, sealed) == SECRET  # its snapshot
+            assert reopened.cached_record_keys == 0
+        with pytest.raises(KeyNotFoundError):
+            reopened.open(ALICE_T1, "k1", AD, sealed)
+    finally:
+        reopened.close()
+
+
+def test_rewrap_drops_the_moved_cached_record_keys(store: Keystore) -> None:
+    sealed = _sealed(store)
+    repair = RingRef("alice", "repair-1")
+    store.rewrap_record_keys([(ALICE_T1, "k1")], repair)
+    assert store.cached_record_keys == 0
+    assert store.open(repair, "k1", AD, sealed) == SECRET
+    with pytest.raises(KeyNotFoundError):
+        store.open(ALICE_T1, "k1", AD, sealed)
+    assert store.cached_record_keys == 1
+
+
+def test_the_record_key_cache_is_bounded(store: Keystore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shredder._keystore._RECORD_CACHE_SIZE", 4)
+    refs = [(ALICE_T1, f"k{i}") for i in range(10)]
+    store.create_record_keys([*refs, (ALICE_T2, "x")])
+    sealed = [store.seal(ring, key_id, AD, SECRET) for ring, key_id in refs]
+    assert store.cached_record_keys == 4  # one ring over the bound: its oldest keys go
+    opened = [store.open(r, k, AD, c) for (r, k), c in zip(refs, sealed, strict=True)]
+    assert opened == [SECRET] * len(refs)  # evicted keys unwrap again
+    assert store.cached_record_keys == 4
+    store.seal(ALICE_T2, "x", AD, SECRET)
+    assert store.cached_record_keys == 1  # the least recently used ring went whole
+
+
 # ------------------------------------------------------------------ persistence
 
 

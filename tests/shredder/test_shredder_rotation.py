@@ -39,8 +39,11 @@ def test_a_snapshot_from_before_a_shred_opens_nothing_after_rotation(tmp_path: P
     with Keystore(snapshot, kek) as old:
         assert old.open(T1, "k1", AD, gone) == b"forget me"
     with Keystore(ks_path, kek) as ks:
+        assert ks.open(T1, "k2", AD, kept) == b"keep me"
+        assert ks.cached_record_keys == 1
         renewed, rewrapped, retired = ks.rotate()
         assert (renewed, rewrapped, retired) == (1, 1, [1])
+        assert ks.cached_record_keys == 0  # unwrapped under the retired generation
         assert ks.unrotated_since() is None
         assert ks.open(T1, "k2", AD, kept) == b"keep me"
     assert kek.versions == frozenset({2})
