@@ -29,6 +29,7 @@ from server.store._forget import ForgetPart
 from server.store._manifests import ManifestsPart
 from server.store._memories import MemoriesPart
 from server.store._pending import PendingPart
+from server.store._placement import PlacementPart
 from server.store._repairs import RepairsPart
 from server.store._schema import Tables
 from server.store._threads import ThreadsPart
@@ -117,6 +118,7 @@ class Store(
     TokensPart,
     ForgetPart,
     MemoriesPart,
+    PlacementPart,
 ):
     """The data environment, the keystore and the writer for one data directory.
 
