@@ -44,7 +44,9 @@ server that holds the owner. Lethe has no proxy of its own.
 
 The moved-away markers (``lethe shard mark-moved``) are the shard side of a
 placement: a shard that no longer holds an owner answers ``OWNER_MOVED``
-naming where it went (:mod:`server._routing`).
+naming where it went (:mod:`server._routing`). Tokens are per data
+directory; ``lethe shard token-import`` stores a token made on one shard on
+another, so one token works through the proxy.
 
 Thread rules: none (pure functions and one-shot commands).
 """
@@ -58,6 +60,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -366,6 +369,33 @@ def nginx_config(plan: NginxPlan) -> str:
     return "\n".join(lines)
 
 
+_TOKEN_RE = re.compile(r"lethe_[A-Za-z0-9_-]{43}")
+
+
+def _import_token(store: Any, args: argparse.Namespace) -> int:
+    """``lethe shard token-import``: the token on stdin (as ``lethe token create``
+    printed it on another shard) stored here by its digest; 1 if malformed."""
+    from server._auth import LABEL_RE, token_digest
+
+    token = sys.stdin.readline().strip()
+    if not _TOKEN_RE.fullmatch(token):
+        print("lethe: stdin holds no lethe token (lethe_ and 43 characters)", file=sys.stderr)
+        return 1
+    if args.label and not LABEL_RE.fullmatch(args.label):
+        print("lethe: labels match [A-Za-z0-9][A-Za-z0-9._-]{0,63}", file=sys.stderr)
+        return 1
+    try:
+        row = store.create_token(
+            token_digest(token), args.owners or [], args.admin, label=args.label
+        )
+    except ValueError as exc:  # the same token imported twice
+        print(f"lethe: {exc}", file=sys.stderr)
+        return 1
+    who = "admin" if row.admin else ",".join(row.owners)
+    print(f"lethe: token {row.id} stored for {who}", file=sys.stderr)
+    return 0
+
+
 # ---------------------------------------------------------------------- command line
 
 
@@ -386,7 +416,7 @@ def add_shard_commands(
     address: Callable[[str], str],
     owner: Callable[[str], str],
 ) -> None:
-    """Add ``lethe shard nginx-config | mark-moved | unmark-moved | moved``.
+    """Add ``lethe shard nginx-config | mark-moved | unmark-moved | moved | token-import``.
 
     Args:
         sub: the ``lethe`` subcommands.
@@ -467,6 +497,17 @@ def add_shard_commands(
     listing = actions.add_parser("moved", help="list the owners marked moved away")
     listing.add_argument("--data", type=Path, default=Path("./lethe-data"))
     listing.add_argument("--kek-file", type=Path, default=None)
+    imported = actions.add_parser(
+        "token-import",
+        help="store a token made on another shard (read from stdin) here too, so one "
+        "token works through the proxy on every shard",
+    )
+    imported.add_argument("--data", type=Path, default=Path("./lethe-data"))
+    imported.add_argument("--kek-file", type=Path, default=None)
+    who = imported.add_mutually_exclusive_group(required=True)
+    who.add_argument("--owner", type=owner, action="append", dest="owners")
+    who.add_argument("--admin", action="store_true")
+    imported.add_argument("--label", default="", help="a name for it (no content)")
 
 
 def run_shard_command(args: argparse.Namespace, open_store: Callable[[], object]) -> int:
@@ -513,6 +554,8 @@ def run_shard_command(args: argparse.Namespace, open_store: Callable[[], object]
         elif args.action == "unmark-moved":
             had = store.clear_moved(args.owner)
             print(f"owners/{args.owner} " + ("served here again" if had else "was not marked"))
+        elif args.action == "token-import":
+            return _import_token(store, args)
         else:
             for row in store.moved_owners():
                 print(f"owners/{row.owner}\t{row.shard}\t{row.target or '-'}")

@@ -31,6 +31,7 @@ from typing import IO
 
 import grpc
 import pytest
+from _pki import make_pki
 from conftest import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -90,7 +91,7 @@ class Cluster:
         return client
 
 
-def _start_shard(shard: ShardProc, log: Path) -> None:
+def _start_shard(shard: ShardProc, log: Path, *extra: str) -> None:
     env = {**os.environ, "LETHE_KEK": shard.kek}
     shard.log = log.open("w")
     shard.proc = subprocess.Popen(
@@ -106,6 +107,7 @@ def _start_shard(shard: ShardProc, log: Path) -> None:
             "--embedder",
             "none",
             "--require-owner-header",
+            *extra,
         ],
         env=env,
         cwd=ROOT,
@@ -134,6 +136,37 @@ def _put_token(shard: ShardProc, token: str, monkeypatch: pytest.MonkeyPatch) ->
         store.put_token(token_digest(token), principal_record([], True))
     finally:
         store.close()
+
+
+def _lethe(shard: ShardProc, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """Run ``lethe ARGS`` beside a running shard (its KEK in the environment)."""
+    return subprocess.run(
+        [*LETHE, *args],
+        env={**os.environ, "LETHE_KEK": shard.kek},
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def _shared_token(shards: list[ShardProc]) -> str:
+    """An admin token made on the first shard and imported on the others, as an
+    operator does it (``lethe token create``, then ``lethe shard token-import``)."""
+    made = _lethe(shards[0], "token", "create", "--data", str(shards[0].data), "--admin")
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    for shard in shards[1:]:
+        data = ["--data", str(shard.data)]
+        done = _lethe(shard, "shard", "token-import", *data, "--admin", stdin=token + "\n")
+        assert done.returncode == 0, done.stderr
+        again = _lethe(shard, "shard", "token-import", *data, "--admin", stdin=token + "\n")
+        assert again.returncode == 1, again.stderr  # stored once
+        bad = _lethe(shard, "shard", "token-import", *data, "--admin", stdin="lethe_short\n")
+        assert bad.returncode == 1
+        assert "no lethe token" in bad.stderr
+    return token
 
 
 def nginx_main_config(work: Path, include: Path) -> Path:
@@ -201,15 +234,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         name: ShardProc(name, work / f"data-{name}", KekRing.generate_env_value(), free_port())
         for name in SHARDS
     }
-    token = new_token()
-    mp = pytest.MonkeyPatch()
     try:
         for shard in shards.values():
             _start_shard(shard, work / f"{shard.name}.log")
         for shard in shards.values():
             assert shard.proc is not None
             _wait_for(work / f"{shard.name}.log", "lethe serving", shard.proc)
-            _put_token(shard, token, mp)
+        token = _shared_token(list(shards.values()))
         nginx_port = free_port()
         include = work / "lethe.conf"
         made = subprocess.run(
@@ -237,7 +268,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             for client in cluster.clients:
                 client.close()
     finally:
-        mp.undo()
         for shard in shards.values():
             if shard.proc is not None and shard.proc.poll() is None:
                 shard.proc.terminate()
@@ -400,3 +430,49 @@ def test_killing_a_shard_fails_only_its_owners(cluster: Cluster, homes: dict[str
                 f"owners/{owner}/threads/t1", [{"role": "USER", "text": "still here"}]
             )
             assert reply.turns[0].seq == 2
+
+
+def test_tls_on_both_sides_of_nginx(tmp_path: Path) -> None:
+    """A shard serving mutual TLS, nginx verifying it (``--upstream-ca``) and
+    presenting a client certificate, and TLS from the client to nginx."""
+    nginx = nginx_binary()
+    pki = make_pki(tmp_path / "pki")
+    shard = ShardProc("a", tmp_path / "data-a", KekRing.generate_env_value(), free_port())
+    tls = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
+    _start_shard(shard, tmp_path / "a.log", *tls, "--client-ca", str(pki.ca))
+    assert shard.proc is not None
+    assert shard.log is not None
+    mp = pytest.MonkeyPatch()
+    try:
+        _wait_for(tmp_path / "a.log", "lethe serving", shard.proc)
+        token = new_token()
+        _put_token(shard, token, mp)
+        port = free_port()
+        include = tmp_path / "lethe.conf"
+        upstream = ["--upstream-ca", str(pki.ca), "--upstream-server-name", "localhost"]
+        upstream += ["--upstream-cert", str(pki.client_cert), "--upstream-key", str(pki.client_key)]
+        listen = ["--listen", f"127.0.0.1:{port}", "--out", str(include), *tls]
+        made = subprocess.run(
+            [*LETHE, "shard", "nginx-config", "--shards", f"a={shard.address}", *listen, *upstream],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert made.returncode == 0, made.stderr
+        work = tmp_path / "nginx"
+        work.mkdir()
+        with running_nginx(nginx, nginx_main_config(work, include), work, port):
+            roots = lc.TLSConfig(root_certificates=pki.read("ca"), server_name="localhost")
+            with lc.Client(f"127.0.0.1:{port}", token, tls=roots, retry=None) as client:
+                thread = client.create_thread("owners/alice", thread_id="t1")
+                assert client.get_thread(thread.name).name == "owners/alice/threads/t1"
+            # Plaintext to a TLS listener does not get through.
+            plain = lc.Client(f"127.0.0.1:{port}", token, tls=False, retry=None, timeout=5)
+            with plain, pytest.raises(lc.Unavailable):
+                plain.get_thread("owners/alice/threads/t1")
+    finally:
+        mp.undo()
+        shard.proc.terminate()
+        shard.proc.wait(15)
+        shard.log.close()
