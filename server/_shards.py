@@ -489,7 +489,7 @@ def add_shard_commands(
     mark.add_argument("--kek-file", type=Path, default=None)
     mark.add_argument("--owner", type=owner, required=True)
     mark.add_argument("--to", type=owner, required=True, help="the destination shard's name")
-    mark.add_argument("--target", type=address, default="", help="its HOST:PORT")
+    mark.add_argument("--target", type=address, default=None, help="its HOST:PORT")
     unmark = actions.add_parser("unmark-moved", help="serve OWNER here again")
     unmark.add_argument("--data", type=Path, default=Path("./lethe-data"))
     unmark.add_argument("--kek-file", type=Path, default=None)
@@ -548,7 +548,7 @@ def run_shard_command(args: argparse.Namespace, open_store: Callable[[], object]
     assert isinstance(store, Store)
     try:
         if args.action == "mark-moved":
-            row = store.mark_moved(args.owner, args.to, args.target)
+            row = store.mark_moved(args.owner, args.to, args.target or "")
             where = row.shard + (f" ({row.target})" if row.target else "")
             print(f"owners/{row.owner} marked moved to {where}: calls here answer OWNER_MOVED")
         elif args.action == "unmark-moved":

@@ -7,8 +7,10 @@ writes a :class:`MovedRow` under the owner's id in the ``moved`` database at
 cut-over; from then on the server answers every call for that owner
 ``FAILED_PRECONDITION`` / ``OWNER_MOVED`` naming the destination (the check is
 :mod:`server._routing`'s, at authorisation), so a stale route gets an answer
-that says where to go, never an empty success. Clearing the marker (the owner
-moved back) makes the owner served here again.
+that says where to go, never an empty success. Writes are also refused inside
+their transaction (:meth:`PlacementPart.refuse_moved`, the writer's guard),
+so a write authorised just before the marker landed cannot commit after it.
+Clearing the marker (the owner moved back) makes the owner served here again.
 
 A row holds ids and an address only, never content.
 
@@ -26,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 import lmdb
 
+from server.errors import OwnerMoved
 from server.store import _schema as sk
 from server.store._base import StoreBase
 from server.store._writer import WriteOp
@@ -96,6 +99,18 @@ class PlacementPart(StoreBase):
         with self.env.begin() as txn:
             raw = sk.get(txn, self.t.moved, sk.owner_key(owner))
         return None if raw is None else MovedRow.decode(owner, raw)
+
+    def refuse_moved(self, txn: lmdb.Transaction, owner: str) -> None:
+        """The writer's guard: inside a write transaction, refuse a client's write
+        for an owner marked moved away.
+
+        Raises:
+            OwnerMoved: ``owner`` has a marker (read in ``txn``).
+        """
+        raw = sk.get(txn, self.t.moved, sk.owner_key(owner))
+        if raw is not None:
+            row = MovedRow.decode(owner, raw)
+            raise OwnerMoved(owner, row.shard, row.target)
 
     def moved_owners(self) -> list[MovedRow]:
         """Every marker, by owner id."""

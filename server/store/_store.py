@@ -175,7 +175,9 @@ class Store(
         self.unreadable = {}
         self._unreadable_guard = threading.Lock()
         self._key_batch = threading.local()
-        self.writer = Writer(self.env, self.keystore, on_commit=self._announce_events)
+        self.writer = Writer(
+            self.env, self.keystore, on_commit=self._announce_events, guard=self.refuse_moved
+        )
         with _OPEN_GUARD:
             _OPEN[self.data_dir] = self
 
