@@ -46,7 +46,8 @@ The moved-away markers (``lethe shard mark-moved``) are the shard side of a
 placement: a shard that no longer holds an owner answers ``OWNER_MOVED``
 naming where it went (:mod:`server._routing`). Tokens are per data
 directory; ``lethe shard token-import`` stores a token made on one shard on
-another, so one token works through the proxy.
+another, so one token works through the proxy. ``lethe shard audit`` reads
+the periodic audit's gauges from every shard's ``/metrics`` in one command.
 
 Thread rules: none (pure functions and one-shot commands).
 """
@@ -78,6 +79,7 @@ __all__ = [
     "parse_placement",
     "parse_shards",
     "run_shard_command",
+    "shard_audit",
 ]
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -369,6 +371,71 @@ def nginx_config(plan: NginxPlan) -> str:
     return "\n".join(lines)
 
 
+AUDIT_GAUGES = (
+    "lethe_orphan_derivatives",
+    "lethe_stale_summaries",
+    "lethe_records_without_key",
+    "lethe_unreadable_records",
+    "lethe_outstanding_deletions",
+)
+"""The gauges of each shard's periodic audit that ``lethe shard audit`` reads
+(all zero in a healthy store, API.md "Metrics")."""
+
+
+def shard_audit(shards: Sequence[Shard], *, timeout: float = 5.0) -> dict[str, dict[str, float]]:
+    """Read the audit gauges of every shard's ``/metrics`` (``Shard.address`` is
+    its ``--metrics-listen``).
+
+    Args:
+        shards: the shards, with their metrics addresses.
+        timeout: seconds per scrape.
+
+    Returns:
+        shard name → gauge → value; a shard that cannot be scraped maps to
+        ``{}`` (and a gauge it does not export is missing from its dict).
+    """
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[str, float]] = {}
+    for shard in shards:
+        try:
+            with urllib.request.urlopen(
+                f"http://{shard.address}/metrics", timeout=timeout
+            ) as reply:
+                text = reply.read().decode()
+        except OSError:
+            out[shard.name] = {}
+            continue
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name in AUDIT_GAUGES:
+                values[family.name] = sum(sample.value for sample in family.samples)
+        out[shard.name] = values
+    return out
+
+
+def _print_audit(found: dict[str, dict[str, float]]) -> int:
+    """Print one line per shard and the totals; 0 when every shard answered
+    with every gauge at zero, else 1."""
+    healthy = True
+    totals = dict.fromkeys(AUDIT_GAUGES, 0.0)
+    for name, values in found.items():
+        if not values:
+            print(f"{name}: unreachable (no /metrics)")
+            healthy = False
+            continue
+        missing = [g for g in AUDIT_GAUGES if g not in values]
+        healthy = healthy and not missing and not any(values.values())
+        for gauge, value in values.items():
+            totals[gauge] += value
+        cells = " ".join(f"{g.removeprefix('lethe_')}={values[g]:g}" for g in values)
+        print(f"{name}: {cells}" + (f" missing={','.join(missing)}" if missing else ""))
+    print("all: " + " ".join(f"{g.removeprefix('lethe_')}={v:g}" for g, v in totals.items()))
+    return 0 if healthy else 1
+
+
 _TOKEN_RE = re.compile(r"lethe_[A-Za-z0-9_-]{43}")
 
 
@@ -416,7 +483,8 @@ def add_shard_commands(
     address: Callable[[str], str],
     owner: Callable[[str], str],
 ) -> None:
-    """Add ``lethe shard nginx-config | mark-moved | unmark-moved | moved | token-import``.
+    """Add ``lethe shard nginx-config | audit | mark-moved | unmark-moved | moved |
+    token-import``.
 
     Args:
         sub: the ``lethe`` subcommands.
@@ -497,6 +565,17 @@ def add_shard_commands(
     listing = actions.add_parser("moved", help="list the owners marked moved away")
     listing.add_argument("--data", type=Path, default=Path("./lethe-data"))
     listing.add_argument("--kek-file", type=Path, default=None)
+    audit = actions.add_parser(
+        "audit",
+        help="the periodic audit of every shard in one command: exit 1 if a count is "
+        "non-zero or a shard does not answer",
+    )
+    audit.add_argument(
+        "--metrics",
+        type=shards(True),
+        required=True,
+        help="each shard's --metrics-listen: NAME=HOST:PORT,...",
+    )
     imported = actions.add_parser(
         "token-import",
         help="store a token made on another shard (read from stdin) here too, so one "
@@ -518,6 +597,8 @@ def run_shard_command(args: argparse.Namespace, open_store: Callable[[], object]
         open_store: opens the ``--data`` store beside a running server (for
             the marker commands).
     """
+    if args.action == "audit":
+        return _print_audit(shard_audit(args.metrics))
     if args.action == "nginx-config":
         plan = NginxPlan(
             shards=[*args.shards, *args.placed_shards],

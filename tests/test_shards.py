@@ -66,6 +66,7 @@ class ShardProc:
     data: Path
     kek: str
     port: int
+    metrics_port: int = 0
     proc: subprocess.Popen[str] | None = None
     log: IO[str] | None = None
 
@@ -103,7 +104,7 @@ def _start_shard(shard: ShardProc, log: Path, *extra: str) -> None:
             "--listen",
             shard.address,
             "--metrics-listen",
-            "off",
+            f"127.0.0.1:{shard.metrics_port}" if shard.metrics_port else "off",
             "--embedder",
             "none",
             "--require-owner-header",
@@ -231,7 +232,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     nginx = nginx_binary()
     work = tmp_path_factory.mktemp("shards")
     shards = {
-        name: ShardProc(name, work / f"data-{name}", KekRing.generate_env_value(), free_port())
+        name: ShardProc(
+            name, work / f"data-{name}", KekRing.generate_env_value(), free_port(), free_port()
+        )
         for name in SHARDS
     }
     try:
@@ -424,6 +427,26 @@ def test_a_watch_stream_through_nginx(cluster: Cluster) -> None:
     assert event.subject == name
 
 
+def _audit(cluster: Cluster) -> subprocess.CompletedProcess[str]:
+    metrics = ",".join(f"{s.name}=127.0.0.1:{s.metrics_port}" for s in cluster.shards.values())
+    return subprocess.run(
+        [*LETHE, "shard", "audit", "--metrics", metrics],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_one_command_audits_every_shard(cluster: Cluster, homes: dict[str, str]) -> None:
+    done = _audit(cluster)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == [*SHARDS, "all"]
+    assert "orphan_derivatives=0" in lines[-1]
+    assert "records_without_key=0" in lines[-1]
+
+
 def test_killing_a_shard_fails_only_its_owners(cluster: Cluster, homes: dict[str, str]) -> None:
     """Runs last (it kills shard b)."""
     victim = cluster.shards["b"]
@@ -443,6 +466,9 @@ def test_killing_a_shard_fails_only_its_owners(cluster: Cluster, homes: dict[str
             thread = proxy.get_thread(f"owners/{owner}/threads/t1")
             reply = proxy.append_turns(thread.name, [{"role": "USER", "text": "still here"}])
             assert reply.turns[0].seq == thread.last_seq + 1
+    audit = _audit(cluster)
+    assert audit.returncode == 1
+    assert "b: unreachable" in audit.stdout
 
 
 def test_tls_on_both_sides_of_nginx(tmp_path: Path) -> None:

@@ -109,3 +109,33 @@ def test_the_command_writes_the_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert '"alice" lethe_shard_b;' in out.read_text()
     assert main([*args, "--placement", "alice=q"]) == 2
     assert "no shard is named q" in capsys.readouterr().err
+
+
+def test_the_shard_audit_fails_on_a_non_zero_count(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two shards' /metrics (real Prometheus endpoints of the server's
+    registry): one healthy, one with orphans; the totals add up and exit 1."""
+    from prometheus_client import start_http_server
+
+    from server._metrics import Metrics
+    from server._shards import _print_audit, shard_audit
+
+    healthy, sick = Metrics(), Metrics()
+    sick.orphan_derivatives.set(2)
+    servers = []
+    addresses = []
+    for metrics in (healthy, sick):
+        server, _ = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+        servers.append(server)
+        addresses.append(f"127.0.0.1:{server.server_port}")
+    try:
+        shards = parse_shards(f"a={addresses[0]},b={addresses[1]}")
+        found = shard_audit(shards)
+        assert found["a"]["lethe_orphan_derivatives"] == 0
+        assert found["b"]["lethe_orphan_derivatives"] == 2
+        assert _print_audit(found) == 1
+        assert "all: orphan_derivatives=2" in capsys.readouterr().out
+        assert _print_audit({"a": found["a"]}) == 0
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
