@@ -16,6 +16,12 @@ context manifest    ``owners/{owner}/manifests/{manifest}``
 deletion receipt    ``owners/{owner}/deletions/{deletion}``
 ==================  ================================================
 
+Routing: every call of the typed client carries the owner of its resource
+names in the :data:`OWNER_HEADER` metadata (``x-lethe-owner: {owner}``), the
+header a sharding proxy routes on (README, "Across machines"); the server
+refuses a call whose header names another owner (``INVALID_ARGUMENT`` /
+``OWNER_HEADER_MISMATCH``). :func:`owner_of` reads the owner of any name.
+
 Ids match ``[a-z0-9][a-z0-9-]{0,62}`` (ASCII only); ``seq`` is a decimal
 integer ≥ 1 below 2**62, without leading zeros. Ids are not secret and are
 not encrypted: never put content in them.
@@ -33,6 +39,7 @@ __all__ = [
     "ID_PATTERN",
     "ID_RE",
     "MAX_SEQ",
+    "OWNER_HEADER",
     "DeletionName",
     "InvalidName",
     "ManifestName",
@@ -42,6 +49,7 @@ __all__ = [
     "TurnName",
     "check_id",
     "new_id",
+    "owner_of",
     "parse_deletion",
     "parse_manifest",
     "parse_memory",
@@ -57,6 +65,11 @@ ID_RE = re.compile(ID_PATTERN)
 MAX_SEQ = 2**62
 """Exclusive upper bound of a turn's ``seq``."""
 
+OWNER_HEADER = "x-lethe-owner"
+"""The call metadata key that carries the owner of the request's resource names
+(lowercase, as gRPC metadata keys are): what a sharding proxy routes on."""
+
+_OWNER_PREFIX_RE = re.compile(rf"owners/({ID_PATTERN})(?:/|$)")
 _SEQ_RE = re.compile(r"[1-9][0-9]{0,18}")  # ASCII only: str.isdigit() admits "²" and "٣"
 _SEGMENT = r"([^/]+)"
 _SHAPES = {
@@ -162,6 +175,17 @@ def check_id(value: str) -> str:
     if not ID_RE.fullmatch(value):
         raise InvalidName(f"must match {ID_PATTERN}")
     return value
+
+
+def owner_of(name: str) -> str | None:
+    """The owner id at the head of a resource name of any kind (``owners/{owner}``
+    or ``owners/{owner}/...``), or None when ``name`` does not start with one.
+
+    Only the head is checked: a name that is malformed further on still has an
+    owner to route on (the server then refuses it with ``BAD_FIELD``).
+    """
+    match = _OWNER_PREFIX_RE.match(name)
+    return None if match is None else match.group(1)
 
 
 def _groups(kind: str, value: str) -> tuple[str, ...]:

@@ -6,7 +6,8 @@
 # systemd-analyze (scripts/check_deploy.sh), and run a Go client generated
 # from proto/ against the server (scripts/check_go_client.sh); the Node.js
 # client in tests/crosslang/node is installed with `npm ci` (required under CI)
-# and run by pytest against a real server.
+# and run by pytest against a real server; nginx (Debian's nginx-light) is
+# installed for the sharding test (scripts/install_nginx.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # .venv of a Python >= 3.11 ($PYTHON if set; a wrong one is made again)
@@ -24,6 +25,8 @@ echo "== deploy (promtool, systemd-analyze)"
 bash scripts/check_deploy.sh
 echo "== a Go client generated from proto/, against a real server"
 bash scripts/check_go_client.sh
+echo "== nginx for the sharding test (tests/test_shards.py)"
+bash scripts/install_nginx.sh
 if command -v npm >/dev/null 2>&1; then
     echo "== npm ci (tests/crosslang/node)"
     (cd tests/crosslang/node && npm ci --no-audit --no-fund --loglevel=error)

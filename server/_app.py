@@ -59,6 +59,7 @@ from server._edge import Edge
 from server._lifecycle import Lifecycle, Recovery, Sweeper
 from server._metrics import Metrics, RpcMetricsInterceptor
 from server._notifier import EventHub
+from server._routing import Router
 from server._search import Retriever
 from server.services import (
     EventsService,
@@ -115,6 +116,9 @@ class ServerConfig:
         index_cache_size: bytes of in-memory indexes kept (estimates); past it
             the least recently used owners' indexes are dropped and rebuilt from
             the store when next searched.
+        require_owner_header: refuse calls without ``x-lethe-owner`` metadata
+            (``OWNER_HEADER_MISSING``): set it on shards behind a proxy that
+            routes on the header (:mod:`server._routing`).
     """
 
     data_dir: Path = Path("./lethe-data")
@@ -144,6 +148,7 @@ class ServerConfig:
     keepalive_min_interval: float = 10.0
     keepalive_time: float = 60.0
     keepalive_timeout: float = 20.0
+    require_owner_header: bool = False
 
     def limits(self) -> Limits:
         """The admission bounds and worker count.
@@ -284,6 +289,7 @@ class LetheServer:
             Admission(self._limits, self.metrics),
             self.executor,
             self.metrics,
+            Router(self.store.moved, require_header=self.config.require_owner_header),
         )
         self.hub, self.edge = hub, edge
         limits = self._limits

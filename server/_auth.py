@@ -14,7 +14,8 @@ a restart; an unknown, revoked and expired token are refused alike
 (``INVALID_TOKEN``), so a refusal tells nothing about which tokens exist. The
 call pipeline (:mod:`server._edge`) binds the principal to a context variable
 that :func:`authorize` checks against the owner named in a request before
-anything is read.
+anything is read; :func:`authorize` also applies the routing checks of a
+sharded deployment (:mod:`server._routing`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from server._routing import check_route
 from server.errors import PermissionDenied, Reason, Unauthenticated
 from server.store import TokenRow
 
@@ -98,17 +100,22 @@ def principal_record(
 
 
 def authorize(owner: str) -> None:
-    """Check that the caller may act for ``owner``.
+    """Check that the caller may act for ``owner``, and that the call was routed
+    to the shard that holds it (:func:`server._routing.check_route`).
 
     Raises:
         PermissionDenied: reason ``OWNER_NOT_ALLOWED``.
         Unauthenticated: no principal (the call pipeline did not run).
+        WrongOwnerHeader: the ``x-lethe-owner`` header is missing (when
+            required), malformed, repeated or names another owner.
+        OwnerMoved: the owner moved to another shard.
     """
     principal = _principal.get()
     if principal is None:
         raise Unauthenticated("no credentials", reason=Reason.MISSING_TOKEN)
     if not principal.may_act_for(owner):
         raise PermissionDenied(f"token may not act for owners/{owner}")
+    check_route(owner)
 
 
 def current_principal() -> Principal | None:

@@ -6,7 +6,8 @@ takes the request as raw bytes and, in this order:
 1. refuses at once while the server drains (``UNAVAILABLE`` / ``DRAINING``);
 2. authenticates the ``authorization`` metadata (:mod:`server._auth`) —
    before the request is even decoded, so nothing of an unauthenticated
-   request is parsed;
+   request is parsed — and binds the call's route (its ``x-lethe-owner``
+   header, :mod:`server._routing`), which ``authorize`` checks;
 3. admits the call or stream against the bounds (:mod:`server._admission`),
    refusing past them with ``RESOURCE_EXHAUSTED``;
 4. decodes the request on a worker thread; bytes that do not decode answer
@@ -54,6 +55,7 @@ from server._admission import Admission, FairExecutor
 from server._auth import Authenticator, Principal, bind_principal
 from server._logs import LIMITED
 from server._metrics import Metrics
+from server._routing import Router, bind_route
 from server.errors import (
     Draining,
     LetheError,
@@ -158,6 +160,8 @@ class Edge:
         admission: the bounds on calls and streams.
         executor: the worker pool for blocking work.
         metrics: the admission metrics.
+        router: the routing checks (owner header, moved-away owners); None
+            accepts every call as routed right.
     """
 
     def __init__(
@@ -166,8 +170,10 @@ class Edge:
         admission: Admission,
         executor: FairExecutor,
         metrics: Metrics,
+        router: Router | None = None,
     ) -> None:
         self.authenticator = authenticator
+        self.router = router
         self.admission = admission
         self.executor = executor
         self._metrics = metrics
@@ -288,8 +294,9 @@ class Edge:
         if self._draining:
             self.admission.refused(Reason.DRAINING)
             raise Draining("the server is stopping; retry shortly")
+        metadata = tuple(context.invocation_metadata() or ())
         try:
-            return self.authenticator.authenticate(tuple(context.invocation_metadata() or ()))
+            principal = self.authenticator.authenticate(metadata)
         except Unauthenticated as exc:
             LIMITED.log(
                 logging.WARNING,
@@ -300,6 +307,9 @@ class Edge:
                 exc.reason_name,
             )
             raise
+        if self.router is not None:
+            bind_route(self.router.route(metadata))
+        return principal
 
     def _status(self, method: str, exc: BaseException) -> grpc.Status:
         if isinstance(exc, _Abort):

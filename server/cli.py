@@ -26,6 +26,7 @@ from types import FrameType
 from lethe.probe import add_probe_arguments
 from server._auth import LABEL_RE, new_token, token_digest
 from server._names import ID_RE
+from server._shards import add_serve_arguments, add_shard_commands, run_shard_command
 from server.store import Store, StoreLockedError, acquire_lock, data_paths, open_store_for
 from shredder import (
     EnvironmentConfigError,
@@ -257,6 +258,9 @@ def _parser() -> argparse.ArgumentParser:
         help="on SIGTERM, time given to calls in flight (30s)",
     )
 
+    add_serve_arguments(serve)
+    add_shard_commands(sub, message_size=parse_message_size, address=_address, owner=_owner)
+
     token = sub.add_parser("token", help="create, list and revoke bearer tokens")
     token_sub = token.add_subparsers(dest="action", required=True)
     create = token_sub.add_parser("create", help="print a new bearer token")
@@ -347,6 +351,7 @@ def _serve(args: argparse.Namespace) -> int:
         keepalive_timeout=args.keepalive_timeout,
         max_store_size=args.max_store_size,
         index_cache_size=args.index_cache_size,
+        require_owner_header=args.require_owner_header,
     )
     try:
         config.limits()
@@ -575,6 +580,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from lethe.demo import run_demo
 
             return run_demo(args)
+        if args.command == "shard":
+            return run_shard_command(args, lambda: _token_store(args))
         if args.command == "probe":
             from lethe.probe import run_probe
 

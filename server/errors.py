@@ -16,9 +16,11 @@ Exception tree::
     ├── PermissionDenied       PERMISSION_DENIED    OWNER_NOT_ALLOWED
     ├── InvalidArgument        INVALID_ARGUMENT     BAD_FIELD | DIMENSION_MISMATCH
     ├── MalformedRequest       INVALID_ARGUMENT     MALFORMED_REQUEST
+    ├── WrongOwnerHeader       INVALID_ARGUMENT     OWNER_HEADER_MISMATCH | OWNER_HEADER_MISSING
     ├── NotFound               NOT_FOUND            NOT_FOUND
     │   └── RecordDeleted      NOT_FOUND            RECORD_DELETED
     ├── FailedPrecondition     FAILED_PRECONDITION  SEALED | SOURCE_* | ...
+    │   └── OwnerMoved         FAILED_PRECONDITION  OWNER_MOVED (metadata: shard, target)
     ├── AlreadyExists          ALREADY_EXISTS       ALREADY_EXISTS | SLOT_CONFLICT
     ├── Aborted                ABORTED              VERSION_MISMATCH
     ├── StoreFull              RESOURCE_EXHAUSTED   STORE_FULL
@@ -74,6 +76,10 @@ class LetheError(Exception):
     def details(self) -> list[any_pb2.Any]:
         """The ``google.rpc`` detail messages beyond ErrorInfo."""
         return []
+
+    def info_metadata(self) -> dict[str, str]:
+        """The ``ErrorInfo.metadata`` entries (ids and addresses only, never content)."""
+        return {}
 
 
 class Unauthenticated(LetheError):
@@ -153,6 +159,33 @@ class FailedPrecondition(LetheError):
         return [packed]
 
 
+class OwnerMoved(FailedPrecondition):
+    """This shard no longer holds the owner: it moved to ``shard`` (at ``target``).
+
+    Args:
+        owner: the owner's id.
+        shard: the destination shard's name.
+        target: its ``HOST:PORT``, or "" when not recorded.
+    """
+
+    def __init__(self, owner: str, shard: str, target: str = "") -> None:
+        where = f"shard {shard}" + (f" ({target})" if target else "")
+        super().__init__(
+            f"owners/{owner} moved to {where}; route it there",
+            reason=Reason.OWNER_MOVED,
+            subject=f"owners/{owner}",
+        )
+        self.owner = owner
+        self.shard = shard
+        self.target = target
+
+    def info_metadata(self) -> dict[str, str]:
+        meta = {"owner": self.owner, "shard": self.shard}
+        if self.target:
+            meta["target"] = self.target
+        return meta
+
+
 class AlreadyExists(LetheError):
     code = grpc.StatusCode.ALREADY_EXISTS
     default_reason = Reason.ALREADY_EXISTS
@@ -206,6 +239,14 @@ class MalformedRequest(LetheError):
     default_reason = Reason.MALFORMED_REQUEST
 
 
+class WrongOwnerHeader(LetheError):
+    """The ``x-lethe-owner`` routing header is missing (when required), malformed,
+    repeated, or names another owner than the request (a misrouted call)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    default_reason = Reason.OWNER_HEADER_MISMATCH
+
+
 class Draining(LetheError):
     """The server is stopping: new calls are refused while running ones finish."""
 
@@ -241,7 +282,11 @@ def to_rpc_status(error: BaseException) -> status_pb2.Status:
     details: list[any_pb2.Any] = []
     if error.reason_name:
         info = any_pb2.Any()
-        info.Pack(error_details_pb2.ErrorInfo(reason=error.reason_name, domain=DOMAIN))
+        info.Pack(
+            error_details_pb2.ErrorInfo(
+                reason=error.reason_name, domain=DOMAIN, metadata=error.info_metadata()
+            )
+        )
         details.append(info)
     details.extend(error.details())
     return status_pb2.Status(code=error.code.value[0], message=error.message, details=details)

@@ -47,6 +47,7 @@ def test_store_face_is_pinned() -> None:
             "MemoryContent",
             "MemoryDraft",
             "MemoryView",
+            "MovedRow",
             "RecordMeta",
             "RecordView",
             "SlotConflict",

@@ -25,6 +25,10 @@ Importable without the server: grpc, protobuf, googleapis-common-protos and
 - errors (tree in :mod:`lethe.client._errors`): :class:`LetheError`, a class
   per status code and per documented ``ErrorReason``, :class:`FieldViolation`,
   :data:`ErrorReason`, :data:`DOMAIN`, :func:`error_from_rpc`.
+
+Every call carries ``x-lethe-owner: {owner}`` (:data:`lethe.names.OWNER_HEADER`),
+the owner of its resource names, for a proxy that shards by owner
+(:mod:`lethe.client._routing`).
 """
 
 from lethe.client._async import AsyncClient, AsyncEventStream
@@ -58,6 +62,9 @@ from lethe.client._errors import (
     MissingToken,
     NotFound,
     OutOfRange,
+    OwnerHeaderMismatch,
+    OwnerHeaderMissing,
+    OwnerMoved,
     OwnerNotAllowed,
     PermissionDenied,
     RecordDeleted,
@@ -65,6 +72,7 @@ from lethe.client._errors import (
     ResourceExhausted,
     Restricted,
     Sealed,
+    ShardUnavailable,
     SlotConflict,
     SourceDeleted,
     SourcePending,
@@ -113,6 +121,9 @@ __all__ = [
     "MissingToken",
     "NotFound",
     "OutOfRange",
+    "OwnerHeaderMismatch",
+    "OwnerHeaderMissing",
+    "OwnerMoved",
     "OwnerNotAllowed",
     "PermissionDenied",
     "RecordDeleted",
@@ -121,6 +132,7 @@ __all__ = [
     "Restricted",
     "RetryPolicy",
     "Sealed",
+    "ShardUnavailable",
     "SlotConflict",
     "SourceDeleted",
     "SourcePending",

@@ -22,6 +22,7 @@ from lethe._rpc import Stubs
 from lethe.client._build import build
 from lethe.client._config import DEFAULT_TIMEOUT, RetryPolicy, TLSConfig, plan_channel
 from lethe.client._errors import DeadlineExceeded, LetheError, Unavailable, error_from_rpc
+from lethe.client._routing import routed
 from lethe.client._sync import WATCH_RECONNECT_CODES, _backoff, new_request_id
 from lethe.client._types import DurationLike, EnumOr, MessageOr, Metadata
 from lethe.v1 import (
@@ -193,7 +194,9 @@ class AsyncClient:
         # ``stubs`` is typed with the blocking stubs; on a ``grpc.aio`` channel
         # the same attribute returns an awaitable call of the same response type.
         pending: Any = rpc(
-            request, metadata=self.metadata, timeout=self.timeout if timeout is None else timeout
+            request,
+            metadata=routed(self.metadata, request),
+            timeout=self.timeout if timeout is None else timeout,
         )
         try:
             return cast(_R, await pending)
@@ -1023,7 +1026,9 @@ class AsyncClient:
             request = build(
                 events_pb2.WatchRequest, {"parent": parent, "types": types, "after": resume}
             )
-            return self.stubs.events.Watch(request, metadata=self.metadata, timeout=remaining)
+            return self.stubs.events.Watch(
+                request, metadata=routed(self.metadata, request), timeout=remaining
+            )
 
         return AsyncEventStream(
             open_call,

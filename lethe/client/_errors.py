@@ -22,7 +22,9 @@ Exception tree (code; reason)::
         ├── InvalidArgument         INVALID_ARGUMENT
         │   ├── BadField                BAD_FIELD (field_violations name the fields)
         │   ├── DimensionMismatch       DIMENSION_MISMATCH
-        │   └── MalformedRequest        MALFORMED_REQUEST (the bytes did not decode)
+        │   ├── MalformedRequest        MALFORMED_REQUEST (the bytes did not decode)
+        │   ├── OwnerHeaderMismatch     OWNER_HEADER_MISMATCH (x-lethe-owner disagrees)
+        │   └── OwnerHeaderMissing      OWNER_HEADER_MISSING (a sharded server needs it)
         ├── DeadlineExceeded        DEADLINE_EXCEEDED
         ├── NotFound                NOT_FOUND; NOT_FOUND (never existed)
         │   └── RecordDeleted           RECORD_DELETED (deleted or expired)
@@ -42,7 +44,8 @@ Exception tree (code; reason)::
         │   ├── IllegalTransition       ILLEGAL_TRANSITION
         │   ├── RepairNotContinued      REPAIR_NOT_CONTINUED
         │   ├── Restricted              RESTRICTED
-        │   └── Sealed                  SEALED
+        │   ├── Sealed                  SEALED
+        │   └── OwnerMoved              OWNER_MOVED (shard, target: where it went)
         ├── Aborted                 ABORTED
         │   └── VersionMismatch         VERSION_MISMATCH
         ├── OutOfRange              OUT_OF_RANGE
@@ -50,7 +53,8 @@ Exception tree (code; reason)::
         ├── Internal                INTERNAL
         ├── Unavailable             UNAVAILABLE
         │   ├── StorageUnavailable      STORAGE_UNAVAILABLE (the server's disk failed)
-        │   └── Draining                DRAINING (the server is stopping)
+        │   ├── Draining                DRAINING (the server is stopping)
+        │   └── ShardUnavailable        SHARD_UNAVAILABLE (the proxy cannot reach the owner's shard)
         ├── DataLoss                DATA_LOSS
         │   └── Integrity               INTEGRITY (ciphertext fails authentication)
         └── Unauthenticated         UNAUTHENTICATED
@@ -97,6 +101,9 @@ __all__ = [
     "MissingToken",
     "NotFound",
     "OutOfRange",
+    "OwnerHeaderMismatch",
+    "OwnerHeaderMissing",
+    "OwnerMoved",
     "OwnerNotAllowed",
     "PermissionDenied",
     "RecordDeleted",
@@ -104,6 +111,7 @@ __all__ = [
     "ResourceExhausted",
     "Restricted",
     "Sealed",
+    "ShardUnavailable",
     "SlotConflict",
     "SourceDeleted",
     "SourcePending",
@@ -152,6 +160,9 @@ class LetheError(grpc.RpcError):
             detail names ("" for none), e.g. the deleted source or the slot holder.
         retry_delay: seconds a ``google.rpc.RetryInfo`` detail asks the client
             to wait before retrying (refusals under load), or None.
+        info_metadata: the ``ErrorInfo.metadata`` of the reason (ids and
+            addresses, e.g. ``shard`` and ``target`` of ``OWNER_MOVED``); empty
+            for none.
     """
 
     status_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNKNOWN
@@ -169,6 +180,7 @@ class LetheError(grpc.RpcError):
         subject: str = "",
         trailing_metadata: Metadata = (),
         retry_delay: float | None = None,
+        info_metadata: dict[str, str] | None = None,
     ) -> None:
         """Build an error; :func:`error_from_rpc` builds the right class from a call.
 
@@ -181,6 +193,7 @@ class LetheError(grpc.RpcError):
             trailing_metadata: the call's trailing metadata, kept for
                 ``trailing_metadata()``.
             retry_delay: the ``RetryInfo`` delay in seconds, or None.
+            info_metadata: the ``ErrorInfo.metadata`` entries.
         """
         super().__init__(message)
         self.message = message
@@ -193,6 +206,7 @@ class LetheError(grpc.RpcError):
         self.field_violations = list(field_violations)
         self.subject = subject
         self.retry_delay = retry_delay
+        self.info_metadata = dict(info_metadata or {})
         self._trailing = tuple(trailing_metadata)
 
     @property
@@ -230,6 +244,7 @@ class LetheError(grpc.RpcError):
                 self.field_violations,
                 self.subject,
                 self.retry_delay,
+                self.info_metadata,
             ),
         )
 
@@ -242,6 +257,7 @@ def _rebuild(
     violations: list[FieldViolation],
     subject: str,
     retry_delay: float | None = None,
+    info_metadata: dict[str, str] | None = None,
 ) -> LetheError:
     return cls(
         message,
@@ -250,6 +266,7 @@ def _rebuild(
         field_violations=violations,
         subject=subject,
         retry_delay=retry_delay,
+        info_metadata=info_metadata,
     )
 
 
@@ -469,6 +486,52 @@ class Draining(Unavailable):
     reason_value = ErrorReason.DRAINING
 
 
+class OwnerHeaderMismatch(InvalidArgument):
+    """The call's ``x-lethe-owner`` header names another owner than its resource
+    names (or is malformed or repeated): a misrouted call, refused before
+    anything was read or written."""
+
+    reason_value = ErrorReason.OWNER_HEADER_MISMATCH
+
+
+class OwnerHeaderMissing(InvalidArgument):
+    """The server is a shard (``--require-owner-header``) and the call has no
+    ``x-lethe-owner`` header (the typed clients always send it)."""
+
+    reason_value = ErrorReason.OWNER_HEADER_MISSING
+
+
+class OwnerMoved(FailedPrecondition):
+    """The server no longer holds the owner: it moved to another shard.
+
+    Attributes:
+        shard: the destination shard's name ("" if the server sent none).
+        target: its ``HOST:PORT`` ("" when not recorded).
+    """
+
+    reason_value = ErrorReason.OWNER_MOVED
+
+    @property
+    def shard(self) -> str:
+        return self.info_metadata.get("shard", "")
+
+    @property
+    def target(self) -> str:
+        return self.info_metadata.get("target", "")
+
+
+class ShardUnavailable(Unavailable):
+    """The sharding proxy cannot reach the server that holds the owner (the call
+    was not sent elsewhere); other owners' calls are unaffected. ``target``
+    names the unreachable shard's ``HOST:PORT``."""
+
+    reason_value = ErrorReason.SHARD_UNAVAILABLE
+
+    @property
+    def target(self) -> str:
+        return self.info_metadata.get("target", "")
+
+
 class Integrity(DataLoss):
     """Stored ciphertext fails authentication while its key exists."""
 
@@ -522,6 +585,10 @@ _BY_REASON: dict[str, type[LetheError]] = {
         Sealed,
         VersionMismatch,
         Integrity,
+        OwnerHeaderMismatch,
+        OwnerHeaderMissing,
+        OwnerMoved,
+        ShardUnavailable,
     )
 }
 
@@ -570,6 +637,7 @@ def error_from_rpc(err: grpc.RpcError) -> LetheError:
     violations: list[FieldViolation] = []
     subject = ""
     retry_delay: float | None = None
+    info_metadata: dict[str, str] = {}
     status = _status_of(trailing)
     for detail in status.details if status is not None else ():
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
@@ -577,6 +645,7 @@ def error_from_rpc(err: grpc.RpcError) -> LetheError:
             detail.Unpack(info)
             if info.domain == DOMAIN and not reason:
                 reason = str(info.reason)
+                info_metadata = {str(k): str(v) for k, v in info.metadata.items()}
         elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
             bad = error_details_pb2.BadRequest()
             detail.Unpack(bad)
@@ -605,4 +674,5 @@ def error_from_rpc(err: grpc.RpcError) -> LetheError:
         subject=subject,
         trailing_metadata=trailing,
         retry_delay=retry_delay,
+        info_metadata=info_metadata,
     )

@@ -27,6 +27,7 @@ from lethe.client._config import (
     plan_channel,
 )
 from lethe.client._errors import DeadlineExceeded, LetheError, Unavailable, error_from_rpc
+from lethe.client._routing import routed
 from lethe.client._types import DurationLike, EnumOr, MessageOr, Metadata
 from lethe.v1 import (
     common_pb2,
@@ -242,7 +243,7 @@ class Client:
         try:
             return rpc(
                 request,
-                metadata=self.metadata,
+                metadata=routed(self.metadata, request),
                 timeout=self.timeout if timeout is None else timeout,
             )
         except grpc.RpcError as err:
@@ -1074,7 +1075,9 @@ class Client:
             request = build(
                 events_pb2.WatchRequest, {"parent": parent, "types": types, "after": resume}
             )
-            return self.stubs.events.Watch(request, metadata=self.metadata, timeout=remaining)
+            return self.stubs.events.Watch(
+                request, metadata=routed(self.metadata, request), timeout=remaining
+            )
 
         return EventStream(
             open_call,

@@ -14,6 +14,17 @@ messages"). Conventions of the whole `lethe.v1` API:
 - Every call except `grpc.health.v1.Health` carries the metadata
   `authorization: Bearer <token>`; the owner of every resource name is
   checked against the token before anything is read.
+- Routing (sharded deployments): a call may carry the metadata
+  `x-lethe-owner: {owner}`, the owner of its resource names, which a proxy
+  routes on to the server that holds the owner (the typed clients always
+  send it). A header that names another owner, is malformed or is sent
+  twice answers `INVALID_ARGUMENT` / `OWNER_HEADER_MISMATCH`; a server run
+  with `--require-owner-header` refuses a call without it
+  (`OWNER_HEADER_MISSING`). An owner that moved to another server answers
+  `FAILED_PRECONDITION` / `OWNER_MOVED`, with `shard` and `target` in the
+  `ErrorInfo` metadata; a proxy that cannot reach the owner's server
+  answers `UNAVAILABLE` / `SHARD_UNAVAILABLE`. Every authenticated method
+  may return these.
 - Errors are gRPC status codes with `google.rpc.Status` details: an
   `ErrorInfo` (domain "lethe", reason a `lethe.errors.v1.ErrorReason` value
   name), a `BadRequest` naming the offending request field for

@@ -28,6 +28,7 @@ module              holds
 ``_manifests``      context manifests
 ``_audit``          the audit's store counts and key/record reconciliation
 ``_tokens``         bearer tokens as digests: create, list, revoke, expiry
+``_placement``      moved-away markers: owners this shard no longer holds
 ``_store``          opening a data directory; ``Store`` composes the parts
 ==================  ===========================================================
 
@@ -39,6 +40,7 @@ from server.store._audit import AuditCounts, KeyCheck
 from server.store._base import record_ring
 from server.store._events import EVENT_RETENTION
 from server.store._forget import DESTINATIONS, DeletionEntry, Destination
+from server.store._placement import MovedRow
 from server.store._records import (
     COMMITTED,
     PENDING,
@@ -104,6 +106,7 @@ __all__ = [
     "MemoryContent",
     "MemoryDraft",
     "MemoryView",
+    "MovedRow",
     "RecordMeta",
     "RecordView",
     "SlotConflict",

@@ -371,7 +371,7 @@ class ForgetPart(StoreBase):
                 conclude_repair=conclude_repair,
             )
 
-        return self.writer.run(WriteOp(apply, name="forget.plan"))
+        return self.writer.run(WriteOp(apply, owner=owner, name="forget.plan"))
 
     def _plan(
         self,

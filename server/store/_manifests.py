@@ -32,7 +32,7 @@ class ManifestsPart(StoreBase):
         def apply(txn: lmdb.Transaction) -> None:
             txn.put(sk.manifest_key(owner, manifest_id), row.encode(), db=self.t.manifests)
 
-        self.writer.run(WriteOp(apply, name="manifest"))
+        self.writer.run(WriteOp(apply, owner=owner, name="manifest"))
         return f"owners/{owner}/manifests/{manifest_id}"
 
     def get_manifest(self, owner: str, manifest_id: str) -> ManifestRow:

@@ -230,7 +230,9 @@ class MemoriesPart(StoreBase):
             )
 
         ring = RingRef(owner, ring_thread or None)
-        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)], name="memory.create"))
+        return self.writer.run(
+            WriteOp(apply, owner=owner, create_keys=[(ring, key_id)], name="memory.create")
+        )
 
     def _insert_memory(
         self,
@@ -304,7 +306,9 @@ class MemoriesPart(StoreBase):
         with self._slot_key_guard:
             if not self.keystore.has_record_key(ring, SLOT_KEY_ID):
                 self.writer.run(
-                    WriteOp(_noop_apply, create_keys=[(ring, SLOT_KEY_ID)], name="slot.key")
+                    WriteOp(
+                        _noop_apply, owner=owner, create_keys=[(ring, SLOT_KEY_ID)], name="slot.key"
+                    )
                 )
 
     def _slot_digest(self, meta: MemMeta, content: MemoryContent) -> str:
@@ -418,7 +422,7 @@ class MemoriesPart(StoreBase):
 
         ring = RingRef(owner, ring_thread or None)
         return self.writer.run(
-            WriteOp(apply, create_keys=[(ring, key_id)], name="memory.transition")
+            WriteOp(apply, owner=owner, create_keys=[(ring, key_id)], name="memory.transition")
         )
 
     # ------------------------------------------------------------------ commitments
@@ -615,7 +619,9 @@ class MemoriesPart(StoreBase):
             return MemoryView(meta, meta.version, meta.status, content, list(sources))
 
         ring = RingRef(owner, ring_thread or None)
-        return self.writer.run(WriteOp(apply, create_keys=[(ring, key_id)], name="memory.update"))
+        return self.writer.run(
+            WriteOp(apply, owner=owner, create_keys=[(ring, key_id)], name="memory.update")
+        )
 
     # ------------------------------------------------------------------ reads
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import lmdb
 
+from lethe.names import owner_of
 from server.errors import FailedPrecondition, Reason, RecordDeleted
 from server.store import _schema as sk
 from server.store._base import StoreBase
@@ -88,7 +89,7 @@ class PendingPart(StoreBase):
             explicit = [commit_one(name, True) for name in names]
             return explicit + out
 
-        return self.writer.run(WriteOp(apply, name="commit"))
+        return self.writer.run(WriteOp(apply, owner=_owner_of(names), name="commit"))
 
     def extend_pending(self, names: Sequence[str], ttl: float) -> list[RecordMeta]:
         """Give pending records ``ttl`` seconds from now; committed ones are returned
@@ -124,7 +125,7 @@ class PendingPart(StoreBase):
                 out.append(meta)
             return out
 
-        return self.writer.run(WriteOp(apply, name="extend"))
+        return self.writer.run(WriteOp(apply, owner=_owner_of(names), name="extend"))
 
     def _queued(self, txn: lmdb.Transaction, until: float, limit: int) -> list[int]:
         """Record numbers on the expiry queue with ``expire_time`` ≤ ``until``, soonest first."""
@@ -184,3 +185,8 @@ class PendingPart(StoreBase):
         if meta is None:
             return count, 0.0
         return count, max(0.0, now - meta.create_time)
+
+
+def _owner_of(names: Sequence[str]) -> str:
+    """The owner of a batch of record names (the servicer checked there is one)."""
+    return (owner_of(names[0]) or "") if names else ""

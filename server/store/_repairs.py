@@ -193,6 +193,7 @@ class RepairsPart(ForgetPart, MemoriesPart):
         return self.writer.run(
             WriteOp(
                 apply,
+                owner=owner,
                 create_keys=[(ring, title_key)],
                 rewrap_keys=moves,
                 rewrap_to=ring,
@@ -247,7 +248,7 @@ class RepairsPart(ForgetPart, MemoriesPart):
             self._put_thread(txn, meta)
             return ThreadView(meta, "")
 
-        return self.writer.run(WriteOp(apply, name="repair.state"))
+        return self.writer.run(WriteOp(apply, owner=owner, name="repair.state"))
 
     def repair_contents(
         self, owner: str, repair_id: str
@@ -362,5 +363,5 @@ class RepairsPart(ForgetPart, MemoriesPart):
             assert concluded is not None
             return ThreadView(concluded, ""), entry, made
 
-        op = WriteOp(apply, create_keys=[(owner_ring, key_id)], name="repair.conclude")
+        op = WriteOp(apply, owner=owner, create_keys=[(owner_ring, key_id)], name="repair.conclude")
         return self.writer.run(op)

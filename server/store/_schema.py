@@ -29,6 +29,7 @@ lineage_up      derivative name 0x00 source name               JSON [source v, d
 events          owner 0x00 event number (8 bytes BE)           :class:`EventRow` JSON (ids only)
 slots           owner 0x00 keyed digest of kind/slot/scope     rid of the memory holding it
 manifests       owner 0x00 manifest id                         :class:`ManifestRow` JSON
+moved           owner                                          :class:`MovedRow` JSON (ids only)
 ==============  =============================================  ==================================
 
 Ids never contain 0x00 and resource names never do, so no prefix of one
@@ -85,6 +86,7 @@ class Tables:
     events: Any
     slots: Any
     manifests: Any
+    moved: Any
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

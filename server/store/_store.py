@@ -29,6 +29,7 @@ from server.store._forget import ForgetPart
 from server.store._manifests import ManifestsPart
 from server.store._memories import MemoriesPart
 from server.store._pending import PendingPart
+from server.store._placement import PlacementPart
 from server.store._repairs import RepairsPart
 from server.store._schema import Tables
 from server.store._threads import ThreadsPart
@@ -117,6 +118,7 @@ class Store(
     TokensPart,
     ForgetPart,
     MemoriesPart,
+    PlacementPart,
 ):
     """The data environment, the keystore and the writer for one data directory.
 
@@ -173,7 +175,9 @@ class Store(
         self.unreadable = {}
         self._unreadable_guard = threading.Lock()
         self._key_batch = threading.local()
-        self.writer = Writer(self.env, self.keystore, on_commit=self._announce_events)
+        self.writer = Writer(
+            self.env, self.keystore, on_commit=self._announce_events, guard=self.refuse_moved
+        )
         with _OPEN_GUARD:
             _OPEN[self.data_dir] = self
 

@@ -99,7 +99,7 @@ class ThreadsPart(MemoriesPart):
             return ThreadView(meta, title)
 
         return self.writer.run(
-            WriteOp(apply, create_keys=[(ring, title_key)], name="thread.create")
+            WriteOp(apply, owner=owner, create_keys=[(ring, title_key)], name="thread.create")
         )
 
     def get_thread(self, owner: str, thread: str) -> ThreadView:
@@ -249,7 +249,7 @@ class ThreadsPart(MemoriesPart):
             stored = self._store_candidates(txn, metas, proposals, cand_keys, pending_ttl, now, op)
             return metas, False, stored
 
-        op = WriteOp(apply, create_keys=all_keys, name="append")
+        op = WriteOp(apply, owner=owner, create_keys=all_keys, name="append")
         return self.writer.run(op)
 
     def _store_candidates(

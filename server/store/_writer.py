@@ -103,6 +103,11 @@ class WriteOp(Generic[T]):
         rewrap_keys, rewrap_to: record keys to move into ring ``rewrap_to``
             before ``apply`` (sealing into a repair); moved back if ``apply`` fails.
         name: the operation, for failpoints and logs (``append``, ``seal``, …).
+        owner: the owner a client's write is for; the writer's guard refuses it
+            inside the data transaction while the owner is marked moved away
+            (so a write that passed the authorisation check before the marker
+            landed cannot commit after it). "" for internal work (sweeps,
+            purges, rotation), which is never refused.
         unused: record keys ``apply`` reports it made no record for (it may
             append to this list); destroyed once the group has committed.
     """
@@ -115,6 +120,7 @@ class WriteOp(Generic[T]):
     rewrap_keys: Sequence[tuple[RingRef, str]] = ()
     rewrap_to: RingRef | None = None
     name: str = "write"
+    owner: str = ""
     unused: list[tuple[RingRef, str]] = field(default_factory=list)
     future: Future[T] = field(default_factory=Future)
 
@@ -132,6 +138,8 @@ class Writer:
         max_batch: Most ops grouped into one transaction.
         on_commit: called on the writer thread after each committed data
             transaction (must not block or raise).
+        guard: called in each op's nested transaction, before ``apply``, with
+            the op's ``owner`` (when set); what it raises fails that op alone.
     """
 
     def __init__(
@@ -141,8 +149,10 @@ class Writer:
         *,
         max_batch: int = 256,
         on_commit: Callable[[], None] | None = None,
+        guard: Callable[[lmdb.Transaction, str], None] | None = None,
     ) -> None:
         self._env = env
+        self._guard = guard
         self._keystore = keystore
         self._max_batch = max_batch
         self._on_commit = on_commit
@@ -274,6 +284,8 @@ class Writer:
             for op in ops:
                 try:
                     with self._env.begin(write=True, parent=parent) as child:
+                        if op.owner and self._guard is not None:
+                            self._guard(child, op.owner)
                         value = op.apply(child)
                     results.append((op, True, value))
                 except lmdb.MapFullError:

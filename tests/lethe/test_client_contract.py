@@ -65,6 +65,10 @@ API_REASONS = {
     "TOO_MANY_STREAMS": "RESOURCE_EXHAUSTED",
     "MALFORMED_REQUEST": "INVALID_ARGUMENT",
     "DRAINING": "UNAVAILABLE",
+    "OWNER_HEADER_MISMATCH": "INVALID_ARGUMENT",
+    "OWNER_HEADER_MISSING": "INVALID_ARGUMENT",
+    "OWNER_MOVED": "FAILED_PRECONDITION",
+    "SHARD_UNAVAILABLE": "UNAVAILABLE",
 }
 SERVICES = {
     threads_pb2: "Threads",
@@ -118,7 +122,8 @@ def test_public_names_are_pinned() -> None:
             "DataLoss", "DeadlineExceeded", "DimensionMismatch", "Draining", "ErrorReason",
             "EventStream", "FailedPrecondition", "FieldViolation", "IllegalTransition", "Integrity",
             "Internal", "InvalidArgument", "InvalidToken", "LetheError", "MalformedRequest",
-            "MissingToken", "NotFound", "OutOfRange", "OwnerNotAllowed", "PermissionDenied",
+            "MissingToken", "NotFound", "OutOfRange", "OwnerHeaderMismatch", "OwnerHeaderMissing",
+            "OwnerMoved", "OwnerNotAllowed", "PermissionDenied", "ShardUnavailable",
             "RecordDeleted", "RepairNotContinued", "ResourceExhausted", "Restricted", "RetryPolicy",
             "Sealed", "SlotConflict", "SourceDeleted", "SourcePending", "SourceSealed",
             "SourceStale", "StorageUnavailable", "StoreFull", "TLSConfig", "TooManyRequests",

@@ -127,6 +127,28 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """UNAVAILABLE: the server is draining (stopping); retry, on this server
     once it is back or on another.
     """
+    OWNER_HEADER_MISMATCH: _ErrorReason.ValueType  # 26
+    """INVALID_ARGUMENT: the call's `x-lethe-owner` metadata (the routing
+    header a sharding proxy routes on) is malformed, sent twice, or names
+    another owner than the request's resource names; nothing is read or
+    written, so a misrouted call never touches the wrong shard's data.
+    """
+    OWNER_HEADER_MISSING: _ErrorReason.ValueType  # 27
+    """INVALID_ARGUMENT: the server runs with `--require-owner-header` (behind a
+    sharding proxy) and the call has no `x-lethe-owner` metadata.
+    """
+    OWNER_MOVED: _ErrorReason.ValueType  # 28
+    """FAILED_PRECONDITION: this server no longer holds the owner: it was moved
+    to another shard. The ErrorInfo metadata names where: `shard` (the
+    destination's name) and, when known, `target` (its HOST:PORT). Route the
+    owner there (the proxy's placement map); nothing was read or written here.
+    """
+    SHARD_UNAVAILABLE: _ErrorReason.ValueType  # 29
+    """UNAVAILABLE: sent by the sharding proxy (the nginx config of `lethe shard
+    nginx-config`), never by a server: the shard that holds the owner cannot
+    be reached. The ErrorInfo metadata `target` names its HOST:PORT. Other
+    owners' calls are unaffected; the call is never sent to another shard.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The `reason` of the `google.rpc.ErrorInfo` detail (domain "lethe") that
@@ -236,5 +258,27 @@ request message.
 DRAINING: ErrorReason.ValueType  # 25
 """UNAVAILABLE: the server is draining (stopping); retry, on this server
 once it is back or on another.
+"""
+OWNER_HEADER_MISMATCH: ErrorReason.ValueType  # 26
+"""INVALID_ARGUMENT: the call's `x-lethe-owner` metadata (the routing
+header a sharding proxy routes on) is malformed, sent twice, or names
+another owner than the request's resource names; nothing is read or
+written, so a misrouted call never touches the wrong shard's data.
+"""
+OWNER_HEADER_MISSING: ErrorReason.ValueType  # 27
+"""INVALID_ARGUMENT: the server runs with `--require-owner-header` (behind a
+sharding proxy) and the call has no `x-lethe-owner` metadata.
+"""
+OWNER_MOVED: ErrorReason.ValueType  # 28
+"""FAILED_PRECONDITION: this server no longer holds the owner: it was moved
+to another shard. The ErrorInfo metadata names where: `shard` (the
+destination's name) and, when known, `target` (its HOST:PORT). Route the
+owner there (the proxy's placement map); nothing was read or written here.
+"""
+SHARD_UNAVAILABLE: ErrorReason.ValueType  # 29
+"""UNAVAILABLE: sent by the sharding proxy (the nginx config of `lethe shard
+nginx-config`), never by a server: the shard that holds the owner cannot
+be reached. The ErrorInfo metadata `target` names its HOST:PORT. Other
+owners' calls are unaffected; the call is never sent to another shard.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

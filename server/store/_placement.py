@@ -1,0 +1,120 @@
+"""Where an owner lives when it is not here: the moved-away markers of a shard.
+
+Lethe scales out by owner (ARCHITECTURE.md, "Scale beyond one machine"):
+several servers, each with its own data directory, behind a proxy that routes
+on the ``x-lethe-owner`` header. When an owner leaves this shard, the move
+writes a :class:`MovedRow` under the owner's id in the ``moved`` database at
+cut-over; from then on the server answers every call for that owner
+``FAILED_PRECONDITION`` / ``OWNER_MOVED`` naming the destination (the check is
+:mod:`server._routing`'s, at authorisation), so a stale route gets an answer
+that says where to go, never an empty success. Writes are also refused inside
+their transaction (:meth:`PlacementPart.refuse_moved`, the writer's guard),
+so a write authorised just before the marker landed cannot commit after it.
+Clearing the marker (the owner moved back) makes the owner served here again.
+
+A row holds ids and an address only, never content.
+
+Thread rules: as every part of :class:`server.store.Store`; writes go through
+the writer, reads open their own read transaction (one per lookup: the marker
+written by another process, ``lethe shard mark-moved``, is seen by the next
+call).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import lmdb
+
+from server.errors import OwnerMoved
+from server.store import _schema as sk
+from server.store._base import StoreBase
+from server.store._writer import WriteOp
+
+
+@dataclass(frozen=True, slots=True)
+class MovedRow:
+    """An owner that moved away from this shard.
+
+    Attributes:
+        owner: the owner's id.
+        shard: the destination shard's name (as in ``lethe shard nginx-config --shards``).
+        target: the destination's ``HOST:PORT``, or "" when not recorded.
+        move_time: seconds since the epoch when the marker was written.
+    """
+
+    owner: str
+    shard: str
+    target: str
+    move_time: float
+
+    def encode(self) -> bytes:
+        """The row as stored (JSON, without the owner: it is the key)."""
+        record = asdict(self)
+        del record["owner"]
+        return json.dumps(record, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, owner: str, raw: bytes) -> MovedRow:
+        """The row stored under ``owner``."""
+        record = json.loads(raw)
+        return cls(owner, str(record["shard"]), str(record["target"]), float(record["move_time"]))
+
+
+class PlacementPart(StoreBase):
+    """Moved-away markers of :class:`server.store.Store`."""
+
+    def mark_moved(self, owner: str, shard: str, target: str = "") -> MovedRow:
+        """Record that ``owner`` now lives on ``shard`` (replacing an older marker).
+
+        Args:
+            owner: the owner's id (validated by the caller).
+            shard: the destination shard's name.
+            target: the destination's ``HOST:PORT`` ("" if not known).
+
+        Returns:
+            The stored row.
+        """
+        row = MovedRow(owner, shard, target, time.time())
+
+        def apply(txn: lmdb.Transaction) -> MovedRow:
+            txn.put(sk.owner_key(owner), row.encode(), db=self.t.moved)
+            return row
+
+        return self.writer.run(WriteOp(apply))
+
+    def clear_moved(self, owner: str) -> bool:
+        """Remove ``owner``'s marker (it is served here again); returns whether there was one."""
+
+        def apply(txn: lmdb.Transaction) -> bool:
+            return bool(txn.delete(sk.owner_key(owner), db=self.t.moved))
+
+        return self.writer.run(WriteOp(apply))
+
+    def moved(self, owner: str) -> MovedRow | None:
+        """``owner``'s marker, or None when the owner is served here (one read
+        transaction: called on every authorised call)."""
+        with self.env.begin() as txn:
+            raw = sk.get(txn, self.t.moved, sk.owner_key(owner))
+        return None if raw is None else MovedRow.decode(owner, raw)
+
+    def refuse_moved(self, txn: lmdb.Transaction, owner: str) -> None:
+        """The writer's guard: inside a write transaction, refuse a client's write
+        for an owner marked moved away.
+
+        Raises:
+            OwnerMoved: ``owner`` has a marker (read in ``txn``).
+        """
+        raw = sk.get(txn, self.t.moved, sk.owner_key(owner))
+        if raw is not None:
+            row = MovedRow.decode(owner, raw)
+            raise OwnerMoved(owner, row.shard, row.target)
+
+    def moved_owners(self) -> list[MovedRow]:
+        """Every marker, by owner id."""
+        with self.env.begin() as txn:
+            return [
+                MovedRow.decode(key.decode(), raw) for key, raw in sk.scan(txn, self.t.moved, b"")
+            ]
