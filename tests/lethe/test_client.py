@@ -56,9 +56,11 @@ def test_thread_turns_search_and_forget_round_trip(api: Api) -> None:
                 },
                 threads_pb2.TurnInput(role=common_pb2.USER, text="it rains", pending_ttl=None),
             ],
+            echo_text=True,
         )
         first, second = appended.turns
         assert (first.seq, first.state, first.speaker) == (1, common_pb2.COMMITTED, "Ann")
+        assert first.text == "I adopted a puppy named Biscuit"
         assert first.time.ToDatetime(tzinfo=dt.UTC) == said
         assert second.state == common_pb2.PENDING
         hits = c.search(parent, query_text="puppy Biscuit", mode="LEXICAL").hits
