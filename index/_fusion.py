@@ -79,8 +79,11 @@ def _check(legs: Sequence[Ranked], weights: Sequence[float]) -> None:
 
 
 def _ordered(fused: dict[int, float], k: int | None) -> Ranked:
-    out = sorted(fused.items(), key=lambda item: (-item[1], item[0]))
-    return out if k is None else out[:k]
+    # Sorting (-score, id) tuples compares in C: no key function call per item.
+    keyed = sorted([(-score, id_) for id_, score in fused.items()])
+    if k is not None:
+        keyed = keyed[:k]
+    return [(id_, -neg) for neg, id_ in keyed]
 
 
 def convex_fusion(
@@ -116,6 +119,7 @@ def convex_fusion(
     if len(bounds) != len(legs):
         raise ValueError(f"got {len(bounds)} lower bounds for {len(legs)} legs")
     fused: dict[int, float] = {}
+    get = fused.get
     for leg, weight, bound in zip(legs, weights, bounds, strict=True):
         if not leg:
             continue
@@ -123,9 +127,13 @@ def convex_fusion(
         hi = max(scores)
         lo = min(scores) if bound is None else min(bound, min(scores))
         span = hi - lo
-        for id_, score in leg:
-            norm = (score - lo) / span if span > 0.0 else 1.0
-            fused[id_] = fused.get(id_, 0.0) + weight * norm
+        if span > 0.0:
+            scale = weight / span
+            for id_, score in leg:
+                fused[id_] = get(id_, 0.0) + (score - lo) * scale
+        else:
+            for id_, _ in leg:
+                fused[id_] = get(id_, 0.0) + weight
     return _ordered(fused, k)
 
 

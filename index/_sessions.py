@@ -27,6 +27,7 @@ microseconds per session holding a query term). Refuses pickling.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections import Counter
@@ -94,6 +95,12 @@ class SessionIndex:
         self._post: dict[str, dict[str, int]] = {}  # term -> {session key: tf}
         self._length: dict[str, int] = {}  # session key -> document length (terms)
         self._total = 0  # sum of document lengths
+        self._sorted: dict[str, tuple[int, ...]] = {}  # session key -> members ascending
+        # Scoring cache, dropped by any change: the session keys in order (a row
+        # each) and, per query term met since, its BM25 contribution to every row.
+        self._keys: list[str] | None = None
+        self._row_of: dict[str, int] = {}
+        self._contrib: dict[str, npt.NDArray[np.float64]] = {}
 
     # ------------------------------------------------------------------ updates
 
@@ -143,6 +150,7 @@ class SessionIndex:
                     self._length[session] = 0
                     self._count(session, head, +1)
                 self._members[session].add(id_)
+                self._sorted.pop(session, None)
                 self._of[id_] = session
                 self._terms[id_] = terms
                 self._count(session, terms, +1)
@@ -179,6 +187,8 @@ class SessionIndex:
         size = sign * sum(terms.values())
         self._length[session] += size
         self._total += size
+        self._sorted.pop(session, None)
+        self._keys = None
 
     def _drop(self, id_: int) -> int:
         """Remove one member; holds the lock. Returns 1 if it was held, else 0."""
@@ -188,6 +198,7 @@ class SessionIndex:
         self._count(session, self._terms.pop(id_), -1)
         members = self._members[session]
         members.discard(id_)
+        self._sorted.pop(session, None)
         if not members:
             self._count(session, self._header.pop(session), -1)
             del self._members[session]
@@ -220,22 +231,43 @@ class SessionIndex:
             return self._rank(terms, sessions)
 
     def _rank(self, terms: Sequence[str], sessions: int) -> list[tuple[str, float]]:
-        n = len(self._members)
-        if not n or not terms:
+        """BM25 of every session, best ``sessions`` first; the caller holds the lock.
+
+        Each term's contribution to every session (``idf * tf / (tf + k1 (1 - b + b
+        |d| / avgdl))``, Lucene's variant) is computed once per change of the index
+        and summed as numpy rows."""
+        if not self._members or not terms:
             return []
-        avgdl = self._total / n if self._total else 1.0
-        scores: dict[str, float] = {}
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = sorted(self._members)
+            self._row_of = {key: i for i, key in enumerate(keys)}
+            self._contrib = {}
+        rows = []
         for term in terms:
-            post = self._post.get(term)
-            if not post:
-                continue
-            df = len(post)
-            idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-            for session, tf in post.items():
-                norm = self._k1 * (1.0 - self._b + self._b * self._length[session] / avgdl)
-                scores[session] = scores.get(session, 0.0) + idf * tf / (tf + norm)
-        ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))
-        return [(s, v) for s, v in ranked[:sessions] if v > 0.0]
+            row = self._contrib.get(term)
+            if row is None:
+                post = self._post.get(term)
+                if not post:
+                    continue
+                row = self._contrib[term] = self._row(keys, post)
+            rows.append(row)
+        if not rows:
+            return []
+        total = rows[0] if len(rows) == 1 else np.sum(rows, axis=0)
+        best = np.argsort(-total, kind="stable")[:sessions]  # ties: keys in order
+        return [(keys[i], float(total[i])) for i in best.tolist() if total[i] > 0.0]
+
+    def _row(self, keys: list[str], post: dict[str, int]) -> npt.NDArray[np.float64]:
+        n = len(keys)
+        avgdl = self._total / n if self._total else 1.0
+        df = len(post)
+        idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+        row = np.zeros(n, dtype=np.float64)
+        k1, b, length, row_of = self._k1, self._b, self._length, self._row_of
+        for key, tf in post.items():
+            row[row_of[key]] = idf * tf / (tf + k1 * (1.0 - b + b * length[key] / avgdl))
+        return row
 
     def search(self, query: str, sessions: int) -> list[tuple[int, float]]:
         """The member turns of the best ``sessions`` sessions, each with its session's score.
@@ -257,13 +289,17 @@ class SessionIndex:
         if not isinstance(query, str):
             raise TypeError("query must be a string")
         terms = analyze(query)
+        out: list[tuple[int, float]] = []
         with self._lock:
-            out = [
-                (id_, score)
-                for session, score in self._rank(terms, sessions)
-                for id_ in self._members[session]
-            ]
-        return sorted(out, key=lambda hit: (-hit[1], hit[0]))
+            ranked = self._rank(terms, sessions)
+            for session, score in ranked:
+                members = self._sorted.get(session)
+                if members is None:
+                    members = self._sorted[session] = tuple(sorted(self._members[session]))
+                out.extend([(id_, score) for id_ in members])
+        if any(a[1] == b[1] for a, b in itertools.pairwise(ranked)):
+            out.sort(key=lambda hit: (-hit[1], hit[0]))  # equal sessions: ids in order
+        return out
 
     # ------------------------------------------------------------------ inspection
 

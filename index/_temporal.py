@@ -162,6 +162,9 @@ _MONTH_ALONE = re.compile(
     re.IGNORECASE,
 )
 _YEAR = re.compile(r"\b((?:19|20)\d{2})\b")
+# A question can name a date only if it holds a digit or a month name: one scan
+# decides for most questions.
+_MAY_NAME = re.compile(rf"\d|\b{_MONTH_RE}\b", re.IGNORECASE)
 
 
 def _month_period(year: int, month: int) -> NamedPeriod:
@@ -196,6 +199,8 @@ def named_periods(question: str, years: range) -> list[NamedPeriod]:
         The named periods in order of appearance, without duplicates; empty when the
         question names none.
     """
+    if not _MAY_NAME.search(question):
+        return []
     found: list[tuple[int, NamedPeriod]] = []
     taken: list[tuple[int, int]] = []
 
