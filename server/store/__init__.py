@@ -27,6 +27,7 @@ module              holds
 ``_events``         reading, emitting and pruning events
 ``_manifests``      context manifests
 ``_audit``          the audit's store counts and key/record reconciliation
+``_vectors``        which embedder made an owner's vectors; swapping them all at once
 ``_store``          opening a data directory; ``Store`` composes the parts
 ==================  ===========================================================
 
@@ -62,6 +63,7 @@ from server.store._store import (
     data_paths,
     open_store_for,
 )
+from server.store._vectors import NO_EMBEDDER, EmbedderChange
 from server.store._views import (
     MemoryContent,
     MemoryDraft,
@@ -87,6 +89,7 @@ __all__ = [
     "EVENT_RETENTION",
     "KEK_ENV",
     "KIND_DEFAULTS",
+    "NO_EMBEDDER",
     "PENDING",
     "REPAIR_CONCLUDED",
     "REPAIR_CONTINUED",
@@ -95,6 +98,7 @@ __all__ = [
     "AuditCounts",
     "DeletionEntry",
     "Destination",
+    "EmbedderChange",
     "EventRow",
     "KeyCheck",
     "ManifestRow",

@@ -33,6 +33,7 @@ from server.store._pending import PendingPart
 from server.store._repairs import RepairsPart
 from server.store._schema import Tables
 from server.store._threads import ThreadsPart
+from server.store._vectors import VectorsPart
 from server.store._writer import Writer
 from shredder import (
     EnvironmentConfigError,
@@ -116,6 +117,7 @@ class Store(
     AuditPart,
     ForgetPart,
     MemoriesPart,
+    VectorsPart,
 ):
     """The data environment, the keystore and the writer for one data directory.
 
