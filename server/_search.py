@@ -38,6 +38,10 @@ an empty leg (never a filter) to a question they do not apply to. Every candidat
 rechecked through :func:`server.store.searchable` in one read
 transaction and only the survivors are decrypted.
 
+Vectors: before an owner's vectors are used or written, :meth:`Retriever.ensure_vectors`
+re-embeds them if another embedder made them (:mod:`server._reembed`), so an
+owner's dense index never mixes two models' vectors.
+
 Thread rules: every public method may be called from any thread. Builds and
 updates of one owner's bundles are serialised by a per-owner lock, so a bundle
 built from a snapshot older than a write can never miss that write's update.
@@ -69,6 +73,7 @@ from index import (
     convex_fusion,
     normalize,
 )
+from server._reembed import reembed_owner
 from server.errors import DataLoss, InvalidArgument, Reason, RecordDeleted
 from server.store import (
     PENDING,
@@ -197,6 +202,7 @@ class Retriever:
         self.cache: IndexCache[_Bundle] = IndexCache(capacity)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._current: set[str] = set()  # owners whose vectors are the embedder's
 
     def _lock(self, owner: str) -> threading.Lock:
         with self._locks_guard:
@@ -204,9 +210,32 @@ class Retriever:
 
     # ------------------------------------------------------------------ embedding
 
-    def embed_texts(self, texts: Sequence[str]) -> list[npt.NDArray[np.float32] | None]:
-        """Server-side embeddings of ``texts``: ``(d,) float32`` unit rows, or None
-        for a text with no tokens (it has no direction to index) or without embedder."""
+    def ensure_vectors(self, owner: str) -> None:
+        """Make sure ``owner``'s stored vectors are this server's embedder's: on the
+        owner's first use since start, re-embed them all if another embedder made
+        them (:func:`server._reembed.reembed_owner`; one transaction swaps them) and
+        drop its loaded bundles. Callers: every path that reads or writes the
+        owner's vectors, before it does."""
+        embedder = self.embedder
+        if embedder is None or owner in self._current:
+            return
+        with self._lock(owner):
+            if owner in self._current:
+                return
+            if self.store.owner_embedder(owner) != embedder.name:
+                reembed_owner(self.store, embedder, owner, indexed_text)
+                self.cache.evict(_owner_key(owner))
+                self.cache.evict_prefix(f"p/{owner}/")
+            self._current.add(owner)
+
+    def embed_texts(
+        self, texts: Sequence[str], *, owner: str
+    ) -> list[npt.NDArray[np.float32] | None]:
+        """Server-side embeddings of ``texts`` for records of ``owner`` (whose vectors
+        are made current first, :meth:`ensure_vectors`): ``(d,) float32`` unit rows,
+        or None for a text with no tokens (it has no direction to index) or without
+        embedder."""
+        self.ensure_vectors(owner)
         if self.embedder is None or not texts:
             return [None] * len(texts)
         rows = self.embedder.embed(list(texts))
@@ -222,6 +251,7 @@ class Retriever:
             InvalidArgument: the client vector is non-finite or zero, or its
                 dimension differs from the owner's (reason ``DIMENSION_MISMATCH``).
         """
+        self.ensure_vectors(owner)
         dim = self.store.owner_dim(owner) or (self.embedder.dim if self.embedder else None)
         if query_embedding:
             try:
@@ -239,8 +269,8 @@ class Retriever:
             return vec
         if self.embedder is None or not query_text:
             return None
-        row = self.embed_texts([query_text])[0]
-        if row is None or (dim is not None and row.shape[0] != dim):
+        row = self.embedder.embed_queries([query_text])[0]
+        if float(np.dot(row, row)) == 0.0 or (dim is not None and row.shape[0] != dim):
             return None
         return np.asarray(row, dtype=np.float32)
 
@@ -369,6 +399,7 @@ class Retriever:
     def owner_bundle(self, owner: str) -> _Bundle:
         """The owner's committed bundle, built on first use; the turns whose lineage
         expiry passed are rechecked first (see the module docstring)."""
+        self.ensure_vectors(owner)
         with self._lock(owner):
             bundle = self.cache.get_or_build(_owner_key(owner), lambda: self._build_owner(owner))
             if bundle.due <= time.time():
@@ -379,6 +410,7 @@ class Retriever:
         """A thread's pending bundle, built on first use, and again once one of its
         turns may have expired (it is small)."""
         key = _pending_key(owner, thread)
+        self.ensure_vectors(owner)
         with self._lock(owner):
             bundle = self.cache.get_or_build(key, lambda: self._build_pending(owner, thread))
             if bundle.due <= time.time():

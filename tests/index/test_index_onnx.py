@@ -3,9 +3,9 @@ by tests/_onnx_model.py: nothing is downloaded, nothing is mocked)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+import _onnx_model  # tests/: on sys.path through tests/conftest.py
 import numpy as np
 import onnx
 import pytest
@@ -13,9 +13,6 @@ from onnx import numpy_helper
 from tokenizers import Tokenizer
 
 from index import Embedder, OnnxEmbedder, load_embedder
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _onnx_model
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +27,7 @@ def _expected(directory: Path, text: str) -> np.ndarray:
     ids = Tokenizer.from_file(str(directory / "tokenizer.json")).encode(text).ids
     states = np.tanh(weights["table"][ids].astype(np.float64) @ weights["weight"])
     row = states.mean(axis=0)
-    return row / np.linalg.norm(row)
+    return np.asarray(row / np.linalg.norm(row), dtype=np.float64)
 
 
 def test_mean_pooling_and_l2_match_a_numpy_reference(model_dir: Path) -> None:
