@@ -1,4 +1,4 @@
-"""An LRU of in-memory vector indexes keyed by string.
+"""An LRU of in-memory indexes keyed by string, bounded by count and by bytes.
 
 The server keys an owner's index and each thread's pending-turn index here; this
 module does not interpret keys beyond :meth:`IndexCache.evict_prefix`.
@@ -6,6 +6,13 @@ module does not interpret keys beyond :meth:`IndexCache.evict_prefix`.
 Threads: any thread may call any method. One lock guards the LRU order and is never
 held while an index is built; builds are serialised per key, so concurrent first use
 of a key calls ``build`` once and every caller receives the same index.
+
+The byte bound uses each entry's own ``nbytes()`` estimate. Entries grow after
+they are cached (the server adds to a loaded owner's index on every write), so
+the bound is enforced when an entry is added and whenever the owner of the
+cache calls :meth:`IndexCache.trim`; the most recently used entry is never
+evicted for bytes, so an owner larger than the whole bound is still served
+(alone).
 
 Eviction only drops the cache's reference: a caller already holding an index keeps
 using it (searches in progress finish against it). An :meth:`IndexCache.evict` or
@@ -26,6 +33,8 @@ from typing import Generic, Protocol, TypeVar
 class _Sized(Protocol):
     def __len__(self) -> int: ...
 
+    def nbytes(self) -> int: ...
+
 
 T = TypeVar("T", bound=_Sized)
 
@@ -43,19 +52,26 @@ class _Build:
 
 class IndexCache(Generic[T]):
     """Least-recently-used cache of indexes (:class:`VectorIndex`, or any sized
-    bundle of indexes) by string key.
+    bundle of indexes with an ``nbytes()`` estimate) by string key.
 
     Args:
         capacity: Maximum number of indexes held (not vectors), ``>= 1``.
+        max_bytes: Maximum of the summed ``nbytes()`` of the entries, bytes, or
+            None for no byte bound (see the module docstring for when it applies).
 
     Raises:
-        ValueError: ``capacity < 1``.
+        ValueError: ``capacity < 1`` or ``max_bytes < 1``.
     """
 
-    def __init__(self, capacity: int = 256) -> None:
+    def __init__(self, capacity: int = 256, max_bytes: int | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
         self._capacity = capacity
+        self._max_bytes = max_bytes
+        self.evicted_for_bytes = 0
+        """How many entries the byte bound evicted (for metrics and tests)."""
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, T] = OrderedDict()
         self._builds: dict[str, _Build] = {}
@@ -64,6 +80,30 @@ class IndexCache(Generic[T]):
     def capacity(self) -> int:
         """Maximum number of indexes held."""
         return self._capacity
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The byte bound, or None."""
+        return self._max_bytes
+
+    def _bound(self) -> None:
+        """Evict least recently used entries past the count, then past the byte
+        bound (never the most recent one). Caller holds ``self._lock``."""
+        while len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+        if self._max_bytes is None or len(self._entries) < 2:
+            return
+        sizes = {key: ix.nbytes() for key, ix in self._entries.items()}
+        total = sum(sizes.values())
+        while total > self._max_bytes and len(self._entries) > 1:
+            key, _ = self._entries.popitem(last=False)
+            total -= sizes[key]
+            self.evicted_for_bytes += 1
+
+    def trim(self) -> None:
+        """Enforce the byte bound now (call after entries grew in place)."""
+        with self._lock:
+            self._bound()
 
     def get(self, key: str) -> T | None:
         """Return the cached index for ``key`` and mark it most recently used.
@@ -119,8 +159,7 @@ class IndexCache(Generic[T]):
                             continue
                         self._entries[key] = built
                         self._entries.move_to_end(key)
-                        while len(self._entries) > self._capacity:
-                            self._entries.popitem(last=False)
+                        self._bound()
                         return built
         finally:
             with self._lock:
@@ -172,10 +211,18 @@ class IndexCache(Generic[T]):
             held = list(self._entries.values())
         return sum(len(ix) for ix in held)
 
+    def total_bytes(self) -> int:
+        """Sum of ``nbytes()`` over the cached indexes (a point-in-time estimate)."""
+        with self._lock:
+            held = list(self._entries.values())
+        return sum(ix.nbytes() for ix in held)
+
     def __len__(self) -> int:
         """Number of cached indexes."""
         with self._lock:
             return len(self._entries)
 
     def __repr__(self) -> str:
-        return f"IndexCache(capacity={self._capacity}, size={len(self)})"
+        return (
+            f"IndexCache(capacity={self._capacity}, max_bytes={self._max_bytes}, size={len(self)})"
+        )

@@ -9,6 +9,11 @@ which the server has and the light client distribution does not). It makes
 no call itself: callers pass ``metadata=stubs.md`` (Health needs none). The
 typed client ``lethe.client`` is built on it (``Client.stubs``).
 
+:meth:`Stubs.insecure` makes a plaintext channel (the token goes as explicit
+metadata in ``md``); over TLS the typed client (``lethe.client.Client`` with
+``tls=``) makes the channel and gRPC attaches the token as call credentials,
+so its stubs are built with ``token=""`` and ``md`` is empty.
+
 :func:`reason_of` and :func:`bad_fields` read the ``google.rpc.Status`` that a
 failed call carries in its trailing metadata (``grpc-status-details-bin``):
 the ``google.rpc.ErrorInfo`` reason of domain ``lethe`` (a value name of
@@ -59,7 +64,8 @@ class Stubs:
     Attributes:
         channel: the channel every stub sends on.
         token: the bearer token (``lethe_…``), as given.
-        md: ``(("authorization", "Bearer <token>"),)``, for ``metadata=``.
+        md: ``(("authorization", "Bearer <token>"),)``, for ``metadata=``;
+            empty when the channel's call credentials carry the token.
         threads: ``lethe.v1.Threads``.
         memories: ``lethe.v1.Memories``.
         retrieval: ``lethe.v1.Retrieval``.
@@ -76,11 +82,12 @@ class Stubs:
         Args:
             channel: an open channel to a serving ``lethe``; :meth:`close`
                 closes it.
-            token: bearer token sent as ``authorization: Bearer <token>``.
+            token: bearer token sent as ``authorization: Bearer <token>``
+                in ``md``; "" when the channel's call credentials carry it.
         """
         self.channel = channel
         self.token = token
-        self.md: Metadata = (("authorization", f"Bearer {token}"),)
+        self.md: Metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.threads = threads_pb2_grpc.ThreadsStub(channel)
         self.memories = memories_pb2_grpc.MemoriesStub(channel)
         self.retrieval = retrieval_pb2_grpc.RetrievalStub(channel)

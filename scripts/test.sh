@@ -4,12 +4,14 @@
 # (pytest; the black-box tests start the real server on loopback); check
 # proto/ with buf (scripts/check_proto.sh), deploy/ with promtool and
 # systemd-analyze (scripts/check_deploy.sh), and run a Go client generated
-# from proto/ against the server (scripts/check_go_client.sh).
+# from proto/ against the server (scripts/check_go_client.sh); the Node.js
+# client in tests/crosslang/node is installed with `npm ci` (required under CI)
+# and run by pytest against a real server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # .venv of a Python >= 3.11 ($PYTHON if set; a wrong one is made again)
 . scripts/_venv.sh
-.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet --upgrade pip 'setuptools>=77'
 .venv/bin/python -m pip install --quiet -e '.[dev,langgraph,onnx]'
 echo "== ruff"
 .venv/bin/ruff check .
@@ -22,5 +24,12 @@ echo "== deploy (promtool, systemd-analyze)"
 bash scripts/check_deploy.sh
 echo "== a Go client generated from proto/, against a real server"
 bash scripts/check_go_client.sh
+if command -v npm >/dev/null 2>&1; then
+    echo "== npm ci (tests/crosslang/node)"
+    (cd tests/crosslang/node && npm ci --no-audit --no-fund --loglevel=error)
+elif [ -n "${CI:-}" ]; then
+    echo "npm is required under CI (the Node.js client)" >&2
+    exit 1
+fi
 echo "== pytest"
 .venv/bin/python -m pytest -q "$@"

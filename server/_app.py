@@ -3,41 +3,62 @@
 :class:`LetheServer` opens the store, finishes interrupted deletions, forgets
 records whose keys are gone, loads the embedder, and serves the gRPC services
 plus ``grpc.health.v1.Health`` and server reflection, with the sweeper and the
-metrics endpoint beside them. gRPC receive and send limits are set explicitly
-to 16 MiB (API.md, "Views and sizes").
+metrics endpoint beside them.
+
+The gRPC server is grpc's asyncio server, on an event loop in a thread of its
+own (``lethe-loop``); every ``lethe.v1`` call goes through the pipeline of
+:mod:`server._edge` (drain, token, bounds, decode, worker, status), blocking
+work runs on a :class:`~server._admission.FairExecutor` of ``max_workers``
+threads, and writes on the store's one writer thread as before. Health and
+reflection are served on the loop without a token.
+
+Transport: plaintext, TLS (``tls_cert`` / ``tls_key``) or mutual TLS (plus
+``client_ca``: clients must present a certificate it signed); the bearer
+token is required either way. Receive and send limits default to 16 MiB
+(API.md, "Views and sizes"). Client keepalive pings are accepted every
+``keepalive_min_interval`` seconds or more (also without calls in flight);
+faster ones are answered with ``GOAWAY too_many_pings`` after two strikes
+(grpc's ``max_ping_strikes``). The server pings an idle connection every
+``keepalive_time`` seconds and drops it when no answer comes within
+``keepalive_timeout``, so a vanished client does not hold its streams.
+
+Stopping (:meth:`LetheServer.stop`, SIGTERM from the CLI) drains: health turns
+``NOT_SERVING`` at once, new calls are refused with ``UNAVAILABLE`` /
+``DRAINING``, open ``Watch`` streams end with that error (clients resume with
+``after``), calls in flight finish within the grace period, then the server
+stops and the store closes once every worker has returned.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from concurrent import futures
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from index import load_embedder
 from lethe.v1 import (
     events_pb2,
-    events_pb2_grpc,
     lifecycle_pb2,
-    lifecycle_pb2_grpc,
     memories_pb2,
-    memories_pb2_grpc,
     repairs_pb2,
-    repairs_pb2_grpc,
     retrieval_pb2,
-    retrieval_pb2_grpc,
     threads_pb2,
-    threads_pb2_grpc,
 )
-from server._auth import AuthInterceptor
+from server._admission import Admission, FairExecutor, Limits
+from server._auth import Authenticator
+from server._edge import Edge
 from server._lifecycle import Lifecycle, Recovery, Sweeper
 from server._metrics import Metrics, RpcMetricsInterceptor
+from server._notifier import EventHub
 from server._reembed import check_embedder
 from server._search import Retriever
 from server.errors import LetheError
@@ -48,7 +69,6 @@ from server.services import (
     RepairsService,
     RetrievalService,
     ThreadsService,
-    abort,
 )
 from server.store import DEFAULT_MAX_STORE_SIZE, Store
 
@@ -56,6 +76,8 @@ _log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 DEFAULT_PENDING_TTL = 72 * 3600.0
+DEFAULT_INDEX_CACHE_SIZE = 4 << 30
+"""Bytes of in-memory indexes kept by default (4 GiB: about 2.5 million 256-d turns)."""
 
 
 @dataclass
@@ -79,8 +101,26 @@ class ServerConfig:
             sweeper emits ``PENDING_EXPIRING``.
         audit_interval: seconds between the periodic audits behind the
             ``lethe_orphan_derivatives`` and ``lethe_stale_summaries`` gauges.
+        max_workers: worker threads for the blocking work of unary calls.
+        max_inflight, max_inflight_per_principal: unary calls admitted at
+            once, in all and per token (see :mod:`server._admission`).
+        max_running_per_principal: calls of one token running at once.
+        max_streams, max_streams_per_principal: open ``Watch`` streams, in
+            all and per token.
+        tls_cert, tls_key: PEM files of the server's certificate chain and
+            private key; both or neither (plaintext).
+        client_ca: PEM file of the CAs that sign client certificates; when
+            set, a client without such a certificate cannot connect (mTLS).
+        max_receive_message_bytes, max_send_message_bytes: gRPC message limits.
+        keepalive_min_interval: seconds; client pings at least this far apart
+            are accepted.
+        keepalive_time, keepalive_timeout: seconds between the server's pings
+            on an idle connection, and how long it waits for the answer.
         max_store_size: bytes the data environment may grow to; a write that
             does not fit is refused whole (``STORE_FULL``).
+        index_cache_size: bytes of in-memory indexes kept (estimates); past it
+            the least recently used owners' indexes are dropped and rebuilt from
+            the store when next searched.
     """
 
     data_dir: Path = Path("./lethe-data")
@@ -96,10 +136,76 @@ class ServerConfig:
     rotation_interval: float = 3600.0
     max_workers: int = 16
     max_store_size: int = DEFAULT_MAX_STORE_SIZE
+    index_cache_size: int = DEFAULT_INDEX_CACHE_SIZE
+    max_inflight: int = 64
+    max_inflight_per_principal: int = 16
+    max_running_per_principal: int = 4
+    max_streams: int = 1024
+    max_streams_per_principal: int = 128
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    client_ca: Path | None = None
+    max_receive_message_bytes: int = MAX_MESSAGE_BYTES
+    max_send_message_bytes: int = MAX_MESSAGE_BYTES
+    keepalive_min_interval: float = 10.0
+    keepalive_time: float = 60.0
+    keepalive_timeout: float = 20.0
 
+    def limits(self) -> Limits:
+        """The admission bounds and worker count.
 
-def _abort(context: grpc.ServicerContext, error: LetheError) -> None:
-    abort(context, error)
+        Raises:
+            ValueError: as :class:`server._admission.Limits`.
+        """
+        return Limits(
+            workers=self.max_workers,
+            max_inflight=self.max_inflight,
+            max_inflight_per_principal=self.max_inflight_per_principal,
+            max_running_per_principal=self.max_running_per_principal,
+            max_streams=self.max_streams,
+            max_streams_per_principal=self.max_streams_per_principal,
+        )
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        """TLS credentials from the PEM files, or None for plaintext.
+
+        Raises:
+            ValueError: only one of ``tls_cert`` / ``tls_key``, or ``client_ca``
+                without them.
+            OSError: a file cannot be read.
+        """
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.tls_cert is None or self.tls_key is None:
+            if self.client_ca is not None:
+                raise ValueError("--client-ca needs --tls-cert and --tls-key")
+            return None
+        chain = self.tls_cert.read_bytes()
+        key = self.tls_key.read_bytes()
+        ca = self.client_ca.read_bytes() if self.client_ca is not None else None
+        for name, pem in (("--tls-cert", chain), ("--tls-key", key), ("--client-ca", ca)):
+            if pem is not None and b"-----BEGIN " not in pem:
+                raise ValueError(f"{name} is not a PEM file")
+        return grpc.ssl_server_credentials(
+            [(key, chain)], root_certificates=ca, require_client_auth=ca is not None
+        )
+
+    def grpc_options(self) -> list[tuple[str, int]]:
+        """The channel arguments of the server (message limits, keepalive policy)."""
+        return [
+            ("grpc.max_receive_message_length", self.max_receive_message_bytes),
+            ("grpc.max_send_message_length", self.max_send_message_bytes),
+            ("grpc.so_reuseport", 0),
+            # How often a client may ping (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS).
+            (
+                "grpc.http2.min_ping_interval_without_data_ms",
+                int(self.keepalive_min_interval * 1000),
+            ),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_ping_strikes", 2),
+            ("grpc.keepalive_time_ms", int(self.keepalive_time * 1000)),
+            ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout * 1000)),
+        ]
 
 
 class LetheServer:
@@ -114,23 +220,37 @@ class LetheServer:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
+        self._limits = config.limits()
+        self._credentials = config.server_credentials()
         self.metrics = Metrics()
         self.store = Store(
             config.data_dir, kek_file=config.kek_file, max_size=config.max_store_size
         )
-        self.retriever = Retriever(self.store, load_embedder(config.embedder))
+        self.retriever = Retriever(
+            self.store, load_embedder(config.embedder), max_bytes=config.index_cache_size
+        )
         self.lifecycle = Lifecycle(
             self.store, self.retriever, self.metrics, config.rotation_interval
         )
         self.port = 0
-        self._grpc: grpc.Server | None = None
+        self.edge: Edge | None = None
+        self.hub: EventHub | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._health: HealthServicer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._watchdog: asyncio.Task[None] | None = None
         self._sweeper: Sweeper | None = None
         self._metrics_server: Any = None
-        self._stopping = threading.Event()
-        self._executor: futures.ThreadPoolExecutor | None = None
+        self._stopped = threading.Event()
+        self.executor: FairExecutor | None = None
 
     def start(self) -> int:
-        """Recover, then serve. Returns the bound gRPC port."""
+        """Recover, then serve. Returns the bound gRPC port.
+
+        Raises:
+            OSError: the address cannot be bound (or the TLS files are unusable).
+        """
         recovery = self.lifecycle.recover()
         if recovery != Recovery([], 0, 0, 0, [], 0, []):
             _log.info("recovered: %s", recovery.summary())
@@ -138,71 +258,20 @@ class LetheServer:
             check_embedder(self.store, self.retriever.embedder)
         except LetheError as exc:  # e.g. a full disk: owners are still re-embedded on use
             _log.error("recording the embedder failed (%s): continuing", type(exc).__name__)
-        self._executor = futures.ThreadPoolExecutor(
-            max_workers=self.config.max_workers, thread_name_prefix="lethe-rpc"
+        self.executor = FairExecutor(
+            self._limits.workers,
+            "lethe-rpc",
+            per_key=self._limits.max_running_per_principal,
+            on_depth=self.metrics.queued_calls.set,
         )
-        server = grpc.server(
-            self._executor,
-            interceptors=[
-                RpcMetricsInterceptor(self.metrics),
-                AuthInterceptor(self.store.get_principal, _abort),
-            ],
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
+        self.metrics.lmdb_readers.set_function(self.store.reader_slots)
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._loop_thread = threading.Thread(
+            target=loop.run_forever, name="lethe-loop", daemon=True
         )
-        memories = MemoriesService(
-            self.store,
-            self.retriever,
-            self.config.pending_ttl,
-            rules=self.config.tagger == "rules",
-        )
-        threads_pb2_grpc.add_ThreadsServicer_to_server(
-            ThreadsService(
-                self.store,
-                self.retriever,
-                self.config.pending_ttl,
-                proposer=memories.candidates,
-            ),
-            server,
-        )
-        retrieval_pb2_grpc.add_RetrievalServicer_to_server(RetrievalService(self.retriever), server)
-        lifecycle_pb2_grpc.add_LifecycleServicer_to_server(
-            LifecycleService(self.store, self.retriever, self.lifecycle), server
-        )
-        memories_pb2_grpc.add_MemoriesServicer_to_server(memories, server)
-        events_pb2_grpc.add_EventsServicer_to_server(
-            EventsService(self.store, self._stopping), server
-        )
-        repairs_pb2_grpc.add_RepairsServicer_to_server(
-            RepairsService(self.store, self.retriever, self.lifecycle), server
-        )
-        health_servicer = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        names = [
-            threads_pb2.DESCRIPTOR.services_by_name["Threads"].full_name,
-            retrieval_pb2.DESCRIPTOR.services_by_name["Retrieval"].full_name,
-            lifecycle_pb2.DESCRIPTOR.services_by_name["Lifecycle"].full_name,
-            memories_pb2.DESCRIPTOR.services_by_name["Memories"].full_name,
-            events_pb2.DESCRIPTOR.services_by_name["Events"].full_name,
-            repairs_pb2.DESCRIPTOR.services_by_name["Repairs"].full_name,
-            health.SERVICE_NAME,
-            reflection.SERVICE_NAME,
-        ]
-        reflection.enable_server_reflection(names, server)
-        try:
-            self.port = server.add_insecure_port(self.config.listen)
-        except RuntimeError:
-            self.port = 0
-        if self.port == 0:
-            raise OSError(f"cannot listen on {self.config.listen} (in use, or not an address here)")
-        server.start()
-        for name in names[:6]:
-            health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        self._grpc = server
+        self._loop_thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self._serve(), loop).result()
         if self.config.sweep_interval > 0:
             self._sweeper = Sweeper(
                 self.lifecycle,
@@ -215,6 +284,85 @@ class LetheServer:
             self._start_metrics(self.config.metrics_listen)
         return self.port
 
+    async def _serve(self) -> int:
+        """Build and start the gRPC server on the loop; returns its port."""
+        assert self.executor is not None
+        hub = EventHub(asyncio.get_running_loop())
+        self.store.on_events(hub.notify_threadsafe)
+        edge = Edge(
+            Authenticator(self.store.get_token),
+            Admission(self._limits, self.metrics),
+            self.executor,
+            self.metrics,
+        )
+        self.hub, self.edge = hub, edge
+        limits = self._limits
+        server = grpc.aio.server(
+            interceptors=[RpcMetricsInterceptor(self.metrics)],
+            options=self.config.grpc_options(),
+            # A backstop over everything, health and reflection included: the
+            # edge's own bounds (with reasons) refuse authenticated calls first.
+            maximum_concurrent_rpcs=limits.max_inflight + limits.max_streams + 256,
+        )
+        memories = MemoriesService(
+            self.store,
+            self.retriever,
+            self.config.pending_ttl,
+            rules=self.config.tagger == "rules",
+        )
+        servicers = [
+            (
+                threads_pb2,
+                "Threads",
+                ThreadsService(
+                    self.store,
+                    self.retriever,
+                    self.config.pending_ttl,
+                    proposer=memories.candidates,
+                ),
+            ),
+            (retrieval_pb2, "Retrieval", RetrievalService(self.retriever)),
+            (
+                lifecycle_pb2,
+                "Lifecycle",
+                LifecycleService(self.store, self.retriever, self.lifecycle),
+            ),
+            (memories_pb2, "Memories", memories),
+            (events_pb2, "Events", EventsService(self.store, hub)),
+            (
+                repairs_pb2,
+                "Repairs",
+                RepairsService(self.store, self.retriever, self.lifecycle),
+            ),
+        ]
+        names = []
+        for module, service, servicer in servicers:
+            desc = module.DESCRIPTOR.services_by_name[service]
+            server.add_generic_rpc_handlers([edge.service(desc, servicer)])
+            names.append(desc.full_name)
+        health_servicer = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        self._health = health_servicer
+        reflection.enable_server_reflection(
+            [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        )
+        try:
+            if self._credentials is not None:
+                port = server.add_secure_port(self.config.listen, self._credentials)
+            else:
+                port = server.add_insecure_port(self.config.listen)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise OSError(f"cannot listen on {self.config.listen} (in use, or not an address here)")
+        await server.start()
+        for name in names:
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._grpc = server
+        self._watchdog = asyncio.get_running_loop().create_task(edge.watch_tokens())
+        return port
+
     def _start_metrics(self, listen: str) -> None:
         from prometheus_client import start_http_server
 
@@ -224,21 +372,29 @@ class LetheServer:
         )
 
     def wait(self) -> None:
-        if self._grpc is not None:
-            self._grpc.wait_for_termination()
+        """Block until :meth:`stop` has finished."""
+        self._stopped.wait()
 
     def stop(self, grace: float = 5.0) -> None:
-        """Stop accepting calls, let running ones finish (``grace`` seconds),
-        stop the sweeper and close the store."""
-        self._stopping.set()  # ends Watch streams
-        if self._grpc is not None:
-            self._grpc.stop(grace).wait()
-            self._grpc = None
-        if self._executor is not None:
-            # Handlers cancelled by the grace period may still be running: the
+        """Drain (see the module docstring): health ``NOT_SERVING``, new calls
+        refused, streams ended, running calls given ``grace`` seconds; then stop
+        the sweeper and close the store. Idempotent."""
+        loop = self._loop
+        if loop is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._drain(grace), loop).result()
+            finally:
+                loop.call_soon_threadsafe(loop.stop)
+                if self._loop_thread is not None:
+                    self._loop_thread.join()
+                loop.close()
+                self._loop = None
+                self._loop_thread = None
+        if self.executor is not None:
+            # Calls cancelled by the grace period may still be running: the
             # store stays open until every one of them has returned.
-            self._executor.shutdown(wait=True)
-            self._executor = None
+            self.executor.shutdown(wait=True)
+            self.executor = None
         if self._sweeper is not None:
             self._sweeper.stop()
             self._sweeper = None
@@ -246,3 +402,18 @@ class LetheServer:
             self._metrics_server.shutdown()
             self._metrics_server = None
         self.store.close()
+        self._stopped.set()
+
+    async def _drain(self, grace: float) -> None:
+        start = time.monotonic()
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self.edge is not None:
+            self.edge.drain()
+            await self.edge.wait_idle(grace)
+        if self._grpc is not None:
+            await self._grpc.stop(max(0.0, grace - (time.monotonic() - start)))
+            self._grpc = None
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None

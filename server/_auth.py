@@ -1,41 +1,62 @@
-"""Bearer tokens and the interceptor that checks them.
+"""Bearer tokens, authenticating a call's metadata, and authorising an owner.
 
 A token is ``lethe_`` followed by 43 url-safe base64 characters (32 random
-bytes). The store keeps only its SHA-256 digest with the principal it belongs
-to: ``{"owners": [...], "admin": bool, "create_time": seconds}``. A plain
-digest suffices because tokens carry 256 bits of entropy (no dictionary to
-attack), as with GitHub's token scanning design.
+bytes). The store keeps only its SHA-256 digest with what it may do
+(:class:`server.store.TokenRow`: owners or admin, label, expiry, revocation).
+A plain digest suffices because tokens carry 256 bits of entropy (no
+dictionary to attack), as with GitHub's token scanning design.
 
-Every RPC except ``grpc.health.v1.Health`` needs ``authorization: Bearer
-<token>`` metadata. The interceptor authenticates and stores the principal in
-a context variable; :func:`authorize` checks the owner named in a request
-before anything is read.
+Every RPC except ``grpc.health.v1.Health`` and server reflection (which
+reveal only serving status and the public schema) needs ``authorization:
+Bearer <token>`` metadata. :class:`Authenticator` reads the token's row on
+every call, so a new, revoked or expired token takes effect at once without
+a restart; an unknown, revoked and expired token are refused alike
+(``INVALID_TOKEN``), so a refusal tells nothing about which tokens exist. The
+call pipeline (:mod:`server._edge`) binds the principal to a context variable
+that :func:`authorize` checks against the owner named in a request before
+anything is read.
 """
 
 from __future__ import annotations
 
 import contextvars
 import hashlib
+import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
-from server.errors import LetheError, PermissionDenied, Reason, Unauthenticated
+from server.errors import PermissionDenied, Reason, Unauthenticated
+from server.store import TokenRow
 
 TOKEN_PREFIX = "lethe_"  # noqa: S105 (a prefix, not a secret)
-UNAUTHENTICATED_SERVICES = ("/grpc.health.v1.Health/",)
+UNAUTHENTICATED_SERVICES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+"""Method prefixes served without a token: serving status and the schema only."""
+
+LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A token label: like an id, it is stored in plaintext, so never content."""
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a token acts for: ``owners`` (ids), or every owner when ``admin``."""
+    """Who a token acts for: ``owners`` (ids), or every owner when ``admin``.
+
+    Attributes:
+        id: the token's id (16 hex characters); the key of its own bounds on
+            calls and streams.
+        digest: the token's 32-byte SHA-256 digest (to re-check it later).
+    """
 
     owners: frozenset[str]
     admin: bool
+    id: str = ""
+    digest: bytes = b""
 
     def may_act_for(self, owner: str) -> bool:
         return self.admin or owner in self.owners
@@ -56,8 +77,24 @@ def token_digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-def principal_record(owners: Sequence[str], admin: bool) -> dict[str, Any]:
-    return {"owners": sorted(set(owners)), "admin": admin, "create_time": time.time()}
+def principal_record(
+    owners: Sequence[str], admin: bool, *, label: str = "", expire_time: float = 0.0
+) -> dict[str, Any]:
+    """What a new token may do, as :meth:`server.store.Store.put_token` takes it.
+
+    Args:
+        owners: owner ids it acts for.
+        admin: acts for every owner.
+        label: the operator's name for it (:data:`LABEL_RE`).
+        expire_time: seconds since the epoch when it stops working; 0 never.
+    """
+    return {
+        "owners": sorted(set(owners)),
+        "admin": admin,
+        "create_time": time.time(),
+        "label": label,
+        "expire_time": expire_time,
+    }
 
 
 def authorize(owner: str) -> None:
@@ -65,7 +102,7 @@ def authorize(owner: str) -> None:
 
     Raises:
         PermissionDenied: reason ``OWNER_NOT_ALLOWED``.
-        Unauthenticated: no principal (the interceptor did not run).
+        Unauthenticated: no principal (the call pipeline did not run).
     """
     principal = _principal.get()
     if principal is None:
@@ -78,109 +115,54 @@ def current_principal() -> Principal | None:
     return _principal.get()
 
 
-class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
-    """Authenticates every call except health; see the module docstring.
+def bind_principal(principal: Principal) -> contextvars.Token[Principal | None]:
+    """Bind ``principal`` to the current context (a task's, or a worker's copy)."""
+    return _principal.set(principal)
+
+
+class Authenticator:
+    """Turns a call's metadata into a :class:`Principal`; see the module docstring.
 
     Args:
-        lookup: digest → principal record (or None); called per request so new
-            tokens work without a restart.
-        abort: turns a LetheError into an aborted call on a context.
+        lookup: digest → stored token row, or None; called on every call.
+        clock: seconds since the epoch (tests pass their own).
     """
 
     def __init__(
         self,
-        lookup: Callable[[bytes], dict[str, Any] | None],
-        abort: Callable[[grpc.ServicerContext, LetheError], None],
+        lookup: Callable[[bytes], TokenRow | None],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._lookup = lookup
-        self._abort = abort
+        self._clock = clock
 
-    def _authenticate(self, metadata: Sequence[tuple[str, Any]]) -> Principal:
+    def authenticate(self, metadata: Sequence[tuple[str, Any]]) -> Principal:
+        """The principal of the one ``authorization: Bearer lethe_…`` header.
+
+        Raises:
+            Unauthenticated: ``MISSING_TOKEN`` without the header;
+                ``INVALID_TOKEN`` for two headers, another scheme, a malformed,
+                unknown, revoked or expired token.
+        """
         values = [v for k, v in metadata if k == "authorization"]
         if not values:
             raise Unauthenticated("missing bearer token", reason=Reason.MISSING_TOKEN)
         if len(values) > 1:  # never guess which of two credentials was meant
             raise Unauthenticated("more than one authorization header", reason=Reason.INVALID_TOKEN)
-        value = values[0] if isinstance(values[0], str) else values[0].decode()
+        value = values[0] if isinstance(values[0], str) else values[0].decode(errors="replace")
         scheme, _, token = value.partition(" ")
+        token = token.strip()
         if scheme.lower() != "bearer" or not token.startswith(TOKEN_PREFIX):
             raise Unauthenticated("malformed bearer token", reason=Reason.INVALID_TOKEN)
-        record = self._lookup(token_digest(token.strip()))
-        if record is None:
-            raise Unauthenticated("unknown bearer token", reason=Reason.INVALID_TOKEN)
-        return Principal(frozenset(record.get("owners", [])), bool(record.get("admin")))
+        digest = token_digest(token)
+        row = self._lookup(digest)
+        if row is None or not row.active(self._clock()):
+            raise Unauthenticated(
+                "unknown, revoked or expired bearer token", reason=Reason.INVALID_TOKEN
+            )
+        return Principal(frozenset(row.owners), row.admin, row.id, digest)
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or method.startswith(UNAUTHENTICATED_SERVICES):
-            return handler
-        metadata = tuple(handler_call_details.invocation_metadata or ())
-        return _wrap(handler, lambda: self._authenticate(metadata), self._abort)
-
-
-def _wrap(
-    handler: grpc.RpcMethodHandler[Any, Any],
-    authenticate: Callable[[], Principal],
-    abort: Callable[[grpc.ServicerContext, LetheError], None],
-) -> grpc.RpcMethodHandler[Any, Any]:
-    def guard(behaviour: Callable[..., Any]) -> Callable[..., Any]:
-        def call(request: Any, context: grpc.ServicerContext) -> Any:
-            try:
-                principal = authenticate()
-            except LetheError as exc:
-                abort(context, exc)
-                return None
-            token = _principal.set(principal)
-            try:
-                return behaviour(request, context)
-            finally:
-                _principal.reset(token)
-
-        return call
-
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(
-            guard(handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-    def guard_stream(behaviour: Callable[..., Any]) -> Callable[..., Any]:
-        # A streaming behaviour is a generator: the principal must be set while
-        # it runs, not only while it is created.
-        def call(request: Any, context: grpc.ServicerContext) -> Any:
-            try:
-                principal = authenticate()
-            except LetheError as exc:
-                abort(context, exc)
-                return
-            token = _principal.set(principal)
-            try:
-                yield from behaviour(request, context)
-            finally:
-                _principal.reset(token)
-
-        return call
-
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            guard_stream(handler.unary_stream),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(
-            guard(handler.stream_unary),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-    return grpc.stream_stream_rpc_method_handler(
-        guard(handler.stream_stream),  # type: ignore[arg-type]
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    def still_valid(self, principal: Principal) -> bool:
+        """Whether ``principal``'s token is still active (for open streams)."""
+        row = self._lookup(principal.digest)
+        return row is not None and row.active(self._clock())

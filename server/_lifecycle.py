@@ -326,6 +326,7 @@ class Lifecycle:
         self.metrics.oldest_pending_age.set(age)
         self.metrics.outstanding_deletions.set(len(self.store.outstanding_deletions()))
         self.metrics.index_vectors.set(self.retriever.cache.total_vectors())
+        self.metrics.index_bytes.set(self.retriever.cache.total_bytes())
         self.metrics.keystore_keys.set(self.store.key_count())
         self.metrics.unreadable_records.set(self.store.unreadable_count())
         used = self.store.used_bytes()

@@ -31,11 +31,14 @@ Thread rules: metrics and the interceptor are safe from any thread.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+import grpc.aio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Seconds; finer than Prometheus' defaults below 5 ms, where this server's RPCs live.
@@ -96,6 +99,12 @@ class Metrics:
             "Age of the oldest pending turn or memory (since it was stored), seconds.",
             registry=self.registry,
         )
+        self.index_bytes = Gauge(
+            "lethe_index_bytes",
+            "Estimated bytes of the in-memory indexes held, all owners (bounded by "
+            "--index-cache-size).",
+            registry=self.registry,
+        )
         self.index_vectors = Gauge(
             "lethe_index_vectors", "Vectors held in FAISS, all owners.", registry=self.registry
         )
@@ -122,6 +131,30 @@ class Metrics:
         )
         self.keystore_keys = Gauge(
             "lethe_keystore_keys", "Live wrapped keys.", registry=self.registry
+        )
+        self.inflight_calls = Gauge(
+            "lethe_inflight_calls",
+            "Unary calls admitted and not finished (running on a worker or waiting for one).",
+            registry=self.registry,
+        )
+        self.queued_calls = Gauge(
+            "lethe_queued_calls",
+            "Admitted calls waiting for a worker thread.",
+            registry=self.registry,
+        )
+        self.open_streams = Gauge(
+            "lethe_open_streams", "Open server streams (Events.Watch).", registry=self.registry
+        )
+        self.refused_calls = Counter(
+            "lethe_refused_calls",
+            "Calls and streams refused at once: TOO_MANY_REQUESTS, TOO_MANY_STREAMS, DRAINING.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.lmdb_readers = Gauge(
+            "lethe_lmdb_readers",
+            "Reader slots of the data environment in use (read transactions open now).",
+            registry=self.registry,
         )
         self.records_without_key = Gauge(
             "lethe_records_without_key",
@@ -210,9 +243,9 @@ class _Call:
         self._metrics.rpc_duration.labels(self._method, code).observe(elapsed)
 
 
-def _code(context: grpc.ServicerContext, default: str) -> str:
+def _code(context: Any, default: str) -> str:
     """The status code the handler set on ``context`` (by abort or set_code), else ``default``."""
-    code = context.code()  # type: ignore[attr-defined]
+    code = context.code()
     if isinstance(code, grpc.StatusCode):
         return code.name
     if isinstance(code, int) and not isinstance(code, bool):
@@ -222,9 +255,13 @@ def _code(context: grpc.ServicerContext, default: str) -> str:
     return default
 
 
-class RpcMetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
-    """Counts and times every RPC, unary and streaming, into the standard gRPC
-    server metrics and ``lethe_rpc_duration_seconds{method,code}``.
+class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Counts and times every RPC of the asyncio server, unary and streaming,
+    into the standard gRPC server metrics and ``lethe_rpc_duration_seconds{method,code}``.
+
+    The handlers it wraps may be coroutine functions or plain functions (unary
+    responses), async or plain generators (streamed responses), as grpc.aio
+    allows; the wrapped handler is always async.
 
     Args:
         metrics: the server's metrics.
@@ -233,13 +270,15 @@ class RpcMetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
 
-    def intercept_service(
+    async def intercept_service(  # type: ignore[override]  # grpc may find no handler: None
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         """Wrap the method's handler (whatever its kind) in the measurements."""
-        handler = continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method: str = handler_call_details.method
@@ -252,13 +291,18 @@ class RpcMetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
         }
         grpc_type = kinds[(bool(handler.request_streaming), bool(handler.response_streaming))]
 
-        def requests(call: _Call, iterator: Iterator[Any]) -> Iterator[Any]:
-            for request in iterator:
-                call.received()
-                yield request
+        async def requests(call: _Call, iterator: Any) -> AsyncIterator[Any]:
+            if hasattr(iterator, "__aiter__"):
+                async for request in iterator:
+                    call.received()
+                    yield request
+            else:
+                for request in iterator:
+                    call.received()
+                    yield request
 
         def unary_response(behaviour: Callable[..., Any]) -> Callable[..., Any]:
-            def run(request: Any, context: grpc.ServicerContext) -> Any:
+            async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 call = _Call(metrics, method, grpc_type)
                 if handler.request_streaming:
                     request = requests(call, request)
@@ -266,6 +310,8 @@ class RpcMetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
                     call.received()
                 try:
                     response = behaviour(request, context)
+                    if inspect.isawaitable(response):
+                        response = await response
                 except BaseException:
                     call.done(_code(context, "UNKNOWN"))
                     raise
@@ -276,7 +322,9 @@ class RpcMetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
             return run
 
         def stream_response(behaviour: Callable[..., Any]) -> Callable[..., Any]:
-            def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            async def run(
+                request: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
                 call = _Call(metrics, method, grpc_type)
                 if handler.request_streaming:
                     request = requests(call, request)
@@ -284,11 +332,17 @@ class RpcMetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
                     call.received()
                 code = "CANCELLED"  # unless the stream ends by itself (below)
                 try:
-                    for response in behaviour(request, context):
-                        call.sent()
-                        yield response
-                    code = _code(context, "OK" if context.is_active() else "CANCELLED")
-                except GeneratorExit:
+                    responses = behaviour(request, context)
+                    if hasattr(responses, "__aiter__"):
+                        async for response in responses:
+                            call.sent()
+                            yield response
+                    else:
+                        for response in responses:
+                            call.sent()
+                            yield response
+                    code = _code(context, "CANCELLED" if context.cancelled() else "OK")
+                except (GeneratorExit, asyncio.CancelledError):
                     raise  # closed by grpc: the call is gone
                 except BaseException:
                     code = _code(context, "UNKNOWN")

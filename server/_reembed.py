@@ -116,16 +116,17 @@ def _embed_batch(
     texts: dict[int, str] = {}
     versions: dict[int, int] = {}
     unreadable: list[TurnMeta | MemMeta] = []
-    for rid, (meta, cts) in store.fetch(rids).items():
-        if isinstance(meta, MemMeta):
-            versions[rid] = meta.version
-        try:
-            texts[rid] = text_of(store.view_of(meta, cts))
-        except RecordDeleted:  # forgotten meanwhile (or its key is gone)
-            versions.pop(rid, None)
-        except DataLoss:  # unreadable: no vector can be made; counted and logged
-            store.note_unreadable(meta)
-            unreadable.append(meta)
+    with store.key_batch():  # one keystore snapshot, each record key unwrapped once
+        for rid, (meta, cts) in store.fetch(rids).items():
+            if isinstance(meta, MemMeta):
+                versions[rid] = meta.version
+            try:
+                texts[rid] = text_of(store.view_of(meta, cts))
+            except RecordDeleted:  # forgotten meanwhile (or its key is gone)
+                versions.pop(rid, None)
+            except DataLoss:  # unreadable: no vector can be made; counted and logged
+                store.note_unreadable(meta)
+                unreadable.append(meta)
     ids = list(texts)
     rows = embedder.embed([texts[r] for r in ids])
     made: dict[int, Vector] = {m.rid: None for m in unreadable}

@@ -101,6 +101,8 @@ MODE_LEXICAL = "LEXICAL"
 MODE_HYBRID = "HYBRID"
 _LEXICAL_WEIGHTS = HYBRID_WEIGHTS[1:]
 _LEXICAL_BOUNDS = HYBRID_LOWER_BOUNDS[1:]
+# Vectors decrypted and added at a time when an index is built.
+BUILD_CHUNK = 4096
 
 Ranked = list[tuple[int, float]]
 
@@ -140,6 +142,12 @@ class _Bundle:
     def __len__(self) -> int:
         """Vectors held (``lethe_index_vectors``)."""
         return len(self.dense)
+
+    def nbytes(self) -> int:
+        """Estimated bytes held by every leg and the context map (the index cache's
+        byte bound, ``lethe_index_bytes``); ~90 bytes per map entry."""
+        legs = self.dense.nbytes() + self.plain.nbytes() + self.ctx.nbytes()
+        return legs + self.sessions.nbytes() + self.times.nbytes() + 90 * len(self.ctx_prev)
 
 
 def _owner_key(owner: str) -> str:
@@ -194,12 +202,22 @@ class Retriever:
         store: The record store.
         embedder: The server-side embedder, or None (clients send vectors).
         capacity: Most bundles (owner plus pending-thread) kept in memory.
+        max_bytes: Most bytes of bundles kept in memory (``nbytes`` estimates;
+            the most recently used bundle is kept even when it alone is larger),
+            or None for no byte bound. ``lethe serve --index-cache-size``.
     """
 
-    def __init__(self, store: Store, embedder: Embedder | None, *, capacity: int = 256) -> None:
+    def __init__(
+        self,
+        store: Store,
+        embedder: Embedder | None,
+        *,
+        capacity: int = 256,
+        max_bytes: int | None = None,
+    ) -> None:
         self.store = store
         self.embedder = embedder
-        self.cache: IndexCache[_Bundle] = IndexCache(capacity)
+        self.cache: IndexCache[_Bundle] = IndexCache(capacity, max_bytes)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._current: set[str] = set()  # owners whose vectors are the embedder's
@@ -281,17 +299,10 @@ class Retriever:
         ``speaker: text`` of a turn; a memory's text (a graph edge's
         ``subject predicate object`` when it has no text)."""
         rows = self.store.fetch([m.rid for m in metas])
-        out: dict[int, str] = {}
-        for rid, (meta, cts) in rows.items():
-            try:
-                view = self.store.view_of(meta, cts)
-            except RecordDeleted:
-                continue
-            except DataLoss:  # not indexed; counted and logged by id
-                self.store.note_unreadable(meta)
-                continue
-            out[rid] = indexed_text(view)
-        return out
+        opened = self.store.open_each(
+            rows.values(), lambda m, cts: (m.rid, indexed_text(self.store.view_of(m, cts)))
+        )
+        return dict(opened)
 
     def _fill_memories(self, bundle: _Bundle, mems: Sequence[MemMeta]) -> None:
         """Index memories' current versions in every leg (context = their own text)."""
@@ -360,9 +371,16 @@ class Retriever:
             ctx.update(self._contexts(ordered, by_thread.get(thread, []), texts, bundle.ctx_prev))
         if ctx:
             bundle.ctx.add(np.asarray(list(ctx), np.int64), list(ctx.values()))
-        rids, vecs = self.store.embeddings(list(with_dense))
-        if rids:
+        # In chunks: the ciphertexts, plaintexts and rows of one chunk at a time
+        # beside FAISS's own copy, so a build's peak stays near the index's size.
+        dense = list(with_dense)
+        for start in range(0, len(dense), BUILD_CHUNK):
+            rids, vecs = self.store.embeddings(dense[start : start + BUILD_CHUNK])
+            if not rids:
+                continue
             if bundle.dense.dim != vecs.shape[1]:
+                if len(bundle.dense):
+                    continue  # a second dimension in one owner: the first one stays
                 bundle.dense = VectorIndex(vecs.shape[1])
             bundle.dense.add(np.asarray(rids, np.int64), vecs)
 
@@ -378,9 +396,10 @@ class Retriever:
                 by_thread.setdefault(meta.thread, []).append(meta)
         metas = [m for ordered in by_thread.values() for m in ordered]
         bundle = self._new_bundle(owner)
-        self._fill(bundle, metas, [m for m in metas if indexable(m, now)], by_thread)
-        mems = [m for m in self.store.owner_memories(owner) if general_visible(m, now)]
-        self._fill_memories(bundle, mems)
+        with self.store.key_batch():  # content and vector share a record key: one unwrap
+            self._fill(bundle, metas, [m for m in metas if indexable(m, now)], by_thread)
+            mems = [m for m in self.store.owner_memories(owner) if general_visible(m, now)]
+            self._fill_memories(bundle, mems)
         return bundle
 
     def _pending_order(self, owner: str, thread: str, now: float) -> list[TurnMeta]:
@@ -524,6 +543,7 @@ class Retriever:
                     self.cache.evict(_owner_key(owner))  # rebuilt from LMDB on next use
                 else:
                     self._add_turns(owner, owner_b, committed, rids, vecs)
+                    self.cache.trim()  # the owner's bundle grew in place
             for thread in {m.thread for m in metas}:
                 key = _pending_key(owner, thread)
                 if self.cache.get(key) is not None:
@@ -717,29 +737,31 @@ class Retriever:
         include_turns: bool = True,
     ) -> list[SearchHit]:
         """Recheck candidates in rank order (one read transaction per chunk) and
-        decrypt the survivors until ``top_k`` are found."""
+        decrypt the survivors until ``top_k`` are found (one keystore snapshot
+        for them all: ``Store.key_batch``)."""
         hits: list[SearchHit] = []
         chunk = top_k + OVERFETCH
-        for start in range(0, len(ranked), chunk):
-            part = ranked[start : start + chunk]
-            rows = self.store.fetch([rid for rid, _ in part])
-            now = time.time()
-            for rid, score in part:
-                row = rows.get(rid)
-                if row is None or not searchable(row[0], now, owner, pending_thread):
-                    continue
-                if not self._kind_ok(row[0], kinds, include_turns):
-                    continue
-                try:
-                    view = self.store.view_of(row[0], row[1])
-                except RecordDeleted:  # its key was destroyed after the recheck
-                    continue
-                except DataLoss:  # one bad record never fails a whole search
-                    self.store.note_unreadable(row[0])
-                    continue
-                hits.append(SearchHit(view, score))
-                if len(hits) == top_k:
-                    return hits
+        with self.store.key_batch():
+            for start in range(0, len(ranked), chunk):
+                part = ranked[start : start + chunk]
+                rows = self.store.fetch([rid for rid, _ in part])
+                now = time.time()
+                for rid, score in part:
+                    row = rows.get(rid)
+                    if row is None or not searchable(row[0], now, owner, pending_thread):
+                        continue
+                    if not self._kind_ok(row[0], kinds, include_turns):
+                        continue
+                    try:
+                        view = self.store.view_of(row[0], row[1])
+                    except RecordDeleted:  # its key was destroyed after the recheck
+                        continue
+                    except DataLoss:  # one bad record never fails a whole search
+                        self.store.note_unreadable(row[0])
+                        continue
+                    hits.append(SearchHit(view, score))
+                    if len(hits) == top_k:
+                        return hits
         return hits
 
     @staticmethod

@@ -1,9 +1,13 @@
 """The ``lethe`` command line (API.md, "Command line").
 
-``lethe serve``, ``lethe token create``, ``lethe backup``, ``lethe restore``,
-``lethe audit``, ``lethe probe`` and ``lethe demo``. Errors are printed as
-one line on stderr with exit status 2 (usage or configuration) or 1 (a failed
-check).
+``lethe serve``, ``lethe token create | list | revoke``, ``lethe backup``,
+``lethe restore``, ``lethe audit``, ``lethe probe`` and ``lethe demo``. Errors
+are printed as one line on stderr with exit status 2 (usage or configuration)
+or 1 (a failed check, or no such token to revoke).
+
+``lethe token`` works on the data directory of a running server (tokens are
+read on every call): a new token works at once, a revoked or expired one is
+refused within a second, open streams included.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
 from lethe.probe import add_probe_arguments
-from server._auth import new_token, principal_record, token_digest
+from server._auth import LABEL_RE, new_token, token_digest
 from server._names import ID_RE
 from server.store import Store, StoreLockedError, acquire_lock, data_paths, open_store_for
 from shredder import (
@@ -87,6 +92,35 @@ def parse_size(text: str) -> int:
     return size
 
 
+def parse_message_size(text: str) -> int:
+    """A gRPC message limit: ``16MiB``, ``512KiB``, ``1048576`` (at most 2 GiB - 1) → bytes.
+
+    Raises:
+        argparse.ArgumentTypeError: malformed, zero or too large for gRPC.
+    """
+    match = _SIZE_RE.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (examples: 16MiB, 512KiB, 65536)")
+    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+    if not 0 < size < 1 << 31:
+        raise argparse.ArgumentTypeError("size must be positive and below 2GiB")
+    return size
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+def _label(value: str) -> str:
+    if not LABEL_RE.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            "labels match [A-Za-z0-9][A-Za-z0-9._-]{0,63} (stored in plaintext: no content)"
+        )
+    return value
+
+
 def _address(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -152,6 +186,14 @@ def _parser() -> argparse.ArgumentParser:
         help="complete shreds cryptographically this often (default 1h)",
     )
     serve.add_argument(
+        "--index-cache-size",
+        type=parse_size,
+        default=parse_size("4GiB"),
+        help="bytes of in-memory search indexes kept (estimated); past it the least recently "
+        "searched owners' indexes are dropped and rebuilt from the store on their next search "
+        "(default 4GiB)",
+    )
+    serve.add_argument(
         "--max-store-size",
         type=parse_size,
         default=parse_size("64GiB"),
@@ -164,15 +206,95 @@ def _parser() -> argparse.ArgumentParser:
         default="rules",
         help="propose candidate memories for untagged turns (default rules)",
     )
+    bounds = serve.add_argument_group(
+        "concurrency", "past a bound a call is refused at once with RESOURCE_EXHAUSTED"
+    )
+    bounds.add_argument(
+        "--workers", type=_positive_int, default=16, help="threads for blocking work (16)"
+    )
+    bounds.add_argument(
+        "--max-inflight", type=_positive_int, default=64, help="unary calls at once, in all (64)"
+    )
+    bounds.add_argument(
+        "--max-inflight-per-principal",
+        type=_positive_int,
+        default=16,
+        help="unary calls at once per token (16)",
+    )
+    bounds.add_argument(
+        "--max-running-per-principal",
+        type=_positive_int,
+        default=4,
+        help="of those, calls of one token running at once (4)",
+    )
+    bounds.add_argument(
+        "--max-streams", type=_positive_int, default=1024, help="open Watch streams, in all (1024)"
+    )
+    bounds.add_argument(
+        "--max-streams-per-principal",
+        type=_positive_int,
+        default=128,
+        help="open Watch streams per token (128)",
+    )
+    transport = serve.add_argument_group("transport")
+    transport.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain")
+    transport.add_argument("--tls-key", type=Path, default=None, help="PEM private key")
+    transport.add_argument(
+        "--client-ca",
+        type=Path,
+        default=None,
+        help="PEM CAs of client certificates: clients must present one (mutual TLS)",
+    )
+    transport.add_argument(
+        "--max-receive-message-size", type=parse_message_size, default=parse_message_size("16MiB")
+    )
+    transport.add_argument(
+        "--max-send-message-size", type=parse_message_size, default=parse_message_size("16MiB")
+    )
+    transport.add_argument(
+        "--keepalive-min-interval",
+        type=parse_duration,
+        default=parse_duration("10s"),
+        help="accept client keepalive pings this far apart or more (10s)",
+    )
+    transport.add_argument(
+        "--keepalive-time",
+        type=parse_duration,
+        default=parse_duration("60s"),
+        help="ping an idle connection this often (60s)",
+    )
+    transport.add_argument(
+        "--keepalive-timeout",
+        type=parse_duration,
+        default=parse_duration("20s"),
+        help="drop a connection whose ping is unanswered this long (20s)",
+    )
+    transport.add_argument(
+        "--drain-grace",
+        type=parse_duration,
+        default=parse_duration("30s"),
+        help="on SIGTERM, time given to calls in flight (30s)",
+    )
 
-    token = sub.add_parser("token", help="manage bearer tokens")
-    token_sub = token.add_subparsers(dest="token_command", required=True)
+    token = sub.add_parser("token", help="create, list and revoke bearer tokens")
+    token_sub = token.add_subparsers(dest="action", required=True)
     create = token_sub.add_parser("create", help="print a new bearer token")
     create.add_argument("--data", type=Path, default=Path("./lethe-data"))
     who = create.add_mutually_exclusive_group(required=True)
     who.add_argument("--owner", type=_owner, action="append", dest="owners")
     who.add_argument("--admin", action="store_true")
+    create.add_argument("--label", type=_label, default=None, help="a name for it (no content)")
+    create.add_argument(
+        "--expires-in", type=parse_duration, default=None, help="refuse it after this (e.g. 30d)"
+    )
     create.add_argument("--kek-file", type=Path, default=None)
+    listing = token_sub.add_parser("list", help="list tokens (ids, never secrets)")
+    listing.add_argument("--data", type=Path, default=Path("./lethe-data"))
+    listing.add_argument("--kek-file", type=Path, default=None)
+    revoke = token_sub.add_parser("revoke", help="revoke a token by id (takes effect within 1 s)")
+    revoke.add_argument("id", help="the token's id, as `lethe token list` shows it")
+    revoke.add_argument("--data", type=Path, default=Path("./lethe-data"))
+    revoke.add_argument("--kek-file", type=Path, default=None)
 
     backup = sub.add_parser("backup", help="consistent compacted copy of the data environment")
     backup.add_argument("--data", type=Path, default=Path("./lethe-data"))
@@ -228,8 +350,29 @@ def _serve(args: argparse.Namespace) -> int:
         sweep_interval=args.sweep_interval,
         tagger=args.tagger,
         rotation_interval=args.rotation_interval,
+        max_workers=args.workers,
+        max_inflight=args.max_inflight,
+        max_inflight_per_principal=args.max_inflight_per_principal,
+        max_running_per_principal=args.max_running_per_principal,
+        max_streams=args.max_streams,
+        max_streams_per_principal=args.max_streams_per_principal,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        client_ca=args.client_ca,
+        max_receive_message_bytes=args.max_receive_message_size,
+        max_send_message_bytes=args.max_send_message_size,
+        keepalive_min_interval=args.keepalive_min_interval,
+        keepalive_time=args.keepalive_time,
+        keepalive_timeout=args.keepalive_timeout,
         max_store_size=args.max_store_size,
+        index_cache_size=args.index_cache_size,
     )
+    try:
+        config.limits()
+        config.server_credentials()
+    except ValueError as exc:
+        print(f"lethe: {exc}", file=sys.stderr)
+        return 2
     server = LetheServer(config)
     try:
         port = server.start()
@@ -251,7 +394,7 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     stopped.wait()
-    server.stop(grace=30.0)
+    server.stop(grace=args.drain_grace)
     return 0
 
 
@@ -265,20 +408,56 @@ def _kek_line(path: Path | None, data: Path) -> str:
     )
 
 
-def _token_create(args: argparse.Namespace) -> int:
+def _token_store(args: argparse.Namespace) -> Store:
     if Keystore.read_store_id(data_paths(args.data.resolve())[1]) is None:
         raise EnvironmentConfigError(
             f"{args.data} holds no lethe store; start `lethe serve --data {args.data}` once "
             "first, or pass the data directory the server uses"
         )
-    store = Store(args.data, kek_file=args.kek_file, lock=False)
+    return Store(args.data, kek_file=args.kek_file, lock=False)
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds)) if seconds else "-"
+
+
+def _token(args: argparse.Namespace) -> int:
+    """``lethe token create | list | revoke``: the token prints on stdout alone
+    (for ``T=$(lethe token create ...)``), everything else about it on stderr."""
+    store = _token_store(args)
     try:
-        token = new_token()
-        store.put_token(token_digest(token), principal_record(args.owners or [], args.admin))
+        if args.action == "create":
+            token = new_token()
+            expire = time.time() + args.expires_in if args.expires_in else 0.0
+            row = store.create_token(
+                token_digest(token),
+                args.owners or [],
+                args.admin,
+                label=args.label or "",
+                expire_time=expire,
+            )
+            print(token)
+            print(f"lethe: token {row.id} created; expires {_when(expire)}", file=sys.stderr)
+            return 0
+        if args.action == "list":
+            now = time.time()
+            print(f"{'id':<16}  {'state':<8}  {'created':<20}  {'expires':<20}  label  acts for")
+            for row in store.tokens():
+                state = "revoked" if row.revoke_time else "active" if row.active(now) else "expired"
+                who = "admin" if row.admin else ",".join(row.owners)
+                print(
+                    f"{row.id:<16}  {state:<8}  {_when(row.create_time):<20}  "
+                    f"{_when(row.expire_time):<20}  {row.label or '-'}  {who}"
+                )
+            return 0
+        revoked = store.revoke_token(args.id)
+        if revoked is None:
+            print(f"lethe: no token has id {args.id!r} (see `lethe token list`)", file=sys.stderr)
+            return 1
+        print(f"revoked {revoked.id} at {_when(revoked.revoke_time)}")
+        return 0
     finally:
         store.close()
-    print(token)
-    return 0
 
 
 def _kek_path(data: Path, kek_file: Path | None) -> Path | None:
@@ -402,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args)
         if args.command == "token":
-            return _token_create(args)
+            return _token(args)
         if args.command == "backup":
             return _backup(args)
         if args.command == "restore":

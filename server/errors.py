@@ -15,12 +15,15 @@ Exception tree::
     ├── Unauthenticated        UNAUTHENTICATED      MISSING_TOKEN | INVALID_TOKEN
     ├── PermissionDenied       PERMISSION_DENIED    OWNER_NOT_ALLOWED
     ├── InvalidArgument        INVALID_ARGUMENT     BAD_FIELD | DIMENSION_MISMATCH
+    ├── MalformedRequest       INVALID_ARGUMENT     MALFORMED_REQUEST
     ├── NotFound               NOT_FOUND            NOT_FOUND
     │   └── RecordDeleted      NOT_FOUND            RECORD_DELETED
     ├── FailedPrecondition     FAILED_PRECONDITION  SEALED | SOURCE_* | ...
     ├── AlreadyExists          ALREADY_EXISTS       ALREADY_EXISTS | SLOT_CONFLICT
     ├── Aborted                ABORTED              VERSION_MISMATCH
     ├── StoreFull              RESOURCE_EXHAUSTED   STORE_FULL
+    ├── Overloaded             RESOURCE_EXHAUSTED   TOO_MANY_REQUESTS | TOO_MANY_STREAMS
+    ├── Draining               UNAVAILABLE          DRAINING
     ├── Unavailable            UNAVAILABLE          STORAGE_UNAVAILABLE
     ├── DataLoss               DATA_LOSS            INTEGRITY
     └── Unimplemented          UNIMPLEMENTED        (no reason)
@@ -163,6 +166,51 @@ class Aborted(LetheError):
 class StoreFull(LetheError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
     default_reason = Reason.STORE_FULL
+
+
+class Overloaded(LetheError):
+    """A bound on calls in flight or open streams is reached: refused at once.
+
+    Args:
+        message: which bound (never whose data).
+        reason: ``TOO_MANY_REQUESTS`` (calls) or ``TOO_MANY_STREAMS`` (streams).
+        retry_after: seconds a client should wait before retrying, sent as a
+            ``google.rpc.RetryInfo`` detail.
+    """
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    default_reason = Reason.TOO_MANY_REQUESTS
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: errors_pb2.ErrorReason.ValueType | None = None,
+        retry_after: float = 0.1,
+    ) -> None:
+        super().__init__(message, reason=reason)
+        self.retry_after = retry_after
+
+    def details(self) -> list[any_pb2.Any]:
+        info = error_details_pb2.RetryInfo()
+        info.retry_delay.FromNanoseconds(int(self.retry_after * 1e9))
+        packed = any_pb2.Any()
+        packed.Pack(info)
+        return [packed]
+
+
+class MalformedRequest(LetheError):
+    """The request bytes do not decode as the method's request message."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    default_reason = Reason.MALFORMED_REQUEST
+
+
+class Draining(LetheError):
+    """The server is stopping: new calls are refused while running ones finish."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    default_reason = Reason.DRAINING
 
 
 class Unavailable(LetheError):

@@ -20,7 +20,7 @@ from shredder._backup import (
 )
 from shredder._failpoints import FAILPOINTS_ENV, POINTS, declare, failpoint
 from shredder._kek import KekRing, check_kek_placement, default_kek_path
-from shredder._keystore import FreshKeys, Keystore
+from shredder._keystore import FreshKeys, KeyReader, Keystore
 from shredder._lmdbenv import open_durable_env
 from shredder.errors import (
     CryptoError,
@@ -43,6 +43,7 @@ __all__ = [
     "KekRing",
     "KeyExistsError",
     "KeyNotFoundError",
+    "KeyReader",
     "Keystore",
     "RingRef",
     "ShredderError",

@@ -223,6 +223,67 @@ class FreshKeys:
         raise TypeError("FreshKeys holds raw keys and cannot be pickled")
 
 
+class KeyReader:
+    """Opens many payloads under one keystore read transaction.
+
+    :meth:`Keystore.open` begins a read transaction and unwraps the record key
+    for every payload; a search that decrypts its hits, or an index build that
+    decrypts every turn's content and vector (two payloads under one record
+    key), pays that per payload. A reader holds one snapshot and keeps each
+    record key it unwrapped until :meth:`close`, so each key is read and
+    unwrapped once per reader. Keys live only as long as the reader (one call):
+    a key destroyed after the snapshot began still opens here, exactly as a
+    :meth:`Keystore.open` that began before the destroy would; callers recheck
+    visibility after opening, as they must anyway.
+
+    Holds raw keys: never printed or pickled. Thread rules: one thread (an LMDB
+    read transaction is bound to the thread that began it); close it on the
+    same thread, before the keystore closes.
+    """
+
+    __slots__ = ("_epoch", "_keys", "_keystore", "_txn")
+
+    def __init__(self, keystore: Keystore) -> None:
+        self._keystore = keystore
+        self._epoch = keystore._epoch  # read before the snapshot: see Keystore._cache_put
+        self._txn: lmdb.Transaction | None = keystore._env.begin()
+        self._keys: dict[tuple[RingRef, str], _Key] = {}
+
+    def open(self, ring: RingRef, key_id: str, ad: AssociatedData, ciphertext: bytes) -> bytes:
+        """Decrypt and authenticate a payload, as :meth:`Keystore.open`.
+
+        Raises:
+            KeyNotFoundError, IntegrityError, ValueError: as :meth:`Keystore.open`.
+            RuntimeError: the reader is closed.
+        """
+        if self._txn is None:
+            raise RuntimeError("the key reader is closed")
+        key = self._keys.get((ring, key_id))
+        if key is None:
+            key = self._keystore._record_key_in(self._txn, ring, key_id, self._epoch)
+            self._keys[(ring, key_id)] = key
+        return _open_payload(key, ad.encode(), ciphertext)
+
+    def close(self) -> None:
+        """End the snapshot and drop the keys. Idempotent."""
+        self._keys.clear()
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = None
+
+    def __enter__(self) -> KeyReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<KeyReader {len(self._keys)} keys redacted>"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("KeyReader holds raw keys and cannot be pickled")
+
+
 class Keystore:
     """Wrapped keys in their own LMDB environment at `path` (a directory).
 
@@ -700,6 +761,12 @@ class Keystore:
         """
         return _open_payload(self._record_key(ring, key_id), ad.encode(), ciphertext)
 
+    def reader(self) -> KeyReader:
+        """A :class:`KeyReader`: one read snapshot for opening many payloads (a
+        search's hits, an index build) at one transaction and one unwrap per
+        record key. Use it as a context manager, from one thread."""
+        return KeyReader(self)
+
     def keyed_digest(self, ring: RingRef, key_id: str, data: bytes) -> bytes:
         """A 32-byte keyed BLAKE2b digest of ``data`` under a record key.
 
@@ -813,17 +880,27 @@ class Keystore:
     # ----------------------------------------------------------------- internals
 
     def _record_key(self, ring: RingRef, key_id: str) -> _Key:
-        prefix = _ring_prefix(ring)
-        lmdb_key = prefix + _key_id_bytes(key_id)
         epoch = self._epoch  # read before the snapshot: see _cache_put
         with self._env.begin() as txn:
-            ring_value = txn.get(prefix, db=self._rings)
-            wrapped = txn.get(lmdb_key, db=self._records)
+            return self._record_key_in(txn, ring, key_id, epoch)
+
+    def _record_key_in(self, txn: lmdb.Transaction, ring: RingRef, key_id: str, epoch: int) -> _Key:
+        """Unwrap a record key as seen by the read transaction ``txn`` (``epoch``
+        read before ``txn`` began).
+
+        Raises:
+            KeyNotFoundError, IntegrityError, ValueError: as :meth:`open`.
+        """
+        prefix = _ring_prefix(ring)
+        lmdb_key = prefix + _key_id_bytes(key_id)
+        ring_value = txn.get(prefix, db=self._rings)
+        wrapped = txn.get(lmdb_key, db=self._records)
         if ring_value is None:
             raise KeyNotFoundError("ring does not exist")
         if wrapped is None:
             raise KeyNotFoundError("record key does not exist")
-        generation, ring_key = self._unwrap_ring(ring, prefix, ring_value, epoch)
+        wrapped = bytes(wrapped)
+        generation, ring_key = self._unwrap_ring(ring, prefix, bytes(ring_value), epoch)
         if _wrapped_version(wrapped) != generation:
             raise IntegrityError("record key was wrapped under another ring-key generation")
         return _unwrap_key(ring_key, _record_ad(ring, key_id, generation), wrapped)

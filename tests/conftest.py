@@ -34,7 +34,8 @@ class Client(TypedClient):
     def __init__(self, target: str, token: str, **kwargs: Any) -> None:
         super().__init__(target, token, **kwargs)
         s = self.stubs
-        self.channel, self.token, self.md = s.channel, s.token, s.md
+        # Over TLS the channel's call credentials carry the token: md is empty.
+        self.channel, self.token, self.md = s.channel, token, self.metadata
         self.threads, self.memories, self.retrieval = s.threads, s.memories, s.retrieval
         self.lifecycle, self.repairs, self.events, self.health = (
             s.lifecycle,

@@ -29,6 +29,11 @@ def _sources(*tops: str) -> Iterator[Path]:
             yield path
 
 
+def _files(top: str) -> list[Path]:
+    """Every Python file under ``top``, not counting installed Node packages."""
+    return [p for p in sorted((ROOT / top).rglob("*.py")) if "node_modules" not in p.parts]
+
+
 def _module(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -120,7 +125,7 @@ def test_no_database_is_spelled_outside_the_store() -> None:
     offenders = [
         str(p.relative_to(ROOT))
         for top in ("server", "lethe", "bench", "tests", "scripts")
-        for p in sorted((ROOT / top).rglob("*.py"))
+        for p in _files(top)
         if not p.is_relative_to(store) and p != Path(__file__).resolve() and 'db["' in p.read_text()
     ]
     assert offenders == []
@@ -132,7 +137,7 @@ def test_the_store_is_reached_through_its_face_only() -> None:
     offenders = [
         f"{p.relative_to(ROOT)} imports {name}"
         for top in ("server", "lethe", "bench", "tests", "scripts")
-        for p in sorted((ROOT / top).rglob("*.py"))
+        for p in _files(top)
         if not p.is_relative_to(store) and not p.is_relative_to(white_box)
         for name in _imports(p)
         if name.startswith("server.store._")

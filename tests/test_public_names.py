@@ -56,6 +56,7 @@ def test_store_face_is_pinned() -> None:
             "StoreLockedError",
             "ThreadMeta",
             "ThreadView",
+            "TokenRow",
             "TurnDraft",
             "TurnMeta",
             "TurnView",

@@ -36,7 +36,16 @@ NOT_RUN = {
     ".venv/bin/python bench/": "benchmarks: minutes each",
     "pip install ./lethe-client": "tests/lethe/test_light_client.py installs it in a fresh venv",
     "pip install './lethe-client[langgraph]'": "the same, with the extra the suite installs",
+    ".venv/bin/lethe serve --data ./lethe-data --listen 0.0.0.0:50051": (
+        "TLS: needs certificates; tests/server/test_tls.py serves TLS and mutual TLS"
+    ),
+    "grpcurl -cacert": "a TLS server named lethe.example; tests/server/test_tls.py",
+    ".venv/bin/lethe token revoke": "the id is an example; tests/server/test_tokens.py revokes one",
 }
+PYTHON_NOT_RUN = {
+    "lethe.example:50051": "a TLS server named lethe.example; tests/server/test_tls.py",
+}
+"""Python blocks (by a string they contain) that are not run, with the reason."""
 PYTHON_SECTION = "## Use it from Python"
 """The README section whose Python blocks share one namespace (run by the second test)."""
 NEEDS_TOOL = {"grpcurl": "grpcurl", "protoc -I": "protoc"}
@@ -129,6 +138,8 @@ def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
         for lang, body in _blocks():
             if lang == "python" and body in sectioned:
                 continue  # test_readme_python_snippets_run_as_written
+            if lang == "python" and any(key in body for key in PYTHON_NOT_RUN):
+                continue
             if lang == "python":
                 (clone / "example.py").write_text(local(body))
                 done = shell.run(".venv/bin/python example.py")
@@ -259,6 +270,11 @@ def _check(command: str, stdout: str, clone: Path) -> None:
 def test_every_command_not_run_is_in_the_readme(prefix: str) -> None:
     commands = [c for lang, body in _blocks() if lang == "sh" for c in _commands(body)]
     assert any(c.startswith(prefix) for c in commands), prefix
+
+
+@pytest.mark.parametrize("key", sorted(PYTHON_NOT_RUN))
+def test_every_python_block_not_run_is_in_the_readme(key: str) -> None:
+    assert any(lang == "python" and key in body for lang, body in _blocks()), key
 
 
 def test_readme_python_snippets_run_as_written(

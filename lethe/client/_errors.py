@@ -21,7 +21,8 @@ Exception tree (code; reason)::
         ├── Unknown                 UNKNOWN
         ├── InvalidArgument         INVALID_ARGUMENT
         │   ├── BadField                BAD_FIELD (field_violations name the fields)
-        │   └── DimensionMismatch       DIMENSION_MISMATCH
+        │   ├── DimensionMismatch       DIMENSION_MISMATCH
+        │   └── MalformedRequest        MALFORMED_REQUEST (the bytes did not decode)
         ├── DeadlineExceeded        DEADLINE_EXCEEDED
         ├── NotFound                NOT_FOUND; NOT_FOUND (never existed)
         │   └── RecordDeleted           RECORD_DELETED (deleted or expired)
@@ -29,8 +30,10 @@ Exception tree (code; reason)::
         │   └── SlotConflict            SLOT_CONFLICT (subject names the holder)
         ├── PermissionDenied        PERMISSION_DENIED
         │   └── OwnerNotAllowed         OWNER_NOT_ALLOWED
-        ├── ResourceExhausted       RESOURCE_EXHAUSTED (bounds on calls and streams)
-        │   └── StoreFull               STORE_FULL
+        ├── ResourceExhausted       RESOURCE_EXHAUSTED
+        │   ├── StoreFull               STORE_FULL
+        │   ├── TooManyRequests         TOO_MANY_REQUESTS (retry_delay: RetryInfo)
+        │   └── TooManyStreams          TOO_MANY_STREAMS
         ├── FailedPrecondition      FAILED_PRECONDITION (subject names the record)
         │   ├── SourceDeleted           SOURCE_DELETED
         │   ├── SourceStale             SOURCE_STALE
@@ -46,7 +49,8 @@ Exception tree (code; reason)::
         ├── Unimplemented           UNIMPLEMENTED
         ├── Internal                INTERNAL
         ├── Unavailable             UNAVAILABLE
-        │   └── StorageUnavailable      STORAGE_UNAVAILABLE (the server's disk failed)
+        │   ├── StorageUnavailable      STORAGE_UNAVAILABLE (the server's disk failed)
+        │   └── Draining                DRAINING (the server is stopping)
         ├── DataLoss                DATA_LOSS
         │   └── Integrity               INTEGRITY (ciphertext fails authentication)
         └── Unauthenticated         UNAUTHENTICATED
@@ -79,6 +83,7 @@ __all__ = [
     "DataLoss",
     "DeadlineExceeded",
     "DimensionMismatch",
+    "Draining",
     "ErrorReason",
     "FailedPrecondition",
     "FieldViolation",
@@ -88,6 +93,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidToken",
     "LetheError",
+    "MalformedRequest",
     "MissingToken",
     "NotFound",
     "OutOfRange",
@@ -105,6 +111,8 @@ __all__ = [
     "SourceStale",
     "StorageUnavailable",
     "StoreFull",
+    "TooManyRequests",
+    "TooManyStreams",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
@@ -142,6 +150,8 @@ class LetheError(grpc.RpcError):
         field_violations: the ``BadRequest`` violations, in the server's order.
         subject: the record a ``PreconditionFailure`` or ``ResourceInfo``
             detail names ("" for none), e.g. the deleted source or the slot holder.
+        retry_delay: seconds a ``google.rpc.RetryInfo`` detail asks the client
+            to wait before retrying (refusals under load), or None.
     """
 
     status_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNKNOWN
@@ -158,6 +168,7 @@ class LetheError(grpc.RpcError):
         field_violations: Iterable[FieldViolation] = (),
         subject: str = "",
         trailing_metadata: Metadata = (),
+        retry_delay: float | None = None,
     ) -> None:
         """Build an error; :func:`error_from_rpc` builds the right class from a call.
 
@@ -169,6 +180,7 @@ class LetheError(grpc.RpcError):
             subject: the record the error names, or "".
             trailing_metadata: the call's trailing metadata, kept for
                 ``trailing_metadata()``.
+            retry_delay: the ``RetryInfo`` delay in seconds, or None.
         """
         super().__init__(message)
         self.message = message
@@ -180,6 +192,7 @@ class LetheError(grpc.RpcError):
         )
         self.field_violations = list(field_violations)
         self.subject = subject
+        self.retry_delay = retry_delay
         self._trailing = tuple(trailing_metadata)
 
     @property
@@ -216,6 +229,7 @@ class LetheError(grpc.RpcError):
                 self.reason_name,
                 self.field_violations,
                 self.subject,
+                self.retry_delay,
             ),
         )
 
@@ -227,6 +241,7 @@ def _rebuild(
     reason_name: str,
     violations: list[FieldViolation],
     subject: str,
+    retry_delay: float | None = None,
 ) -> LetheError:
     return cls(
         message,
@@ -234,6 +249,7 @@ def _rebuild(
         reason_name=reason_name,
         field_violations=violations,
         subject=subject,
+        retry_delay=retry_delay,
     )
 
 
@@ -365,6 +381,13 @@ class RecordDeleted(NotFound):
     reason_value = ErrorReason.RECORD_DELETED
 
 
+class MalformedRequest(InvalidArgument):
+    """The request bytes did not decode as the method's request message (a
+    client bug, or bytes not meant for this method)."""
+
+    reason_value = ErrorReason.MALFORMED_REQUEST
+
+
 class SlotConflict(AlreadyExists):
     """A second active fact on a slot and scope; :attr:`subject` names the holder."""
 
@@ -375,6 +398,19 @@ class StoreFull(ResourceExhausted):
     """The store cannot grow (not retryable)."""
 
     reason_value = ErrorReason.STORE_FULL
+
+
+class TooManyRequests(ResourceExhausted):
+    """A bound on calls in flight (the server's or the token's) was reached: the
+    call was refused at once, nothing of it ran. Retry after :attr:`retry_delay`."""
+
+    reason_value = ErrorReason.TOO_MANY_REQUESTS
+
+
+class TooManyStreams(ResourceExhausted):
+    """A bound on open ``Watch`` streams (the server's or the token's) was reached."""
+
+    reason_value = ErrorReason.TOO_MANY_STREAMS
 
 
 class SourceDeleted(FailedPrecondition):
@@ -425,6 +461,14 @@ class StorageUnavailable(Unavailable):
     reason_value = ErrorReason.STORAGE_UNAVAILABLE
 
 
+class Draining(Unavailable):
+    """The server is stopping: new calls are refused while running ones finish;
+    retry on this server once it is back, or on another (streams: resume with
+    ``after``)."""
+
+    reason_value = ErrorReason.DRAINING
+
+
 class Integrity(DataLoss):
     """Stored ciphertext fails authentication while its key exists."""
 
@@ -464,6 +508,10 @@ _BY_REASON: dict[str, type[LetheError]] = {
         SlotConflict,
         StoreFull,
         StorageUnavailable,
+        MalformedRequest,
+        TooManyRequests,
+        TooManyStreams,
+        Draining,
         SourceDeleted,
         SourceStale,
         SourceSealed,
@@ -521,6 +569,7 @@ def error_from_rpc(err: grpc.RpcError) -> LetheError:
     reason = ""
     violations: list[FieldViolation] = []
     subject = ""
+    retry_delay: float | None = None
     status = _status_of(trailing)
     for detail in status.details if status is not None else ():
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
@@ -543,6 +592,10 @@ def error_from_rpc(err: grpc.RpcError) -> LetheError:
             info_r = error_details_pb2.ResourceInfo()
             detail.Unpack(info_r)
             subject = subject or str(info_r.resource_name)
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry = error_details_pb2.RetryInfo()
+            detail.Unpack(retry)
+            retry_delay = retry.retry_delay.ToNanoseconds() / 1e9
     cls = _error_class(code, reason)
     return cls(
         message or "",
@@ -551,4 +604,5 @@ def error_from_rpc(err: grpc.RpcError) -> LetheError:
         field_violations=violations,
         subject=subject,
         trailing_metadata=trailing,
+        retry_delay=retry_delay,
     )

@@ -5,6 +5,7 @@ call the store / retriever / lifecycle, convert the result (etcd's
 May import: ``lethe`` (messages, names), ``server.store`` (its face),
 ``server._search``, ``server._lifecycle``, ``server._context``,
 ``server._convert``, ``server._auth``, ``server._names``, ``server._tagger``,
+``server._edge`` (the stream context), ``server._notifier``, ``server._logs``,
 ``server.errors``. Never ``server.store._*``, ``shredder`` or ``index``.
 """
 

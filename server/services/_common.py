@@ -26,12 +26,11 @@ from grpc_status import rpc_status
 from lethe.v1 import common_pb2, memories_pb2
 from server._auth import authorize
 from server._convert import STATE_NAMES
+from server._logs import LIMITED
 from server._names import parse_owner, parse_target
 from server.errors import InvalidArgument, LetheError
 from server.services._pages import PageTokens
 from server.store import COMMITTED, PENDING
-
-_log = logging.getLogger(__name__)
 
 MAX_TEXT_BYTES = 64 * 1024
 MAX_SPEAKER_BYTES = 1024
@@ -70,8 +69,8 @@ def rpc(method: F) -> F:
     """The error boundary around every handler.
 
     A LetheError keeps its code and details; anything else is logged (type
-    and traceback frames, never the message, which could quote content) and
-    answered ``INTERNAL``.
+    and traceback frames, never the message, which could quote content; at
+    most a few lines a minute, :mod:`server._logs`) and answered ``INTERNAL``.
     """
 
     @functools.wraps(method)
@@ -81,7 +80,9 @@ def rpc(method: F) -> F:
         except LetheError as exc:
             abort(context, exc)
         except Exception as exc:
-            _log.error(
+            LIMITED.log(
+                logging.ERROR,
+                "internal",
                 "internal error in %s: %s\n%s",
                 method.__qualname__,
                 type(exc).__name__,

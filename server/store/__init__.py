@@ -27,6 +27,7 @@ module              holds
 ``_events``         reading, emitting and pruning events
 ``_manifests``      context manifests
 ``_audit``          the audit's store counts and key/record reconciliation
+``_tokens``         bearer tokens as digests: create, list, revoke, expiry
 ``_vectors``        which embedder made an owner's vectors; swapping them all at once
 ``_store``          opening a data directory; ``Store`` composes the parts
 ==================  ===========================================================
@@ -63,6 +64,7 @@ from server.store._store import (
     data_paths,
     open_store_for,
 )
+from server.store._tokens import TokenRow
 from server.store._vectors import NO_EMBEDDER, EmbedderChange
 from server.store._views import (
     MemoryContent,
@@ -113,6 +115,7 @@ __all__ = [
     "StoreLockedError",
     "ThreadMeta",
     "ThreadView",
+    "TokenRow",
     "TurnDraft",
     "TurnMeta",
     "TurnView",

@@ -16,11 +16,12 @@ thread. Read helpers are safe from any thread.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
-from typing import NoReturn, cast
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import NoReturn, TypeVar, cast
 
 import lmdb
 import numpy as np
@@ -53,11 +54,16 @@ from shredder import (
     IntegrityError,
     KekRing,
     KeyNotFoundError,
+    KeyReader,
     Keystore,
     RingRef,
 )
 
 _log = logging.getLogger(__name__)
+
+_M = TypeVar("_M", bound=TurnMeta | MemMeta)
+_C = TypeVar("_C")
+_V = TypeVar("_V")
 
 
 def memory_ring(meta: MemMeta) -> RingRef:
@@ -84,9 +90,35 @@ class StoreBase:
     keystore: Keystore
     kek: KekRing
     writer: Writer
+    _event_owners: set[str]
+    """Owners of events appended since the last commit (writer thread only)."""
     # name -> owner of every record whose ciphertext failed to open since start.
     unreadable: dict[str, str]
     _unreadable_guard: threading.Lock
+    # The KeyReader of this thread's open key_batch (``reader``), if any.
+    _key_batch: threading.local
+
+    # ------------------------------------------------------------------ key batches
+
+    @contextlib.contextmanager
+    def key_batch(self) -> Iterator[None]:
+        """Within the block, every payload this thread opens shares one keystore
+        snapshot and each record key is unwrapped once (``shredder.KeyReader``):
+        for bulk reads — a search's hits, an index build, a listing. Nested
+        blocks share the outer one. Visibility is decided by the caller's data
+        read as always; a key destroyed after the block began may still open a
+        ciphertext the caller already fetched, as one ``open`` begun earlier would.
+        """
+        if getattr(self._key_batch, "reader", None) is not None:
+            yield
+            return
+        reader = self.keystore.reader()
+        self._key_batch.reader = reader
+        try:
+            yield
+        finally:
+            self._key_batch.reader = None
+            reader.close()
 
     # ------------------------------------------------------------------ bad rows
 
@@ -104,6 +136,25 @@ class StoreBase:
         """Records found unreadable since start (of ``owner``, or of every owner)."""
         with self._unreadable_guard:
             return sum(1 for o in self.unreadable.values() if owner is None or o == owner)
+
+    def open_each(
+        self, rows: Iterable[tuple[_M, _C]], open_one: Callable[[_M, _C], _V]
+    ) -> list[_V]:
+        """``open_one(meta, ciphertexts)`` for each fetched row, in order, under one
+        :meth:`key_batch`. A row whose key was destroyed since it was read
+        (``RecordDeleted``) is gone and skipped; one whose ciphertext fails to
+        open (``DataLoss``) is counted by :meth:`note_unreadable` and skipped, so
+        one bad record never fails a bulk read."""
+        out: list[_V] = []
+        with self.key_batch():
+            for meta, cts in rows:
+                try:
+                    out.append(open_one(meta, cts))
+                except RecordDeleted:
+                    continue
+                except DataLoss:
+                    self.note_unreadable(meta)
+        return out
 
     # ------------------------------------------------------------------ crypto
 
@@ -128,7 +179,10 @@ class StoreBase:
             DataLoss: the ciphertext fails authentication while its key exists,
                 or the key is missing without a decided deletion.
         """
+        reader: KeyReader | None = getattr(self._key_batch, "reader", None)
         try:
+            if reader is not None:
+                return reader.open(ring, key_id, ad, ciphertext)
             return self.keystore.open(ring, key_id, ad, ciphertext)
         except KeyNotFoundError:
             if self.keystore.shredded_at(ring, key_id) is not None:
@@ -302,11 +356,22 @@ class StoreBase:
         return meta
 
     def _thread_metas(
-        self, txn: lmdb.Transaction, owner: str, thread: str, *, with_deleted: bool = False
+        self,
+        txn: lmdb.Transaction,
+        owner: str,
+        thread: str,
+        *,
+        with_deleted: bool = False,
+        lo: int = 1,
+        hi: int | None = None,
     ) -> list[TurnMeta]:
-        """A thread's stored turns in seq order (tombstoned ones only ``with_deleted``)."""
+        """A thread's stored turns in seq order (tombstoned ones only ``with_deleted``),
+        of seqs ``lo..hi`` (inclusive; ``hi`` None: to the end). Reads only those rows."""
         out = []
-        for _, rk in sk.scan(txn, self.t.seqs, sk.thread_prefix(owner, thread)):
+        start = sk.seq_key(owner, thread, lo) if lo > 1 else None
+        for key, rk in sk.scan(txn, self.t.seqs, sk.thread_prefix(owner, thread), start=start):
+            if hi is not None and sk.seq_of(key) > hi:
+                break
             meta = self._turn(txn, sk.rid_of(rk))
             if meta is not None and (with_deleted or not meta.deleted):
                 out.append(meta)
@@ -465,6 +530,7 @@ class StoreBase:
         number = sk.take_numbers(txn, self.t.meta, sk.NEXT_EVENT)
         row = EventRow(str(number), owner, now, event_type, subject, list(sources), receipt)
         txn.put(sk.event_key(owner, number), row.encode(), db=self.t.events)
+        self._event_owners.add(owner)  # announced after the commit (see ._events)
 
     def _tombstone(
         self,

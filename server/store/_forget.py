@@ -401,13 +401,12 @@ class ForgetPart(StoreBase):
             self._put_thread(txn, rmeta)
             txn.delete(sk.thread_key(owner, repair_id), db=self.t.titles)
         single = list(turns)
+        in_range: dict[tuple[str, int], TurnMeta] = {}  # read once, by the range scan
         for thread, lo, hi in ranges:
             last = self._live_thread(txn, owner, thread).last_seq
-            single.extend(
-                (thread, m.seq)
-                for m in self._thread_metas(txn, owner, thread)
-                if lo <= m.seq <= min(hi, last)
-            )
+            for m in self._thread_metas(txn, owner, thread, lo=lo, hi=min(hi, last)):
+                in_range[(thread, m.seq)] = m
+                single.append((thread, m.seq))
         thread_ids = list(threads)
         if whole_owner:
             plan.targets.append(f"owners/{owner}")
@@ -446,7 +445,7 @@ class ForgetPart(StoreBase):
             if thread in plan.done_threads:
                 continue
             name = f"{thread_name(owner, thread)}/turns/{seq}"
-            found = self._turn_at(txn, owner, thread, seq)
+            found = in_range.get((thread, seq)) or self._turn_at(txn, owner, thread, seq)
             if found is None:
                 self._raise_missing(txn, name)
             plan.targets.append(name)

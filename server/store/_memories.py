@@ -36,7 +36,6 @@ from lethe.names import InvalidName, MemoryName, TurnName, parse_record
 from server.errors import (
     Aborted,
     AlreadyExists,
-    DataLoss,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -54,6 +53,7 @@ from server.store._records import (
     SEALED,
     MemMeta,
     RecordMeta,
+    stack_vectors,
 )
 from server.store._shapes import (
     CORRECTED_KINDS,
@@ -472,14 +472,7 @@ class MemoriesPart(StoreBase):
                 if meta.kind != "PREFERENCE" or state not in (PENDING, COMMITTED):
                     continue
                 rows.append((meta, self._memory_ct(txn, meta, meta.version)))
-        for meta, ct in rows:
-            try:
-                view = self.memory_view(meta, meta.version, ct)
-            except RecordDeleted:
-                continue
-            except DataLoss:
-                self.note_unreadable(meta)
-                continue
+        for view in self.open_each(rows, lambda m, ct: self.memory_view(m, m.version, ct)):
             if view.content.slot == slot:
                 prefs.append(view)
         chain = scope_chain(scope)
@@ -687,15 +680,7 @@ class MemoriesPart(StoreBase):
                     more = True
                     break
                 rows.append((meta, self._memory_ct(txn, meta, meta.version)))
-        views = []
-        for meta, ct in rows:
-            try:
-                views.append(self.memory_view(meta, meta.version, ct))
-            except RecordDeleted:
-                continue
-            except DataLoss:
-                self.note_unreadable(meta)
-                continue
+        views = self.open_each(rows, lambda m, ct: self.memory_view(m, m.version, ct))
         return views, (rows[-1][0].memory_id if more and rows else "")
 
     def owner_memories(self, owner: str) -> list[MemMeta]:
@@ -714,15 +699,7 @@ class MemoriesPart(StoreBase):
                 for meta in self._memories_read(txn, self._owner_memory_metas(txn, owner), now)
                 if effective_state(meta, now) == COMMITTED and not meta.tainted
             ]
-        out = []
-        for meta, ct in rows:
-            try:
-                out.append(self.memory_view(meta, meta.version, ct))
-            except RecordDeleted:
-                continue
-            except DataLoss:
-                self.note_unreadable(meta)
-                continue
+        out = self.open_each(rows, lambda m, ct: self.memory_view(m, m.version, ct))
         return out
 
     # ------------------------------------------------------------------ lineage
@@ -760,8 +737,6 @@ class MemoriesPart(StoreBase):
         self, metas: Sequence[MemMeta]
     ) -> tuple[list[int], npt.NDArray[np.float32]]:
         """Decrypted current-version vectors: (rids, ``(n, d) float32``)."""
-        rids: list[int] = []
-        vecs: list[npt.NDArray[np.float32]] = []
         with self.env.begin() as txn:
             cts = {
                 m.rid: sk.get(
@@ -772,19 +747,8 @@ class MemoriesPart(StoreBase):
                 for m in metas
                 if m.has_embedding
             }
-        for meta in metas:
-            ct = cts.get(meta.rid)
-            if ct is None:
-                continue
-            try:
-                raw = self.open_memory(meta, meta.version, PAYLOAD_EMBEDDING, bytes(ct))
-            except RecordDeleted:
-                continue
-            except DataLoss:  # one corrupt vector must not take the owner's index down
-                self.note_unreadable(meta)
-                continue
-            rids.append(meta.rid)
-            vecs.append(np.frombuffer(raw, dtype="<f4"))
-        if not vecs:
-            return [], np.zeros((0, 0), dtype=np.float32)
-        return rids, np.vstack(vecs).astype(np.float32)
+        opened = self.open_each(
+            ((m, ct) for m in metas if (ct := cts.get(m.rid)) is not None),
+            lambda m, ct: (m.rid, self.open_memory(m, m.version, PAYLOAD_EMBEDDING, bytes(ct))),
+        )
+        return stack_vectors(opened)

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 # Storage states (lethe.v1.State value names).
 PENDING = "PENDING"
@@ -65,6 +69,24 @@ def unpack_content(raw: bytes) -> tuple[str, str]:
     if 4 + size > len(raw):
         raise ValueError("malformed content payload")
     return raw[4 : 4 + size].decode(), raw[4 + size :].decode()
+
+
+def stack_vectors(
+    opened: Sequence[tuple[int, bytes]],
+) -> tuple[list[int], npt.NDArray[np.float32]]:
+    """``(rids, (n, d) float32)`` from decrypted embedding payloads (``<f4``
+    little-endian, ``d`` floats each); ``([], (0, 0))`` for none.
+
+    Raises:
+        ValueError: the payloads differ in length (two dimensions in one owner).
+    """
+    if not opened:
+        return [], np.zeros((0, 0), dtype=np.float32)
+    size = len(opened[0][1])
+    if any(len(raw) != size for _, raw in opened):
+        raise ValueError("embedding payloads of different dimensions")
+    flat = np.frombuffer(b"".join(raw for _, raw in opened), dtype="<f4")
+    return [rid for rid, _ in opened], flat.reshape(len(opened), size // 4).astype(np.float32)
 
 
 @dataclass(slots=True)

@@ -136,6 +136,11 @@ def seq_key(owner: str, thread: str, seq: int) -> bytes:
     return thread_prefix(owner, thread) + struct.pack(">Q", seq)
 
 
+def seq_of(key: bytes) -> int:
+    """The seq at the end of a ``seqs`` key (:func:`seq_key`)."""
+    return int(struct.unpack(">Q", key[-8:])[0])
+
+
 def owner_record_key(owner: str, rid: int) -> bytes:
     return owner_prefix(owner) + rid_key(rid)
 

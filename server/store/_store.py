@@ -16,11 +16,10 @@ running.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from server.errors import LetheError
 from server.store import _schema as sk
@@ -33,6 +32,7 @@ from server.store._pending import PendingPart
 from server.store._repairs import RepairsPart
 from server.store._schema import Tables
 from server.store._threads import ThreadsPart
+from server.store._tokens import TokensPart
 from server.store._vectors import VectorsPart
 from server.store._writer import Writer
 from shredder import (
@@ -115,6 +115,7 @@ class Store(
     EventsPart,
     ManifestsPart,
     AuditPart,
+    TokensPart,
     ForgetPart,
     MemoriesPart,
     VectorsPart,
@@ -169,9 +170,12 @@ class Store(
                     "beside the keystore it was backed up from"
                 )
         self.store_id = store_id
+        self._event_owners: set[str] = set()
+        self._event_listeners: list[Callable[[frozenset[str]], None]] = []
         self.unreadable = {}
         self._unreadable_guard = threading.Lock()
-        self.writer = Writer(self.env, self.keystore)
+        self._key_batch = threading.local()
+        self.writer = Writer(self.env, self.keystore, on_commit=self._announce_events)
         with _OPEN_GUARD:
             _OPEN[self.data_dir] = self
 
@@ -199,15 +203,9 @@ class Store(
         ``LETHE_KEK`` could not survive a restart, so it is never rotated)."""
         return self.kek.path is not None
 
-    # ------------------------------------------------------------------ tokens
-
-    def put_token(self, digest: bytes, principal: dict[str, Any]) -> None:
-        """Store a token digest (used by ``lethe token create``, any process)."""
-        with self.env.begin(write=True) as txn:
-            txn.put(digest, json.dumps(principal).encode(), db=self.t.tokens)
-
-    def get_principal(self, digest: bytes) -> dict[str, Any] | None:
-        """The principal record stored under a token digest, or None."""
-        with self.env.begin() as txn:
-            raw = sk.get(txn, self.t.tokens, digest)
-        return None if raw is None else dict(json.loads(raw))
+    def reader_slots(self) -> int:
+        """Reader slots of the data environment's lock table in use now (one per
+        open read transaction of any process; a number that keeps growing means
+        leaked read transactions)."""
+        table = self.env.readers()
+        return max(0, len([line for line in table.splitlines() if line.strip()]) - 1)

@@ -22,11 +22,9 @@ import numpy.typing as npt
 from lethe.names import new_id, parse_manifest
 from server.errors import (
     AlreadyExists,
-    DataLoss,
     FailedPrecondition,
     InvalidArgument,
     Reason,
-    RecordDeleted,
 )
 from server.store import _schema as sk
 from server.store._base import lineage_expiry_of, thread_name
@@ -48,6 +46,7 @@ from server.store._records import (
     ThreadMeta,
     TurnMeta,
     pack_content,
+    stack_vectors,
 )
 from server.store._shapes import SLOTTED_KINDS, SlotConflict
 from server.store._views import MemoryDraft, MemoryView, ThreadView, TurnDraft, TurnView
@@ -463,15 +462,7 @@ class ThreadsPart(MemoriesPart):
                     more = True
                     break
                 rows.append((meta, self._read_payloads(txn, meta.rid, with_embedding)))
-        views = []
-        for meta, cts in rows:
-            try:
-                views.append(self.turn_view(meta, cts, with_embedding))
-            except RecordDeleted:  # key shredded under us: it is gone
-                continue
-            except DataLoss:  # one bad record stays one bad record
-                self.note_unreadable(meta)
-                continue
+        views = self.open_each(rows, lambda m, cts: self.turn_view(m, cts, with_embedding))
         return views, (rows[-1][0].seq if more and rows else 0)
 
     def replay_turns(self, rids: Sequence[int]) -> list[TurnView]:
@@ -479,24 +470,17 @@ class ThreadsPart(MemoriesPart):
         since deleted, expired, sealed or tainted is left out."""
         rows = self.fetch(rids)
         now = time.time()
-        out = []
+        kept: list[tuple[TurnMeta, dict[str, bytes]]] = []
         for rid in rids:
             row = rows.get(rid)
             if row is None:
                 continue
             meta, cts = row
-            if not isinstance(meta, TurnMeta) or not listable(
+            if isinstance(meta, TurnMeta) and listable(
                 meta, now, {PENDING, COMMITTED}, include_tainted=False
             ):
-                continue
-            try:
-                out.append(self.turn_view(meta, cts, with_embedding=False))
-            except RecordDeleted:
-                continue
-            except DataLoss:
-                self.note_unreadable(meta)
-                continue
-        return out
+                kept.append((meta, cts))
+        return self.open_each(kept, lambda m, cts: self.turn_view(m, cts, with_embedding=False))
 
     def recent_turns(self, owner: str, thread: str, count: int) -> list[TurnView]:
         """The last ``count`` turns of a thread that serve its immediate context
@@ -516,16 +500,7 @@ class ThreadsPart(MemoriesPart):
                 if listable(m, now, {PENDING, COMMITTED}, include_tainted=False)
             ][-count:]
             rows = [(m, self._read_payloads(txn, m.rid, False)) for m in metas]
-        out = []
-        for meta, cts in rows:
-            try:
-                out.append(self.turn_view(meta, cts, with_embedding=False))
-            except RecordDeleted:
-                continue
-            except DataLoss:
-                self.note_unreadable(meta)
-                continue
-        return out
+        return self.open_each(rows, lambda m, cts: self.turn_view(m, cts, with_embedding=False))
 
     def visible_neighbours(
         self,
@@ -535,12 +510,19 @@ class ThreadsPart(MemoriesPart):
         visible: Callable[[TurnMeta, float], bool],
     ) -> dict[int, tuple[TurnMeta | None, TurnMeta | None]]:
         """For each seq of a thread: the nearest earlier and the nearest later turn
-        for which ``visible(meta, now)`` holds (as reads see it), or None. One read
-        transaction; each walk stops at the first such turn, so this costs a few
-        rows per seq, not the thread's length."""
+        for which ``visible(meta, now)`` holds (as reads see it), or None.
+
+        One read transaction. Each walk stops at the first such turn, and a walk's
+        answer is shared by every asked seq it passed over (a forgotten range of
+        n turns costs O(n) row reads, not O(n^2)): walking forward from ``s`` to
+        the first visible turn ``t`` means every row between them is invisible, so
+        ``t`` is also the next visible turn of any seq between ``s`` and ``t``.
+        """
         now = time.time()
         prefix = sk.thread_prefix(owner, thread)
-        out: dict[int, tuple[TurnMeta | None, TurnMeta | None]] = {}
+        ordered = sorted(set(seqs))
+        before: dict[int, TurnMeta | None] = {}
+        after: dict[int, TurnMeta | None] = {}
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.t.seqs)
 
@@ -552,12 +534,21 @@ class ThreadsPart(MemoriesPart):
                     found = step()
                 return None
 
-            for seq in seqs:
-                at = cur.set_range(sk.seq_key(owner, thread, seq))
-                before = walk(cur.prev() if at else cur.last(), cur.prev)
-                after = walk(cur.set_range(sk.seq_key(owner, thread, seq + 1)), cur.next)
-                out[seq] = (before, after)
-        return out
+            reach: float = -1.0  # the seq the last forward walk stopped at (inf: the end)
+            found: TurnMeta | None = None
+            for seq in ordered:
+                if seq >= reach:
+                    found = walk(cur.set_range(sk.seq_key(owner, thread, seq + 1)), cur.next)
+                    reach = float(found.seq) if found is not None else float("inf")
+                after[seq] = found
+            reach, found = float("inf"), None  # backward: the seq the last walk stopped at
+            for seq in reversed(ordered):
+                if seq <= reach:
+                    at = cur.set_range(sk.seq_key(owner, thread, seq))
+                    found = walk(cur.prev() if at else cur.last(), cur.prev)
+                    reach = float(found.seq) if found is not None else float("-inf")
+                before[seq] = found
+        return {seq: (before[seq], after[seq]) for seq in ordered}
 
     def owner_turns(self, owner: str) -> list[TurnMeta]:
         """Every stored turn of an owner (one read transaction), as reads see them."""
@@ -586,21 +577,8 @@ class ThreadsPart(MemoriesPart):
                 for m in metas
                 if (ct := sk.get(txn, self.t.payloads, sk.payload_key(m.rid, PAYLOAD_EMBEDDING)))
             }
-        rids: list[int] = []
-        vecs: list[npt.NDArray[np.float32]] = []
-        for meta in metas:
-            ct = cts.get(meta.rid)
-            if ct is None:
-                continue
-            try:
-                raw = self.open_turn_payload(meta, PAYLOAD_EMBEDDING, ct)
-            except RecordDeleted:
-                continue
-            except DataLoss:  # one corrupt vector must not take the owner's index down
-                self.note_unreadable(meta)
-                continue
-            rids.append(meta.rid)
-            vecs.append(np.frombuffer(raw, dtype="<f4"))
-        if not vecs:
-            return [], np.zeros((0, 0), dtype=np.float32)
-        return rids, np.vstack(vecs).astype(np.float32)
+        opened = self.open_each(
+            ((m, cts[m.rid]) for m in metas if m.rid in cts),
+            lambda m, ct: (m.rid, self.open_turn_payload(m, PAYLOAD_EMBEDDING, ct)),
+        )
+        return stack_vectors(opened)

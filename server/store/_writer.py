@@ -14,7 +14,9 @@ every op already queued (up to ``max_batch``) and runs them as one group:
    in its own nested transaction, so an op that raises is rolled back alone
    and its future gets the exception, while the others commit together;
 4. the record keys made for ops that failed are destroyed again, and so are
-   the keys an op that committed reports it did not use (``WriteOp.unused``).
+   the keys an op that committed reports it did not use (``WriteOp.unused``);
+5. ``on_commit`` (if given) runs once the data transaction has committed,
+   before any future resolves (the store announces new events with it).
 
 Storage faults fail closed and whole: a group whose data transaction does not
 fit in the map (``MapFullError``) is retried op by op, so each op either
@@ -130,12 +132,22 @@ class Writer:
         env: The data environment.
         keystore: The keystore (its write methods are called only here).
         max_batch: Most ops grouped into one transaction.
+        on_commit: called on the writer thread after each committed data
+            transaction (must not block or raise).
     """
 
-    def __init__(self, env: lmdb.Environment, keystore: Keystore, *, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        env: lmdb.Environment,
+        keystore: Keystore,
+        *,
+        max_batch: int = 256,
+        on_commit: Callable[[], None] | None = None,
+    ) -> None:
         self._env = env
         self._keystore = keystore
         self._max_batch = max_batch
+        self._on_commit = on_commit
         self._queue: queue.SimpleQueue[WriteOp[Any] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="lethe-writer", daemon=True)
         self._closed = False
@@ -219,6 +231,8 @@ class Writer:
         committed = [op for op, ok, _ in results if ok]
         for name in dict.fromkeys(op.name for op in committed):
             failpoint(f"{name}.after_commit")
+        if self._on_commit is not None:
+            self._on_commit()
         self._discard_keys(
             [ref for op, ok, _ in results if not ok for ref in op.create_keys]
             + [ref for op in committed for ref in op.unused]

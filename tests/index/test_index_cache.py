@@ -132,3 +132,37 @@ def test_eviction_during_build_causes_rebuild() -> None:
 def test_capacity_below_one_fails() -> None:
     with pytest.raises(ValueError, match="capacity must be >= 1"):
         IndexCache(capacity=0)
+
+
+def test_byte_bound_evicts_least_recent_but_never_the_newest() -> None:
+    one = _index_of(10).nbytes()
+    assert one > 10 * 4 * 8  # rows of d floats at least
+    cache: IndexCache[VectorIndex] = IndexCache(capacity=10, max_bytes=int(2.5 * one))
+    for key in ("a", "b"):
+        cache.get_or_build(key, lambda: _index_of(10))
+    cache.get("a")  # b is now least recent
+    cache.get_or_build("c", lambda: _index_of(10))
+    assert cache.keys() == ["a", "c"]
+    assert cache.evicted_for_bytes == 1
+    assert cache.total_bytes() == 2 * one
+    big = cache.get_or_build("huge", lambda: _index_of(100))  # alone above the bound
+    assert cache.keys() == ["huge"]
+    assert len(big) == 100
+
+
+def test_trim_enforces_the_byte_bound_after_growth_in_place() -> None:
+    cache: IndexCache[VectorIndex] = IndexCache(max_bytes=3 * _index_of(10).nbytes())
+    cache.get_or_build("a", lambda: _index_of(10))
+    cache.get_or_build("b", lambda: _index_of(10))
+    cache.trim()
+    assert cache.keys() == ["a", "b"]
+    grown = cache.get("b")
+    assert grown is not None
+    grown.add(np.arange(100, 120), np.ones((20, grown.dim), dtype=np.float32))
+    cache.trim()
+    assert cache.keys() == ["b"]
+
+
+def test_max_bytes_below_one_fails() -> None:
+    with pytest.raises(ValueError, match="max_bytes"):
+        IndexCache(max_bytes=0)

@@ -218,3 +218,28 @@ def test_concurrent_add_remove_and_search_stay_consistent() -> None:
     assert errors == []
     assert len(ix) == 100
     assert len(ix.search("common", k=500)) == 100
+
+
+def test_nbytes_estimates_what_the_index_holds() -> None:
+    """The estimate the index cache bounds by stays within 30 % of what
+    tracemalloc sees the index allocate, with a main segment and a delta."""
+    import random
+    import tracemalloc
+
+    rng = random.Random(7)
+    words = [f"{w}{i}" for i, w in enumerate(["tea", "dog", "rain", "park", "Paris"] * 1200)]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 40))) for _ in range(6000)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        ix = LexicalIndex()
+        ix.add(np.arange(5000), texts[:5000])
+        ix.search("tea1 dog2", 5)  # builds the main segment
+        ix.add(np.arange(5000, 5400), texts[5000:5400])  # lands in the delta
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    used = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    assert ix.rebuilds == 1
+    assert 0.7 * used <= ix.nbytes() <= 1.3 * used, (ix.nbytes(), used)
+    assert LexicalIndex().nbytes() == 0

@@ -109,3 +109,43 @@ def test_bad_arguments_are_refused() -> None:
 def test_refuses_pickling() -> None:
     with pytest.raises(TypeError, match="plaintext"):
         pickle.dumps(_index())
+
+
+def test_nbytes_estimates_what_the_session_and_time_indexes_hold() -> None:
+    """The estimates the index cache bounds by stay within 30 % of what
+    tracemalloc sees the two indexes allocate (texts analysed beforehand, so the
+    analyser's own caches are not counted)."""
+    import random
+    import tracemalloc
+
+    import numpy as np
+
+    from index import TimeIndex, analyze, time_expression_score
+
+    rng = random.Random(7)
+    words = [f"{w}{i}" for i, w in enumerate(["tea", "dog", "rain", "park", "June"] * 800)]
+    n = 5000
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 25))) for _ in range(n)]
+    sessions = [f"t{i // 200}/{i // 20}" for i in range(n)]
+    headers = [f"{1 + (i // 20) % 28} May 2023" for i in range(n)]
+    for text in texts + headers:
+        analyze(text)
+        time_expression_score(text)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        six = SessionIndex()
+        six.add(np.arange(n), sessions, texts, headers)
+        middle = tracemalloc.take_snapshot()
+        tix = TimeIndex()
+        tix.add(np.arange(n), [1.6e9 + 3600.0 * i for i in range(n)], texts)
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    used_sessions = sum(s.size_diff for s in middle.compare_to(before, "filename"))
+    used_times = sum(s.size_diff for s in after.compare_to(middle, "filename"))
+    assert 0.7 * used_sessions <= six.nbytes() <= 1.3 * used_sessions, (six.nbytes(), used_sessions)
+    assert 0.7 * used_times <= tix.nbytes() <= 1.3 * used_times, (tix.nbytes(), used_times)
+    six.remove(np.arange(n))
+    tix.remove(np.arange(n))
+    assert (six.nbytes(), tix.nbytes()) == (0, 0)

@@ -61,6 +61,10 @@ API_REASONS = {
     "STORE_FULL": "RESOURCE_EXHAUSTED",
     "INTEGRITY": "DATA_LOSS",
     "STORAGE_UNAVAILABLE": "UNAVAILABLE",
+    "TOO_MANY_REQUESTS": "RESOURCE_EXHAUSTED",
+    "TOO_MANY_STREAMS": "RESOURCE_EXHAUSTED",
+    "MALFORMED_REQUEST": "INVALID_ARGUMENT",
+    "DRAINING": "UNAVAILABLE",
 }
 SERVICES = {
     threads_pb2: "Threads",
@@ -110,16 +114,16 @@ def test_public_names_are_pinned() -> None:
     assert sorted(lc.__all__) == sorted(
         [
             "DEFAULT_TIMEOUT", "DOMAIN", "MAX_MESSAGE_BYTES", "RETRIED_METHODS", "Aborted",
-            "AlreadyExists", "AsyncClient", "AsyncEventStream", "BadField", "Cancelled",
-            "Client", "DataLoss", "DeadlineExceeded", "DimensionMismatch", "ErrorReason",
-            "EventStream", "FailedPrecondition", "FieldViolation", "IllegalTransition",
-            "Integrity", "Internal", "InvalidArgument", "InvalidToken", "LetheError",
+            "AlreadyExists", "AsyncClient", "AsyncEventStream", "BadField", "Cancelled", "Client",
+            "DataLoss", "DeadlineExceeded", "DimensionMismatch", "Draining", "ErrorReason",
+            "EventStream", "FailedPrecondition", "FieldViolation", "IllegalTransition", "Integrity",
+            "Internal", "InvalidArgument", "InvalidToken", "LetheError", "MalformedRequest",
             "MissingToken", "NotFound", "OutOfRange", "OwnerNotAllowed", "PermissionDenied",
-            "RecordDeleted", "RepairNotContinued", "ResourceExhausted", "Restricted",
-            "RetryPolicy", "Sealed", "SlotConflict", "SourceDeleted", "SourcePending",
-            "SourceSealed", "SourceStale", "StorageUnavailable", "StoreFull", "TLSConfig",
-            "Unauthenticated", "Unavailable", "Unimplemented", "Unknown", "VersionMismatch",
-            "error_from_rpc", "new_request_id",
+            "RecordDeleted", "RepairNotContinued", "ResourceExhausted", "Restricted", "RetryPolicy",
+            "Sealed", "SlotConflict", "SourceDeleted", "SourcePending", "SourceSealed",
+            "SourceStale", "StorageUnavailable", "StoreFull", "TLSConfig", "TooManyRequests",
+            "TooManyStreams", "Unauthenticated", "Unavailable", "Unimplemented", "Unknown",
+            "VersionMismatch", "error_from_rpc", "new_request_id",
         ]
     )  # fmt: skip
     for name in lc.__all__:

@@ -6,6 +6,7 @@ server metrics count and time every call, streams included."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -77,6 +78,13 @@ def _sample(lethe: Lethe, name: str, **labels: str) -> float:
     return lethe.server.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
+def _until(done: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "the metric never reached its value"
+        time.sleep(0.01)
+
+
 def _threads(method: str, kind: str = "UNARY") -> dict[str, str]:
     return {"grpc_type": kind, "grpc_service": "lethe.v1.Threads", "grpc_method": method}
 
@@ -92,6 +100,9 @@ def test_unary_calls_are_counted_by_code_and_timed(lethe: Lethe) -> None:
     with pytest.raises(grpc.RpcError):
         c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread))  # no token
     labels = _threads("GetThread")
+    # A call is counted as handled just after its status is sent (grpc.aio runs
+    # the interceptor's epilogue after abort): wait for the third.
+    _until(lambda: _sample(lethe, "grpc_server_handling_seconds_count", **labels) == 3)
     assert _sample(lethe, "grpc_server_started_total", **labels) == 3
     assert _sample(lethe, "grpc_server_handled_total", **labels, grpc_code="OK") == 1
     assert _sample(lethe, "grpc_server_handled_total", **labels, grpc_code="NOT_FOUND") == 1
@@ -145,5 +156,6 @@ def test_a_stream_refused_at_once_is_counted_with_its_code(lethe: Lethe) -> None
         next(iter(stream))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     labels = _watch_labels()
+    _until(lambda: _sample(lethe, "grpc_server_handling_seconds_count", **labels) == 1)
     assert _sample(lethe, "grpc_server_handled_total", **labels, grpc_code="INVALID_ARGUMENT") == 1
     assert _sample(lethe, "grpc_server_msg_sent_total", **labels) == 0

@@ -17,6 +17,7 @@ def test_public_names_are_pinned() -> None:
         "KekRing",
         "KeyExistsError",
         "KeyNotFoundError",
+        "KeyReader",
         "Keystore",
         "POINTS",
         "RingRef",

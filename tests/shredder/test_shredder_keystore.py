@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import pickle
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,6 +192,41 @@ def test_open_after_record_key_destroyed_fails(store: Keystore) -> None:
         store.open(ALICE_T1, "k1", AD, sealed)
     assert not store.has_record_key(ALICE_T1, "k1")
     assert store.open(ALICE_T1, "k2", AD, other) == SECRET
+
+
+def test_key_reader_opens_many_payloads_and_unwraps_each_key_once(store: Keystore) -> None:
+    store.create_record_keys([(ALICE_T1, "k1"), (ALICE_T2, "k2")])
+    ads = [AssociatedData("alice", f"turn-{i}", 1, "text") for i in range(3)]
+    sealed = [store.seal(ALICE_T1, "k1", ad, f"payload {i}".encode()) for i, ad in enumerate(ads)]
+    other = store.seal(ALICE_T2, "k2", AD, SECRET)
+    with store.reader() as reader:
+        opened = [reader.open(ALICE_T1, "k1", ad, ct) for ad, ct in zip(ads, sealed, strict=True)]
+        assert reader.open(ALICE_T2, "k2", AD, other) == SECRET
+        assert repr(reader) == "<KeyReader 2 keys redacted>"  # one per record key, not per payload
+        with pytest.raises(IntegrityError):  # the cached key still authenticates
+            reader.open(ALICE_T1, "k1", ads[0], sealed[1])
+        with pytest.raises(KeyNotFoundError):
+            reader.open(ALICE_T1, "never", AD, other)
+        with pytest.raises(TypeError):
+            pickle.dumps(reader)
+    assert opened == [b"payload 0", b"payload 1", b"payload 2"]
+    with pytest.raises(RuntimeError):
+        reader.open(ALICE_T1, "k1", ads[0], sealed[0])
+    assert repr(reader) == "<KeyReader 0 keys redacted>"
+
+
+def test_key_reader_sees_its_snapshot_and_a_new_reader_sees_the_destroy(store: Keystore) -> None:
+    sealed = _sealed(store)
+    with store.reader() as reader:
+        destroyer = threading.Thread(
+            target=store.destroy, kwargs={"record_keys": [(ALICE_T1, "k1")]}
+        )
+        destroyer.start()
+        destroyer.join()
+        assert not store.has_record_key(ALICE_T1, "k1")
+        assert reader.open(ALICE_T1, "k1", AD, sealed) == SECRET  # begun before the destroy
+    with store.reader() as later, pytest.raises(KeyNotFoundError):
+        later.open(ALICE_T1, "k1", AD, sealed)
 
 
 def test_open_after_ring_destroyed_fails_and_other_rings_survive(store: Keystore) -> None:

@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1clethe/errors/v1/errors.proto\x12\x0flethe.errors.v1*\xc2\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n\rMISSING_TOKEN\x10\x01\x12\x11\n\rINVALID_TOKEN\x10\x02\x12\x15\n\x11OWNER_NOT_ALLOWED\x10\x03\x12\r\n\tBAD_FIELD\x10\x04\x12\x16\n\x12\x44IMENSION_MISMATCH\x10\x05\x12\r\n\tNOT_FOUND\x10\x06\x12\x12\n\x0eRECORD_DELETED\x10\x07\x12\x12\n\x0eSOURCE_DELETED\x10\x08\x12\x10\n\x0cSOURCE_STALE\x10\t\x12\x11\n\rSOURCE_SEALED\x10\n\x12\x12\n\x0eSOURCE_PENDING\x10\x0b\x12\x16\n\x12ILLEGAL_TRANSITION\x10\x0c\x12\x18\n\x14REPAIR_NOT_CONTINUED\x10\r\x12\x0e\n\nRESTRICTED\x10\x0e\x12\n\n\x06SEALED\x10\x0f\x12\x14\n\x10VERSION_MISMATCH\x10\x10\x12\x11\n\rSLOT_CONFLICT\x10\x11\x12\x12\n\x0e\x41LREADY_EXISTS\x10\x12\x12\x0e\n\nSTORE_FULL\x10\x13\x12\r\n\tINTEGRITY\x10\x14\x12\x17\n\x13STORAGE_UNAVAILABLE\x10\x15\x42\x85\x01\n\x0flethe.errors.v1B\x0b\x45rrorsProtoP\x01Z%lethe/gen/go/lethe/errors/v1;errorsv1\xa2\x02\x03LTH\xaa\x02\x0fLethe.Errors.V1\xca\x02\x0fLethe\\Errors\\V1\xea\x02\x11Lethe::Errors::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1clethe/errors/v1/errors.proto\x12\x0flethe.errors.v1*\x94\x04\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n\rMISSING_TOKEN\x10\x01\x12\x11\n\rINVALID_TOKEN\x10\x02\x12\x15\n\x11OWNER_NOT_ALLOWED\x10\x03\x12\r\n\tBAD_FIELD\x10\x04\x12\x16\n\x12\x44IMENSION_MISMATCH\x10\x05\x12\r\n\tNOT_FOUND\x10\x06\x12\x12\n\x0eRECORD_DELETED\x10\x07\x12\x12\n\x0eSOURCE_DELETED\x10\x08\x12\x10\n\x0cSOURCE_STALE\x10\t\x12\x11\n\rSOURCE_SEALED\x10\n\x12\x12\n\x0eSOURCE_PENDING\x10\x0b\x12\x16\n\x12ILLEGAL_TRANSITION\x10\x0c\x12\x18\n\x14REPAIR_NOT_CONTINUED\x10\r\x12\x0e\n\nRESTRICTED\x10\x0e\x12\n\n\x06SEALED\x10\x0f\x12\x14\n\x10VERSION_MISMATCH\x10\x10\x12\x11\n\rSLOT_CONFLICT\x10\x11\x12\x12\n\x0e\x41LREADY_EXISTS\x10\x12\x12\x0e\n\nSTORE_FULL\x10\x13\x12\r\n\tINTEGRITY\x10\x14\x12\x17\n\x13STORAGE_UNAVAILABLE\x10\x15\x12\x15\n\x11TOO_MANY_REQUESTS\x10\x16\x12\x14\n\x10TOO_MANY_STREAMS\x10\x17\x12\x15\n\x11MALFORMED_REQUEST\x10\x18\x12\x0c\n\x08\x44RAINING\x10\x19\x42\x85\x01\n\x0flethe.errors.v1B\x0b\x45rrorsProtoP\x01Z%lethe/gen/go/lethe/errors/v1;errorsv1\xa2\x02\x03LTH\xaa\x02\x0fLethe.Errors.V1\xca\x02\x0fLethe\\Errors\\V1\xea\x02\x11Lethe::Errors::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -23,5 +23,5 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['DESCRIPTOR']._options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\017lethe.errors.v1B\013ErrorsProtoP\001Z%lethe/gen/go/lethe/errors/v1;errorsv1\242\002\003LTH\252\002\017Lethe.Errors.V1\312\002\017Lethe\\Errors\\V1\352\002\021Lethe::Errors::V1'
   _globals['_ERRORREASON']._serialized_start=50
-  _globals['_ERRORREASON']._serialized_end=500
+  _globals['_ERRORREASON']._serialized_end=582
 # @@protoc_insertion_point(module_scope)

@@ -110,6 +110,23 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """UNAVAILABLE: a disk error (a full filesystem, EIO) stopped a write;
     nothing of it was applied, reads keep working; retry later.
     """
+    TOO_MANY_REQUESTS: _ErrorReason.ValueType  # 22
+    """RESOURCE_EXHAUSTED: a bound on calls in flight (the server's, or the
+    token's own) is reached; refused at once, never queued. A RetryInfo
+    detail suggests when to retry.
+    """
+    TOO_MANY_STREAMS: _ErrorReason.ValueType  # 23
+    """RESOURCE_EXHAUSTED: a bound on open streams (the server's, or the
+    token's own) is reached.
+    """
+    MALFORMED_REQUEST: _ErrorReason.ValueType  # 24
+    """INVALID_ARGUMENT: the request bytes do not decode as the method's
+    request message.
+    """
+    DRAINING: _ErrorReason.ValueType  # 25
+    """UNAVAILABLE: the server is draining (stopping); retry, on this server
+    once it is back or on another.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The `reason` of the `google.rpc.ErrorInfo` detail (domain "lethe") that
@@ -202,5 +219,22 @@ decided deletion (it is kept for an operator: `lethe audit`).
 STORAGE_UNAVAILABLE: ErrorReason.ValueType  # 21
 """UNAVAILABLE: a disk error (a full filesystem, EIO) stopped a write;
 nothing of it was applied, reads keep working; retry later.
+"""
+TOO_MANY_REQUESTS: ErrorReason.ValueType  # 22
+"""RESOURCE_EXHAUSTED: a bound on calls in flight (the server's, or the
+token's own) is reached; refused at once, never queued. A RetryInfo
+detail suggests when to retry.
+"""
+TOO_MANY_STREAMS: ErrorReason.ValueType  # 23
+"""RESOURCE_EXHAUSTED: a bound on open streams (the server's, or the
+token's own) is reached.
+"""
+MALFORMED_REQUEST: ErrorReason.ValueType  # 24
+"""INVALID_ARGUMENT: the request bytes do not decode as the method's
+request message.
+"""
+DRAINING: ErrorReason.ValueType  # 25
+"""UNAVAILABLE: the server is draining (stopping); retry, on this server
+once it is back or on another.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -1,0 +1,315 @@
+"""Bounded concurrency: who may start a call or a stream now, and the worker
+pool that runs blocking work fairly between principals.
+
+The model (ARCHITECTURE.md, "Process model"): the gRPC server runs on one
+asyncio event loop; a unary call's blocking work (LMDB reads, FAISS, crypto,
+waiting for the one writer) runs on a :class:`FairExecutor` of ``workers``
+threads; a stream holds no thread while it waits (``Events.Watch`` sleeps on
+the event notifier). Before any of that, :class:`Admission` counts what each
+principal (one token) has open:
+
+- calls in flight — admitted and not yet finished, whether running on a
+  worker or waiting for one — at most ``max_inflight`` in all and
+  ``max_inflight_per_principal`` per token, of which at most
+  ``max_running_per_principal`` run at once;
+- open streams, at most ``max_streams`` in all and
+  ``max_streams_per_principal`` per token.
+
+A token's first :data:`RESERVED_PER_PRINCIPAL` calls in flight are admitted
+even when the server's bound is reached (up to twice that bound), so a burst
+of a few heavy tokens that fills the server is refused its excess while a
+light token's call still gets in.
+
+Past a bound the call is refused at once with ``RESOURCE_EXHAUSTED``
+(``TOO_MANY_REQUESTS`` / ``TOO_MANY_STREAMS``, with a ``RetryInfo``), never
+queued: the wait for a worker is bounded by ``max_inflight / workers`` service
+times. Among the admitted calls the executor takes work from each principal
+with waiting work in turn (round robin), so a principal with many calls
+queued delays another principal's call by at most one call per principal, not
+by its whole queue; and since Python threads share one interpreter lock, a
+principal may run only ``max_running_per_principal`` calls at once, so
+another principal's call shares the CPU with a few calls, not with every
+worker.
+
+Thread rules: :class:`Admission` is used only on the event loop's thread (its
+counters have no lock); :class:`FairExecutor` ``submit`` from any thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from server._metrics import Metrics
+from server.errors import Overloaded, Reason
+
+T = TypeVar("T")
+
+RESERVED_PER_PRINCIPAL = 2
+"""Calls in flight per token admitted past ``max_inflight`` (up to twice it)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds of :class:`Admission` and the size of the worker pool.
+
+    Attributes:
+        workers: threads running blocking work of unary calls.
+        max_inflight: unary calls admitted at once, all principals.
+        max_inflight_per_principal: unary calls admitted at once per token.
+        max_running_per_principal: of those, calls of one token running at
+            once (in effect at most ``workers``).
+        max_streams: open server streams (``Watch``), all principals.
+        max_streams_per_principal: open streams per token.
+
+    Raises:
+        ValueError: a bound below 1, or a per-principal bound above its global one.
+    """
+
+    workers: int = 16
+    max_inflight: int = 64
+    max_inflight_per_principal: int = 16
+    max_running_per_principal: int = 4
+    max_streams: int = 1024
+    max_streams_per_principal: int = 128
+
+    def __post_init__(self) -> None:
+        for name in (
+            "workers",
+            "max_inflight",
+            "max_inflight_per_principal",
+            "max_running_per_principal",
+            "max_streams",
+            "max_streams_per_principal",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.max_inflight_per_principal > self.max_inflight:
+            raise ValueError("max_inflight_per_principal must not exceed max_inflight")
+        if self.max_streams_per_principal > self.max_streams:
+            raise ValueError("max_streams_per_principal must not exceed max_streams")
+
+
+class Admission:
+    """Counts calls and streams per principal and refuses past the bounds.
+
+    Args:
+        limits: the bounds.
+        metrics: ``lethe_inflight_calls``, ``lethe_open_streams`` and
+            ``lethe_refused_calls_total{reason}`` are kept here.
+    """
+
+    def __init__(self, limits: Limits, metrics: Metrics) -> None:
+        self.limits = limits
+        self._metrics = metrics
+        self._calls: collections.Counter[str] = collections.Counter()
+        self._streams: collections.Counter[str] = collections.Counter()
+        self.inflight = 0
+        self.streams = 0
+
+    def enter_call(self, key: str) -> None:
+        """Admit one unary call of principal ``key``; pair with :meth:`exit_call`.
+
+        Raises:
+            Overloaded: ``TOO_MANY_REQUESTS``, a bound is reached (nothing counted).
+        """
+        mine = self._calls[key]
+        reserved = mine < RESERVED_PER_PRINCIPAL and self.inflight < 2 * self.limits.max_inflight
+        if self.inflight >= self.limits.max_inflight and not reserved:
+            self.refused(Reason.TOO_MANY_REQUESTS)
+            raise Overloaded("the server has too many calls in flight; retry shortly")
+        if mine >= self.limits.max_inflight_per_principal:
+            self.refused(Reason.TOO_MANY_REQUESTS)
+            raise Overloaded(
+                f"this token has {self.limits.max_inflight_per_principal} calls in flight; "
+                "retry when one finishes"
+            )
+        self._calls[key] += 1
+        self.inflight += 1
+        self._metrics.inflight_calls.set(self.inflight)
+
+    def exit_call(self, key: str) -> None:
+        """The call admitted by :meth:`enter_call` has finished (or was skipped)."""
+        self._calls[key] -= 1
+        if self._calls[key] <= 0:
+            del self._calls[key]
+        self.inflight -= 1
+        self._metrics.inflight_calls.set(self.inflight)
+
+    def enter_stream(self, key: str) -> None:
+        """Admit one stream of principal ``key``; pair with :meth:`exit_stream`.
+
+        Raises:
+            Overloaded: ``TOO_MANY_STREAMS``, a bound is reached (nothing counted).
+        """
+        if self.streams >= self.limits.max_streams:
+            self.refused(Reason.TOO_MANY_STREAMS)
+            raise Overloaded(
+                "the server has too many open streams",
+                reason=Reason.TOO_MANY_STREAMS,
+                retry_after=1.0,
+            )
+        if self._streams[key] >= self.limits.max_streams_per_principal:
+            self.refused(Reason.TOO_MANY_STREAMS)
+            raise Overloaded(
+                f"this token has {self.limits.max_streams_per_principal} streams open; "
+                "close one first",
+                reason=Reason.TOO_MANY_STREAMS,
+                retry_after=1.0,
+            )
+        self._streams[key] += 1
+        self.streams += 1
+        self._metrics.open_streams.set(self.streams)
+
+    def exit_stream(self, key: str) -> None:
+        """The stream admitted by :meth:`enter_stream` has ended."""
+        self._streams[key] -= 1
+        if self._streams[key] <= 0:
+            del self._streams[key]
+        self.streams -= 1
+        self._metrics.open_streams.set(self.streams)
+
+    def refused(self, reason: int) -> None:
+        """Count one refusal under its ``ErrorReason`` name."""
+        self._metrics.refused_calls.labels(Reason.Name(reason)).inc()  # type: ignore[arg-type]
+
+
+class FairExecutor:
+    """A pool of worker threads that serves principals in turn (round robin),
+    running at most ``per_key`` items of one principal at once.
+
+    Each ``submit`` names a key (the principal); a worker takes the next item
+    of the next key that has work and fewer than ``per_key`` items running,
+    so work is interleaved across keys rather than first come, first served.
+    The cap matters because Python threads share one interpreter lock: a call
+    that gets a free worker beside many running calls of one principal still
+    waits for the CPU, so what one principal may *run* at once is bounded, not
+    only what it may queue. A cancelled future is skipped.
+
+    Args:
+        workers: number of threads (started at once, daemonic).
+        name: thread name prefix.
+        per_key: most items of one key running at once (default: ``workers``).
+        on_depth: called with the number of items waiting (not running) each
+            time it changes, from the thread that changed it.
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        name: str,
+        *,
+        per_key: int | None = None,
+        on_depth: Callable[[int], None] | None = None,
+    ) -> None:
+        self._lock = threading.Condition()
+        self._queues: dict[str, collections.deque[tuple[Future[Any], Callable[[], Any]]]] = {}
+        self._ring: collections.deque[str] = collections.deque()
+        self._running: collections.Counter[str] = collections.Counter()
+        self._per_key = per_key or workers
+        self._depth = 0
+        self._closed = False
+        self._on_depth = on_depth
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, key: str, fn: Callable[[], T]) -> Future[T]:
+        """Queue ``fn`` for principal ``key``; its future resolves with its result.
+
+        Raises:
+            RuntimeError: the executor is shut down.
+        """
+        future: Future[T] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("executor is shut down")
+            queue = self._queues.get(key)
+            if queue is None:
+                queue = self._queues[key] = collections.deque()
+                self._ring.append(key)
+            queue.append((future, fn))
+            self._depth += 1
+            depth = self._depth
+            self._lock.notify()
+        if self._on_depth is not None:
+            self._on_depth(depth)
+        return future
+
+    @property
+    def depth(self) -> int:
+        """Items waiting for a worker."""
+        return self._depth
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Finish what is queued, then stop the threads (joined when ``wait``)."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+    def _eligible(self) -> str | None:
+        """The first key in the ring below its running cap (moved out of the ring)."""
+        for _ in range(len(self._ring)):
+            key = self._ring.popleft()
+            if self._running[key] < self._per_key:
+                return key
+            self._ring.append(key)
+        return None
+
+    def _take(self) -> tuple[str, Future[Any], Callable[[], Any]] | None:
+        with self._lock:
+            while True:
+                key = self._eligible()
+                if key is not None:
+                    break
+                if self._closed and not self._ring:
+                    return None
+                self._lock.wait()
+            queue = self._queues[key]
+            future, fn = queue.popleft()
+            if queue:
+                self._ring.append(key)
+            else:
+                del self._queues[key]
+            self._running[key] += 1
+            self._depth -= 1
+            depth = self._depth
+        if self._on_depth is not None:
+            self._on_depth(depth)
+        return key, future, fn
+
+    def _done(self, key: str) -> None:
+        with self._lock:
+            self._running[key] -= 1
+            if self._running[key] <= 0:
+                del self._running[key]
+            if key in self._queues:
+                self._lock.notify()
+
+    def _run(self) -> None:
+        while True:
+            item = self._take()
+            if item is None:
+                return
+            key, future, fn = item
+            try:
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    result = fn()
+                except BaseException as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            finally:
+                self._done(key)

@@ -1,0 +1,157 @@
+"""The pieces of bounded concurrency on their own: the fair worker pool, the
+bounds' validation, and the rate-limited log."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+import pytest
+
+from server._admission import Admission, FairExecutor, Limits
+from server._logs import RateLimitedLog
+from server._metrics import Metrics
+from server.errors import Overloaded
+
+
+def test_fair_executor_serves_principals_in_turn() -> None:
+    release, running = threading.Event(), threading.Event()
+    order: list[str] = []
+    pool = FairExecutor(1, "test")
+    try:
+
+        def block() -> None:
+            running.set()
+            release.wait(10)
+
+        blocker = pool.submit("x", block)
+        assert running.wait(5)
+        futures = [pool.submit("alice", functools.partial(order.append, f"a{i}")) for i in range(4)]
+        futures.append(pool.submit("bob", lambda: order.append("b0")))
+        futures.append(pool.submit("carol", lambda: order.append("c0")))
+        assert pool.depth == 6
+        release.set()
+        blocker.result(timeout=5)
+        for f in futures:
+            f.result(timeout=5)
+    finally:
+        release.set()
+        pool.shutdown()
+    # Alice queued four before Bob and Carol queued one each: they wait for
+    # one of hers, not for all four.
+    assert order == ["a0", "b0", "c0", "a1", "a2", "a3"]
+    assert pool.depth == 0
+
+
+def test_fair_executor_caps_what_one_key_runs_at_once() -> None:
+    release = threading.Event()
+    started = threading.Semaphore(0)
+    order: list[str] = []
+
+    def hold(tag: str) -> None:
+        order.append(tag)
+        started.release()
+        release.wait(10)
+
+    pool = FairExecutor(3, "test", per_key=1)
+    try:
+        a = [pool.submit("alice", functools.partial(hold, f"a{i}")) for i in range(3)]
+        b = pool.submit("bob", functools.partial(hold, "b0"))
+        for _ in range(2):
+            assert started.acquire(timeout=5)
+        assert not started.acquire(timeout=0.2)  # a third worker is idle, alice is capped
+        assert sorted(order) == ["a0", "b0"]
+        release.set()
+        for f in [*a, b]:
+            f.result(timeout=5)
+    finally:
+        release.set()
+        pool.shutdown()
+    assert order[2:] == ["a1", "a2"]
+
+
+def test_fair_executor_skips_cancelled_work_and_passes_exceptions() -> None:
+    release = threading.Event()
+    ran: list[int] = []
+    pool = FairExecutor(1, "test")
+    try:
+        pool.submit("x", lambda: release.wait(10))
+        skipped = pool.submit("a", lambda: ran.append(1))
+        failing = pool.submit("a", lambda: 1 // 0)
+        assert skipped.cancel()
+        release.set()
+        with pytest.raises(ZeroDivisionError):
+            failing.result(timeout=5)
+    finally:
+        release.set()
+        pool.shutdown()
+    assert ran == []
+    with pytest.raises(RuntimeError):
+        pool.submit("a", lambda: None)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"workers": 0},
+        {"max_inflight": 0},
+        {"max_inflight": 4, "max_inflight_per_principal": 8},
+        {"max_streams": 4, "max_streams_per_principal": 8},
+    ],
+)
+def test_limits_refuse_nonsense(kwargs: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match="must"):
+        Limits(**kwargs)
+
+
+def test_admission_counts_per_principal_and_in_all() -> None:
+    metrics = Metrics()
+    adm = Admission(Limits(max_inflight=4, max_inflight_per_principal=3), metrics)
+    for _ in range(3):
+        adm.enter_call("a")
+    with pytest.raises(Overloaded, match="this token") as per_token:
+        adm.enter_call("a")
+    assert per_token.value.reason_name == "TOO_MANY_REQUESTS"
+    adm.enter_call("b")  # the server's bound is reached (4)
+    adm.enter_call("b")  # b's first two calls are reserved: admitted past it
+    with pytest.raises(Overloaded, match="the server"):
+        adm.enter_call("b")  # a third is not
+    for light in "cde":
+        adm.enter_call(light)  # light tokens still get in...
+    assert adm.inflight == 8
+    with pytest.raises(Overloaded, match="the server"):
+        adm.enter_call("f")  # ...up to twice the server's bound
+    adm.exit_call("a")
+    adm.enter_call("f")
+    assert metrics.registry.get_sample_value("lethe_inflight_calls") == 8
+    assert (
+        metrics.registry.get_sample_value(
+            "lethe_refused_calls_total", {"reason": "TOO_MANY_REQUESTS"}
+        )
+        == 3
+    )
+
+
+def test_rate_limited_log_lets_a_burst_through_then_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    log = RateLimitedLog(
+        logging.getLogger("test.limited"), burst=3, window=30.0, clock=lambda: now[0]
+    )
+    with caplog.at_level(logging.WARNING, logger="test.limited"):
+        written = [log.log(logging.WARNING, "k", "line %d", i) for i in range(100)]
+        assert written.count(True) == 3
+        assert log.log(logging.WARNING, "other", "another kind")  # kinds are separate
+        now[0] += 10.0  # one line earned back (3 per 30 s)
+        assert log.log(logging.WARNING, "k", "later")
+        assert not log.log(logging.WARNING, "k", "too soon")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "line 0",
+        "line 1",
+        "line 2",
+        "another kind",
+        "later (97 more of this kind suppressed)",
+    ]

@@ -1,0 +1,129 @@
+"""TLS and mutual TLS with certificates made at test time: the token is still
+required over TLS; gRPC's own call credentials carry it; a plaintext client,
+a client without a certificate (mTLS) or with one from another CA cannot
+connect; bad TLS flags are refused before anything is served."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from _helpers import append, create_thread, error_reason, get_turn
+from _pki import Pki, make_pki
+from conftest import Client, Lethe
+
+from lethe._rpc import Stubs
+from lethe.client import TLSConfig
+from lethe.v1 import threads_pb2
+from server import LetheServer, ServerConfig
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def _secure(srv: Lethe, pki: Pki, token: str, *, client: str | None = None) -> Client:
+    key = pki.read(f"{client}_key") if client else None
+    cert = pki.read(f"{client}_cert") if client else None
+    tls = TLSConfig(root_certificates=pki.read("ca"), private_key=key, certificate_chain=cert)
+    return srv.client(token=token, tls=tls, retry=None)
+
+
+def _list_threads(c: Stubs | Client, md: tuple[tuple[str, str], ...] = ()) -> list[str]:
+    resp = c.threads.ListThreads(
+        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=md or c.md, timeout=10
+    )
+    return [t.name for t in resp.threads]
+
+
+def _refusal(fn: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        fn()
+    return error_reason(info.value)
+
+
+def test_tls_serves_with_the_token_as_call_credentials(
+    lethe_at: Callable[..., Lethe], tmp_path: Path, pki: Pki
+) -> None:
+    srv = lethe_at(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key)
+    c = _secure(srv, pki, srv.token("alice"))
+    assert c.md == ()  # gRPC attaches the token itself over TLS
+    thread = create_thread(c, "alice")
+    (turn,) = append(c, thread, ["said over TLS"], commit=True)
+    assert get_turn(c, turn.name).text == "said over TLS"
+    assert _list_threads(c) == [thread]
+
+
+def test_tls_still_requires_the_token(
+    lethe_at: Callable[..., Lethe], tmp_path: Path, pki: Pki
+) -> None:
+    srv = lethe_at(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key)
+    creds = grpc.ssl_channel_credentials(pki.read("ca"))
+    channel = grpc.secure_channel(f"127.0.0.1:{srv.port}", creds)
+    srv.channels.append(channel)
+    bare = Stubs(channel, "")
+    code, reason = _refusal(lambda: _list_threads(bare, md=(("x-other", "1"),)))
+    assert (code, reason) == (grpc.StatusCode.UNAUTHENTICATED, "MISSING_TOKEN")
+    bob = _secure(srv, pki, srv.token("bob"))
+    assert _refusal(lambda: _list_threads(bob)) == (
+        grpc.StatusCode.PERMISSION_DENIED,
+        "OWNER_NOT_ALLOWED",
+    )
+
+
+def test_plaintext_client_cannot_talk_to_a_tls_server(
+    lethe_at: Callable[..., Lethe], tmp_path: Path, pki: Pki
+) -> None:
+    srv = lethe_at(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key)
+    plain = Stubs.insecure(f"127.0.0.1:{srv.port}", srv.token("alice"))
+    srv.channels.append(plain.channel)
+    code, _ = _refusal(lambda: _list_threads(plain))
+    assert code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_mutual_tls_needs_a_client_certificate_from_the_ca(
+    lethe_at: Callable[..., Lethe], tmp_path: Path, pki: Pki
+) -> None:
+    srv = lethe_at(
+        tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key, client_ca=pki.ca
+    )
+    token = srv.token("alice")
+    good = _secure(srv, pki, token, client="client")
+    thread = create_thread(good, "alice")
+    assert _list_threads(good) == [thread]
+    for who in (None, "stranger"):
+        refused = _secure(srv, pki, token, client=who)
+        code, _ = _refusal(lambda c=refused: _list_threads(c))  # type: ignore[misc]
+        assert code == grpc.StatusCode.UNAVAILABLE, who
+    # A certificate is not a token: with the certificate and no token, refused.
+    creds = grpc.ssl_channel_credentials(
+        pki.read("ca"), pki.read("client_key"), pki.read("client_cert")
+    )
+    channel = grpc.secure_channel(f"127.0.0.1:{srv.port}", creds)
+    srv.channels.append(channel)
+    code, reason = _refusal(lambda: _list_threads(Stubs(channel, ""), md=(("x-other", "1"),)))
+    assert (code, reason) == (grpc.StatusCode.UNAUTHENTICATED, "MISSING_TOKEN")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tls_cert": "server_cert"}, "go together"),
+        ({"tls_key": "server_key"}, "go together"),
+        ({"client_ca": "ca"}, "needs --tls-cert"),
+        ({"tls_cert": "server_key", "tls_key": "server_key", "client_ca": "none"}, "PEM"),
+    ],
+)
+def test_bad_tls_settings_are_refused_before_serving(
+    tmp_path: Path, pki: Pki, kek_env: str, kwargs: dict[str, str], message: str
+) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate")
+    paths: dict[str, Any] = {k: junk if v == "none" else getattr(pki, v) for k, v in kwargs.items()}
+    with pytest.raises(ValueError, match=message):
+        LetheServer(ServerConfig(data_dir=tmp_path / "d", metrics_listen=None, **paths))
+    assert not (tmp_path / "d").exists()  # refused before the store was opened
