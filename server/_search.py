@@ -233,7 +233,13 @@ class Retriever:
         owner's first use since start, re-embed them all if another embedder made
         them (:func:`server._reembed.reembed_owner`; one transaction swaps them) and
         drop its loaded bundles. Callers: every path that reads or writes the
-        owner's vectors, before it does."""
+        owner's vectors, before it does. Other calls for the owner wait for the
+        re-embed (they need its lock).
+
+        Raises:
+            Aborted, StoreFull, Unavailable: the swap could not be written
+                (nothing changed; the owner's next use tries again).
+        """
         embedder = self.embedder
         if embedder is None or owner in self._current:
             return

@@ -102,8 +102,14 @@ class VectorsPart(StoreBase):
             dim: Its dimension (0 for none).
 
         Returns:
-            What changed, or None when the recorded embedder is this one.
+            What changed, or None when the recorded embedder is this one (then
+            nothing is written: a start with the same embedder writes nothing).
+
+        Raises:
+            StoreFull, Unavailable: the record could not be written.
         """
+        if self.recorded_embedder() == (name, dim):
+            return None
 
         def apply(txn: lmdb.Transaction) -> EmbedderChange | None:
             raw = sk.get(txn, self.t.meta, sk.EMBEDDER)
