@@ -5,10 +5,16 @@ owners or states: the server decides what goes into an index and rechecks every 
 
 Public names:
 
-- :class:`Embedder`, :class:`WordLlamaEmbedder`, :func:`load_embedder` — text to
-  ``(n, dim) float32`` unit rows.
+- :class:`Embedder`, :class:`WordLlamaEmbedder`, :class:`OnnxEmbedder`,
+  :func:`load_embedder` — text to ``(n, dim) float32`` unit rows.
 - :func:`normalize` — validate and scale vectors to unit L2 norm.
 - :class:`VectorIndex` — exact in-memory cosine search (FAISS ``IndexFlatIP``).
+- :class:`LexicalIndex`, :func:`analyze` — BM25 over texts (the lexical legs).
+- :class:`SessionIndex` — BM25 over sessions, scores handed to their turns.
+- :class:`TimeIndex` — turn times and time expressions: the time-expression prior and
+  the session-date window; :func:`asks_when`, :func:`named_periods`,
+  :func:`time_expression_score`, :class:`NamedPeriod` — their English-only rules.
+- :func:`convex_fusion`, :func:`rrf` and the tuned ``HYBRID_*`` constants — fusion.
 - :class:`IndexCache` — LRU of indexes by key.
 - :class:`VectorIndexError`, :class:`DimensionMismatchError`,
   :class:`InvalidVectorError` — see :mod:`index.errors`.
@@ -16,25 +22,47 @@ Public names:
 
 from index._cache import IndexCache
 from index._embedder import Embedder, WordLlamaEmbedder, load_embedder, normalize
-from index._fusion import HYBRID_LOWER_BOUNDS, HYBRID_WEIGHTS, convex_fusion, rrf
+from index._fusion import (
+    HYBRID_LOWER_BOUNDS,
+    HYBRID_SESSIONS,
+    HYBRID_TUNED_WEIGHTS,
+    HYBRID_WEIGHTS,
+    convex_fusion,
+    rrf,
+)
 from index._lexical import LexicalIndex, analyze
+from index._onnx import OnnxEmbedder
+from index._sessions import SessionIndex
+from index._temporal import NamedPeriod, asks_when, named_periods, time_expression_score
+from index._timeline import WINDOW_DEPTH, WINDOW_SLACK, TimeIndex
 from index._vectors import VectorIndex
 from index.errors import DimensionMismatchError, InvalidVectorError, VectorIndexError
 
 __all__ = [
     "HYBRID_LOWER_BOUNDS",
+    "HYBRID_SESSIONS",
+    "HYBRID_TUNED_WEIGHTS",
     "HYBRID_WEIGHTS",
+    "WINDOW_DEPTH",
+    "WINDOW_SLACK",
     "DimensionMismatchError",
     "Embedder",
     "IndexCache",
     "InvalidVectorError",
     "LexicalIndex",
+    "NamedPeriod",
+    "OnnxEmbedder",
+    "SessionIndex",
+    "TimeIndex",
     "VectorIndex",
     "VectorIndexError",
     "WordLlamaEmbedder",
     "analyze",
+    "asks_when",
     "convex_fusion",
     "load_embedder",
+    "named_periods",
     "normalize",
     "rrf",
+    "time_expression_score",
 ]

@@ -4,7 +4,8 @@ An :class:`Embedder` turns texts into ``(n, dim) float32`` rows of unit L2 norm,
 that an inner product between two rows is their cosine similarity. The default
 embedder is WordLlama's 256-dimensional ``l2_supercat`` static embedding model
 (https://github.com/dleemiller/WordLlama), whose weights and tokenizer ship inside
-the ``wordllama`` wheel: loading it never touches the network.
+the ``wordllama`` wheel: loading it never touches the network. A stronger model the
+operator downloaded runs through :class:`index.OnnxEmbedder` (``onnx:DIR``).
 
 Threads: :func:`normalize` is pure. :meth:`WordLlamaEmbedder.embed` may be called
 from any number of threads at once; calls are serialised by an internal lock
@@ -25,7 +26,7 @@ from index.errors import DimensionMismatchError, InvalidVectorError
 
 __all__ = ["Embedder", "WordLlamaEmbedder", "load_embedder", "normalize"]
 
-_EMBEDDER_NAMES = ("wordllama", "none")
+_EMBEDDER_NAMES = ("wordllama", "none", "onnx:DIR")
 
 
 @runtime_checkable
@@ -53,6 +54,11 @@ class Embedder(Protocol):
             ``texts`` is empty. A text with no known tokens may yield an all-zero row
             (see the implementation's docstring).
         """
+        ...
+
+    def embed_queries(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Embed search queries: as :meth:`embed`, for models that mark queries apart
+        from the texts they search (e5's ``"query: "`` prefix); else the same rows."""
         ...
 
 
@@ -162,26 +168,39 @@ class WordLlamaEmbedder:
         out = np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0.0)
         return np.ascontiguousarray(out, dtype=np.float32)
 
+    def embed_queries(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Embed search queries: WordLlama marks queries no differently (:meth:`embed`)."""
+        return self.embed(texts)
+
     def __repr__(self) -> str:
         return f"WordLlamaEmbedder(name={self.name!r}, dim={self.dim})"
 
 
 def load_embedder(name: str) -> Embedder | None:
-    """Build the embedder named in configuration.
+    """Build the embedder named in configuration (``lethe serve --embedder``).
 
     Args:
-        name: ``"wordllama"`` for :class:`WordLlamaEmbedder`; ``"none"`` when clients
-            always send their own vectors.
+        name: ``"wordllama"`` for :class:`WordLlamaEmbedder` (the default, shipped in
+            its wheel); ``"none"`` when clients always send their own vectors;
+            ``"onnx:DIR"`` for :class:`index.OnnxEmbedder` loading the ONNX model and
+            tokenizer in directory ``DIR``.
 
     Returns:
         The embedder, or ``None`` for ``"none"``.
 
     Raises:
-        ValueError: ``name`` is not one of ``"wordllama"``, ``"none"``.
+        ValueError: ``name`` is none of those (or ``onnx:`` names no directory), or
+            the ONNX model's files are malformed.
+        FileNotFoundError: the ONNX model's directory lacks its files.
+        ImportError: ``onnx:`` without onnxruntime installed.
     """
     if name == "wordllama":
         return WordLlamaEmbedder()
     if name == "none":
         return None
+    if name.startswith("onnx:") and name[len("onnx:") :]:
+        from index._onnx import OnnxEmbedder
+
+        return OnnxEmbedder(Path(name[len("onnx:") :]))
     allowed = ", ".join(repr(n) for n in _EMBEDDER_NAMES)
     raise ValueError(f"unknown embedder {name!r}; allowed values: {allowed}")

@@ -1,4 +1,4 @@
-"""Fusion of ranked lists from several retrieval legs (dense, lexical, contextual lexical).
+"""Fusion of ranked lists from several retrieval legs (dense, lexical, contextual, session, time).
 
 Every function here is pure: it takes ranked lists ``list[tuple[int, float]]`` (id,
 score; best first, ids distinct within a list) and returns one such list, best first,
@@ -23,22 +23,52 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["HYBRID_LOWER_BOUNDS", "HYBRID_WEIGHTS", "convex_fusion", "rrf"]
+__all__ = [
+    "HYBRID_LOWER_BOUNDS",
+    "HYBRID_SESSIONS",
+    "HYBRID_TUNED_WEIGHTS",
+    "HYBRID_WEIGHTS",
+    "convex_fusion",
+    "rrf",
+]
 
 Ranked = list[tuple[int, float]]
 
-HYBRID_WEIGHTS: tuple[float, float, float] = (0.2, 0.2, 0.6)
-"""Weights of the (dense, lexical, contextual lexical) legs for :func:`convex_fusion`.
+HYBRID_TUNED_WEIGHTS: tuple[float, float, float, float, float, float] = (
+    0.25,
+    0.2,
+    0.65,
+    0.65,
+    0.45,
+    0.5,
+)
+"""The grid weights ``bench/eval_retrieval.py`` chose on conversations 1-5, before scaling.
 
-Dense = WordLlama cosine over ``"speaker: text"``; lexical = BM25 over the same text;
-contextual lexical = BM25 over ``"{date}. {previous turn} {speaker: text}"``. Each leg
-is cut at depth 30 before fusion. Tuned on conversations 1-5: recall@1/5/10/20
-0.367/0.637/0.722/0.785 there, 0.333/0.598/0.679/0.746 on 6-10 (plain BM25:
-0.322/0.538/0.612/0.670), 0.350/0.617/0.700/0.765 on all ten.
+Legs, in order: dense (WordLlama cosine over ``"speaker: text"``); lexical (BM25 over
+the same text); contextual lexical (BM25 over ``"{date}. {previous turn} {speaker:
+text}"``); session (:class:`index.SessionIndex`: the members of the best
+:data:`HYBRID_SESSIONS` sessions with their session's BM25 score); time-expression
+prior (:meth:`index.TimeIndex.prior`, when-questions only); session-date window
+(:meth:`index.TimeIndex.window`, questions naming a date only). The first three legs
+are cut at depth 30 before fusion. Coordinate search from the earlier three-leg
+weights (0.2, 0.2, 0.6), steps 0.05-0.2, objective the sum of recall@1/5/10/20 on
+conversations 1-5 (categories 1-4). Measured (``bench/eval_retrieval.py``, WordLlama):
+recall@1/5/10/20 0.417/0.675/0.754/0.809 on 1-5, 0.350/0.642/0.725/0.780 on the
+held-out 6-10, 0.383/0.658/0.740/0.794 on all ten (three legs: 0.350/0.617/0.700/0.766).
 """
 
-HYBRID_LOWER_BOUNDS: tuple[float | None, float | None, float | None] = (None, 0.0, 0.0)
-"""Min-max lower bounds of (dense cosine, BM25, BM25); ``None`` = observed minimum."""
+HYBRID_WEIGHTS: tuple[float, ...] = tuple(
+    w / sum(HYBRID_TUNED_WEIGHTS) for w in HYBRID_TUNED_WEIGHTS
+)
+""":data:`HYBRID_TUNED_WEIGHTS` scaled to sum to 1 (same ranking; fused scores in ``[0, 1]``)."""
+
+HYBRID_LOWER_BOUNDS: tuple[float | None, ...] = (None, 0.0, 0.0, 0.0, 0.0, 0.0)
+"""Min-max lower bounds of the legs (dense cosine: observed minimum; BM25 and the time
+legs: 0)."""
+
+HYBRID_SESSIONS = 5
+"""How many of the best sessions hand their members to the session leg (tuned with the
+weights)."""
 
 
 def _check(legs: Sequence[Ranked], weights: Sequence[float]) -> None:
@@ -49,8 +79,11 @@ def _check(legs: Sequence[Ranked], weights: Sequence[float]) -> None:
 
 
 def _ordered(fused: dict[int, float], k: int | None) -> Ranked:
-    out = sorted(fused.items(), key=lambda item: (-item[1], item[0]))
-    return out if k is None else out[:k]
+    # Sorting (-score, id) tuples compares in C: no key function call per item.
+    keyed = sorted([(-score, id_) for id_, score in fused.items()])
+    if k is not None:
+        keyed = keyed[:k]
+    return [(id_, -neg) for neg, id_ in keyed]
 
 
 def convex_fusion(
@@ -86,6 +119,7 @@ def convex_fusion(
     if len(bounds) != len(legs):
         raise ValueError(f"got {len(bounds)} lower bounds for {len(legs)} legs")
     fused: dict[int, float] = {}
+    get = fused.get
     for leg, weight, bound in zip(legs, weights, bounds, strict=True):
         if not leg:
             continue
@@ -93,9 +127,13 @@ def convex_fusion(
         hi = max(scores)
         lo = min(scores) if bound is None else min(bound, min(scores))
         span = hi - lo
-        for id_, score in leg:
-            norm = (score - lo) / span if span > 0.0 else 1.0
-            fused[id_] = fused.get(id_, 0.0) + weight * norm
+        if span > 0.0:
+            scale = weight / span
+            for id_, score in leg:
+                fused[id_] = get(id_, 0.0) + (score - lo) * scale
+        else:
+            for id_, _ in leg:
+                fused[id_] = get(id_, 0.0) + weight
     return _ordered(fused, k)
 
 

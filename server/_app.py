@@ -59,8 +59,10 @@ from server._edge import Edge
 from server._lifecycle import Lifecycle, Recovery, Sweeper
 from server._metrics import Metrics, RpcMetricsInterceptor
 from server._notifier import EventHub
+from server._reembed import check_embedder
 from server._routing import Router
 from server._search import Retriever
+from server.errors import LetheError
 from server.services import (
     EventsService,
     LifecycleService,
@@ -86,6 +88,10 @@ class ServerConfig:
     Attributes:
         listen: ``HOST:PORT``; port 0 picks a free port.
         metrics_listen: ``HOST:PORT`` of ``/metrics``, or None for no listener.
+        embedder: ``wordllama``, ``none`` or ``onnx:DIR`` (:func:`index.load_embedder`);
+            checked against the one the store recorded at start, and each
+            owner's vectors are re-embedded on its first use after a change
+            (:mod:`server._reembed`).
         pending_ttl: default pending lifetime, seconds.
         sweep_interval: seconds between expiry sweeps; 0 disables the sweeper.
         rotation_interval: seconds between rotations that complete shreds
@@ -253,6 +259,10 @@ class LetheServer:
         recovery = self.lifecycle.recover()
         if recovery != Recovery([], 0, 0, 0, [], 0, []):
             _log.info("recovered: %s", recovery.summary())
+        try:
+            check_embedder(self.store, self.retriever.embedder)
+        except LetheError as exc:  # e.g. a full disk: owners are still re-embedded on use
+            _log.error("recording the embedder failed (%s): continuing", type(exc).__name__)
         self.executor = FairExecutor(
             self._limits.workers,
             "lethe-rpc",

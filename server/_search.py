@@ -11,17 +11,36 @@ untainted turns, and each thread one bundle over its pending turns:
   turn is the nearest earlier live turn of the same thread that is visible in
   the same index (committed for the owner bundle, so pending words never enter
   the general index). That context is derived from another record: when the
-  previous turn is forgotten or committed, the next one is re-indexed.
+  previous turn is forgotten or committed, the next one is re-indexed;
+- ``sessions``: :class:`index.SessionIndex` over each *session* — the turns of
+  one thread said on one UTC calendar day — as one document (its date and the
+  terms of every member turn visible in the bundle); a forget, seal or taint
+  removes the turn's terms from its session's document at once;
+- ``times``: :class:`index.TimeIndex`, each turn's time and whether its text
+  carries a time expression (the time-expression prior and session-date window).
+
+Memories enter the dense and both plain legs only. A bundle also watches the
+times at which a member may stop being visible without any write (a pending
+turn's ``expire_time``, a turn's ``lineage_expiry``): when one passes, a pending
+bundle is rebuilt and the owner bundle rechecks those turns and removes the
+ones no longer visible from every leg, so an expired turn never contributes to
+a session's document or a context, even before the sweeper forgets it.
 
 Bundles are built from LMDB (decrypting vectors and texts) when first needed,
 kept in an LRU (:class:`index.IndexCache`) and never written to disk.
 
 Search modes (API.md): ``DENSE`` searches the dense leg only; ``LEXICAL`` fuses
-the two BM25 legs; ``HYBRID`` (the default) fuses all three with
-:func:`index.convex_fusion` and :data:`index.HYBRID_WEIGHTS` (tuned on LoCoMo
-conversations 1-5 by ``bench/eval_retrieval.py``). Every candidate is then
+every leg but the dense one (the two BM25 legs, the session leg and the two time
+legs); ``HYBRID`` (the default) fuses all six with :func:`index.convex_fusion`
+and :data:`index.HYBRID_WEIGHTS` (tuned on LoCoMo conversations 1-5 by
+``bench/eval_retrieval.py``). The time legs are English-only heuristics that add
+an empty leg (never a filter) to a question they do not apply to. Every candidate is then
 rechecked through :func:`server.store.searchable` in one read
 transaction and only the survivors are decrypted.
+
+Vectors: before an owner's vectors are used or written, :meth:`Retriever.ensure_vectors`
+re-embeds them if another embedder made them (:mod:`server._reembed`), so an
+owner's dense index never mixes two models' vectors.
 
 Thread rules: every public method may be called from any thread. Builds and
 updates of one owner's bundles are serialised by a per-owner lock, so a bundle
@@ -30,6 +49,7 @@ built from a snapshot older than a write can never miss that write's update.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -41,14 +61,19 @@ import numpy.typing as npt
 
 from index import (
     HYBRID_LOWER_BOUNDS,
+    HYBRID_SESSIONS,
     HYBRID_WEIGHTS,
+    WINDOW_DEPTH,
     Embedder,
     IndexCache,
     LexicalIndex,
+    SessionIndex,
+    TimeIndex,
     VectorIndex,
     convex_fusion,
     normalize,
 )
+from server._reembed import reembed_owner
 from server.errors import DataLoss, InvalidArgument, Reason, RecordDeleted
 from server.store import (
     PENDING,
@@ -74,8 +99,8 @@ LEG_DEPTH = 30
 MODE_DENSE = "DENSE"
 MODE_LEXICAL = "LEXICAL"
 MODE_HYBRID = "HYBRID"
-_LEXICAL_WEIGHTS = (HYBRID_WEIGHTS[1], HYBRID_WEIGHTS[2])
-_LEXICAL_BOUNDS = (HYBRID_LOWER_BOUNDS[1], HYBRID_LOWER_BOUNDS[2])
+_LEXICAL_WEIGHTS = HYBRID_WEIGHTS[1:]
+_LEXICAL_BOUNDS = HYBRID_LOWER_BOUNDS[1:]
 # Vectors decrypted and added at a time when an index is built.
 BUILD_CHUNK = 4096
 
@@ -107,17 +132,22 @@ class _Bundle:
     # rid -> rid of the turn its contextual text quotes (0: none). The context
     # is derived from that record; the audit checks it is still the right one.
     ctx_prev: dict[int, int] = field(default_factory=dict)
+    sessions: SessionIndex = field(default_factory=SessionIndex)
+    times: TimeIndex = field(default_factory=TimeIndex)
+    # rid -> when the turn may stop being visible without a write (its pending
+    # expiry or its lineage expiry); ``due`` is the earliest (inf: none).
+    watch: dict[int, float] = field(default_factory=dict)
+    due: float = math.inf
 
     def __len__(self) -> int:
         """Vectors held (``lethe_index_vectors``)."""
         return len(self.dense)
 
     def nbytes(self) -> int:
-        """Estimated bytes held by the three legs and the context map (the index
-        cache's byte bound, ``lethe_index_bytes``); ~90 bytes per map entry."""
-        return (
-            self.dense.nbytes() + self.plain.nbytes() + self.ctx.nbytes() + 90 * len(self.ctx_prev)
-        )
+        """Estimated bytes held by every leg and the context map (the index cache's
+        byte bound, ``lethe_index_bytes``); ~90 bytes per map entry."""
+        legs = self.dense.nbytes() + self.plain.nbytes() + self.ctx.nbytes()
+        return legs + self.sessions.nbytes() + self.times.nbytes() + 90 * len(self.ctx_prev)
 
 
 def _owner_key(owner: str) -> str:
@@ -137,6 +167,32 @@ def date_text(seconds: float) -> str:
     """A turn's time as indexed in the contextual leg, e.g. ``8 May 2023`` (UTC)."""
     when = datetime.fromtimestamp(seconds, tz=UTC)
     return f"{when.day} {when.strftime('%B %Y')}"
+
+
+def session_key(meta: TurnMeta) -> str:
+    """The session a turn belongs to: its thread and UTC day, ``"t1/2023-05-08"``."""
+    return f"{meta.thread}/{datetime.fromtimestamp(meta.time, tz=UTC):%Y-%m-%d}"
+
+
+def _add_time_legs(bundle: _Bundle, turns: Sequence[TurnMeta], texts: dict[int, str]) -> None:
+    """Index turns (whose plain texts are in ``texts``) in the session and time legs,
+    and watch the ones that may stop being visible without a write."""
+    held = [m for m in turns if m.rid in texts]
+    if not held:
+        return
+    ids = np.asarray([m.rid for m in held], np.int64)
+    bundle.sessions.add(
+        ids,
+        [session_key(m) for m in held],
+        [texts[m.rid] for m in held],
+        [date_text(m.time) for m in held],
+    )
+    bundle.times.add(ids, [m.time for m in held], [texts[m.rid] for m in held])
+    for m in held:
+        ends = [t for t in (m.expire_time if m.state == PENDING else 0.0, m.lineage_expiry) if t]
+        if ends:
+            bundle.watch[m.rid] = min(ends)
+            bundle.due = min(bundle.due, bundle.watch[m.rid])
 
 
 class Retriever:
@@ -164,6 +220,7 @@ class Retriever:
         self.cache: IndexCache[_Bundle] = IndexCache(capacity, max_bytes)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._current: set[str] = set()  # owners whose vectors are the embedder's
 
     def _lock(self, owner: str) -> threading.Lock:
         with self._locks_guard:
@@ -171,9 +228,38 @@ class Retriever:
 
     # ------------------------------------------------------------------ embedding
 
-    def embed_texts(self, texts: Sequence[str]) -> list[npt.NDArray[np.float32] | None]:
-        """Server-side embeddings of ``texts``: ``(d,) float32`` unit rows, or None
-        for a text with no tokens (it has no direction to index) or without embedder."""
+    def ensure_vectors(self, owner: str) -> None:
+        """Make sure ``owner``'s stored vectors are this server's embedder's: on the
+        owner's first use since start, re-embed them all if another embedder made
+        them (:func:`server._reembed.reembed_owner`; one transaction swaps them) and
+        drop its loaded bundles. Callers: every path that reads or writes the
+        owner's vectors, before it does. Other calls for the owner wait for the
+        re-embed (they need its lock).
+
+        Raises:
+            Aborted, StoreFull, Unavailable: the swap could not be written
+                (nothing changed; the owner's next use tries again).
+        """
+        embedder = self.embedder
+        if embedder is None or owner in self._current:
+            return
+        with self._lock(owner):
+            if owner in self._current:
+                return
+            if self.store.owner_embedder(owner) != embedder.name:
+                reembed_owner(self.store, embedder, owner, indexed_text)
+                self.cache.evict(_owner_key(owner))
+                self.cache.evict_prefix(f"p/{owner}/")
+            self._current.add(owner)
+
+    def embed_texts(
+        self, texts: Sequence[str], *, owner: str
+    ) -> list[npt.NDArray[np.float32] | None]:
+        """Server-side embeddings of ``texts`` for records of ``owner`` (whose vectors
+        are made current first, :meth:`ensure_vectors`): ``(d,) float32`` unit rows,
+        or None for a text with no tokens (it has no direction to index) or without
+        embedder."""
+        self.ensure_vectors(owner)
         if self.embedder is None or not texts:
             return [None] * len(texts)
         rows = self.embedder.embed(list(texts))
@@ -189,6 +275,7 @@ class Retriever:
             InvalidArgument: the client vector is non-finite or zero, or its
                 dimension differs from the owner's (reason ``DIMENSION_MISMATCH``).
         """
+        self.ensure_vectors(owner)
         dim = self.store.owner_dim(owner) or (self.embedder.dim if self.embedder else None)
         if query_embedding:
             try:
@@ -206,8 +293,8 @@ class Retriever:
             return vec
         if self.embedder is None or not query_text:
             return None
-        row = self.embed_texts([query_text])[0]
-        if row is None or (dim is not None and row.shape[0] != dim):
+        row = self.embedder.embed_queries([query_text])[0]
+        if float(np.dot(row, row)) == 0.0 or (dim is not None and row.shape[0] != dim):
             return None
         return np.asarray(row, dtype=np.float32)
 
@@ -281,6 +368,7 @@ class Retriever:
         plain_ids = [m.rid for m in metas if m.rid in texts]
         if plain_ids:
             bundle.plain.add(np.asarray(plain_ids, np.int64), [texts[r] for r in plain_ids])
+        _add_time_legs(bundle, metas, texts)
         ctx: dict[int, str] = {}
         by_thread: dict[str, list[int]] = {}
         for meta in metas:
@@ -334,16 +422,50 @@ class Retriever:
         return bundle
 
     def owner_bundle(self, owner: str) -> _Bundle:
-        """The owner's committed bundle, built on first use."""
+        """The owner's committed bundle, built on first use; the turns whose lineage
+        expiry passed are rechecked first (see the module docstring)."""
+        self.ensure_vectors(owner)
         with self._lock(owner):
-            return self.cache.get_or_build(_owner_key(owner), lambda: self._build_owner(owner))
+            bundle = self.cache.get_or_build(_owner_key(owner), lambda: self._build_owner(owner))
+            if bundle.due <= time.time():
+                self._expire(owner, bundle)
+            return bundle
 
     def pending_bundle(self, owner: str, thread: str) -> _Bundle:
-        """A thread's pending bundle, built on first use."""
+        """A thread's pending bundle, built on first use, and again once one of its
+        turns may have expired (it is small)."""
+        key = _pending_key(owner, thread)
+        self.ensure_vectors(owner)
         with self._lock(owner):
-            return self.cache.get_or_build(
-                _pending_key(owner, thread), lambda: self._build_pending(owner, thread)
-            )
+            bundle = self.cache.get_or_build(key, lambda: self._build_pending(owner, thread))
+            if bundle.due <= time.time():
+                self.cache.evict(key)
+                bundle = self.cache.get_or_build(key, lambda: self._build_pending(owner, thread))
+            return bundle
+
+    def _expire(self, owner: str, bundle: _Bundle) -> None:
+        """Recheck the owner bundle's turns whose watch time passed; remove from every
+        leg those no longer visible (a pending source of their lineage expired) and
+        re-index the contexts that quoted them. The caller holds the owner's lock."""
+        now = time.time()
+        due = [rid for rid, when in bundle.watch.items() if when <= now]
+        for rid in due:
+            del bundle.watch[rid]
+        bundle.due = min(bundle.watch.values(), default=math.inf)
+        seen = {m.rid: m for m in self.store.metas(due)}
+        gone = [rid for rid in due if rid not in seen or not general_visible(seen[rid], now)]
+        if not gone:
+            return
+        ids = np.asarray(gone, np.int64)
+        for leg in (bundle.dense, bundle.plain, bundle.ctx, bundle.sessions, bundle.times):
+            leg.remove(ids)
+        seqs: dict[str, list[int]] = {}
+        for rid in gone:
+            bundle.ctx_prev.pop(rid, None)
+            if rid in seen:
+                seqs.setdefault(seen[rid].thread, []).append(seen[rid].seq)
+        for thread, lost in seqs.items():
+            self._recontext(owner, bundle, thread, lost)
 
     # ------------------------------------------------------------------ upkeep
 
@@ -447,6 +569,7 @@ class Retriever:
         plain_ids = [m.rid for m in turns if m.rid in texts]
         if plain_ids:
             bundle.plain.add(np.asarray(plain_ids, np.int64), [texts[r] for r in plain_ids])
+        _add_time_legs(bundle, turns, texts)
         if rids:
             if bundle.dense.dim != vecs.shape[1]:
                 bundle.dense = VectorIndex(vecs.shape[1])
@@ -476,8 +599,9 @@ class Retriever:
             rids: record numbers leaving the indexes.
             threads: thread ids forgotten whole.
             whole_owner: the owner is forgotten (its bundles are dropped).
-            touched_threads: threads that lost single turns: the turn after each
-                forgotten one is re-indexed with its new context.
+            touched_threads: threads that lost single turns (their pending
+                bundles are dropped). In every thread but those forgotten whole,
+                the turn after each removed one is re-indexed with its new context.
         """
         with self._lock(owner):
             if whole_owner:
@@ -495,16 +619,21 @@ class Retriever:
             bundle.dense.remove(ids)
             bundle.plain.remove(ids)
             bundle.ctx.remove(ids)
+            bundle.sessions.remove(ids)  # its session's document loses its terms
+            bundle.times.remove(ids)
             for rid in rids:
                 bundle.ctx_prev.pop(rid, None)
-            survivors = set(touched_threads) - set(threads)
-            if survivors:
-                seqs: dict[str, list[int]] = {}
-                for meta in self.store.metas(list(rids)):
-                    if meta.thread in survivors:
-                        seqs.setdefault(meta.thread, []).append(meta.seq)
-                for thread, gone in seqs.items():
-                    self._recontext(owner, bundle, thread, gone)
+                bundle.watch.pop(rid, None)
+            # The turn after each removed one gets a new context: in the threads
+            # that lost single turns, and in those of responses tainted by this
+            # forget (which ``touched_threads`` does not name).
+            whole = set(threads)
+            seqs: dict[str, list[int]] = {}
+            for meta in self.store.metas(list(rids)):
+                if meta.thread not in whole:
+                    seqs.setdefault(meta.thread, []).append(meta.seq)
+            for thread, gone in seqs.items():
+                self._recontext(owner, bundle, thread, gone)
 
     def index_drift(self, owner: str) -> int:
         """The audit's ``index_drift`` for ``owner`` (see :func:`index_drift`)."""
@@ -562,9 +691,8 @@ class Retriever:
         depth = max(LEG_DEPTH, top_k + OVERFETCH)
         plain = _merge([b.plain.search(query_text, depth) for b in bundles if len(b.plain)])
         ctx = _merge([b.ctx.search(query_text, depth) for b in bundles if len(b.ctx)])
-        if mode == MODE_LEXICAL:
-            fused = convex_fusion([plain, ctx], _LEXICAL_WEIGHTS, _LEXICAL_BOUNDS)
-        else:
+        dense: Ranked = []
+        if mode != MODE_LEXICAL:
             dense = _merge(
                 [
                     b.dense.search(query, depth)
@@ -572,7 +700,13 @@ class Retriever:
                     if query is not None and len(b.dense) and b.dense.dim == query.shape[0]
                 ]
             )
-            fused = convex_fusion([dense, plain, ctx], HYBRID_WEIGHTS, HYBRID_LOWER_BOUNDS)
+        sessions, prior, window = _time_legs(bundles, query_text, [dense, plain, ctx])
+        if mode == MODE_LEXICAL:
+            legs = [plain, ctx, sessions, prior, window]
+            fused = convex_fusion(legs, _LEXICAL_WEIGHTS, _LEXICAL_BOUNDS)
+        else:
+            legs = [dense, plain, ctx, sessions, prior, window]
+            fused = convex_fusion(legs, HYBRID_WEIGHTS, HYBRID_LOWER_BOUNDS)
         return self._materialise(fused, owner, top_k, pending_thread, kinds, include_turns)
 
     def _dense_search(
@@ -650,9 +784,11 @@ def index_drift(
     loaded: an index built from LMDB when needed cannot drift).
 
     Counts ids held that should not be, visible records missing from the
-    plain leg, and contextual texts that quote a turn other than the nearest
+    plain leg, contextual texts that quote a turn other than the nearest
     earlier visible one (a forgotten or sealed one must have been re-indexed
-    away). ``turns`` and ``memories`` are every stored record of the owner.
+    away), and session documents holding a turn that is not visible, missing
+    one that is, or holding it under another session. ``turns`` and
+    ``memories`` are every stored record of the owner.
     """
     if bundle is None:
         return 0
@@ -676,11 +812,40 @@ def index_drift(
     for rid, prev in bundle.ctx_prev.items():
         if rid in expected_prev and prev not in (0, expected_prev[rid]):
             drift += 1
+    # Sessions: every indexed visible turn is a member of its own session's
+    # document and nothing else is (a forgotten, sealed, tainted or expired turn
+    # must have left it); the time leg holds the same turns.
+    by_rid = {t.rid: t for t in turns}
+    members = {rid: key for key, rids in bundle.sessions.sessions().items() for rid in rids}
+    want = held_plain & {t.rid for t in turns if general_visible(t, now)}
+    drift += len(want ^ set(members))
+    drift += sum(
+        1 for rid, key in members.items() if rid in want and session_key(by_rid[rid]) != key
+    )
+    drift += len({int(i) for i in bundle.times.ids()} ^ set(members))
     return drift
+
+
+def _time_legs(
+    bundles: Sequence[_Bundle], query_text: str, found: Sequence[Ranked]
+) -> tuple[Ranked, Ranked, Ranked]:
+    """The session leg, the time-expression prior (over the ids ``found`` by the
+    other legs) and the session-date window of ``query_text``; a heuristic that
+    does not apply gives ``[]``."""
+    sessions = _merge(
+        [b.sessions.search(query_text, HYBRID_SESSIONS) for b in bundles if len(b.sessions)]
+    )
+    timed = [b for b in bundles if len(b.times)]
+    candidates = {rid for leg in found for rid, _ in leg}
+    prior = _merge([b.times.prior(query_text, candidates) for b in timed])
+    window = _merge([b.times.window(b.times.periods(query_text), WINDOW_DEPTH) for b in timed])
+    return sessions, prior, window
 
 
 def _merge(legs: Sequence[Ranked]) -> Ranked:
     """One ranked list from several (owner and pending) of the same leg: best score per id."""
+    if not legs:
+        return []
     if len(legs) == 1:
         return legs[0]
     best: dict[int, float] = {}

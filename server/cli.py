@@ -133,6 +133,18 @@ def _address_or_off(value: str) -> str:
     return value if value == "off" else _address(value)
 
 
+def _embedder(value: str) -> str:
+    """``wordllama``, ``none`` or ``onnx:DIR`` with DIR an existing directory."""
+    if value in ("wordllama", "none"):
+        return value
+    directory = value[len("onnx:") :] if value.startswith("onnx:") else ""
+    if not directory:
+        raise argparse.ArgumentTypeError(f"expected wordllama, none or onnx:DIR, got {value!r}")
+    if not Path(directory).is_dir():
+        raise argparse.ArgumentTypeError(f"onnx:{directory}: no such directory")
+    return value
+
+
 def _owner(value: str) -> str:
     if not ID_RE.fullmatch(value):
         raise argparse.ArgumentTypeError("owner ids match [a-z0-9][a-z0-9-]{0,62}")
@@ -158,7 +170,14 @@ def _parser() -> argparse.ArgumentParser:
         help="HOST:PORT for /metrics, or 'off' (default 127.0.0.1:9464)",
     )
     serve.add_argument("--kek-file", type=Path, default=None)
-    serve.add_argument("--embedder", choices=["wordllama", "none"], default="wordllama")
+    serve.add_argument(
+        "--embedder",
+        type=_embedder,
+        default="wordllama",
+        help="wordllama (default, in its wheel), none (clients send vectors) or onnx:DIR "
+        "(a sentence encoder's model.onnx and tokenizer.json in DIR; the onnx extra). "
+        "A change re-embeds each owner's vectors on its first use",
+    )
     serve.add_argument("--pending-ttl", type=parse_duration, default=parse_duration("72h"))
     serve.add_argument("--sweep-interval", type=parse_duration, default=parse_duration("5s"))
     serve.add_argument(

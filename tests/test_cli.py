@@ -36,6 +36,23 @@ def test_parse_duration_rejects_malformed(text: str) -> None:
         parse_duration(text)
 
 
+@pytest.mark.parametrize(
+    "value", ["onnx:", "onnx:/no/such/model/dir", "minilm", "WordLlama", "onnx-x"]
+)
+def test_serve_rejects_an_unknown_embedder(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--embedder", value])
+    assert exc.value.code == 2
+    assert "--embedder" in capsys.readouterr().err
+
+
+def test_serve_accepts_the_three_embedder_forms(tmp_path: Path) -> None:
+    from server.cli import _parser
+
+    for value in ("wordllama", "none", f"onnx:{tmp_path}"):
+        assert _parser().parse_args(["serve", "--embedder", value]).embedder == value
+
+
 def _lethe(*args: str, env: dict[str, str]) -> list[str]:
     return [sys.executable, "-m", "server.cli", *args]
 

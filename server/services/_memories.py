@@ -162,11 +162,16 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             embedding=embedding,
         )
 
-    def _embed(self, draft: MemoryDraft) -> None:
+    def _embed(self, draft: MemoryDraft, owner: str) -> None:
+        """Embed a draft without a client vector; either way the owner's vectors are
+        made the embedder's first (a change of embedder re-embeds them)."""
+        self.retriever.ensure_vectors(owner)
         if draft.embedding is None:
             content = draft.content
             text = content.text or (" ".join(content.edge) if content.edge else "")
-            draft.embedding = self.retriever.embed_texts([text])[0] if text.strip() else None
+            draft.embedding = (
+                self.retriever.embed_texts([text], owner=owner)[0] if text.strip() else None
+            )
 
     def candidates(
         self, owner: str, request: threads_pb2.AppendTurnsRequest, drafts: list[TurnDraft]
@@ -208,7 +213,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
                     for proposal in tagger.propose(role, turn.text, when)
                 )
             for candidate in found:
-                self._embed(candidate)
+                self._embed(candidate, owner)
             out.append(found)
         return out
 
@@ -222,7 +227,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         if request.memory.state not in (0, common_pb2.PENDING, common_pb2.COMMITTED):
             raise InvalidArgument("memory.state", "must be PENDING or COMMITTED")
         draft = self._draft(request.memory, owner, creating=True)
-        self._embed(draft)
+        self._embed(draft, owner)
         try:
             view = self.store.create_memory(
                 owner,
@@ -293,8 +298,9 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         draft = self._draft(request.memory, name.owner, creating=False)
         if "text" in paths and not draft.content.text.strip() and draft.content.edge is None:
             raise InvalidArgument("memory.text", "must not be empty")
+        self.retriever.ensure_vectors(name.owner)  # before any vector of the owner is written
         if "text" in paths or "edge" in paths:
-            self._embed(draft)  # the vector follows the text
+            self._embed(draft, name.owner)  # the vector follows the text
         elif "embedding" not in paths:
             draft.embedding = None
         try:

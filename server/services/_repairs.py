@@ -139,7 +139,7 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
         lesson = None
         if outcome == "DISTILL":
             lesson = MemoryDraft("LESSON", MemoryContent(lesson_text, "", full_name, None))
-            lesson.embedding = self.retriever.embed_texts([lesson_text])[0]
+            lesson.embedding = self.retriever.embed_texts([lesson_text], owner=owner)[0]
         repair, entry, made = self.lifecycle.conclude(owner, repair_id, outcome, lesson)
         if made is not None:
             response.lesson.CopyFrom(memory_proto(made))

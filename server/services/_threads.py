@@ -168,7 +168,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
                 return self._replay(prior, request.echo_text)
         missing = [i for i, d in enumerate(drafts) if d.embedding is None]
         vectors = self.retriever.embed_texts(
-            [_indexed_text(drafts[i].speaker, drafts[i].text) for i in missing]
+            [_indexed_text(drafts[i].speaker, drafts[i].text) for i in missing], owner=name.owner
         )
         for i, vec in zip(missing, vectors, strict=True):
             drafts[i].embedding = vec

@@ -29,6 +29,7 @@ module              holds
 ``_audit``          the audit's store counts and key/record reconciliation
 ``_tokens``         bearer tokens as digests: create, list, revoke, expiry
 ``_placement``      moved-away markers: owners this shard no longer holds
+``_vectors``        which embedder made an owner's vectors; swapping them all at once
 ``_store``          opening a data directory; ``Store`` composes the parts
 ==================  ===========================================================
 
@@ -66,6 +67,7 @@ from server.store._store import (
     open_store_for,
 )
 from server.store._tokens import TokenRow
+from server.store._vectors import NO_EMBEDDER, EmbedderChange
 from server.store._views import (
     MemoryContent,
     MemoryDraft,
@@ -91,6 +93,7 @@ __all__ = [
     "EVENT_RETENTION",
     "KEK_ENV",
     "KIND_DEFAULTS",
+    "NO_EMBEDDER",
     "PENDING",
     "REPAIR_CONCLUDED",
     "REPAIR_CONTINUED",
@@ -99,6 +102,7 @@ __all__ = [
     "AuditCounts",
     "DeletionEntry",
     "Destination",
+    "EmbedderChange",
     "EventRow",
     "KeyCheck",
     "ManifestRow",

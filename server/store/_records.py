@@ -252,18 +252,28 @@ RecordMeta = TurnMeta | MemMeta
 
 @dataclass(slots=True)
 class OwnerRow:
-    """An owner's row: its fixed vector dimension (0 before its first vector)."""
+    """An owner's row: its fixed vector dimension (0 before its first vector) and
+    the embedder whose vectors it holds ("": the one the store last recorded at
+    start, see :mod:`server.store._vectors`)."""
 
     dim: int = 0
     create_time: float = 0.0
+    embedder: str = ""
 
     def encode(self) -> bytes:
-        return _json.dumps({"dim": self.dim, "create_time": self.create_time})
+        body: dict[str, Any] = {"dim": self.dim, "create_time": self.create_time}
+        if self.embedder:
+            body["embedder"] = self.embedder
+        return _json.dumps(body)
 
     @classmethod
     def decode(cls, raw: bytes) -> OwnerRow:
         data = _json.loads(raw)
-        return cls(int(data.get("dim") or 0), float(data.get("create_time", 0.0)))
+        return cls(
+            int(data.get("dim") or 0),
+            float(data.get("create_time", 0.0)),
+            str(data.get("embedder", "")),
+        )
 
 
 @dataclass(slots=True)

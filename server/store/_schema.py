@@ -8,7 +8,8 @@ one place). All keys are ids or numbers, never content.
 ==============  =============================================  ==================================
 database        key                                            value
 ==============  =============================================  ==================================
-meta            ascii name (:data:`STORE_ID`, …)               store id, counters (ascii decimal)
+meta            ascii name (:data:`STORE_ID`, …)               store id, counters (ascii decimal),
+                                                               the recorded embedder (JSON)
 owners          owner                                          :class:`OwnerRow` JSON
 threads         owner 0x00 thread                              ThreadMeta JSON
 turns           rid (8 bytes BE)                               TurnMeta JSON
@@ -54,6 +55,7 @@ from server.store._records import PAYLOAD_CONTENT, PAYLOAD_EMBEDDING, PAYLOAD_ME
 STORE_ID = b"store_id"
 NEXT_RID = b"next_rid"
 NEXT_EVENT = b"next_event"
+EMBEDDER = b"embedder"  # JSON {"name", "dim"}: the embedder recorded at the last start
 
 # The last byte of a ``payloads`` key / ``mpayloads`` key by payload type.
 _TURN_CODES = {PAYLOAD_CONTENT: b"c", PAYLOAD_EMBEDDING: b"e"}

@@ -34,6 +34,7 @@ from server.store._repairs import RepairsPart
 from server.store._schema import Tables
 from server.store._threads import ThreadsPart
 from server.store._tokens import TokensPart
+from server.store._vectors import VectorsPart
 from server.store._writer import Writer
 from shredder import (
     EnvironmentConfigError,
@@ -119,6 +120,7 @@ class Store(
     ForgetPart,
     MemoriesPart,
     PlacementPart,
+    VectorsPart,
 ):
     """The data environment, the keystore and the writer for one data directory.
 

@@ -80,6 +80,8 @@ OPERATIONS = {
     "manifest": "storing a context manifest",
     "keys.destroy_stray": "destroying keys no record uses (start-up, restore)",
     "keys.relocate": "moving keys back to the ring their records name (start-up)",
+    "embedder.record": "recording a changed embedder at start (owners stamped with the old one)",
+    "reembed": "replacing all of one owner's vectors by the new embedder's, in one transaction",
     "rotation": "rotation (renew rings, move ring keys to a new KEK version)",
 }
 """Every named write op; each has the failpoints ``<name>.after_keystore`` and

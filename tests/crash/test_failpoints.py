@@ -804,6 +804,14 @@ COVERED = (
         "backup.after_copy",
         "restore.after_replace",
     }
+    # tests/crash/test_reembed_crash.py: a change of embedder killed at each step.
+    | {
+        "embedder.record.after_keystore",
+        "embedder.record.after_commit",
+        "reembed.batch",
+        "reembed.after_keystore",
+        "reembed.after_commit",
+    }
 )
 # The test-only unnamed op of tests/server/store/test_writer.py.
 NOT_IN_THE_SERVER = {"write.after_keystore", "write.after_commit"}

@@ -8,21 +8,32 @@ def test_public_names_are_pinned() -> None:
         "DimensionMismatchError",
         "Embedder",
         "HYBRID_LOWER_BOUNDS",
+        "HYBRID_SESSIONS",
+        "HYBRID_TUNED_WEIGHTS",
         "HYBRID_WEIGHTS",
         "IndexCache",
         "InvalidVectorError",
         "LexicalIndex",
+        "NamedPeriod",
+        "OnnxEmbedder",
+        "SessionIndex",
+        "TimeIndex",
         "VectorIndex",
         "VectorIndexError",
+        "WINDOW_DEPTH",
+        "WINDOW_SLACK",
         "WordLlamaEmbedder",
         "analyze",
+        "asks_when",
         "convex_fusion",
         "load_embedder",
+        "named_periods",
         "normalize",
         "rrf",
+        "time_expression_score",
     ]
     for name in index.__all__:
-        if name.startswith("HYBRID_"):
+        if name.startswith(("HYBRID_", "WINDOW_")):
             continue  # constants carry no __module__
         assert getattr(index, name).__module__.startswith("index")
 

@@ -2,7 +2,13 @@
 
 import pytest
 
-from index import HYBRID_LOWER_BOUNDS, HYBRID_WEIGHTS, convex_fusion, rrf
+from index import (
+    HYBRID_LOWER_BOUNDS,
+    HYBRID_TUNED_WEIGHTS,
+    HYBRID_WEIGHTS,
+    convex_fusion,
+    rrf,
+)
 
 DENSE = [(1, 0.9), (2, 0.5), (3, 0.1)]
 LEXICAL = [(1, 12.0), (4, 6.0), (2, 3.0)]
@@ -57,6 +63,14 @@ def test_bad_weights_are_rejected() -> None:
         rrf([DENSE], k0=0.0)
 
 
-def test_shipped_hybrid_defaults_have_three_legs() -> None:
-    assert len(HYBRID_WEIGHTS) == len(HYBRID_LOWER_BOUNDS) == 3
+def test_shipped_hybrid_defaults_have_six_legs() -> None:
+    assert len(HYBRID_WEIGHTS) == len(HYBRID_LOWER_BOUNDS) == len(HYBRID_TUNED_WEIGHTS) == 6
     assert sum(HYBRID_WEIGHTS) == pytest.approx(1.0)
+    ratios = [w / t for w, t in zip(HYBRID_WEIGHTS, HYBRID_TUNED_WEIGHTS, strict=True)]
+    assert ratios == pytest.approx([ratios[0]] * 6)  # scaling keeps the tuned ranking
+
+
+def test_an_empty_leg_changes_nothing() -> None:
+    """A heuristic leg that matches no question is [] and must not act as a filter."""
+    with_empty = convex_fusion([DENSE, LEXICAL, []], [0.5, 0.5, 0.4], [None, 0.0, 0.0])
+    assert with_empty == convex_fusion([DENSE, LEXICAL], [0.5, 0.5], [None, 0.0])

@@ -1,0 +1,141 @@
+"""Tests for the English-only time rules (index.asks_when, named_periods,
+time_expression_score) and index.TimeIndex."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from index import TimeIndex, asks_when, named_periods, time_expression_score
+
+
+def _ts(y: int, m: int, d: int) -> float:
+    return datetime(y, m, d, tzinfo=UTC).timestamp()
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "When did Melanie go camping?",
+        "How long ago was Caroline's wedding?",
+        "What year did John start surfing?",
+        "How long has Tim been playing the violin?",
+        "In which month did she move?",
+        "Since when has he lived there?",
+    ],
+)
+def test_when_questions_are_recognised(question: str) -> None:
+    assert asks_when(question)
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "What did Melanie do when she was camping?",
+        "Where did Caroline move from?",
+        "Quand est-ce que Mélanie est partie camper ?",  # not English: no rule applies
+        "",
+    ],
+)
+def test_other_questions_are_not(question: str) -> None:
+    assert not asks_when(question)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I went camping yesterday",
+        "we moved last week",
+        "I started 3 days ago",
+        "a couple of weeks ago we met",
+        "see you on Friday",
+        "it was in March",
+        "back in 2019 I lived in Oslo",
+        "since the accident I have not driven",
+        "I've been playing for four months",
+    ],
+)
+def test_time_expressions_score_one(text: str) -> None:
+    assert time_expression_score(text) == 1.0
+
+
+@pytest.mark.parametrize(
+    "text", ["I may go", "they march on", "the cat sleeps on the sofa", "", "j'y suis allé hier"]
+)
+def test_text_without_a_time_expression_scores_zero(text: str) -> None:
+    assert time_expression_score(text) == 0.0
+
+
+def test_a_named_day_with_year() -> None:
+    for q in (
+        "What did she do on 7 May 2023?",
+        "What happened on May 7, 2023?",
+        "Plans for the 7th of May, 2023?",
+    ):
+        (p,) = named_periods(q, range(2022, 2024))
+        assert (p.start, p.end, p.granularity) == (_ts(2023, 5, 7), _ts(2023, 5, 8), "day")
+
+
+def test_a_month_and_a_year() -> None:
+    (p,) = named_periods("What did John do in August 2023?", range(0))
+    assert (p.start, p.end, p.granularity) == (_ts(2023, 8, 1), _ts(2023, 9, 1), "month")
+    (p,) = named_periods("Where was Jolene in 2022?", range(0))
+    assert (p.start, p.end, p.granularity) == (_ts(2022, 1, 1), _ts(2023, 1, 1), "year")
+    (p,) = named_periods("What did Nate do in December?", range(2022, 2023))
+    assert (p.start, p.end) == (_ts(2022, 12, 1), _ts(2023, 1, 1))
+
+
+def test_a_date_without_a_year_falls_in_every_given_year() -> None:
+    found = named_periods("When did Melanie go camping in June?", range(2022, 2024))
+    assert [(p.start, p.granularity) for p in found] == [
+        (_ts(2022, 6, 1), "month"),
+        (_ts(2023, 6, 1), "month"),
+    ]
+    assert named_periods("When did Melanie go camping in June?", range(0)) == []
+
+
+def test_no_date_named_gives_nothing() -> None:
+    assert named_periods("May I ask what she cooked?", range(2020, 2024)) == []
+    assert named_periods("What did she cook?", range(2020, 2024)) == []
+    assert named_periods("Qu'a-t-elle fait le 7 mai ?", range(2020, 2024)) == []
+
+
+def _timeline() -> TimeIndex:
+    ix = TimeIndex()
+    ix.add(
+        [1, 2, 3, 4],
+        [_ts(2023, 5, 6), _ts(2023, 5, 7) + 3600, _ts(2023, 5, 8) + 43200, _ts(2023, 6, 20)],
+        ["we hiked yesterday", "lunch was good", "the lake", "last week I moved"],
+    )
+    return ix
+
+
+def test_window_scores_the_day_and_the_slack_after_it() -> None:
+    ix = _timeline()
+    hits = ix.window(ix.periods("What did she do on 7 May 2023?"), 10)
+    assert [i for i, _ in hits] == [2, 3]
+    assert hits[0][1] == 1.0
+    assert hits[1][1] == pytest.approx(0.5)
+
+
+def test_window_of_a_question_without_a_date_is_empty_not_a_filter() -> None:
+    ix = _timeline()
+    assert ix.periods("What did she eat?") == []
+    assert ix.window([], 10) == []
+
+
+def test_prior_only_for_when_questions_and_only_over_candidates() -> None:
+    ix = _timeline()
+    assert ix.prior("When did she hike?", [1, 2, 3]) == [(1, 1.0)]
+    assert ix.prior("When did she hike?", [2, 3]) == []
+    assert ix.prior("Where did she hike?", [1, 2, 3, 4]) == []  # not a when-question
+
+
+def test_removal_and_years() -> None:
+    ix = _timeline()
+    assert ix.years() == range(2023, 2024)
+    assert ix.remove([1, 99]) == 1
+    assert ix.prior("When did she hike?", [1, 4]) == [(4, 1.0)]
+    assert list(ix.ids()) == [2, 3, 4]
+    assert TimeIndex().years() == range(0)
