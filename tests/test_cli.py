@@ -123,21 +123,22 @@ def test_backup_refuses_output_inside_data_directory(tmp_path: Path, kek_env: st
     assert main(["backup", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "d" / "b")]) == 2
 
 
-def test_demo_on_sample_conversation_passes_its_checks(tmp_path: Path, kek_env: str) -> None:
+def test_demo_on_sample_conversation_passes_its_checks(
+    tmp_path: Path,
+    kek_env: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``LETHE_JSON`` makes the report the demo's stdout; its ``lethe``
+    children (token create, serve, backup, restore) do not inherit it."""
+    monkeypatch.setenv("LETHE_JSON", "1")
     out = tmp_path / "demo.json"
-    rc = main(
-        [
-            "demo",
-            "--data",
-            str(tmp_path / "d"),
-            "--locomo",
-            str(tmp_path / "absent.json"),
-            "--out",
-            str(out),
-        ]
-    )
+    rc = main(["demo", "--data", str(tmp_path / "d"), "--sample", "--out", str(out)])
     report = json.loads(out.read_text())
     assert rc == 0, report["failures"]
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == report
+    assert "all forgetting checks passed" in printed.err
     assert report["source"] == "sample"
     assert report["failures"] == []
     assert report["forget"]["leaked_after_forget"] == 0
