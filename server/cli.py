@@ -222,7 +222,7 @@ def _command(
         parser.add_argument(
             "--json",
             action="store_true",
-            help=f"print one JSON document on stdout: {json_help} (README, 'Output for scripts')",
+            help=f"print one JSON document on stdout: {json_help}",
         )
     if progress:
         parser.add_argument(
