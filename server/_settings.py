@@ -199,7 +199,10 @@ def apply_settings(
 
     After this, ``parser.parse_args(argv)`` gives command line > environment >
     config-file table of the command > config-file top level > built-in default.
-    A flag that is required loses ``required`` once a layer supplies it.
+    A flag that is required loses ``required`` once a layer supplies it. Only
+    the flags of the command ``argv`` runs are read from the environment (a
+    bad ``LETHE_WORKERS`` stops ``lethe serve``, not ``lethe audit``); the
+    config file's keys are all checked, whatever the command.
 
     Args:
         parser: the top-level ``lethe`` parser.
@@ -218,7 +221,8 @@ def apply_settings(
     body = _load(path) if path is not None else {}
     if path is not None:
         _check_keys(path, body, commands)
-    for name in commands:
+    name = _invoked(argv, commands)
+    if name is not None:
         table = body.get(name.split()[0], {})
         for flag, action in commands[name].items():
             key, var = config_key(flag), env_name(flag)
@@ -234,3 +238,15 @@ def apply_settings(
             action.default = _text(action, value, source)
             action.required = False
     return path
+
+
+def _invoked(argv: Sequence[str], commands: Mapping[str, object]) -> str | None:
+    """The command ``argv`` runs (``serve``, ``token create``, …), or None when
+    it names none (argparse then reports the usage error). The top-level
+    parser and ``token`` take no option but ``--help`` before the command word,
+    so the command is the first word, or the first two."""
+    for length in (2, 1):
+        name = " ".join(argv[:length])
+        if len(argv) >= length and name in commands:
+            return name
+    return None

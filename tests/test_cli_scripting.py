@@ -206,6 +206,15 @@ def test_bad_environment_value_fails_naming_the_variable(
     assert not (tmp_path / "lethe-data").exists()  # refused before anything was opened
 
 
+def test_bad_variable_of_another_command_does_not_stop_this_one(
+    store: tuple[Path, Path],
+) -> None:
+    data, kek = store
+    env = _env(LETHE_DATA=str(data), LETHE_KEK_FILE=str(kek), LETHE_WORKERS="many")
+    assert _json(_run("audit", "--json", env=env))["healthy"] is True  # audit has no --workers
+    assert "LETHE_WORKERS" in _run("serve", env=env).stderr
+
+
 @pytest.mark.parametrize(
     ("body", "named"),
     [
