@@ -14,7 +14,8 @@ untainted turns, and each thread one bundle over its pending turns:
   previous turn is forgotten or committed, the next one is re-indexed.
 
 Bundles are built from LMDB (decrypting vectors and texts) when first needed,
-kept in an LRU (:class:`index.IndexCache`) and never written to disk.
+not at start (an owner's first search waits for its build; a slow one is
+logged), kept in an LRU (:class:`index.IndexCache`) and never written to disk.
 
 Search modes (API.md): ``DENSE`` searches the dense leg only; ``LEXICAL`` fuses
 the two BM25 legs; ``HYBRID`` (the default) fuses all three with
@@ -30,6 +31,7 @@ built from a snapshot older than a write can never miss that write's update.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -49,6 +51,7 @@ from index import (
     convex_fusion,
     normalize,
 )
+from server._logs import LIMITED
 from server.errors import DataLoss, InvalidArgument, Reason, RecordDeleted
 from server.store import (
     PENDING,
@@ -68,6 +71,8 @@ from server.store import (
 # First fetch: top_k + OVERFETCH candidates; most survive the recheck, and every
 # candidate costs a metadata decode, so the margin is small and the fetch grows
 # 4x per round when the recheck drops too many.
+SLOW_BUILD_SECONDS = 1.0
+"""An owner index build taking this long or longer is logged (seconds)."""
 OVERFETCH = 8
 # Each leg is cut at this depth before fusion (the depth HYBRID_WEIGHTS was tuned at).
 LEG_DEPTH = 30
@@ -334,9 +339,25 @@ class Retriever:
         return bundle
 
     def owner_bundle(self, owner: str) -> _Bundle:
-        """The owner's committed bundle, built on first use."""
+        """The owner's committed bundle, built on first use (a build of
+        :data:`SLOW_BUILD_SECONDS` or more is logged, rate-limited)."""
         with self._lock(owner):
-            return self.cache.get_or_build(_owner_key(owner), lambda: self._build_owner(owner))
+            return self.cache.get_or_build(_owner_key(owner), lambda: self._timed_build(owner))
+
+    def _timed_build(self, owner: str) -> _Bundle:
+        start = time.perf_counter()
+        bundle = self._build_owner(owner)
+        took = time.perf_counter() - start
+        if took >= SLOW_BUILD_SECONDS:
+            LIMITED.log(
+                logging.INFO,
+                "index_build",
+                "built the search index of owners/%s on its first search: %d texts in %.1f s",
+                owner,
+                len(bundle.plain),
+                took,
+            )
+        return bundle
 
     def pending_bundle(self, owner: str, thread: str) -> _Bundle:
         """A thread's pending bundle, built on first use."""
