@@ -190,6 +190,13 @@ class _HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+_EPILOG = (
+    "Every --some-flag can also be set by the environment variable LETHE_SOME_FLAG or the "
+    "key some_flag of the --config file (top level, or this command's table); the command "
+    "line wins, then the environment, then the file. Exit status: 0 success; 1 a check "
+    "failed (audit, probe, demo) or no such token; 2 usage, configuration or resource error "
+    "(one line on stderr naming it); 130 interrupted."
+)
 _DATA_HELP = "the data directory (LMDB data environment and keystore)"
 _KEK_HELP = (
     "the KEK file (default: the one `lethe serve` created at first start, "
@@ -210,7 +217,11 @@ def _command(
     ``--data``, ``--kek-file``, ``--json`` (when ``json_help`` says what it
     prints) and ``--quiet`` (when it shows progress)."""
     parser = sub.add_parser(
-        name, help=help_text, description=help_text, formatter_class=_HelpFormatter
+        name,
+        help=help_text,
+        description=help_text,
+        epilog=_EPILOG,
+        formatter_class=_HelpFormatter,
     )
     _add_config(parser)
     if data:
@@ -247,12 +258,9 @@ def _add_config(parser: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lethe",
-        description="Lethe memory store. Every flag --some-flag can also be set by the "
-        "environment variable LETHE_SOME_FLAG or the key some_flag of a TOML config file "
-        "(--config); the command line wins, then the environment, then the file.",
-        epilog="exit status: 0 success; 1 a check failed (audit, probe, demo) or no such "
-        "token; 2 usage, configuration or resource error (one line on stderr naming it); "
-        "130 interrupted",
+        description="Lethe memory store. `lethe COMMAND --help` shows a command's flags "
+        "and their defaults.",
+        epilog=_EPILOG,
         formatter_class=_HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -935,7 +943,8 @@ EXIT_USAGE = 2
 """Usage, configuration or resource error: one line on stderr names the flag,
 variable, file, path or address."""
 EXIT_INTERRUPTED = 130
-"""Interrupted (SIGINT) before the command finished (``probe``)."""
+"""Interrupted (SIGINT, Ctrl-C) before the command finished; ``serve`` instead
+stops gracefully on SIGINT and exits 0."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -984,6 +993,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from lethe.probe import run_probe
 
             return run_probe(args)
+    except KeyboardInterrupt:
+        print(f"lethe {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (EnvironmentConfigError, StoreLockedError, ShredderError, OSError) as exc:
         print(f"lethe: {exc}", file=sys.stderr)
         return EXIT_USAGE

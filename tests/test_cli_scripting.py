@@ -509,4 +509,5 @@ def test_every_option_help_states_its_default(command: str) -> None:
 def test_top_level_help_states_the_naming_rule_and_exit_statuses() -> None:
     text = re.sub(r"\s+", " ", _run("--help", env=_env()).stdout)
     assert "LETHE_SOME_FLAG" in text
-    assert "exit status: 0 success; 1 a check failed" in text
+    assert "Exit status: 0 success; 1 a check failed" in text
+    assert "LETHE_SOME_FLAG" in re.sub(r"\s+", " ", _run("backup", "--help", env=_env()).stdout)
