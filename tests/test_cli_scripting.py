@@ -163,6 +163,23 @@ def test_serve_takes_listen_from_config_and_metrics_off_from_environment(
                 proc.wait()
 
 
+def test_no_json_on_the_command_line_beats_lethe_json(store: tuple[Path, Path]) -> None:
+    data, kek = store
+    env = _env(LETHE_DATA=str(data), LETHE_KEK_FILE=str(kek), LETHE_JSON="yes")
+    assert _json(_run("audit", env=env))["healthy"] is True
+    plain = _run("audit", "--no-json", env=env)
+    assert plain.returncode == 0
+    assert plain.stdout.splitlines()[0] == "checked: 0"
+
+
+def test_abbreviated_flags_are_refused(store: tuple[Path, Path], tmp_path: Path) -> None:
+    """``--conf`` would be read by argparse but not by the config-file layer."""
+    data, kek = store
+    done = _run("audit", "--dat", str(data), "--kek-file", str(kek), env=_env())
+    assert done.returncode == 2
+    assert "unrecognized arguments: --dat" in done.stderr
+
+
 def test_help_shows_the_default_in_force(tmp_path: Path) -> None:
     assert "(default: 72h)" in _run("serve", "--help", env=_env()).stdout
     assert "(default: 5m)" in _run("serve", "--help", env=_env(LETHE_PENDING_TTL="5m")).stdout
@@ -298,6 +315,11 @@ def test_demo_with_a_missing_locomo_path_exits_2_naming_it(tmp_path: Path) -> No
     assert done.returncode == 2
     assert done.stderr.strip().endswith(f"--locomo {absent}: no such file")
     assert not (tmp_path / "d").exists()  # no sample run instead
+    sampled = _run(  # --sample is taken from the command line only
+        "demo", "--locomo", str(absent), env=_env(LETHE_SAMPLE="1", LETHE_DATA=str(tmp_path))
+    )
+    assert sampled.returncode == 2
+    assert f"--locomo {absent}: no such file" in sampled.stderr
 
 
 def test_restore_of_a_missing_backup_names_it(tmp_path: Path, store: tuple[Path, Path]) -> None:
