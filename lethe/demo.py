@@ -30,8 +30,10 @@ progress bars.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import shutil
 import signal
 import statistics
@@ -115,16 +117,32 @@ def _kek_args(kek_file: Path | None) -> list[str]:
     return ["--kek-file", str(kek_file)] if kek_file else []
 
 
+CHILD_ENV_DROPPED = ("LETHE_JSON", "LETHE_CONFIG")
+"""Settings of the demo's own run that its ``lethe`` children must not inherit:
+they are read by their output (a token, a ready line), and are given their
+data directory, KEK file and addresses explicitly."""
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of a ``lethe`` child: the demo's, without :data:`CHILD_ENV_DROPPED`."""
+    return {k: v for k, v in os.environ.items() if k not in CHILD_ENV_DROPPED}
+
+
 def _lethe(argv: Sequence[str], *, capture: bool = False) -> subprocess.CompletedProcess[str]:
     """Run ``lethe ARGV`` to completion; stdout is captured when ``capture``,
-    else shared with the demo's; stderr always is."""
+    else printed after it through the demo's own ``sys.stdout`` (stderr under
+    ``--json``); stderr is shared."""
     sys.stdout.flush()  # keep the demo's lines and the child's in order
-    return subprocess.run(
+    done = subprocess.run(
         [*_lethe_command(), *argv],
-        stdout=subprocess.PIPE if capture else None,
+        stdout=subprocess.PIPE,
         text=True,
         check=False,
+        env=_child_env(),
     )
+    if not capture:
+        print(done.stdout, end="", flush=True)
+    return done
 
 
 def _forward(stream: IO[str]) -> None:
@@ -153,7 +171,9 @@ class _Served:
         argv = ["serve", "--data", str(data_dir), "--listen", "127.0.0.1:0"]
         argv += ["--metrics-listen", "off", *_kek_args(kek_file)]
         sys.stdout.flush()
-        self._proc = subprocess.Popen([*_lethe_command(), *argv], stdout=subprocess.PIPE, text=True)
+        self._proc = subprocess.Popen(
+            [*_lethe_command(), *argv], stdout=subprocess.PIPE, text=True, env=_child_env()
+        )
         assert self._proc.stdout is not None
         self._forwarder = threading.Thread(
             target=_forward, args=(self._proc.stdout,), name="lethe-serve-stdout", daemon=True
@@ -380,16 +400,35 @@ def run_demo(args: argparse.Namespace) -> int:
 
     Args:
         args: ``data`` (the data directory, a path), ``locomo`` (path of
-            ``locomo10.json`` or None to look in the usual places; a path that
-            does not exist falls back to the sample conversation), ``out`` (the
-            JSON file the figures go to), ``conversations`` (use only the first
-            N; 0 = all) and ``kek_file`` (path or None).
+            ``locomo10.json`` or None to look in the usual places, falling
+            back to the sample conversation when there is none), ``sample``
+            (true: the sample conversation, LoCoMo not looked for), ``out``
+            (the JSON file the figures go to), ``conversations`` (use only the
+            first N; 0 = all), ``kek_file`` (path or None) and ``json`` (true:
+            every line the demo prints goes to stderr and stdout gets the
+            report ``out`` holds, one JSON document).
 
     Returns:
         The process exit status: 0 when every forgetting check passed, 1 if
-        one failed, 2 (one line on stderr, after the child's own) when
-        ``lethe serve`` or ``lethe token create`` failed.
+        one failed, 2 (one line on stderr) when ``locomo`` names no file, or
+        (after the child's own line) ``lethe serve`` or ``lethe token
+        create`` failed.
     """
+    locomo: Path | None = args.locomo
+    if locomo is not None and not locomo.is_file():
+        print(f"lethe demo: --locomo {locomo}: no such file", file=sys.stderr, flush=True)
+        return 2
+    if not getattr(args, "json", False):
+        return _demo(args)
+    with contextlib.redirect_stdout(sys.stderr):
+        rc = _demo(args)
+    if rc != 2:
+        sys.stdout.write(args.out.read_text())
+        sys.stdout.flush()
+    return rc
+
+
+def _demo(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except _ServeError as exc:
@@ -403,8 +442,11 @@ def _run(args: argparse.Namespace) -> int:
     Raises:
         _ServeError: ``lethe serve`` or ``lethe token create`` failed.
     """
-    path = find_locomo(args.locomo)
-    if path is None:
+    path = None if getattr(args, "sample", False) else find_locomo(args.locomo)
+    if getattr(args, "sample", False):
+        convs = sample_conversation()
+        source = "sample"
+    elif path is None:
         print(
             "LoCoMo not found (looked for ../shared/data/locomo/locomo10.json): running on a "
             "short sample conversation written for this project instead."

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import re
 import secrets
 import sys
@@ -91,6 +92,7 @@ __all__ = [
     "add_probe_arguments",
     "probe",
     "run_probe",
+    "stage_record",
     "summarise",
 ]
 
@@ -881,30 +883,82 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
         "--interval",
         type=_seconds,
         default=None,
-        help="repeat cycles, sleeping this long between them (seconds, or 30s/5m)",
+        help="repeat cycles, sleeping this long between them (seconds, or 30s/5m; "
+        "default: none, cycles run back to back)",
     )
     parser.add_argument(
         "--cycles",
         type=_positive,
         default=None,
-        help="how many cycles (default 1; with --interval: forever)",
+        help="how many cycles (default: 1; with --interval: forever)",
     )
     parser.add_argument(
         "--owner", type=_owner_id, default=DEFAULT_OWNER, help="owner id of the probe's data"
     )
 
 
+_STAGE_LINE = re.compile(r"cycle (\d+) ([a-z-]+): (.*)")
+
+
+def stage_record(line: str) -> dict[str, Any] | None:
+    """One stage line (``cycle 2 forget: ok``) as ``--json`` reports it.
+
+    Args:
+        line: a line :func:`probe` wrote.
+
+    Returns:
+        ``{"cycle": int, "stage": str, "status": "ok" | "LEAK" | "FAIL", "detail": str}``
+        (``status`` is ``LEAK`` when any finding is a leak; ``detail`` is ``""``
+        for ``ok``), or None for a line that is not a stage line.
+    """
+    match = _STAGE_LINE.fullmatch(line)
+    if match is None:
+        return None
+    rest = match.group(3)
+    status = "ok" if rest == "ok" else "LEAK" if "LEAK: " in rest else "FAIL"
+    return {
+        "cycle": int(match.group(1)),
+        "stage": match.group(2),
+        "status": status,
+        "detail": "" if status == "ok" else rest,
+    }
+
+
 def run_probe(args: argparse.Namespace) -> int:
     """``lethe probe`` from parsed arguments.
 
     Args:
-        args: parsed by a parser that :func:`add_probe_arguments` extended.
+        args: parsed by a parser that :func:`add_probe_arguments` extended;
+            with ``args.json`` true the stage lines are not printed and one
+            JSON document ``{passed, cycles, stages: [stage_record...],
+            seconds}`` goes to stdout instead (not when the exit status is 2
+            or 130: the line on stderr says why).
 
     Returns:
         The exit status (see :func:`probe`).
     """
+    lines: list[str] = []
+    out = lines.append if getattr(args, "json", False) else None
+    start = time.perf_counter()
     if args.interval is None:
-        return probe(args.target, args.token, owner=args.owner, cycles=args.cycles or 1)
-    return probe(
-        args.target, args.token, owner=args.owner, cycles=args.cycles, interval=args.interval
-    )
+        rc = probe(args.target, args.token, owner=args.owner, cycles=args.cycles or 1, out=out)
+    else:
+        rc = probe(
+            args.target,
+            args.token,
+            owner=args.owner,
+            cycles=args.cycles,
+            interval=args.interval,
+            out=out,
+        )
+    if out is not None and rc in (0, 1):
+        stages = [r for r in map(stage_record, lines) if r is not None]
+        cycles = max((r["cycle"] for r in stages), default=0)
+        document = {
+            "passed": rc == 0,
+            "cycles": cycles,
+            "stages": stages,
+            "seconds": round(time.perf_counter() - start, 3),
+        }
+        print(json.dumps(document, indent=2, sort_keys=True), flush=True)
+    return rc

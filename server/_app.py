@@ -254,7 +254,8 @@ class LetheServer:
         """Recover, then serve. Returns the bound gRPC port.
 
         Raises:
-            OSError: the address cannot be bound (or the TLS files are unusable).
+            OSError: the gRPC or the metrics address cannot be bound (the
+                message names it), or the TLS files are unusable.
         """
         recovery = self.lifecycle.recover()
         if recovery != Recovery([], 0, 0, 0, [], 0, []):
@@ -360,7 +361,9 @@ class LetheServer:
         except RuntimeError:
             port = 0
         if port == 0:
-            raise OSError(f"cannot listen on {self.config.listen} (in use, or not an address here)")
+            raise OSError(
+                f"cannot listen on {self.config.listen} (in use, or not an address here; --listen)"
+            )
         await server.start()
         for name in names:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -373,9 +376,14 @@ class LetheServer:
         from prometheus_client import start_http_server
 
         host, _, port = listen.rpartition(":")
-        self._metrics_server, _ = start_http_server(
-            int(port), addr=host or "127.0.0.1", registry=self.metrics.registry
-        )
+        try:
+            self._metrics_server, _ = start_http_server(
+                int(port), addr=host or "127.0.0.1", registry=self.metrics.registry
+            )
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            message = f"cannot serve /metrics on {listen} ({reason}; --metrics-listen)"
+            raise OSError(message) from None
 
     def wait(self) -> None:
         """Block until :meth:`stop` has finished."""

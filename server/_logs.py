@@ -67,4 +67,4 @@ class RateLimitedLog:
 
 LIMITED = RateLimitedLog(logging.getLogger("server"))
 """The server's rate-limited log (kinds: ``malformed``, ``unauthenticated``,
-``refused``, ``internal``)."""
+``refused``, ``internal``, ``index_build``)."""

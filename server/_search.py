@@ -27,7 +27,8 @@ ones no longer visible from every leg, so an expired turn never contributes to
 a session's document or a context, even before the sweeper forgets it.
 
 Bundles are built from LMDB (decrypting vectors and texts) when first needed,
-kept in an LRU (:class:`index.IndexCache`) and never written to disk.
+not at start (an owner's first search waits for its build; a slow one is
+logged), kept in an LRU (:class:`index.IndexCache`) and never written to disk.
 
 Search modes (API.md): ``DENSE`` searches the dense leg only; ``LEXICAL`` fuses
 every leg but the dense one (the two BM25 legs, the session leg and the two time
@@ -49,6 +50,7 @@ built from a snapshot older than a write can never miss that write's update.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -73,6 +75,7 @@ from index import (
     convex_fusion,
     normalize,
 )
+from server._logs import LIMITED
 from server._reembed import reembed_owner
 from server.errors import DataLoss, InvalidArgument, Reason, RecordDeleted
 from server.store import (
@@ -93,6 +96,8 @@ from server.store import (
 # First fetch: top_k + OVERFETCH candidates; most survive the recheck, and every
 # candidate costs a metadata decode, so the margin is small and the fetch grows
 # 4x per round when the recheck drops too many.
+SLOW_BUILD_SECONDS = 1.0
+"""An owner index build taking this long or longer is logged (seconds)."""
 OVERFETCH = 8
 # Each leg is cut at this depth before fusion (the depth HYBRID_WEIGHTS was tuned at).
 LEG_DEPTH = 30
@@ -422,14 +427,30 @@ class Retriever:
         return bundle
 
     def owner_bundle(self, owner: str) -> _Bundle:
-        """The owner's committed bundle, built on first use; the turns whose lineage
-        expiry passed are rechecked first (see the module docstring)."""
+        """The owner's committed bundle, built on first use (a build of
+        :data:`SLOW_BUILD_SECONDS` or more is logged, rate-limited); the turns
+        whose lineage expiry passed are rechecked first (see the module docstring)."""
         self.ensure_vectors(owner)
         with self._lock(owner):
-            bundle = self.cache.get_or_build(_owner_key(owner), lambda: self._build_owner(owner))
+            bundle = self.cache.get_or_build(_owner_key(owner), lambda: self._timed_build(owner))
             if bundle.due <= time.time():
                 self._expire(owner, bundle)
             return bundle
+
+    def _timed_build(self, owner: str) -> _Bundle:
+        start = time.perf_counter()
+        bundle = self._build_owner(owner)
+        took = time.perf_counter() - start
+        if took >= SLOW_BUILD_SECONDS:
+            LIMITED.log(
+                logging.INFO,
+                "index_build",
+                "built the search index of owners/%s on its first search: %d texts in %.1f s",
+                owner,
+                len(bundle.plain),
+                took,
+            )
+        return bundle
 
     def pending_bundle(self, owner: str, thread: str) -> _Bundle:
         """A thread's pending bundle, built on first use, and again once one of its

@@ -13,6 +13,8 @@ Byte layouts are documented in `shredder._aead` (ciphertext, wrapped keys, assoc
 
 from shredder._aead import AssociatedData, RingRef
 from shredder._backup import (
+    BACKUP_STAGES,
+    RESTORE_STAGES,
     BackupManifest,
     backup_environment,
     read_manifest,
@@ -32,8 +34,10 @@ from shredder.errors import (
 )
 
 __all__ = [
+    "BACKUP_STAGES",
     "FAILPOINTS_ENV",
     "POINTS",
+    "RESTORE_STAGES",
     "AssociatedData",
     "BackupManifest",
     "CryptoError",

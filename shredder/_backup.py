@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,14 @@ from shredder.errors import EnvironmentConfigError
 
 BACKUP_FORMAT = "lethe-backup/1"
 MANIFEST = "MANIFEST.json"
+BACKUP_STAGES = ("copy", "sync", "sha256", "manifest")
+"""The stages :func:`backup_environment` reports to its ``progress``, in order."""
+RESTORE_STAGES = ("verify", "copy", "replace")
+"""The stages :func:`restore_environment` reports to its ``progress``, in order."""
+
+
+def _no_progress(stage: str) -> None:
+    del stage
 
 
 @dataclass(frozen=True)
@@ -68,7 +77,12 @@ def _fsync_dir(path: Path) -> None:
 
 
 def backup_environment(
-    env_path: Path, out_dir: Path, store_id: str, *, env: lmdb.Environment | None = None
+    env_path: Path,
+    out_dir: Path,
+    store_id: str,
+    *,
+    env: lmdb.Environment | None = None,
+    progress: Callable[[str], None] = _no_progress,
 ) -> BackupManifest:
     """Write a compacted, consistent copy of the LMDB environment at ``env_path``.
 
@@ -79,6 +93,7 @@ def backup_environment(
             of another store.
         env: the environment, when this process already has it open (LMDB
             allows one open handle per environment and process).
+        progress: called with each of :data:`BACKUP_STAGES` as it starts.
 
     Raises:
         EnvironmentConfigError: ``out_dir`` is not empty or lies inside ``env_path``.
@@ -89,6 +104,7 @@ def backup_environment(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise EnvironmentConfigError(f"{out_dir} is not empty")
     out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    progress("copy")
     if env is not None:
         env.copy(str(out_dir), compact=True)
     else:
@@ -99,10 +115,13 @@ def backup_environment(
             own.close()
     data = out_dir / "data.mdb"
     os.chmod(data, 0o600)
+    progress("sync")
     with data.open("rb+") as f:
         os.fsync(f.fileno())
     failpoint(FP_BACKUP_AFTER_COPY)
+    progress("sha256")
     manifest = BackupManifest(store_id, time.time(), data.stat().st_size, _digest(data))
+    progress("manifest")
     body = {"format": BACKUP_FORMAT, **manifest.__dict__}
     manifest_path = out_dir / MANIFEST
     manifest_path.write_text(json.dumps(body, indent=2) + "\n")
@@ -129,7 +148,13 @@ def read_manifest(backup_dir: Path) -> BackupManifest:
     return manifest
 
 
-def restore_environment(backup_dir: Path, env_path: Path, store_id: str) -> BackupManifest:
+def restore_environment(
+    backup_dir: Path,
+    env_path: Path,
+    store_id: str,
+    *,
+    progress: Callable[[str], None] = _no_progress,
+) -> BackupManifest:
     """Replace the data environment at ``env_path`` with a backup's copy.
 
     The keystore is not touched: records whose keys were destroyed after the
@@ -138,10 +163,12 @@ def restore_environment(backup_dir: Path, env_path: Path, store_id: str) -> Back
 
     Args:
         store_id: the live keystore's id; the backup must carry the same.
+        progress: called with each of :data:`RESTORE_STAGES` as it starts.
 
     Raises:
         EnvironmentConfigError: bad backup, or a backup of another store.
     """
+    progress("verify")
     manifest = read_manifest(backup_dir)
     if manifest.store_id != store_id:
         raise EnvironmentConfigError(
@@ -149,10 +176,12 @@ def restore_environment(backup_dir: Path, env_path: Path, store_id: str) -> Back
         )
     env_path.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = env_path / "data.mdb.restoring"
+    progress("copy")
     shutil.copyfile(backup_dir / "data.mdb", tmp)
     os.chmod(tmp, 0o600)
     with tmp.open("rb+") as f:
         os.fsync(f.fileno())
+    progress("replace")
     os.replace(tmp, env_path / "data.mdb")
     lock = env_path / "lock.mdb"
     if lock.exists():

@@ -47,10 +47,10 @@ def test_serve_rejects_an_unknown_embedder(value: str, capsys: pytest.CaptureFix
 
 
 def test_serve_accepts_the_three_embedder_forms(tmp_path: Path) -> None:
-    from server.cli import _parser
+    from server._cli_parser import build_parser
 
     for value in ("wordllama", "none", f"onnx:{tmp_path}"):
-        assert _parser().parse_args(["serve", "--embedder", value]).embedder == value
+        assert build_parser().parse_args(["serve", "--embedder", value]).embedder == value
 
 
 def _lethe(*args: str, env: dict[str, str]) -> list[str]:
@@ -133,6 +133,30 @@ def test_serve_refuses_kek_inside_data_directory(tmp_path: Path) -> None:
     assert not (data / "kek.json").exists()
 
 
+def test_sigterm_the_moment_serve_says_it_is_ready_stops_it_cleanly(
+    tmp_path: Path, kek_env: str
+) -> None:
+    """A supervisor may signal as soon as it reads the ready line: the handler is
+    installed before that line is printed (it once came after, and a SIGTERM in
+    between killed the server instead of draining it: exit -15)."""
+    env = {**os.environ, "LETHE_KEK": kek_env}
+    codes = []
+    for i in range(5):
+        args = ["serve", "--data", str(tmp_path / f"d{i}"), "--listen", f"127.0.0.1:{_free_port()}"]
+        with subprocess.Popen(
+            [*_lethe(*args, "--embedder", "none", "--metrics-listen", "off", env=env)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        ) as proc:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith("lethe serving")
+            proc.send_signal(signal.SIGTERM)
+            codes.append(proc.wait(timeout=60))
+    assert codes == [0] * 5
+
+
 def test_backup_refuses_output_inside_data_directory(tmp_path: Path, kek_env: str) -> None:
     from server import Store
 
@@ -140,21 +164,22 @@ def test_backup_refuses_output_inside_data_directory(tmp_path: Path, kek_env: st
     assert main(["backup", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "d" / "b")]) == 2
 
 
-def test_demo_on_sample_conversation_passes_its_checks(tmp_path: Path, kek_env: str) -> None:
+def test_demo_on_sample_conversation_passes_its_checks(
+    tmp_path: Path,
+    kek_env: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``LETHE_JSON`` makes the report the demo's stdout; its ``lethe``
+    children (token create, serve, backup, restore) do not inherit it."""
+    monkeypatch.setenv("LETHE_JSON", "1")
     out = tmp_path / "demo.json"
-    rc = main(
-        [
-            "demo",
-            "--data",
-            str(tmp_path / "d"),
-            "--locomo",
-            str(tmp_path / "absent.json"),
-            "--out",
-            str(out),
-        ]
-    )
+    rc = main(["demo", "--data", str(tmp_path / "d"), "--sample", "--out", str(out)])
     report = json.loads(out.read_text())
     assert rc == 0, report["failures"]
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == report
+    assert "all forgetting checks passed" in printed.err
     assert report["source"] == "sample"
     assert report["failures"] == []
     assert report["forget"]["leaked_after_forget"] == 0

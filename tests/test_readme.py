@@ -18,6 +18,7 @@ one namespace, against a real server, with ``LETHE_TARGET`` and
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -256,7 +257,16 @@ def _serve(
 
 def _check(command: str, stdout: str, clone: Path) -> None:
     """What each kind of README command must have produced."""
-    if "grpcurl" in command and "CreateThread" in command:
+    if "LETHE_CONFIG=" in command or "LETHE_JSON=1" in command:
+        document = json.loads(stdout)  # the whole of stdout is one JSON document
+        if " audit" in command:
+            assert document["healthy"] is True
+            assert document["totals"]["orphans"] == 0
+            assert "index_drift" not in document["totals"]
+        else:
+            assert {t["state"] for t in document["tokens"]} == {"active"}
+            assert len(document["tokens"]) >= 2  # T and P above
+    elif "grpcurl" in command and "CreateThread" in command:
         assert "owners/alice/threads/t1" in stdout
     elif " audit " in command:
         assert "orphans: 0" in stdout

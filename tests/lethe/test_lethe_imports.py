@@ -90,6 +90,7 @@ def test_lethe_module_public_names_are_pinned() -> None:
         "add_probe_arguments",
         "probe",
         "run_probe",
+        "stage_record",
         "summarise",
     ]
     assert demo.__all__ == ["run_demo"]

@@ -95,7 +95,8 @@ def test_find_locomo_takes_a_given_path_that_exists(tmp_path: Path) -> None:
 
 
 def test_find_locomo_with_a_missing_path_yields_none(tmp_path: Path) -> None:
-    """A ``--locomo`` path that does not exist falls back to the sample (for now)."""
+    """The library answers None; ``lethe demo`` refuses such a ``--locomo``
+    path before it looks (exit status 2, tests/test_cli_scripting.py)."""
     assert find_locomo(tmp_path / "absent.json") is None
 
 

@@ -4,12 +4,16 @@ store on its next search, which answers as before."""
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from _helpers import append, create_thread, search_texts
 from conftest import Lethe
 
+from server import _search
 from server._search import Retriever
 
 
@@ -45,3 +49,22 @@ def srv_retriever(srv: Lethe) -> Retriever:
 
 def server_cache(srv: Lethe) -> list[str]:
     return srv_retriever(srv).cache.keys()
+
+
+def test_a_slow_owner_index_build_is_logged_with_its_size(
+    lethe: Lethe, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Indexes are built on an owner's first search, not at start; a build of
+    ``SLOW_BUILD_SECONDS`` or more says so in the log (here every build is slow)."""
+    c = lethe.client("alice")
+    append(c, create_thread(c, "alice"), ["alice adopted a puppy", "it likes walks"], commit=True)
+    monkeypatch.setattr(_search, "SLOW_BUILD_SECONDS", 0.0)
+    with caplog.at_level(logging.INFO, logger="server"):
+        assert search_texts(c, "alice", "puppy", top_k=1) == ["alice adopted a puppy"]
+        assert search_texts(c, "alice", "walks", top_k=1) == ["it likes walks"]  # cached
+    lines = [r.getMessage() for r in caplog.records if "search index" in r.getMessage()]
+    assert len(lines) == 1
+    assert re.fullmatch(
+        r"built the search index of owners/alice on its first search: 2 texts in \d+\.\d s",
+        lines[0],
+    )

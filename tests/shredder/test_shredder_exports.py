@@ -8,6 +8,7 @@ import shredder
 def test_public_names_are_pinned() -> None:
     assert sorted(shredder.__all__) == [
         "AssociatedData",
+        "BACKUP_STAGES",
         "BackupManifest",
         "CryptoError",
         "EnvironmentConfigError",
@@ -20,6 +21,7 @@ def test_public_names_are_pinned() -> None:
         "KeyReader",
         "Keystore",
         "POINTS",
+        "RESTORE_STAGES",
         "RingRef",
         "ShredderError",
         "backup_environment",
