@@ -90,6 +90,7 @@ __all__ = [
     "DEFAULT_OWNER",
     "STAGES",
     "add_probe_arguments",
+    "parse_duration",
     "probe",
     "run_probe",
     "stage_record",
@@ -830,9 +831,9 @@ _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def _duration(text: str) -> float:
-    """``30s``, ``5m``, ``1h30m``, ``500ms`` or ``1d`` → seconds; the grammar of
-    the server's ``lethe serve`` durations (``server.cli.parse_duration``).
+def parse_duration(text: str) -> float:
+    """``72h``, ``30s``, ``5m``, ``1h30m``, ``500ms`` or ``1d`` → seconds: the one
+    grammar of durations on Lethe's command line (``lethe serve`` takes it from here).
 
     Raises:
         argparse.ArgumentTypeError: malformed or zero.
@@ -851,7 +852,7 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        return _duration(text)
+        return parse_duration(text)
     if not value > 0:
         raise argparse.ArgumentTypeError("interval must be positive")
     return value

@@ -14,31 +14,13 @@ import argparse
 import re
 from pathlib import Path
 
-from lethe.probe import add_probe_arguments
+from lethe.probe import add_probe_arguments, parse_duration
 from server._auth import LABEL_RE
 from server._names import ID_RE
 from server._settings import CONFIG_ENV
 from server._shards import add_serve_arguments, add_shard_commands
 
 __all__ = ["build_parser", "parse_duration", "parse_message_size", "parse_size"]
-
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """``72h``, ``30m``, ``10s``, ``1d``, ``500ms`` or ``1h30m`` → seconds.
-
-    Raises:
-        argparse.ArgumentTypeError: malformed or zero.
-    """
-    parts = _DURATION_RE.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise argparse.ArgumentTypeError(f"bad duration {text!r} (examples: 72h, 30m, 1h30m)")
-    seconds = sum(float(n) * _UNITS[u] for n, u in parts)
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError("duration must be positive")
-    return seconds
 
 
 _SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?")
