@@ -78,6 +78,10 @@ _log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 DEFAULT_PENDING_TTL = 72 * 3600.0
 DEFAULT_INDEX_CACHE_SIZE = 4 << 30
+STOP_SLACK_SECONDS = 5.0
+"""How long past its grace the gRPC server's own shutdown may take before the
+drain goes on without it (grpc.aio's stop waits for every handler to end, and a
+stuck handler once held a test's teardown for over ten minutes)."""
 """Bytes of in-memory indexes kept by default (4 GiB: about 2.5 million 256-d turns)."""
 
 
@@ -426,7 +430,14 @@ class LetheServer:
             self.edge.drain()
             await self.edge.wait_idle(grace)
         if self._grpc is not None:
-            await self._grpc.stop(max(0.0, grace - (time.monotonic() - start)))
+            left = max(0.0, grace - (time.monotonic() - start))
+            try:
+                await asyncio.wait_for(self._grpc.stop(left), left + STOP_SLACK_SECONDS)
+            except TimeoutError:
+                _log.error(
+                    "the gRPC server did not stop within %.1f s of its grace; closing anyway",
+                    STOP_SLACK_SECONDS,
+                )
             self._grpc = None
         if self._watchdog is not None:
             self._watchdog.cancel()

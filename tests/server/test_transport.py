@@ -155,3 +155,33 @@ def test_drain_turns_health_not_serving_refuses_new_calls_ends_streams_and_finis
     again = srv.client(token=alice.token)
     got = again.threads.GetTurn(threads_pb2.GetTurnRequest(name=turn.name), metadata=again.md)
     assert got.text == "in flight"
+
+
+def test_a_grpc_shutdown_that_never_ends_does_not_hold_the_stop(
+    lethe: Lethe, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpc.aio's stop waits for every handler to end; one that never did held a
+    test's teardown for over ten minutes. The drain bounds it: grace plus
+    STOP_SLACK_SECONDS, then the store closes anyway, with an error log."""
+    import asyncio
+
+    import server._app as app
+
+    server = lethe.server
+    assert server is not None
+    assert server._grpc is not None
+    real_stop = server._grpc.stop
+
+    async def stop_then_hang(grace: float | None) -> None:
+        await real_stop(grace)  # the real server stops...
+        await asyncio.Event().wait()  # ...and its shutdown never reports it
+
+    monkeypatch.setattr(server._grpc, "stop", stop_then_hang)
+    monkeypatch.setattr(app, "STOP_SLACK_SECONDS", 0.5)
+    started = time.monotonic()
+    with caplog.at_level("ERROR", logger="server._app"):
+        server.stop(grace=0.5)
+    assert time.monotonic() - started < 10
+    assert server._stopped.is_set()
+    assert any("did not stop within" in r.getMessage() for r in caplog.records)
+    lethe.server = None  # stopped here
