@@ -88,6 +88,7 @@ def test_lethe_module_public_names_are_pinned() -> None:
         "DEFAULT_OWNER",
         "STAGES",
         "add_probe_arguments",
+        "parse_duration",
         "probe",
         "run_probe",
         "stage_record",
