@@ -9,6 +9,7 @@ report these flags.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -16,7 +17,12 @@ import lmdb
 
 from shredder.errors import EnvironmentConfigError
 
-DEFAULT_MAX_READERS = 126
+DEFAULT_MAX_READERS = 1024
+"""Reader slots of an environment's lock table (LMDB's default is 126). One slot
+per open read transaction of any process; the crash harness once saw a server
+answer MDB_READERS_FULL with 126 (cause not yet found: lethe_lmdb_readers
+watches the count), and a slot costs 64 bytes of lock file."""
+_log = logging.getLogger(__name__)
 """Concurrent read transactions allowed (py-lmdb's default)."""
 
 _REQUIRED_FLAGS = {
@@ -92,4 +98,11 @@ def open_durable_env(
         raise EnvironmentConfigError(
             f"LMDB environment {path} has unsafe flags: {', '.join(wrong)}"
         )
+    # A process that died holding read transactions (SIGKILL, OOM) while another
+    # kept the environment open leaves their slots in the lock file's reader
+    # table; LMDB frees them only when asked (mdb_reader_check). Stale slots add
+    # up over crashes until a read answers MDB_READERS_FULL.
+    stale = env.reader_check()
+    if stale:
+        _log.warning("LMDB environment %s: freed %d stale reader slots", path, stale)
     return env

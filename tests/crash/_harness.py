@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,6 +65,7 @@ class Server:
 
     def __init__(self, data: Path, env: dict[str, str], *extra: str) -> None:
         self.port = free_port()
+        self._log = tempfile.TemporaryFile("w+")  # noqa: SIM115 -- closed with the server
         self.proc = subprocess.Popen(
             [
                 *LETHE,
@@ -83,7 +85,9 @@ class Server:
             ],
             env=env,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            # A file, not a pipe: a pipe nobody reads fills up and blocks the
+            # server's logging; the log is there to read whenever a check fails.
+            stderr=self._log,
             text=True,
         )
         assert self.proc.stdout is not None
@@ -107,8 +111,10 @@ class Server:
             return False
 
     def stderr(self) -> str:
-        """What the server logged (after it exited)."""
-        return self.proc.stderr.read() if self.proc.stderr else ""
+        """What the server has logged so far."""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -118,9 +124,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 @contextlib.contextmanager

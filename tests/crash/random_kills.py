@@ -598,7 +598,10 @@ def run(root: Path, kills: int, seed: int = 0, out: Callable[[str], None] = prin
                 report.settled += settle(s, log)  # all-or-nothing of the cut calls
                 state = replay(log)
                 assert not state.uncertain, state.uncertain
-                judged = check(s, state)
+                try:
+                    judged = check(s, state)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}\nserver log:\n{again.stderr()[-6000:]}") from None
         finally:
             again.stop()
         report.kills += 1
