@@ -65,7 +65,8 @@ class Server:
 
     def __init__(self, data: Path, env: dict[str, str], *extra: str) -> None:
         self.port = free_port()
-        self._log = tempfile.TemporaryFile("w+")  # noqa: SIM115 -- closed with the server
+        self._log = tempfile.TemporaryFile("w+")  # noqa: SIM115 -- closed by stop()
+        self._logged = ""
         self.proc = subprocess.Popen(
             [
                 *LETHE,
@@ -111,7 +112,9 @@ class Server:
             return False
 
     def stderr(self) -> str:
-        """What the server has logged so far."""
+        """What the server has logged so far (all of it, once stopped)."""
+        if self._log.closed:
+            return self._logged
         self._log.flush()
         self._log.seek(0)
         return self._log.read()
@@ -126,6 +129,9 @@ class Server:
                 self.proc.wait(timeout=30)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        if not self._log.closed:
+            self._logged = self.stderr()
+            self._log.close()
 
 
 @contextlib.contextmanager
