@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -308,8 +309,36 @@ class FairExecutor:
                 try:
                     result = fn()
                 except BaseException as exc:
+                    release_frames(exc)
                     future.set_exception(exc)
                 else:
                     future.set_result(result)
             finally:
                 self._done(key)
+
+
+def release_frames(exc: BaseException) -> None:
+    """Drop the local variables of the finished frames in the tracebacks of
+    ``exc`` and of its cause and context (the tracebacks stay, for the log).
+
+    The error goes on to the event loop as a value, where asyncio's and
+    grpc.aio's futures and the abort chain keep it in reference cycles that
+    only the cyclic GC frees; its frames would keep their locals alive as
+    long. Among them are LMDB read transactions: a read that raises (a deleted
+    or sealed record) leaves its ``txn`` in a frame, and py-lmdb only resets a
+    finished read transaction, so under ``MDB_NOTLS`` its reader slot stays
+    taken until the ``Transaction`` object is freed. The crash harness filled
+    the 126 slots that way (``MDB_READERS_FULL``) before a full collection came
+    round. Frames still running (the caller's own) are left alone.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        err = todo.pop()
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        traceback.clear_frames(err.__traceback__)
+        todo.extend(e for e in (err.__cause__, err.__context__) if e is not None)
+        if isinstance(err, BaseExceptionGroup):
+            todo.extend(err.exceptions)

@@ -4,8 +4,11 @@ bounds' validation, and the rate-limited log."""
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import threading
+import traceback
+import weakref
 
 import pytest
 
@@ -89,6 +92,46 @@ def test_fair_executor_skips_cancelled_work_and_passes_exceptions() -> None:
     assert ran == []
     with pytest.raises(RuntimeError):
         pool.submit("a", lambda: None)
+
+
+class _Held:
+    """Stands for an LMDB read transaction: what a failing call's frames hold."""
+
+
+def test_fair_executor_frees_the_locals_of_a_failed_call() -> None:
+    """A failed call's error reaches its caller with its traceback, but the
+    locals of its frames (an LMDB read transaction keeps a reader slot until
+    freed) are gone at once, not when the cyclic GC frees the error."""
+    held: list[weakref.ref[_Held]] = []
+
+    def inner() -> None:
+        txn = _Held()
+        held.append(weakref.ref(txn))
+        raise LookupError("deleted")
+
+    def outer() -> None:
+        txn = _Held()
+        held.append(weakref.ref(txn))
+        try:
+            inner()
+        except LookupError:
+            raise ValueError("aborted")  # noqa: B904 -- as abort_with_status does: on __context__
+
+    pool = FairExecutor(1, "test")
+    gc.disable()
+    try:
+        future = pool.submit("a", outer)
+        err = future.exception(timeout=5)
+        assert isinstance(err, ValueError)
+        assert isinstance(err.__context__, LookupError)
+        assert len(held) == 2
+        assert [ref() for ref in held] == [None, None]
+        tb = "".join(traceback.format_exception(err))
+        assert "in outer" in tb  # the log still says where
+        assert "in inner" in tb
+    finally:
+        gc.enable()
+        pool.shutdown()
 
 
 @pytest.mark.parametrize(
