@@ -298,14 +298,19 @@ class FairExecutor:
                 self._lock.notify()
 
     def _run(self) -> None:
-        while True:
-            item = self._take()
-            if item is None:
-                return
-            key, future, fn = item
-            try:
-                if not future.set_running_or_notify_cancel():
-                    continue
+        while self._run_next():
+            pass
+
+    def _run_next(self) -> bool:
+        """Run one item; False once the pool is shut down and drained. A method
+        of its own so that nothing of the item (its future, result or error)
+        stays referenced by the worker while it waits for the next one."""
+        item = self._take()
+        if item is None:
+            return False
+        key, future, fn = item
+        try:
+            if future.set_running_or_notify_cancel():
                 try:
                     result = fn()
                 except BaseException as exc:
@@ -313,8 +318,9 @@ class FairExecutor:
                     future.set_exception(exc)
                 else:
                     future.set_result(result)
-            finally:
-                self._done(key)
+        finally:
+            self._done(key)
+        return True
 
 
 def release_frames(exc: BaseException) -> None:

@@ -7,6 +7,7 @@ import functools
 import gc
 import logging
 import threading
+import time
 import traceback
 import weakref
 
@@ -101,7 +102,8 @@ class _Held:
 def test_fair_executor_frees_the_locals_of_a_failed_call() -> None:
     """A failed call's error reaches its caller with its traceback, but the
     locals of its frames (an LMDB read transaction keeps a reader slot until
-    freed) are gone at once, not when the cyclic GC frees the error."""
+    freed) are gone at once, not when the cyclic GC frees the error, and the
+    worker keeps nothing of the call either."""
     held: list[weakref.ref[_Held]] = []
 
     def inner() -> None:
@@ -129,6 +131,20 @@ def test_fair_executor_frees_the_locals_of_a_failed_call() -> None:
         tb = "".join(traceback.format_exception(err))
         assert "in outer" in tb  # the log still says where
         assert "in inner" in tb
+        del future, err
+        held.clear()
+
+        def make() -> _Held:
+            obj = _Held()
+            held.append(weakref.ref(obj))
+            return obj
+
+        # What the worker ran last is not kept while it waits for more work.
+        pool.submit("a", make).result(timeout=5)
+        deadline = time.monotonic() + 5
+        while held[0]() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held[0]() is None
     finally:
         gc.enable()
         pool.shutdown()
