@@ -19,11 +19,14 @@ from shredder.errors import EnvironmentConfigError
 
 DEFAULT_MAX_READERS = 1024
 """Reader slots of an environment's lock table (LMDB's default is 126). One slot
-per open read transaction of any process; the crash harness once saw a server
-answer MDB_READERS_FULL with 126 (cause not yet found: lethe_lmdb_readers
-watches the count), and a slot costs 64 bytes of lock file."""
+per read transaction of any process, from its begin until py-lmdb frees the
+``Transaction`` object: a finished read transaction is only reset, so it keeps
+its slot (under ``MDB_NOTLS``) as long as anything references it. The crash
+harness filled 126 slots that way: failed reads whose frames were kept by
+errors in reference cycles (``server._admission.release_frames`` clears those
+frames now). The extra slots are headroom, and ``lethe_lmdb_readers`` watches
+the count. A slot costs 64 bytes of lock file."""
 _log = logging.getLogger(__name__)
-"""Concurrent read transactions allowed (py-lmdb's default)."""
 
 _REQUIRED_FLAGS = {
     "sync": True,
