@@ -17,7 +17,16 @@ read, so every method gets them from the one place it already calls:
    (:class:`server.store.MovedRow`, written by ``lethe shard mark-moved``
    and, later, by the move at cut-over) answers ``FAILED_PRECONDITION`` /
    ``OWNER_MOVED`` with the destination in the ``ErrorInfo`` metadata
-   (``shard``, ``target``), header or not.
+   (``shard``, ``target``), header or not. An owner in the middle of a move
+   (``lethe owner export`` … ``release``) answers ``UNAVAILABLE`` /
+   ``OWNER_MOVING`` on the destination until the move is activated there;
+   the source serves its reads until the cut-over and refuses its writes
+   inside the write transaction (the writer's guard), so the copy is final.
+
+The markers are written by another process (the ``lethe owner`` commands,
+beside the running server), so when a call sees an owner's marker change, the
+server first drops what it holds of the owner in memory (its indexes and its
+cached keys, ``on_change``): the copy it built before the change is stale.
 
 An owner this shard never saw is a new owner: the proxy's placement decides
 where an owner lives, and the first write creates it there, as on one server.
@@ -35,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lethe.names import ID_RE, OWNER_HEADER
-from server.errors import OwnerMoved, Reason, WrongOwnerHeader
+from server.errors import Reason, WrongOwnerHeader
 from server.store import MovedRow
 
 
@@ -45,13 +54,22 @@ class Router:
     Args:
         moved: owner id → its moved-away marker, or None (read on every call).
         require_header: refuse calls without the owner header.
+        on_change: called with an owner id, before the call goes on, the first
+            time a call sees that owner's marker differ from the last one seen
+            (drops the server's in-memory state of the owner).
     """
 
     def __init__(
-        self, moved: Callable[[str], MovedRow | None], *, require_header: bool = False
+        self,
+        moved: Callable[[str], MovedRow | None],
+        *,
+        require_header: bool = False,
+        on_change: Callable[[str], None] | None = None,
     ) -> None:
         self._moved = moved
         self.require_header = require_header
+        self._on_change = on_change
+        self._seen: dict[str, tuple[str, str]] = {}
 
     def route(self, metadata: Sequence[tuple[str, Any]]) -> Route:
         """The routing facts of a call's metadata (the owner header's values)."""
@@ -69,6 +87,7 @@ class Router:
             WrongOwnerHeader: ``OWNER_HEADER_MISSING`` (required and absent) or
                 ``OWNER_HEADER_MISMATCH`` (repeated, malformed, or another owner).
             OwnerMoved: ``owner`` has a moved-away marker here.
+            OwnerMoving: ``owner`` is arriving here and not activated yet.
         """
         if not route.header:
             if self.require_header:
@@ -87,8 +106,16 @@ class Router:
                 f"{OWNER_HEADER} names another owner than the request's resource names"
             )
         row = self._moved(owner)
-        if row is not None:
-            raise OwnerMoved(owner, row.shard, row.target)
+        if row is None:
+            return
+        seen = (row.state, row.move_id)
+        if self._seen.get(owner) != seen:
+            if self._on_change is not None:
+                self._on_change(owner)
+            self._seen[owner] = seen
+        refusal = row.refusal(write=False)
+        if refusal is not None:
+            raise refusal
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,16 +22,15 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import grpc
 import pytest
 from _pki import make_pki
+from _shardprocs import LETHE, ROOT, ShardProc, shared_token, start_shard, wait_for
 from conftest import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -41,8 +40,6 @@ from lethe.v1 import events_pb2, threads_pb2
 from server import Store, new_token, principal_record, token_digest
 from shredder import KekRing
 
-ROOT = Path(__file__).resolve().parents[1]
-LETHE = [sys.executable, "-m", "server.cli"]
 SHARDS = ("a", "b", "c")
 OWNERS = [f"owner-{i:02d}" for i in range(50)]
 
@@ -58,21 +55,6 @@ def nginx_binary() -> str:
             pytest.fail(why)
         pytest.skip(why)
     return found
-
-
-@dataclass
-class ShardProc:
-    name: str
-    data: Path
-    kek: str
-    port: int
-    metrics_port: int = 0
-    proc: subprocess.Popen[str] | None = None
-    log: IO[str] | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
 
 @dataclass
@@ -92,43 +74,6 @@ class Cluster:
         return client
 
 
-def _start_shard(shard: ShardProc, log: Path, *extra: str) -> None:
-    env = {**os.environ, "LETHE_KEK": shard.kek}
-    shard.log = log.open("w")
-    shard.proc = subprocess.Popen(
-        [
-            *LETHE,
-            "serve",
-            "--data",
-            str(shard.data),
-            "--listen",
-            shard.address,
-            "--metrics-listen",
-            f"127.0.0.1:{shard.metrics_port}" if shard.metrics_port else "off",
-            "--embedder",
-            "none",
-            "--require-owner-header",
-            *extra,
-        ],
-        env=env,
-        cwd=ROOT,
-        stdout=shard.log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _wait_for(path: Path, text: str, proc: subprocess.Popen[str], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode}: {path.read_text()}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {text!r}: {path.read_text()}")
-
-
 def _put_token(shard: ShardProc, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same admin token on every shard (tokens are per data directory)."""
     monkeypatch.setenv("LETHE_KEK", shard.kek)
@@ -137,37 +82,6 @@ def _put_token(shard: ShardProc, token: str, monkeypatch: pytest.MonkeyPatch) ->
         store.put_token(token_digest(token), principal_record([], True))
     finally:
         store.close()
-
-
-def _lethe(shard: ShardProc, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    """Run ``lethe ARGS`` beside a running shard (its KEK in the environment)."""
-    return subprocess.run(
-        [*LETHE, *args],
-        env={**os.environ, "LETHE_KEK": shard.kek},
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
-def _shared_token(shards: list[ShardProc]) -> str:
-    """An admin token made on the first shard and imported on the others, as an
-    operator does it (``lethe token create``, then ``lethe shard token-import``)."""
-    made = _lethe(shards[0], "token", "create", "--data", str(shards[0].data), "--admin")
-    assert made.returncode == 0, made.stderr
-    token = made.stdout.strip()
-    for shard in shards[1:]:
-        data = ["--data", str(shard.data)]
-        done = _lethe(shard, "shard", "token-import", *data, "--admin", stdin=token + "\n")
-        assert done.returncode == 0, done.stderr
-        again = _lethe(shard, "shard", "token-import", *data, "--admin", stdin=token + "\n")
-        assert again.returncode == 1, again.stderr  # stored once
-        bad = _lethe(shard, "shard", "token-import", *data, "--admin", stdin="lethe_short\n")
-        assert bad.returncode == 1
-        assert "no lethe token" in bad.stderr
-    return token
 
 
 def nginx_main_config(work: Path, include: Path) -> Path:
@@ -239,11 +153,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     }
     try:
         for shard in shards.values():
-            _start_shard(shard, work / f"{shard.name}.log")
+            start_shard(shard, work / f"{shard.name}.log")
         for shard in shards.values():
             assert shard.proc is not None
-            _wait_for(work / f"{shard.name}.log", "lethe serving", shard.proc)
-        token = _shared_token(list(shards.values()))
+            wait_for(work / f"{shard.name}.log", "lethe serving", shard.proc)
+        token = shared_token(list(shards.values()))
         nginx_port = free_port()
         include = work / "lethe.conf"
         made = subprocess.run(
@@ -478,12 +392,12 @@ def test_tls_on_both_sides_of_nginx(tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "pki")
     shard = ShardProc("a", tmp_path / "data-a", KekRing.generate_env_value(), free_port())
     tls = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
-    _start_shard(shard, tmp_path / "a.log", *tls, "--client-ca", str(pki.ca))
+    start_shard(shard, tmp_path / "a.log", *tls, "--client-ca", str(pki.ca))
     assert shard.proc is not None
     assert shard.log is not None
     mp = pytest.MonkeyPatch()
     try:
-        _wait_for(tmp_path / "a.log", "lethe serving", shard.proc)
+        wait_for(tmp_path / "a.log", "lethe serving", shard.proc)
         token = new_token()
         _put_token(shard, token, mp)
         port = free_port()
