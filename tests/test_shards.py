@@ -18,10 +18,12 @@ write.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,7 +32,7 @@ from pathlib import Path
 import grpc
 import pytest
 from _pki import make_pki
-from _shardprocs import LETHE, ROOT, ShardProc, shared_token, start_shard, wait_for
+from _shardprocs import LETHE, ROOT, ShardProc, lethe_cli, shared_token, start_shard, wait_for
 from conftest import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -63,6 +65,7 @@ class Cluster:
     nginx_port: int
     token: str
     work: Path
+    nginx: subprocess.Popen[str]
     clients: list[lc.Client] = field(default_factory=list)
 
     def client(self, target: str | None = None) -> lc.Client:
@@ -179,8 +182,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         )
         assert made.returncode == 0, made.stderr
         conf = nginx_main_config(work, include)
-        with running_nginx(nginx, conf, work, nginx_port):
-            cluster = Cluster(shards, nginx_port, token, work)
+        with running_nginx(nginx, conf, work, nginx_port) as nginx_proc:
+            cluster = Cluster(shards, nginx_port, token, work, nginx_proc)
             yield cluster
             for client in cluster.clients:
                 client.close()
@@ -359,6 +362,136 @@ def test_one_command_audits_every_shard(cluster: Cluster, homes: dict[str, str])
     assert [line.split(":")[0] for line in lines] == [*SHARDS, "all"]
     assert "orphan_derivatives=0" in lines[-1]
     assert "records_without_key=0" in lines[-1]
+
+
+def _place(cluster: Cluster, placements: dict[str, str]) -> None:
+    """Rewrite the nginx config with ``placements`` (owner → shard) and reload
+    nginx (SIGHUP: new workers take the new map, old ones finish their calls)."""
+    shards = ",".join(f"{s.name}={s.address}" for s in cluster.shards.values())
+    pins = [f"--placement={owner}={shard}" for owner, shard in placements.items()]
+    listen = ["--listen", f"127.0.0.1:{cluster.nginx_port}"]
+    made = subprocess.run(
+        [*LETHE, "shard", "nginx-config", "--shards", shards, *pins, *listen,
+         "--out", str(cluster.work / "lethe.conf")],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    cluster.nginx.send_signal(signal.SIGHUP)
+
+
+@dataclass
+class _Load:
+    """Appends to one owner's thread through nginx until stopped, retrying
+    ``UNAVAILABLE`` (the move's refusals, nginx's reload) with a short backoff."""
+
+    client: lc.Client
+    thread: str
+    acked: list[str] = field(default_factory=list)
+    ack_times: list[float] = field(default_factory=list)
+    refused: int = 0
+    errors: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            text = f"load {i}"
+            try:
+                self.client.append_turns(
+                    self.thread, [{"role": "USER", "text": text, "commit": True}],
+                    request_id=f"load-{i}",
+                )  # fmt: skip
+            except lc.Unavailable:
+                self.refused += 1
+                time.sleep(0.02)
+                continue
+            except lc.LetheError as exc:
+                self.errors.append(f"{text}: {exc!r}")
+                return
+            self.acked.append(text)
+            self.ack_times.append(time.monotonic())
+            i += 1
+
+
+def test_an_owner_moves_between_shards_under_write_load(
+    cluster: Cluster, homes: dict[str, str]
+) -> None:
+    """Owner moved a → c through the ``lethe owner`` commands while a client
+    writes to it through nginx: every acknowledged write is on c, what was
+    forgotten before stays forgotten, and a holds nothing of it."""
+    owner = next(o for o in OWNERS if homes[o] == "a")
+    a, c = cluster.shards["a"], cluster.shards["c"]
+    thread = f"owners/{owner}/threads/t1"
+    proxy = cluster.client()
+    forgotten = proxy.append_turns(thread, [{"role": "USER", "text": "forget me", "commit": True}])
+    proxy.forget([forgotten.turns[0].name])
+    load = _Load(cluster.client(), thread)
+    writer = threading.Thread(target=load.run)
+    writer.start()
+    try:
+        while len(load.acked) < 20:
+            time.sleep(0.01)
+        key = cluster.work / "c.receive-key"
+        made = lethe_cli(c, "owner", "receive-key", "--out", str(key), "--json")
+        assert made.returncode == 0, made.stderr
+        public = json.loads(made.stdout)["public"]
+        bundle = cluster.work / f"{owner}.lethe-owner"
+        before = len(load.acked)
+        started = time.monotonic()
+        steps = [
+            (a, ["export", "--owner", owner, "--to", "c", "--target", c.address,
+                 "--recipient", public, "--out", str(bundle)]),
+            (c, ["import", "--in", str(bundle), "--receive-key", str(key), "--from", "a"]),
+            (None, []),
+            (c, ["activate", "--owner", owner]),
+            (a, ["release", "--owner", owner, "--json"]),
+        ]  # fmt: skip
+        for shard, args in steps:
+            if shard is None:
+                _place(cluster, {owner: "c"})
+                continue
+            done = lethe_cli(shard, "owner", *args, "--data", str(shard.data))
+            assert done.returncode == 0, done.stdout + done.stderr
+            if args[0] == "activate":
+                activated = time.monotonic()
+        receipt = json.loads(done.stdout)
+        assert receipt["keys_destroyed"] > 0
+        while len(load.acked) < before + 20 or load.ack_times[-1] < activated:
+            assert writer.is_alive(), load.errors
+            time.sleep(0.01)
+    finally:
+        load.stop.set()
+        writer.join(30)
+    assert load.errors == []
+    gaps = [t2 - t1 for t1, t2 in zip(load.ack_times, load.ack_times[1:], strict=False)]
+    print(
+        f"\nmove of {owner} a→c under load: {len(load.acked)} writes acknowledged, "
+        f"{load.refused} refusals retried, longest gap between acknowledged writes "
+        f"{max(gaps):.3f} s, export→activate {activated - started:.3f} s"
+    )
+    # Every acknowledged write is on c (asked directly), in order, once.
+    on_c = [t.text for t in cluster.client(c.address).iter_turns(thread)]
+    assert [t for t in on_c if t.startswith("load ")] == load.acked
+    assert "forget me" not in on_c
+    with pytest.raises(lc.RecordDeleted):
+        cluster.client(c.address).get_turn(forgotten.turns[0].name)
+    hits = proxy.search(f"owners/{owner}", query_text=f"marker {owner} lake", mode="LEXICAL")
+    assert hits.hits[0].turn.text == f"marker {owner} lake"
+    # a answers OWNER_MOVED and holds nothing of the owner: no rows, no keys.
+    with pytest.raises(lc.OwnerMoved) as moved:
+        cluster.client(a.address).get_thread(thread)
+    assert (moved.value.shard, moved.value.target) == ("c", c.address)
+    os.environ["LETHE_KEK"] = a.kek
+    try:
+        store = Store(a.data, lock=False)
+        try:
+            assert store.owner_row_counts(owner) == {}
+            assert list(store.keystore.list_record_keys(owner)) == []
+        finally:
+            store.close()
+    finally:
+        os.environ.pop("LETHE_KEK", None)
+    homes[owner] = "c"
 
 
 def test_killing_a_shard_fails_only_its_owners(cluster: Cluster, homes: dict[str, str]) -> None:

@@ -42,8 +42,8 @@ from server.store._audit import AuditCounts, KeyCheck
 from server.store._base import record_ring
 from server.store._events import EVENT_RETENTION
 from server.store._forget import DESTINATIONS, DeletionEntry, Destination
-from server.store._moves import MoveReceipt, MoveRefused, OwnerExport
-from server.store._placement import MOVE_STATES, MovedRow
+from server.store._moves import MoveRefused, OwnerExport
+from server.store._placement import MovedRow
 from server.store._records import (
     COMMITTED,
     PENDING,
@@ -95,7 +95,6 @@ __all__ = [
     "EVENT_RETENTION",
     "KEK_ENV",
     "KIND_DEFAULTS",
-    "MOVE_STATES",
     "NO_EMBEDDER",
     "PENDING",
     "REPAIR_CONCLUDED",
@@ -113,7 +112,6 @@ __all__ = [
     "MemoryContent",
     "MemoryDraft",
     "MemoryView",
-    "MoveReceipt",
     "MoveRefused",
     "MovedRow",
     "OwnerExport",
