@@ -16,6 +16,12 @@ the next call) and is safe to repeat after a crash (see
     lethe owner activate --data C --owner alice
     lethe owner release --data A --owner alice           # OWNER_MOVED, keys shredded
 
+Or, when both data directories are on one machine, ``lethe owner move`` runs
+the same steps in one process (the receive key then exists only in its
+memory), runs ``--flip`` (the command that points the proxy at the
+destination) between import and activation, and resumes where a crash left
+off when run again.
+
 ``lethe owner abort`` undoes a move before its release; ``lethe owner status``
 prints an owner's marker and row counts. Exit status 0, or 1 when the step
 does not apply to the owner's state here (the message says why), 2 for bad
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -76,7 +83,7 @@ def add_owner_commands(
     export = action("export", "refuse OWNER's writes here, then copy it sealed to a receive key")
     export.add_argument("--owner", type=owner, required=True)
     export.add_argument("--to", type=owner, required=True, help="the destination shard's name")
-    export.add_argument("--target", type=address, default="", help="its HOST:PORT")
+    export.add_argument("--target", type=address, default=None, help="its HOST:PORT")
     export.add_argument("--recipient", required=True, help="its receive key's public half (hex)")
     export.add_argument("--out", type=Path, required=True, help="the export file to write")
 
@@ -84,6 +91,17 @@ def add_owner_commands(
     imported.add_argument("--in", dest="source_file", type=Path, required=True)
     imported.add_argument("--receive-key", type=Path, required=True)
     imported.add_argument("--from", dest="source", type=owner, required=True, help="source shard")
+
+    move = action("move", "all of the above in one process, for two data directories here")
+    move.add_argument("--owner", type=owner, required=True)
+    move.add_argument("--from", dest="source", type=owner, required=True, help="source shard")
+    move.add_argument("--to", type=owner, required=True, help="the destination shard's name")
+    move.add_argument("--target", type=address, default=None, help="its HOST:PORT")
+    move.add_argument("--to-data", type=Path, required=True, help="the destination's data dir")
+    move.add_argument("--to-kek-file", type=Path, default=None)
+    move.add_argument(
+        "--flip", default="", help="shell command run after the import, before activation"
+    )
 
     for name, text in (
         ("activate", "serve an imported owner here (after the proxy routes it here)"),
@@ -124,6 +142,8 @@ def run_owner_command(args: argparse.Namespace, open_store: Callable[[], Any]) -
         except (OSError, IntegrityError) as exc:
             print(f"lethe: {exc}", file=sys.stderr)
             return _EXIT_USAGE
+    if args.action == "move":
+        return _move(args, open_store)
     store = open_store()
     try:
         return _run(args, store, export, receive_key)
@@ -140,7 +160,7 @@ def run_owner_command(args: argparse.Namespace, open_store: Callable[[], Any]) -
 def _run(args: argparse.Namespace, store: Any, export: Any, receive_key: ReceiveKey | None) -> int:
     if args.action == "export":
         started = time.monotonic()
-        done = store.export_owner(args.owner, args.to, args.target, args.recipient)
+        done = store.export_owner(args.owner, args.to, args.target or "", args.recipient)
         _write_atomically(args.out, done.encode())
         doc = {
             "owner": args.owner,
@@ -202,6 +222,64 @@ def _run(args: argparse.Namespace, store: Any, export: Any, receive_key: Receive
         doc,
         f"owners/{args.owner}\t{doc['state']}\t{doc['shard'] or '-'}\t{sum(counts.values())} rows",
     )
+
+
+def _move(args: argparse.Namespace, open_store: Callable[[], Any]) -> int:
+    """``lethe owner move``: export, import, flip, activate, release in one process."""
+    from server.store import KEK_ENV, MoveRefused, Store
+
+    if os.environ.get(KEK_ENV):
+        print(
+            f"lethe owner move: {KEK_ENV} would give both stores one KEK; "
+            "pass --kek-file and --to-kek-file (or run the steps one by one)",
+            file=sys.stderr,
+        )
+        return _EXIT_USAGE
+    source = open_store()
+    try:
+        dest = Store(args.to_data, kek_file=args.to_kek_file, lock=False)
+    except BaseException:
+        source.close()
+        raise
+    try:
+        doc = _move_steps(args, source, dest)
+    except MoveRefused as exc:
+        print(f"lethe owner move: {exc.message}", file=sys.stderr)
+        return _EXIT_REFUSED
+    except subprocess.CalledProcessError as exc:
+        print(
+            f"lethe owner move: --flip exited {exc.returncode}; run the move again", file=sys.stderr
+        )
+        return _EXIT_REFUSED
+    finally:
+        dest.close()
+        source.close()
+    return _report(args, doc, json.dumps(doc, indent=2, sort_keys=True))
+
+
+def _move_steps(args: argparse.Namespace, source: Any, dest: Any) -> dict[str, Any]:
+    """The steps of a move that have not happened yet (see :mod:`server.store._moves`);
+    returns the receipt with the times of the cut-over."""
+    owner = args.owner
+    started = time.monotonic()
+    left, arrived = source.moved(owner), dest.moved(owner)
+    same = left is not None and arrived is not None and left.move_id == arrived.move_id
+    refused_since = started
+    if not (same and (left.state == "moved" or arrived.state == "arrived")):
+        receive = ReceiveKey.generate()
+        export = source.export_owner(owner, args.to, args.target or "", receive.public_hex)
+        refused_since = time.monotonic()
+        dest.import_owner(export, receive, args.source)
+        if args.flip:
+            # The operator's own command line, as `--flip` documents: a shell is the point.
+            subprocess.run(args.flip, shell=True, check=True)  # noqa: S602
+    if dest.moved(owner).state != "arrived":
+        dest.activate_move(owner)
+    activated = time.monotonic()
+    receipt: dict[str, Any] = source.release_owner(owner, args.to, args.target or "").as_dict()
+    receipt["writes_refused_seconds"] = round(activated - refused_since, 3)
+    receipt["seconds"] = round(time.monotonic() - started, 3)
+    return receipt
 
 
 def _report(args: argparse.Namespace, doc: dict[str, Any], text: str) -> int:

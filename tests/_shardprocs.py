@@ -24,14 +24,23 @@ class ShardProc:
     metrics_port: int = 0
     proc: subprocess.Popen[str] | None = None
     log: IO[str] | None = None
+    kek_file: Path | None = None
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def env(self) -> dict[str, str]:
+        """The environment of its server and of ``lethe`` beside it: the KEK in
+        ``LETHE_KEK``, or in a KEK file (``LETHE_KEK_FILE``) when ``kek_file`` is set."""
+        env = {k: v for k, v in os.environ.items() if k not in ("LETHE_KEK", "LETHE_KEK_FILE")}
+        if self.kek_file is not None:
+            return env | {"LETHE_KEK_FILE": str(self.kek_file)}
+        return env | {"LETHE_KEK": self.kek}
+
 
 def start_shard(shard: ShardProc, log: Path, *extra: str) -> None:
-    env = {**os.environ, "LETHE_KEK": shard.kek}
+    env = shard.env()
     shard.log = log.open("w")
     shard.proc = subprocess.Popen(
         [
@@ -68,10 +77,10 @@ def wait_for(path: Path, text: str, proc: subprocess.Popen[str], timeout: float 
 
 
 def lethe_cli(shard: ShardProc, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    """Run ``lethe ARGS`` beside a running shard (its KEK in the environment)."""
+    """Run ``lethe ARGS`` beside a running shard (its KEK, or KEK file, in the environment)."""
     return subprocess.run(
         [*LETHE, *args],
-        env={**os.environ, "LETHE_KEK": shard.kek},
+        env=shard.env(),
         cwd=ROOT,
         input=stdin,
         capture_output=True,

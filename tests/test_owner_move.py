@@ -13,15 +13,18 @@ same command again, converges to the owner whole on exactly one serving shard.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _shardprocs import ShardProc, lethe_cli, shared_token, start_shard, wait_for
+from _shardprocs import LETHE, ROOT, ShardProc, lethe_cli, shared_token, start_shard, wait_for
 from conftest import free_port
 
 import lethe.client as lc
@@ -140,15 +143,20 @@ def _ok(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 
 def _store_rows_and_keys(shard: ShardProc, owner: str) -> tuple[dict[str, int], int]:
-    os.environ["LETHE_KEK"] = shard.kek
+    """The owner's rows and record keys in the shard's store (opened beside its server)."""
+    saved = os.environ.pop("LETHE_KEK", None)
+    if shard.kek_file is None:
+        os.environ["LETHE_KEK"] = shard.kek
     try:
-        store = Store(shard.data, lock=False)
+        store = Store(shard.data, kek_file=shard.kek_file, lock=False)
         try:
             return store.owner_row_counts(owner), len(list(store.keystore.list_record_keys(owner)))
         finally:
             store.close()
     finally:
         os.environ.pop("LETHE_KEK", None)
+        if saved is not None:
+            os.environ["LETHE_KEK"] = saved
 
 
 def _move(
@@ -298,3 +306,129 @@ def test_a_kill_at_every_step_of_a_move_converges(
             _client(here, token).get_thread(f"owners/{owner}/threads/t1")
         assert _store_rows_and_keys(here, owner) == ({}, 0), crash
         here, there = there, here
+
+
+@pytest.fixture(scope="module")
+def filed_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ShardProc]]:
+    """Two servers whose KEKs are files (``lethe owner move`` opens both stores
+    in one process, so their KEKs cannot both come from ``LETHE_KEK``)."""
+    work = tmp_path_factory.mktemp("move-files")
+    shards = {
+        name: ShardProc(name, work / f"data-{name}", "", free_port(), kek_file=work / f"kek-{name}")
+        for name in ("a", "c")
+    }
+    try:
+        for shard in shards.values():
+            start_shard(shard, work / f"{shard.name}.log")
+        for shard in shards.values():
+            assert shard.proc is not None
+            wait_for(work / f"{shard.name}.log", "lethe serving", shard.proc)
+        yield shards
+    finally:
+        for shard in shards.values():
+            if shard.proc is not None and shard.proc.poll() is None:
+                shard.proc.terminate()
+                shard.proc.wait(20)
+            if shard.log is not None:
+                shard.log.close()
+
+
+def _one_command_move(src: ShardProc, dst: ShardProc, owner: str, fail: str = "") -> Any:
+    args = ["move", "--owner", owner, "--from", src.name, "--to", dst.name,
+            "--target", dst.address, "--to-data", str(dst.data),
+            "--to-kek-file", str(dst.kek_file), "--json"]  # fmt: skip
+    return _owner(src, *args, fail=fail)
+
+
+def test_one_command_moves_an_owner_and_resumes_after_a_kill_at_any_step(
+    filed_pair: dict[str, ShardProc],
+) -> None:
+    a, c = filed_pair["a"], filed_pair["c"]
+    token = shared_token([a, c])
+    owner = "dora"
+    _write_owner(_client(a, token), owner)
+    expected = _snapshot(_client(a, token), owner)
+    here, there = a, c
+    for crash, _ in STEPS:
+        killed = _one_command_move(here, there, owner, fail=f"{crash}=kill")
+        assert killed.returncode == -9, (crash, killed.stdout, killed.stderr)
+        receipt = _ok(_one_command_move(here, there, owner))
+        assert receipt["shard"] == there.name
+        assert _snapshot(_client(there, token), owner) == expected, crash
+        with pytest.raises(lc.OwnerMoved):
+            _client(here, token).get_thread(f"owners/{owner}/threads/t1")
+        assert _store_rows_and_keys(here, owner) == ({}, 0), crash
+        here, there = there, here
+    # Under LETHE_KEK both stores would get one KEK: refused, nothing done.
+    os.environ["LETHE_KEK"] = a.kek or "x"
+    try:
+        refused = subprocess.run(
+            [*LETHE, "owner", "move", "--owner", owner, "--from", here.name, "--to", there.name,
+             "--data", str(here.data), "--to-data", str(there.data)],
+            cwd=ROOT, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+    finally:
+        os.environ.pop("LETHE_KEK", None)
+    assert refused.returncode == 2
+    assert "one KEK" in refused.stderr
+
+
+def test_writes_during_a_one_command_move_are_refused_briefly_and_none_is_lost(
+    filed_pair: dict[str, ShardProc],
+) -> None:
+    a, c = filed_pair["a"], filed_pair["c"]
+    made = lethe_cli(a, "token", "create", "--data", str(a.data), "--admin")
+    assert made.returncode == 0, made.stderr
+    secret = made.stdout.strip()
+    imported = lethe_cli(c, "shard", "token-import", "--data", str(c.data), "--admin",
+                         stdin=secret + "\n")  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    owner = "erin"
+    thread = _client(a, secret).create_thread(f"owners/{owner}", thread_id="t1").name
+    acked: list[str] = []
+    times: list[float] = []
+    refused = 0
+    stop = threading.Event()
+
+    def write() -> None:
+        nonlocal refused
+        target, i = a, 0
+        client = _client(target, secret)
+        while not stop.is_set():
+            try:
+                client.append_turns(thread, [{"role": "USER", "text": f"w{i}", "commit": True}])
+            except lc.OwnerMoving:
+                refused += 1
+                time.sleep(0.005)
+                continue
+            except lc.OwnerMoved as exc:
+                client.close()
+                target = c if exc.target == c.address else a
+                client = _client(target, secret)
+                continue
+            acked.append(f"w{i}")
+            times.append(time.monotonic())
+            i += 1
+        client.close()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        while len(acked) < 50:
+            time.sleep(0.01)
+        receipt = _ok(_one_command_move(a, c, owner))
+        mark = len(acked)
+        while len(acked) < mark + 50:
+            assert writer.is_alive()
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        writer.join(30)
+    gaps = [t2 - t1 for t1, t2 in itertools.pairwise(times)]
+    print(
+        f"\none-command move under load: {len(acked)} writes acknowledged, {refused} refusals "
+        f"retried, writes refused for {receipt['writes_refused_seconds']:.3f} s of the move's "
+        f"{receipt['seconds']:.3f} s, longest gap between acknowledged writes {max(gaps):.3f} s"
+    )
+    on_c = [t.text for t in _client(c, secret).iter_turns(thread)]
+    assert on_c == acked  # every acknowledged write, in order, once
