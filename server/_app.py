@@ -308,6 +308,7 @@ class LetheServer:
                 self.store.moved,
                 require_header=self.config.require_owner_header,
                 on_change=self.lifecycle.drop_owner,
+                holds=self.store.holds_owner,
             ),
         )
         self.hub, self.edge = hub, edge

@@ -200,6 +200,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 shard.log.close()
 
 
+def _holds(client: lc.Client, owner: str) -> bool:
+    """Whether the shard ``client`` calls directly holds ``owner``: it lists its
+    threads; a shard that does not answers NOT_FOUND, never an empty list."""
+    try:
+        return bool([t.name for t in client.iter_threads(f"owners/{owner}")])
+    except lc.NotFound:
+        return False
+
+
 @pytest.fixture(scope="module")
 def homes(cluster: Cluster) -> dict[str, str]:
     """Write 50 owners through nginx; return owner → the shard holding it (asked
@@ -213,11 +222,7 @@ def homes(cluster: Cluster) -> dict[str, str]:
     direct = {name: cluster.client(s.address) for name, s in cluster.shards.items()}
     found: dict[str, str] = {}
     for owner in OWNERS:
-        holders = [
-            name
-            for name, client in direct.items()
-            if [t.name for t in client.iter_threads(f"owners/{owner}")]
-        ]
+        holders = [name for name, client in direct.items() if _holds(client, owner)]
         assert len(holders) == 1, (owner, holders)
         found[owner] = holders[0]
         turns = list(direct[holders[0]].iter_turns(f"owners/{owner}/threads/t1"))
@@ -285,8 +290,11 @@ def test_a_misrouted_call_is_refused_by_the_shard(cluster: Cluster, homes: dict[
     # Nothing of y was written on x's shard, nor on y's.
     for name, shard in cluster.shards.items():
         direct = cluster.client(shard.address)
+        if name != homes[y]:
+            assert not _holds(direct, y), name
+            continue
         threads = [t.name for t in direct.iter_threads(f"owners/{y}")]
-        assert threads == ([f"owners/{y}/threads/t1"] if name == homes[y] else []), name
+        assert threads == [f"owners/{y}/threads/t1"], name
 
 
 def test_health_of_each_shard_through_nginx(cluster: Cluster) -> None:
@@ -362,6 +370,19 @@ def test_one_command_audits_every_shard(cluster: Cluster, homes: dict[str, str])
     assert [line.split(":")[0] for line in lines] == [*SHARDS, "all"]
     assert "orphan_derivatives=0" in lines[-1]
     assert "records_without_key=0" in lines[-1]
+
+
+def test_an_owner_a_shard_never_held_is_not_found_not_empty(cluster: Cluster) -> None:
+    """Sharded servers answer reads of an owner they hold no row of NOT_FOUND
+    (an empty success would hide data placed elsewhere); CreateThread creates it."""
+    proxy = cluster.client()
+    with pytest.raises(lc.NotFound) as info:
+        list(proxy.iter_threads("owners/newcomer"))
+    assert "holds no owners/newcomer" in info.value.details()
+    with pytest.raises(lc.NotFound):
+        proxy.search("owners/newcomer", query_text="anything", mode="LEXICAL")
+    thread = proxy.create_thread("owners/newcomer", thread_id="t1")
+    assert [t.name for t in proxy.iter_threads("owners/newcomer")] == [thread.name]
 
 
 def _place(cluster: Cluster, placements: dict[str, str]) -> None:

@@ -147,6 +147,12 @@ class PlacementPart(StoreBase):
             raw = sk.get(txn, self.t.moved, sk.owner_key(owner))
         return None if raw is None else MovedRow.decode(owner, raw)
 
+    def holds_owner(self, owner: str) -> bool:
+        """Whether this store has a row of ``owner`` (it was written here, or
+        imported by a move)."""
+        with self.env.begin() as txn:
+            return sk.get(txn, self.t.owners, sk.owner_key(owner)) is not None
+
     def refuse_moved(self, txn: lmdb.Transaction, owner: str) -> None:
         """The writer's guard: inside a write transaction, refuse a client's write
         for an owner marked moved away.
