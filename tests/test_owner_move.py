@@ -13,9 +13,11 @@ same command again, converges to the owner whole on exactly one serving shard.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -29,7 +31,7 @@ from conftest import free_port
 
 import lethe.client as lc
 from server import Store
-from shredder import KekRing
+from shredder import IntegrityError, KekRing, KeyNotFoundError, Keystore, ReceiveKey
 
 OWNER = "alice"
 DIM = 16
@@ -432,3 +434,58 @@ def test_writes_during_a_one_command_move_are_refused_briefly_and_none_is_lost(
     )
     on_c = [t.text for t in _client(c, secret).iter_turns(thread)]
     assert on_c == acked  # every acknowledged write, in order, once
+
+
+def test_old_backups_of_the_source_do_not_bring_a_moved_owner_back(
+    filed_pair: dict[str, ShardProc], tmp_path: Path
+) -> None:
+    """Runs last (it stops and restores shard a). A data backup of a taken before
+    the move, restored beside a's keystore after it, yields a's other owners and
+    nothing readable of the moved one; a copy of a's keystore from before the
+    move opens nothing once a has rotated."""
+    a, c = filed_pair["a"], filed_pair["c"]
+    made = lethe_cli(a, "token", "create", "--data", str(a.data), "--admin")
+    assert made.returncode == 0, made.stderr
+    secret = made.stdout.strip()
+    lethe_cli(c, "shard", "token-import", "--data", str(c.data), "--admin", stdin=secret + "\n")
+    _write_owner(_client(a, secret), "gail")
+    _write_owner(_client(a, secret), "hugo")
+    backup = tmp_path / "a-backup"
+    done = lethe_cli(a, "backup", "--data", str(a.data), "--out", str(backup))
+    assert done.returncode == 0, done.stderr
+    old_keystore = tmp_path / "a-keystore-copy"
+    shutil.copytree(a.data / "keystore", old_keystore)
+    _ok(_one_command_move(a, c, "gail"))
+
+    assert a.proc is not None
+    a.proc.terminate()
+    a.proc.wait(30)
+    assert a.log is not None
+    a.log.close()
+    rotated = lethe_cli(a, "rotate", "--data", str(a.data))
+    assert rotated.returncode == 0, rotated.stdout + rotated.stderr
+    kek = KekRing.load_or_create(a.kek_file, create=False) if a.kek_file else None
+    assert kek is not None
+    snapshot = Keystore(old_keystore, kek, map_size=1 << 26)
+    try:
+        with pytest.raises((KeyNotFoundError, IntegrityError)):
+            snapshot.export_owner("gail", ReceiveKey.generate().public_hex)
+    finally:
+        snapshot.close()
+
+    restored = lethe_cli(a, "restore", "--data", str(a.data), "--backup", str(backup))
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    start_shard(a, tmp_path / "a-restored.log")
+    assert a.proc is not None
+    wait_for(tmp_path / "a-restored.log", "lethe serving", a.proc)
+    src = _client(a, secret)
+    assert len(list(src.iter_turns("owners/hugo/threads/t1"))) == 12
+    texts: list[str] = []
+    with contextlib.suppress(lc.LetheError):
+        for thread in src.iter_threads("owners/gail"):
+            texts += [t.text for t in src.iter_turns(thread.name)]
+    assert texts == []
+    with pytest.raises(lc.LetheError):
+        src.get_turn("owners/gail/threads/t1/turns/1")
+    # c still holds gail, whole.
+    assert len(list(_client(c, secret).iter_turns("owners/gail/threads/t1"))) == 12
