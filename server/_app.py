@@ -304,7 +304,12 @@ class LetheServer:
             Admission(self._limits, self.metrics),
             self.executor,
             self.metrics,
-            Router(self.store.moved, require_header=self.config.require_owner_header),
+            Router(
+                self.store.moved,
+                require_header=self.config.require_owner_header,
+                on_change=self.lifecycle.drop_owner,
+                holds=self.store.holds_owner,
+            ),
         )
         self.hub, self.edge = hub, edge
         limits = self._limits

@@ -17,6 +17,7 @@ from pathlib import Path
 from lethe.probe import add_probe_arguments, parse_duration
 from server._auth import LABEL_RE
 from server._names import ID_RE
+from server._owner_moves import add_owner_commands
 from server._settings import CONFIG_ENV
 from server._shards import add_serve_arguments, add_shard_commands
 
@@ -362,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_serve_arguments(serve)
     add_shard_commands(sub, message_size=parse_message_size, address=_address, owner=_owner)
+    add_owner_commands(sub, owner=_owner, address=_address)
 
     token = sub.add_parser(
         "token",

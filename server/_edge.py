@@ -308,7 +308,7 @@ class Edge:
             )
             raise
         if self.router is not None:
-            bind_route(self.router.route(metadata))
+            bind_route(self.router.route(metadata, method))
         return principal
 
     def _status(self, method: str, exc: BaseException) -> grpc.Status:

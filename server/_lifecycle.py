@@ -305,9 +305,19 @@ class Lifecycle:
         counts.index_drift = self.retriever.index_drift(owner)
         return counts
 
+    def drop_owner(self, owner: str) -> None:
+        """Drop what this process holds of ``owner`` in memory: its loaded indexes
+        (with their decrypted text) and its cached unwrapped keys. Called when
+        another process changed the owner's placement (an owner move)."""
+        self.retriever.drop_owner(owner)
+        self.store.keystore.evict_owner(owner)
+
     def periodic_audit(self) -> None:
         """Audit every owner into the orphan, stale-summary and keyless-record
-        gauges; prune old events."""
+        gauges; prune old events; drop from memory the owners that moved away."""
+        for row in self.store.moved_owners():
+            if row.state == "moved":
+                self.drop_owner(row.owner)
         orphans = stale = keyless = 0
         for owner in self.store.owners():
             counts = self.audit(owner, integrity=False)

@@ -17,10 +17,24 @@ read, so every method gets them from the one place it already calls:
    (:class:`server.store.MovedRow`, written by ``lethe shard mark-moved``
    and, later, by the move at cut-over) answers ``FAILED_PRECONDITION`` /
    ``OWNER_MOVED`` with the destination in the ``ErrorInfo`` metadata
-   (``shard``, ``target``), header or not.
+   (``shard``, ``target``), header or not. An owner in the middle of a move
+   (``lethe owner export`` … ``release``) answers ``UNAVAILABLE`` /
+   ``OWNER_MOVING`` on the destination until the move is activated there;
+   the source serves its reads until the cut-over and refuses its writes
+   inside the write transaction (the writer's guard), so the copy is final.
 
-An owner this shard never saw is a new owner: the proxy's placement decides
-where an owner lives, and the first write creates it there, as on one server.
+The markers are written by another process (the ``lethe owner`` commands,
+beside the running server), so when a call sees an owner's marker change, the
+server first drops what it holds of the owner in memory (its indexes and its
+cached keys, ``on_change``): the copy it built before the change is stale.
+
+3. **The owner is held here** (sharded servers only, ``--require-owner-header``):
+   a call for an owner this shard has no row of answers ``NOT_FOUND`` — never
+   an empty success that would hide the owner's data on another shard —
+   unless it is one of the calls that create an owner (``CreateThread``,
+   ``CreateMemory``: the proxy's placement decides where an owner lives, and
+   its first write creates it there). A single server without the flag keeps
+   answering an unknown owner as an owner with nothing yet.
 
 Thread rules: :meth:`Router.route` and :func:`bind_route` run on the event
 loop (the call pipeline, :mod:`server._edge`); :func:`check_route` on the
@@ -35,8 +49,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from lethe.names import ID_RE, OWNER_HEADER
-from server.errors import OwnerMoved, Reason, WrongOwnerHeader
+from server.errors import NotFound, Reason, WrongOwnerHeader
 from server.store import MovedRow
+
+OWNER_CREATING = frozenset({"/lethe.v1.Threads/CreateThread", "/lethe.v1.Memories/CreateMemory"})
+"""The methods whose first call for an owner creates it on the shard."""
 
 
 class Router:
@@ -45,22 +62,37 @@ class Router:
     Args:
         moved: owner id → its moved-away marker, or None (read on every call).
         require_header: refuse calls without the owner header.
+        on_change: called with an owner id, before the call goes on, the first
+            time a call sees that owner's marker differ from the last one seen
+            (drops the server's in-memory state of the owner).
+        holds: owner id → whether this store has a row of it; with
+            ``require_header``, calls other than :data:`OWNER_CREATING` for an
+            owner not held answer ``NOT_FOUND``.
     """
 
     def __init__(
-        self, moved: Callable[[str], MovedRow | None], *, require_header: bool = False
+        self,
+        moved: Callable[[str], MovedRow | None],
+        *,
+        require_header: bool = False,
+        on_change: Callable[[str], None] | None = None,
+        holds: Callable[[str], bool] | None = None,
     ) -> None:
         self._moved = moved
+        self._holds = holds
         self.require_header = require_header
+        self._on_change = on_change
+        self._seen: dict[str, tuple[str, str]] = {}
 
-    def route(self, metadata: Sequence[tuple[str, Any]]) -> Route:
-        """The routing facts of a call's metadata (the owner header's values)."""
+    def route(self, metadata: Sequence[tuple[str, Any]], method: str = "") -> Route:
+        """The routing facts of a call: its owner header's values and its method
+        (``/lethe.v1.Threads/CreateThread``)."""
         values = tuple(
             v if isinstance(v, str) else bytes(v).decode(errors="replace")
             for k, v in metadata
             if k == OWNER_HEADER
         )
-        return Route(values, self)
+        return Route(values, self, method)
 
     def check(self, route: Route, owner: str) -> None:
         """Check a call for ``owner`` (see the module docstring).
@@ -69,6 +101,8 @@ class Router:
             WrongOwnerHeader: ``OWNER_HEADER_MISSING`` (required and absent) or
                 ``OWNER_HEADER_MISMATCH`` (repeated, malformed, or another owner).
             OwnerMoved: ``owner`` has a moved-away marker here.
+            OwnerMoving: ``owner`` is arriving here and not activated yet.
+            NotFound: sharded, and ``owner`` is not held here (see ``holds``).
         """
         if not route.header:
             if self.require_header:
@@ -87,8 +121,30 @@ class Router:
                 f"{OWNER_HEADER} names another owner than the request's resource names"
             )
         row = self._moved(owner)
-        if row is not None:
-            raise OwnerMoved(owner, row.shard, row.target)
+        if row is None:
+            self._check_held(route, owner)
+            return
+        seen = (row.state, row.move_id)
+        if self._seen.get(owner) != seen:
+            if self._on_change is not None:
+                self._on_change(owner)
+            self._seen[owner] = seen
+        refusal = row.refusal(write=False)
+        if refusal is not None:
+            raise refusal
+        self._check_held(route, owner)
+
+    def _check_held(self, route: Route, owner: str) -> None:
+        if (
+            self.require_header
+            and self._holds is not None
+            and route.method not in OWNER_CREATING
+            and not self._holds(owner)
+        ):
+            raise NotFound(
+                f"this shard holds no owners/{owner}: the proxy's placement sends it here, "
+                "but it was never written here (or its move here was not imported)"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +153,7 @@ class Route:
 
     header: tuple[str, ...]
     router: Router
+    method: str = ""
 
 
 _route: contextvars.ContextVar[Route | None] = contextvars.ContextVar("lethe_route", default=None)

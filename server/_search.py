@@ -257,6 +257,16 @@ class Retriever:
                 self.cache.evict_prefix(f"p/{owner}/")
             self._current.add(owner)
 
+    def drop_owner(self, owner: str) -> None:
+        """Forget everything held in memory for ``owner`` (its loaded indexes and
+        whether its vectors are current): another process changed the owner's
+        data (an owner move imported or removed it), so the next use rebuilds
+        from the store."""
+        with self._lock(owner):
+            self.cache.evict(_owner_key(owner))
+            self.cache.evict_prefix(f"p/{owner}/")
+            self._current.discard(owner)
+
     def embed_texts(
         self, texts: Sequence[str], *, owner: str
     ) -> list[npt.NDArray[np.float32] | None]:

@@ -41,6 +41,7 @@ from typing import Any
 
 from server._auth import new_token, token_digest
 from server._cli_parser import build_parser, parse_duration, parse_message_size, parse_size
+from server._owner_moves import run_owner_command
 from server._settings import SettingsError, apply_settings
 from server._shards import run_shard_command
 from server.store import (
@@ -545,6 +546,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(args)
         if args.command == "shard":
             return run_shard_command(args, lambda: _token_store(args))
+        if args.command == "owner":
+            return run_owner_command(args, lambda: _token_store(args))
         if args.command == "probe":
             from lethe.probe import run_probe
 

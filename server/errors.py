@@ -27,6 +27,7 @@ Exception tree::
     ├── Overloaded             RESOURCE_EXHAUSTED   TOO_MANY_REQUESTS | TOO_MANY_STREAMS
     ├── Draining               UNAVAILABLE          DRAINING
     ├── Unavailable            UNAVAILABLE          STORAGE_UNAVAILABLE
+    │   └── OwnerMoving        UNAVAILABLE          OWNER_MOVING (metadata: shard)
     ├── DataLoss               DATA_LOSS            INTEGRITY
     └── Unimplemented          UNIMPLEMENTED        (no reason)
 """
@@ -259,6 +260,29 @@ class Unavailable(LetheError):
 
     code = grpc.StatusCode.UNAVAILABLE
     default_reason = Reason.STORAGE_UNAVAILABLE
+
+
+class OwnerMoving(Unavailable):
+    """The owner is being moved between shards: retry (after the cut-over the
+    proxy routes it to its new shard); nothing was written.
+
+    Args:
+        owner: the owner's id.
+        shard: the other side of the move (the destination when raised by the
+            source, the source when raised by the destination).
+        writes_only: raised by the source, which still serves reads.
+    """
+
+    default_reason = Reason.OWNER_MOVING
+
+    def __init__(self, owner: str, shard: str, *, writes_only: bool) -> None:
+        what = "its writes are refused" if writes_only else "it is not served here yet"
+        super().__init__(f"owners/{owner} is moving (shard {shard}): {what}; retry")
+        self.owner = owner
+        self.shard = shard
+
+    def info_metadata(self) -> dict[str, str]:
+        return {"owner": self.owner, "shard": self.shard}
 
 
 class DataLoss(LetheError):

@@ -20,6 +20,7 @@ from shredder._backup import (
     read_manifest,
     restore_environment,
 )
+from shredder._bundle import ReceiveKey, open_bundle, seal_bundle
 from shredder._failpoints import FAILPOINTS_ENV, POINTS, declare, failpoint
 from shredder._kek import KekRing, check_kek_placement, default_kek_path
 from shredder._keystore import FreshKeys, KeyReader, Keystore
@@ -49,6 +50,7 @@ __all__ = [
     "KeyNotFoundError",
     "KeyReader",
     "Keystore",
+    "ReceiveKey",
     "RingRef",
     "ShredderError",
     "backup_environment",
@@ -56,7 +58,9 @@ __all__ = [
     "declare",
     "default_kek_path",
     "failpoint",
+    "open_bundle",
     "open_durable_env",
     "read_manifest",
     "restore_environment",
+    "seal_bundle",
 ]

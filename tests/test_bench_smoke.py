@@ -117,3 +117,19 @@ def test_smoke_reports_the_optional_peers_or_says_they_are_skipped(
         assert "plot: skipped: not installed" in stdout
     else:
         assert (out / "scale-smoke.png").stat().st_size > 0
+
+
+def test_the_move_benchmark_runs_and_loses_no_write(tmp_path: Path) -> None:
+    """``bench/bench_move.py`` on a small owner: it moves it under write load and
+    every acknowledged write is on the destination (its figures are not checked)."""
+    out = tmp_path / "move.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_move.py"), "--turns", "300", "--others", "1",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (row,) = json.loads(out.read_text())
+    assert row["every_acknowledged_write_on_destination"] is True
+    assert row["rows_removed_at_source"] > 300
+    assert _positive(row["writes_refused_seconds"])

@@ -46,6 +46,7 @@ NOT_RUN = {
     ),
     "grpcurl -cacert": "a TLS server named lethe.example; tests/server/test_tls.py",
     ".venv/bin/lethe token revoke": "the id is an example; tests/server/test_tokens.py revokes one",
+    ".venv/bin/lethe owner ": "two shards' data directories: tests/test_owner_move.py",
 }
 PYTHON_NOT_RUN = {
     "lethe.example:50051": "a TLS server named lethe.example; tests/server/test_tls.py",

@@ -18,20 +18,21 @@ write.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import grpc
 import pytest
 from _pki import make_pki
+from _shardprocs import LETHE, ROOT, ShardProc, lethe_cli, shared_token, start_shard, wait_for
 from conftest import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -41,8 +42,6 @@ from lethe.v1 import events_pb2, threads_pb2
 from server import Store, new_token, principal_record, token_digest
 from shredder import KekRing
 
-ROOT = Path(__file__).resolve().parents[1]
-LETHE = [sys.executable, "-m", "server.cli"]
 SHARDS = ("a", "b", "c")
 OWNERS = [f"owner-{i:02d}" for i in range(50)]
 
@@ -61,26 +60,12 @@ def nginx_binary() -> str:
 
 
 @dataclass
-class ShardProc:
-    name: str
-    data: Path
-    kek: str
-    port: int
-    metrics_port: int = 0
-    proc: subprocess.Popen[str] | None = None
-    log: IO[str] | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-
-@dataclass
 class Cluster:
     shards: dict[str, ShardProc]
     nginx_port: int
     token: str
     work: Path
+    nginx: subprocess.Popen[str]
     clients: list[lc.Client] = field(default_factory=list)
 
     def client(self, target: str | None = None) -> lc.Client:
@@ -92,43 +77,6 @@ class Cluster:
         return client
 
 
-def _start_shard(shard: ShardProc, log: Path, *extra: str) -> None:
-    env = {**os.environ, "LETHE_KEK": shard.kek}
-    shard.log = log.open("w")
-    shard.proc = subprocess.Popen(
-        [
-            *LETHE,
-            "serve",
-            "--data",
-            str(shard.data),
-            "--listen",
-            shard.address,
-            "--metrics-listen",
-            f"127.0.0.1:{shard.metrics_port}" if shard.metrics_port else "off",
-            "--embedder",
-            "none",
-            "--require-owner-header",
-            *extra,
-        ],
-        env=env,
-        cwd=ROOT,
-        stdout=shard.log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _wait_for(path: Path, text: str, proc: subprocess.Popen[str], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode}: {path.read_text()}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {text!r}: {path.read_text()}")
-
-
 def _put_token(shard: ShardProc, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same admin token on every shard (tokens are per data directory)."""
     monkeypatch.setenv("LETHE_KEK", shard.kek)
@@ -137,37 +85,6 @@ def _put_token(shard: ShardProc, token: str, monkeypatch: pytest.MonkeyPatch) ->
         store.put_token(token_digest(token), principal_record([], True))
     finally:
         store.close()
-
-
-def _lethe(shard: ShardProc, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    """Run ``lethe ARGS`` beside a running shard (its KEK in the environment)."""
-    return subprocess.run(
-        [*LETHE, *args],
-        env={**os.environ, "LETHE_KEK": shard.kek},
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
-def _shared_token(shards: list[ShardProc]) -> str:
-    """An admin token made on the first shard and imported on the others, as an
-    operator does it (``lethe token create``, then ``lethe shard token-import``)."""
-    made = _lethe(shards[0], "token", "create", "--data", str(shards[0].data), "--admin")
-    assert made.returncode == 0, made.stderr
-    token = made.stdout.strip()
-    for shard in shards[1:]:
-        data = ["--data", str(shard.data)]
-        done = _lethe(shard, "shard", "token-import", *data, "--admin", stdin=token + "\n")
-        assert done.returncode == 0, done.stderr
-        again = _lethe(shard, "shard", "token-import", *data, "--admin", stdin=token + "\n")
-        assert again.returncode == 1, again.stderr  # stored once
-        bad = _lethe(shard, "shard", "token-import", *data, "--admin", stdin="lethe_short\n")
-        assert bad.returncode == 1
-        assert "no lethe token" in bad.stderr
-    return token
 
 
 def nginx_main_config(work: Path, include: Path) -> Path:
@@ -239,11 +156,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     }
     try:
         for shard in shards.values():
-            _start_shard(shard, work / f"{shard.name}.log")
+            start_shard(shard, work / f"{shard.name}.log")
         for shard in shards.values():
             assert shard.proc is not None
-            _wait_for(work / f"{shard.name}.log", "lethe serving", shard.proc)
-        token = _shared_token(list(shards.values()))
+            wait_for(work / f"{shard.name}.log", "lethe serving", shard.proc)
+        token = shared_token(list(shards.values()))
         nginx_port = free_port()
         include = work / "lethe.conf"
         made = subprocess.run(
@@ -265,8 +182,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         )
         assert made.returncode == 0, made.stderr
         conf = nginx_main_config(work, include)
-        with running_nginx(nginx, conf, work, nginx_port):
-            cluster = Cluster(shards, nginx_port, token, work)
+        with running_nginx(nginx, conf, work, nginx_port) as nginx_proc:
+            cluster = Cluster(shards, nginx_port, token, work, nginx_proc)
             yield cluster
             for client in cluster.clients:
                 client.close()
@@ -283,6 +200,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 shard.log.close()
 
 
+def _holds(client: lc.Client, owner: str) -> bool:
+    """Whether the shard ``client`` calls directly holds ``owner``: it lists its
+    threads; a shard that does not answers NOT_FOUND, never an empty list."""
+    try:
+        return bool([t.name for t in client.iter_threads(f"owners/{owner}")])
+    except lc.NotFound:
+        return False
+
+
 @pytest.fixture(scope="module")
 def homes(cluster: Cluster) -> dict[str, str]:
     """Write 50 owners through nginx; return owner → the shard holding it (asked
@@ -296,11 +222,7 @@ def homes(cluster: Cluster) -> dict[str, str]:
     direct = {name: cluster.client(s.address) for name, s in cluster.shards.items()}
     found: dict[str, str] = {}
     for owner in OWNERS:
-        holders = [
-            name
-            for name, client in direct.items()
-            if [t.name for t in client.iter_threads(f"owners/{owner}")]
-        ]
+        holders = [name for name, client in direct.items() if _holds(client, owner)]
         assert len(holders) == 1, (owner, holders)
         found[owner] = holders[0]
         turns = list(direct[holders[0]].iter_turns(f"owners/{owner}/threads/t1"))
@@ -368,8 +290,11 @@ def test_a_misrouted_call_is_refused_by_the_shard(cluster: Cluster, homes: dict[
     # Nothing of y was written on x's shard, nor on y's.
     for name, shard in cluster.shards.items():
         direct = cluster.client(shard.address)
+        if name != homes[y]:
+            assert not _holds(direct, y), name
+            continue
         threads = [t.name for t in direct.iter_threads(f"owners/{y}")]
-        assert threads == ([f"owners/{y}/threads/t1"] if name == homes[y] else []), name
+        assert threads == [f"owners/{y}/threads/t1"], name
 
 
 def test_health_of_each_shard_through_nginx(cluster: Cluster) -> None:
@@ -447,6 +372,149 @@ def test_one_command_audits_every_shard(cluster: Cluster, homes: dict[str, str])
     assert "records_without_key=0" in lines[-1]
 
 
+def test_an_owner_a_shard_never_held_is_not_found_not_empty(cluster: Cluster) -> None:
+    """Sharded servers answer reads of an owner they hold no row of NOT_FOUND
+    (an empty success would hide data placed elsewhere); CreateThread creates it."""
+    proxy = cluster.client()
+    with pytest.raises(lc.NotFound) as info:
+        list(proxy.iter_threads("owners/newcomer"))
+    assert "holds no owners/newcomer" in info.value.details()
+    with pytest.raises(lc.NotFound):
+        proxy.search("owners/newcomer", query_text="anything", mode="LEXICAL")
+    thread = proxy.create_thread("owners/newcomer", thread_id="t1")
+    assert [t.name for t in proxy.iter_threads("owners/newcomer")] == [thread.name]
+
+
+def _place(cluster: Cluster, placements: dict[str, str]) -> None:
+    """Rewrite the nginx config with ``placements`` (owner → shard) and reload
+    nginx (SIGHUP: new workers take the new map, old ones finish their calls)."""
+    shards = ",".join(f"{s.name}={s.address}" for s in cluster.shards.values())
+    pins = [f"--placement={owner}={shard}" for owner, shard in placements.items()]
+    listen = ["--listen", f"127.0.0.1:{cluster.nginx_port}"]
+    made = subprocess.run(
+        [*LETHE, "shard", "nginx-config", "--shards", shards, *pins, *listen,
+         "--out", str(cluster.work / "lethe.conf")],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    cluster.nginx.send_signal(signal.SIGHUP)
+
+
+@dataclass
+class _Load:
+    """Appends to one owner's thread through nginx until stopped, retrying
+    ``UNAVAILABLE`` (the move's refusals, nginx's reload) with a short backoff."""
+
+    client: lc.Client
+    thread: str
+    acked: list[str] = field(default_factory=list)
+    ack_times: list[float] = field(default_factory=list)
+    refused: int = 0
+    errors: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            text = f"load {i}"
+            try:
+                self.client.append_turns(
+                    self.thread, [{"role": "USER", "text": text, "commit": True}],
+                    request_id=f"load-{i}",
+                )  # fmt: skip
+            except lc.Unavailable:
+                self.refused += 1
+                time.sleep(0.02)
+                continue
+            except lc.LetheError as exc:
+                self.errors.append(f"{text}: {exc!r}")
+                return
+            self.acked.append(text)
+            self.ack_times.append(time.monotonic())
+            i += 1
+
+
+def test_an_owner_moves_between_shards_under_write_load(
+    cluster: Cluster, homes: dict[str, str]
+) -> None:
+    """Owner moved a → c through the ``lethe owner`` commands while a client
+    writes to it through nginx: every acknowledged write is on c, what was
+    forgotten before stays forgotten, and a holds nothing of it."""
+    owner = next(o for o in OWNERS if homes[o] == "a")
+    a, c = cluster.shards["a"], cluster.shards["c"]
+    thread = f"owners/{owner}/threads/t1"
+    proxy = cluster.client()
+    forgotten = proxy.append_turns(thread, [{"role": "USER", "text": "forget me", "commit": True}])
+    proxy.forget([forgotten.turns[0].name])
+    load = _Load(cluster.client(), thread)
+    writer = threading.Thread(target=load.run)
+    writer.start()
+    try:
+        while len(load.acked) < 20:
+            time.sleep(0.01)
+        key = cluster.work / "c.receive-key"
+        made = lethe_cli(c, "owner", "receive-key", "--out", str(key), "--json")
+        assert made.returncode == 0, made.stderr
+        public = json.loads(made.stdout)["public"]
+        bundle = cluster.work / f"{owner}.lethe-owner"
+        before = len(load.acked)
+        started = time.monotonic()
+        steps = [
+            (a, ["export", "--owner", owner, "--to", "c", "--target", c.address,
+                 "--recipient", public, "--out", str(bundle)]),
+            (c, ["import", "--in", str(bundle), "--receive-key", str(key), "--from", "a"]),
+            (None, []),
+            (c, ["activate", "--owner", owner]),
+            (a, ["release", "--owner", owner, "--json"]),
+        ]  # fmt: skip
+        for shard, args in steps:
+            if shard is None:
+                _place(cluster, {owner: "c"})
+                continue
+            done = lethe_cli(shard, "owner", *args, "--data", str(shard.data))
+            assert done.returncode == 0, done.stdout + done.stderr
+            if args[0] == "activate":
+                activated = time.monotonic()
+        receipt = json.loads(done.stdout)
+        assert receipt["keys_destroyed"] > 0
+        while len(load.acked) < before + 20 or load.ack_times[-1] < activated:
+            assert writer.is_alive(), load.errors
+            time.sleep(0.01)
+    finally:
+        load.stop.set()
+        writer.join(30)
+    assert load.errors == []
+    gaps = [t2 - t1 for t1, t2 in zip(load.ack_times, load.ack_times[1:], strict=False)]
+    print(
+        f"\nmove of {owner} a→c under load: {len(load.acked)} writes acknowledged, "
+        f"{load.refused} refusals retried, longest gap between acknowledged writes "
+        f"{max(gaps):.3f} s, export→activate {activated - started:.3f} s"
+    )
+    # Every acknowledged write is on c (asked directly), in order, once.
+    on_c = [t.text for t in cluster.client(c.address).iter_turns(thread)]
+    assert [t for t in on_c if t.startswith("load ")] == load.acked
+    assert "forget me" not in on_c
+    with pytest.raises(lc.RecordDeleted):
+        cluster.client(c.address).get_turn(forgotten.turns[0].name)
+    hits = proxy.search(f"owners/{owner}", query_text=f"marker {owner} lake", mode="LEXICAL")
+    assert hits.hits[0].turn.text == f"marker {owner} lake"
+    # a answers OWNER_MOVED and holds nothing of the owner: no rows, no keys.
+    with pytest.raises(lc.OwnerMoved) as moved:
+        cluster.client(a.address).get_thread(thread)
+    assert (moved.value.shard, moved.value.target) == ("c", c.address)
+    os.environ["LETHE_KEK"] = a.kek
+    try:
+        store = Store(a.data, lock=False)
+        try:
+            assert store.owner_row_counts(owner) == {}
+            assert list(store.keystore.list_record_keys(owner)) == []
+        finally:
+            store.close()
+    finally:
+        os.environ.pop("LETHE_KEK", None)
+    homes[owner] = "c"
+
+
 def test_killing_a_shard_fails_only_its_owners(cluster: Cluster, homes: dict[str, str]) -> None:
     """Runs last (it kills shard b)."""
     victim = cluster.shards["b"]
@@ -478,12 +546,12 @@ def test_tls_on_both_sides_of_nginx(tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "pki")
     shard = ShardProc("a", tmp_path / "data-a", KekRing.generate_env_value(), free_port())
     tls = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
-    _start_shard(shard, tmp_path / "a.log", *tls, "--client-ca", str(pki.ca))
+    start_shard(shard, tmp_path / "a.log", *tls, "--client-ca", str(pki.ca))
     assert shard.proc is not None
     assert shard.log is not None
     mp = pytest.MonkeyPatch()
     try:
-        _wait_for(tmp_path / "a.log", "lethe serving", shard.proc)
+        wait_for(tmp_path / "a.log", "lethe serving", shard.proc)
         token = new_token()
         _put_token(shard, token, mp)
         port = free_port()

@@ -54,7 +54,8 @@ Exception tree (code; reason)::
         ├── Unavailable             UNAVAILABLE
         │   ├── StorageUnavailable      STORAGE_UNAVAILABLE (the server's disk failed)
         │   ├── Draining                DRAINING (the server is stopping)
-        │   └── ShardUnavailable        SHARD_UNAVAILABLE (the proxy cannot reach the owner's shard)
+        │   ├── ShardUnavailable        SHARD_UNAVAILABLE (the proxy cannot reach the owner's shard)
+        │   └── OwnerMoving             OWNER_MOVING (the owner is being moved; retry)
         ├── DataLoss                DATA_LOSS
         │   └── Integrity               INTEGRITY (ciphertext fails authentication)
         └── Unauthenticated         UNAUTHENTICATED
@@ -104,6 +105,7 @@ __all__ = [
     "OwnerHeaderMismatch",
     "OwnerHeaderMissing",
     "OwnerMoved",
+    "OwnerMoving",
     "OwnerNotAllowed",
     "PermissionDenied",
     "RecordDeleted",
@@ -532,6 +534,19 @@ class ShardUnavailable(Unavailable):
         return self.info_metadata.get("target", "")
 
 
+class OwnerMoving(Unavailable):
+    """The owner is being moved between shards (``lethe owner export`` …
+    ``release``): nothing was written; retry with backoff, and after the
+    cut-over the proxy routes the owner to its new shard. ``shard`` names the
+    other side of the move."""
+
+    reason_value = ErrorReason.OWNER_MOVING
+
+    @property
+    def shard(self) -> str:
+        return self.info_metadata.get("shard", "")
+
+
 class Integrity(DataLoss):
     """Stored ciphertext fails authentication while its key exists."""
 
@@ -589,6 +604,7 @@ _BY_REASON: dict[str, type[LetheError]] = {
         OwnerHeaderMissing,
         OwnerMoved,
         ShardUnavailable,
+        OwnerMoving,
     )
 }
 

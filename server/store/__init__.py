@@ -29,6 +29,7 @@ module              holds
 ``_audit``          the audit's store counts and key/record reconciliation
 ``_tokens``         bearer tokens as digests: create, list, revoke, expiry
 ``_placement``      moved-away markers: owners this shard no longer holds
+``_moves``          moving an owner between shards: export, import, release
 ``_vectors``        which embedder made an owner's vectors; swapping them all at once
 ``_store``          opening a data directory; ``Store`` composes the parts
 ==================  ===========================================================
@@ -41,6 +42,7 @@ from server.store._audit import AuditCounts, KeyCheck
 from server.store._base import record_ring
 from server.store._events import EVENT_RETENTION
 from server.store._forget import DESTINATIONS, DeletionEntry, Destination
+from server.store._moves import MoveRefused, OwnerExport
 from server.store._placement import MovedRow
 from server.store._records import (
     COMMITTED,
@@ -110,7 +112,9 @@ __all__ = [
     "MemoryContent",
     "MemoryDraft",
     "MemoryView",
+    "MoveRefused",
     "MovedRow",
+    "OwnerExport",
     "RecordMeta",
     "RecordView",
     "SlotConflict",

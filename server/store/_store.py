@@ -28,8 +28,8 @@ from server.store._events import EventsPart
 from server.store._forget import ForgetPart
 from server.store._manifests import ManifestsPart
 from server.store._memories import MemoriesPart
+from server.store._moves import MovesPart
 from server.store._pending import PendingPart
-from server.store._placement import PlacementPart
 from server.store._repairs import RepairsPart
 from server.store._schema import Tables
 from server.store._threads import ThreadsPart
@@ -119,7 +119,7 @@ class Store(
     TokensPart,
     ForgetPart,
     MemoriesPart,
-    PlacementPart,
+    MovesPart,
     VectorsPart,
 ):
     """The data environment, the keystore and the writer for one data directory.

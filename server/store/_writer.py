@@ -83,6 +83,8 @@ OPERATIONS = {
     "embedder.record": "recording a changed embedder at start (owners stamped with the old one)",
     "reembed": "replacing all of one owner's vectors by the new embedder's, in one transaction",
     "rotation": "rotation (renew rings, move ring keys to a new KEK version)",
+    "owner.import": "an owner move's import: every row of the owner, renumbered",
+    "owner.purge": "an owner move's release (or a dropped import): the owner's rows removed",
 }
 """Every named write op; each has the failpoints ``<name>.after_keystore`` and
 ``<name>.after_commit``."""

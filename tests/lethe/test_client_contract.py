@@ -69,6 +69,7 @@ API_REASONS = {
     "OWNER_HEADER_MISSING": "INVALID_ARGUMENT",
     "OWNER_MOVED": "FAILED_PRECONDITION",
     "SHARD_UNAVAILABLE": "UNAVAILABLE",
+    "OWNER_MOVING": "UNAVAILABLE",
 }
 SERVICES = {
     threads_pb2: "Threads",
@@ -123,7 +124,7 @@ def test_public_names_are_pinned() -> None:
             "EventStream", "FailedPrecondition", "FieldViolation", "IllegalTransition", "Integrity",
             "Internal", "InvalidArgument", "InvalidToken", "LetheError", "MalformedRequest",
             "MissingToken", "NotFound", "OutOfRange", "OwnerHeaderMismatch", "OwnerHeaderMissing",
-            "OwnerMoved", "OwnerNotAllowed", "PermissionDenied", "ShardUnavailable",
+            "OwnerMoved", "OwnerMoving", "OwnerNotAllowed", "PermissionDenied", "ShardUnavailable",
             "RecordDeleted", "RepairNotContinued", "ResourceExhausted", "Restricted", "RetryPolicy",
             "Sealed", "SlotConflict", "SourceDeleted", "SourcePending", "SourceSealed",
             "SourceStale", "StorageUnavailable", "StoreFull", "TLSConfig", "TooManyRequests",

@@ -22,6 +22,7 @@ def test_public_names_are_pinned() -> None:
         "Keystore",
         "POINTS",
         "RESTORE_STAGES",
+        "ReceiveKey",
         "RingRef",
         "ShredderError",
         "backup_environment",
@@ -29,9 +30,11 @@ def test_public_names_are_pinned() -> None:
         "declare",
         "default_kek_path",
         "failpoint",
+        "open_bundle",
         "open_durable_env",
         "read_manifest",
         "restore_environment",
+        "seal_bundle",
     ]
 
 

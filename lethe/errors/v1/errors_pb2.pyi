@@ -149,6 +149,15 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     be reached. The ErrorInfo metadata `target` names its HOST:PORT. Other
     owners' calls are unaffected; the call is never sent to another shard.
     """
+    OWNER_MOVING: _ErrorReason.ValueType  # 30
+    """UNAVAILABLE: the owner is being moved between shards (`lethe owner
+    export` … `lethe owner release`). The source refuses the owner's writes
+    during the copy (its reads are served); the destination refuses every
+    call for the owner until the move is activated there. Nothing was
+    written; retry with backoff: after the cut-over the proxy routes the
+    owner to its new shard. The ErrorInfo metadata `shard` names the other
+    side of the move.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The `reason` of the `google.rpc.ErrorInfo` detail (domain "lethe") that
@@ -280,5 +289,14 @@ SHARD_UNAVAILABLE: ErrorReason.ValueType  # 29
 nginx-config`), never by a server: the shard that holds the owner cannot
 be reached. The ErrorInfo metadata `target` names its HOST:PORT. Other
 owners' calls are unaffected; the call is never sent to another shard.
+"""
+OWNER_MOVING: ErrorReason.ValueType  # 30
+"""UNAVAILABLE: the owner is being moved between shards (`lethe owner
+export` … `lethe owner release`). The source refuses the owner's writes
+during the copy (its reads are served); the destination refuses every
+call for the owner until the move is activated there. Nothing was
+written; retry with backoff: after the cut-over the proxy routes the
+owner to its new shard. The ErrorInfo metadata `shard` names the other
+side of the move.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
