@@ -262,21 +262,33 @@ def _move_steps(args: argparse.Namespace, source: Any, dest: Any) -> dict[str, A
     returns the receipt with the times of the cut-over."""
     owner = args.owner
     started = time.monotonic()
+    steps: dict[str, float] = {}
+
+    def step(name: str, since: float) -> float:
+        now = time.monotonic()
+        steps[name] = round(now - since, 3)
+        return now
+
     left, arrived = source.moved(owner), dest.moved(owner)
     same = left is not None and arrived is not None and left.move_id == arrived.move_id
-    refused_since = started
+    refused_since = at = started
     if not (same and (left.state == "moved" or arrived.state == "arrived")):
         receive = ReceiveKey.generate()
+        refused_since = time.monotonic()  # the export's first act is the marker
         export = source.export_owner(owner, args.to, args.target or "", receive.public_hex)
-        refused_since = time.monotonic()
+        at = step("export", at)
         dest.import_owner(export, receive, args.source)
+        at = step("import", at)
         if args.flip:
             # The operator's own command line, as `--flip` documents: a shell is the point.
             subprocess.run(args.flip, shell=True, check=True)  # noqa: S602
+            at = step("flip", at)
     if dest.moved(owner).state != "arrived":
         dest.activate_move(owner)
-    activated = time.monotonic()
+    activated = step("activate", at)
     receipt: dict[str, Any] = source.release_owner(owner, args.to, args.target or "").as_dict()
+    step("release", activated)
+    receipt["steps_seconds"] = steps
     receipt["writes_refused_seconds"] = round(activated - refused_since, 3)
     receipt["seconds"] = round(time.monotonic() - started, 3)
     return receipt

@@ -285,10 +285,12 @@ STEPS = [
     ("move.export.after_marker", "export"),
     ("move.import.after_marker", "import"),
     ("move.import.after_keys", "import"),
+    ("owner.import.after_keystore", "import"),
     ("owner.import.after_commit", "import"),
     ("move.import.after_rows", "import"),
     ("move.release.after_marker", "release"),
     ("move.release.after_keys", "release"),
+    ("owner.purge.after_keystore", "release"),
     ("owner.purge.after_commit", "release"),
 ]
 

@@ -512,6 +512,10 @@ def test_an_owner_moves_between_shards_under_write_load(
             store.close()
     finally:
         os.environ.pop("LETHE_KEK", None)
+    # No plaintext of it on a's disk (its content was only ever ciphertext there).
+    needles = [t.encode() for t in (f"marker {owner} lake", "forget me", *load.acked[-3:])]
+    files = [f for f in a.data.rglob("*") if f.is_file()]
+    assert [(f.name, n) for f in files for n in needles if n in f.read_bytes()] == []
     homes[owner] = "c"
 
 

@@ -812,6 +812,19 @@ COVERED = (
         "reembed.after_keystore",
         "reembed.after_commit",
     }
+    # tests/test_owner_move.py: an owner move killed at each step, then run again.
+    | {
+        "move.export.after_marker",
+        "move.import.after_marker",
+        "move.import.after_keys",
+        "owner.import.after_keystore",
+        "owner.import.after_commit",
+        "move.import.after_rows",
+        "move.release.after_marker",
+        "move.release.after_keys",
+        "owner.purge.after_keystore",
+        "owner.purge.after_commit",
+    }
 )
 # The test-only unnamed op of tests/server/store/test_writer.py.
 NOT_IN_THE_SERVER = {"write.after_keystore", "write.after_commit"}
