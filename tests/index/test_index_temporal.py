@@ -119,6 +119,15 @@ def test_window_scores_the_day_and_the_slack_after_it() -> None:
     assert hits[1][1] == pytest.approx(0.5)
 
 
+def test_window_limit_never_splits_equal_scores() -> None:
+    ix = _timeline()
+    year = ix.periods("What did she do in 2023?")  # every turn scores 1
+    assert [i for i, _ in ix.window(year, 10)] == [1, 2, 3, 4]
+    assert ix.window(year, 3) == []  # not the three earliest of four equals
+    day = ix.periods("What did she do on 7 May 2023?")  # 2 scores 1, 3 scores 0.5
+    assert [i for i, _ in ix.window(day, 1)] == [2]
+
+
 def test_window_of_a_question_without_a_date_is_empty_not_a_filter() -> None:
     ix = _timeline()
     assert ix.periods("What did she eat?") == []
