@@ -54,6 +54,11 @@ def test_other_questions_are_not(question: str) -> None:
         "back in 2019 I lived in Oslo",
         "since the accident I have not driven",
         "I've been playing for four months",
+        "I've been playing for about four months now",
+        "Seven years now, and I love it",
+        "my car broke down last Fri on my way to work",
+        "I met back up with my teammates on the 15th",
+        "we went hiking over the weekend",
     ],
 )
 def test_time_expressions_score_one(text: str) -> None:
@@ -61,7 +66,16 @@ def test_time_expressions_score_one(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["I may go", "they march on", "the cat sleeps on the sofa", "", "j'y suis allé hier"]
+    "text",
+    [
+        "I may go",
+        "they march on",
+        "the cat sleeps on the sofa",
+        "",
+        "j'y suis allé hier",
+        "at last sun came out",
+        "for about an hour",
+    ],
 )
 def test_text_without_a_time_expression_scores_zero(text: str) -> None:
     assert time_expression_score(text) == 0.0
