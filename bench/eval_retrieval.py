@@ -84,6 +84,7 @@ from index import (
     SessionIndex,
     TimeIndex,
     VectorIndex,
+    analyze,
     convex_fusion,
     load_embedder,
     rrf,
@@ -272,8 +273,13 @@ def latency(ix: Indexes, queries: list[Query], depth: int, embedder: Embedder) -
     def hybrid3(q: Query) -> Ranked:
         return three_legs(Legs(dense(q), lexical(q), contextual(q)))
 
-    def hybrid(q: Query) -> Ranked:
-        g = Legs(dense(q), lexical(q), contextual(q))
+    def hybrid(q: Query) -> Ranked:  # as the server: the query analysed once
+        terms = analyze(q.question)
+        g = Legs(
+            dense(q),
+            ix.lexical[q.owner].search_terms(terms, depth),
+            ix.contextual[q.owner].search_terms(terms, depth),
+        )
         times = ix.times[q.owner]
         found = {i for leg in (g.dense, g.lexical, g.contextual) for i, _ in leg}
         return convex_fusion(
@@ -281,7 +287,7 @@ def latency(ix: Indexes, queries: list[Query], depth: int, embedder: Embedder) -
                 g.dense,
                 g.lexical,
                 g.contextual,
-                ix.sessions[q.owner].search(q.question, HYBRID_SESSIONS),
+                ix.sessions[q.owner].search_terms(terms, HYBRID_SESSIONS),
                 times.prior(q.question, found),
                 times.window(times.periods(q.question), WINDOW_DEPTH),
             ],

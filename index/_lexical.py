@@ -301,11 +301,26 @@ class LexicalIndex:
             ValueError: ``k < 1``.
             TypeError: ``query`` is not a ``str``.
         """
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
         if not isinstance(query, str):
             raise TypeError("query must be a string")
-        terms = analyze(query)
+        return self.search_terms(analyze(query), k)
+
+    def search_terms(self, terms: Sequence[str], k: int) -> list[tuple[int, float]]:
+        """:meth:`search` for a query already analysed (``analyze(query)``), so that
+        several indexes searched with one query analyse it once.
+
+        Args:
+            terms: The query's terms, as :func:`analyze` gives them.
+            k: Maximum number of results, ``>= 1``.
+
+        Returns:
+            As :meth:`search`.
+
+        Raises:
+            ValueError: ``k < 1``.
+        """
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
         with self._lock:
             if self._built is None:
                 self._built = self._build()
