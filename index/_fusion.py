@@ -36,11 +36,11 @@ Ranked = list[tuple[int, float]]
 
 HYBRID_TUNED_WEIGHTS: tuple[float, float, float, float, float, float] = (
     0.25,
-    0.2,
-    0.65,
-    0.65,
+    0.1,
+    0.55,
     0.45,
-    0.5,
+    0.6,
+    0.35,
 )
 """The grid weights ``bench/eval_retrieval.py`` chose on conversations 1-5, before scaling.
 
@@ -53,8 +53,8 @@ prior (:meth:`index.TimeIndex.prior`, when-questions only); session-date window
 are cut at depth 30 before fusion. Coordinate search from the earlier three-leg
 weights (0.2, 0.2, 0.6), steps 0.05-0.2, objective the sum of recall@1/5/10/20 on
 conversations 1-5 (categories 1-4). Measured (``bench/eval_retrieval.py``, WordLlama):
-recall@1/5/10/20 0.417/0.675/0.754/0.809 on 1-5, 0.350/0.642/0.725/0.780 on the
-held-out 6-10, 0.383/0.658/0.740/0.794 on all ten (three legs: 0.350/0.617/0.700/0.766).
+recall@1/5/10/20 0.417/0.674/0.753/0.808 on 1-5, 0.361/0.650/0.728/0.781 on the
+held-out 6-10, 0.389/0.662/0.741/0.794 on all ten (three legs: 0.350/0.617/0.700/0.766).
 """
 
 HYBRID_WEIGHTS: tuple[float, ...] = tuple(
@@ -68,7 +68,7 @@ legs: 0)."""
 
 HYBRID_SESSIONS = 5
 """How many of the best sessions hand their members to the session leg (tuned with the
-weights)."""
+weights, from 1-5: more cost latency, see ``bench/eval_retrieval.py``)."""
 
 
 def _check(legs: Sequence[Ranked], weights: Sequence[float]) -> None:

@@ -293,11 +293,26 @@ class SessionIndex:
             ValueError: ``sessions < 1``.
             TypeError: ``query`` is not a ``str``.
         """
-        if sessions < 1:
-            raise ValueError(f"sessions must be >= 1, got {sessions}")
         if not isinstance(query, str):
             raise TypeError("query must be a string")
-        terms = analyze(query)
+        return self.search_terms(analyze(query), sessions)
+
+    def search_terms(self, terms: Sequence[str], sessions: int) -> list[tuple[int, float]]:
+        """:meth:`search` for a query already analysed (``index.analyze(query)``, the
+        analyzer of the lexical legs), so that the legs analyse one query once.
+
+        Args:
+            terms: The query's terms, as :func:`index.analyze` gives them.
+            sessions: How many of the best sessions contribute their members, ``>= 1``.
+
+        Returns:
+            As :meth:`search`.
+
+        Raises:
+            ValueError: ``sessions < 1``.
+        """
+        if sessions < 1:
+            raise ValueError(f"sessions must be >= 1, got {sessions}")
         out: list[tuple[int, float]] = []
         with self._lock:
             ranked = self._rank(terms, sessions)

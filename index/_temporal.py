@@ -50,6 +50,7 @@ _NUMBER_WORDS = (
     r"a\s+few|a\s+couple\s+of|a\s+couple|couple\s+of|few|several)"
 )
 _UNIT = r"(?:days?|weeks?|weekends?|months?|years?|decades?)"
+_ABOUT = r"(?:about|around|over|almost|nearly|roughly|close\s+to|more\s+than)"
 _WEEKDAY = r"(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday)s?"
 
 # Questions that ask for a time or a duration. Anchored at the start (after an
@@ -80,9 +81,20 @@ _TIME_EXPRESSIONS = [
         r"Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday)\b",
         re.IGNORECASE,
     ),
+    re.compile(
+        r"\b(?:last|this|next|past|previous|coming)\s+"
+        r"(?-i:Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\b",
+        re.IGNORECASE,
+    ),
     re.compile(rf"\b{_NUMBER_WORDS}\s+{_UNIT}\s+ago\b", re.IGNORECASE),
     re.compile(r"\bago\b", re.IGNORECASE),
-    re.compile(rf"\bfor\s+(?:the\s+(?:last|past)\s+)?{_NUMBER_WORDS}\s+{_UNIT}\b", re.IGNORECASE),
+    re.compile(
+        rf"\bfor\s+(?:the\s+(?:last|past)\s+|{_ABOUT}\s+)?{_NUMBER_WORDS}\s+{_UNIT}\b",
+        re.IGNORECASE,
+    ),
+    re.compile(rf"\b{_NUMBER_WORDS}\s+{_UNIT}\s+now\b", re.IGNORECASE),
+    re.compile(r"\bon\s+the\s+\d{1,2}(?:st|nd|rd|th)\b", re.IGNORECASE),
+    re.compile(r"\b(?:over|on|at|during)\s+the\s+weekend\b", re.IGNORECASE),
     re.compile(rf"\b{_WEEKDAY}\b"),
     re.compile(
         r"\b(?:January|February|March|April|June|July|August|September|October|"
@@ -120,9 +132,11 @@ def time_expression_score(text: str) -> float:
 
     English-only rules (module docstring): yesterday, today, tonight, tomorrow,
     recently, "the other day"; last/this/next/past + week, weekend, month, year,
-    season or weekday; "N days/weeks/months/years ago" (N a numeral, a number word,
-    "a few", "a couple of", "several") and any "ago"; "for (the past) N weeks"; a
-    capitalised weekday or month name ("May" only beside a day number or after
+    season or weekday (also a capitalised abbreviation: "last Fri"); "N
+    days/weeks/months/years ago" (N a numeral, a number word, "a few", "a couple
+    of", "several") and any "ago"; "for (the past | about | over | nearly …) N
+    weeks" and "N years now"; "on the 15th"; "over (on, at, during) the weekend";
+    a capitalised weekday or month name ("May" only beside a day number or after
     "in", "of", "since", …); a year 1900-2099; "since".
 
     Args:

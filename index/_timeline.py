@@ -45,7 +45,8 @@ _EXPR_BYTES = 50
 """Estimated bytes per held turn with a time expression."""
 
 WINDOW_DEPTH = 200
-"""Most turns the session-date window leg hands to the fusion."""
+"""Most turns the session-date window leg hands to the fusion (a group of equal scores
+that this cut would split is left out whole: :meth:`TimeIndex.window`)."""
 
 
 class TimeIndex:
@@ -160,11 +161,16 @@ class TimeIndex:
 
         Args:
             periods: Named periods (from :meth:`periods`); ``[]`` gives ``[]``.
-            limit: At most this many turns, ``>= 1``: the best, then the earliest.
+            limit: At most this many turns, ``>= 1``: the best. When more than
+                ``limit`` turns score, the turns whose score equals the one just past
+                the cut are all left out: choosing among equal scores by time would
+                hand a named year's weight to its earliest turns only.
             slack: Seconds after a period that still score, by granularity.
 
         Returns:
-            ``(id, score in (0, 1])`` pairs, best first, then by time and id.
+            ``(id, score in (0, 1])`` pairs, best first, then by time and id; ``[]``
+            also when more than ``limit`` turns share the best score (the window then
+            tells nothing apart).
 
         Raises:
             ValueError: ``limit < 1``.
@@ -185,7 +191,10 @@ class TimeIndex:
                     if score > 0.0 and score > best.get(id_, (0.0, 0.0))[0]:
                         best[id_] = (score, when)
         ranked = sorted(best.items(), key=lambda item: (-item[1][0], item[1][1], item[0]))
-        return [(id_, score) for id_, (score, _) in ranked[:limit]]
+        if len(ranked) > limit:
+            edge = ranked[limit][1][0]
+            ranked = [item for item in ranked[:limit] if item[1][0] > edge]
+        return [(id_, score) for id_, (score, _) in ranked]
 
     def ids(self) -> npt.NDArray[np.int64]:
         """All ids held, ``(len(self),) int64`` ascending."""

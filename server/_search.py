@@ -72,6 +72,7 @@ from index import (
     SessionIndex,
     TimeIndex,
     VectorIndex,
+    analyze,
     convex_fusion,
     normalize,
 )
@@ -720,8 +721,9 @@ class Retriever:
                 bundles, owner, query, top_k, pending_thread, kinds, include_turns
             )
         depth = max(LEG_DEPTH, top_k + OVERFETCH)
-        plain = _merge([b.plain.search(query_text, depth) for b in bundles if len(b.plain)])
-        ctx = _merge([b.ctx.search(query_text, depth) for b in bundles if len(b.ctx)])
+        terms = analyze(query_text)  # once for the two BM25 legs and the session leg
+        plain = _merge([b.plain.search_terms(terms, depth) for b in bundles if len(b.plain)])
+        ctx = _merge([b.ctx.search_terms(terms, depth) for b in bundles if len(b.ctx)])
         dense: Ranked = []
         if mode != MODE_LEXICAL:
             dense = _merge(
@@ -731,7 +733,7 @@ class Retriever:
                     if query is not None and len(b.dense) and b.dense.dim == query.shape[0]
                 ]
             )
-        sessions, prior, window = _time_legs(bundles, query_text, [dense, plain, ctx])
+        sessions, prior, window = _time_legs(bundles, query_text, terms, [dense, plain, ctx])
         if mode == MODE_LEXICAL:
             legs = [plain, ctx, sessions, prior, window]
             fused = convex_fusion(legs, _LEXICAL_WEIGHTS, _LEXICAL_BOUNDS)
@@ -858,13 +860,14 @@ def index_drift(
 
 
 def _time_legs(
-    bundles: Sequence[_Bundle], query_text: str, found: Sequence[Ranked]
+    bundles: Sequence[_Bundle], query_text: str, terms: Sequence[str], found: Sequence[Ranked]
 ) -> tuple[Ranked, Ranked, Ranked]:
-    """The session leg, the time-expression prior (over the ids ``found`` by the
-    other legs) and the session-date window of ``query_text``; a heuristic that
-    does not apply gives ``[]``."""
+    """The session leg (of ``terms``, the analysed ``query_text``), the
+    time-expression prior (over the ids ``found`` by the other legs) and the
+    session-date window of ``query_text``; a heuristic that does not apply gives
+    ``[]``."""
     sessions = _merge(
-        [b.sessions.search(query_text, HYBRID_SESSIONS) for b in bundles if len(b.sessions)]
+        [b.sessions.search_terms(terms, HYBRID_SESSIONS) for b in bundles if len(b.sessions)]
     )
     timed = [b for b in bundles if len(b.times)]
     candidates = {rid for leg in found for rid, _ in leg}

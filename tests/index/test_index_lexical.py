@@ -49,6 +49,15 @@ def test_results_are_best_first_and_capped_at_k() -> None:
     assert hits[0][1] >= hits[1][1]
 
 
+def test_search_terms_of_the_analysed_query_equals_search() -> None:
+    ix = _index()
+    ix.add([14], ["Melanie: a support group by the lake"])  # a delta beside the main segment
+    for query in ("Caroline Melanie support lake", "running", "the of", ""):
+        assert ix.search_terms(analyze(query), 3) == ix.search(query, 3)
+    with pytest.raises(ValueError, match="k must be"):
+        ix.search_terms(["lake"], 0)
+
+
 def test_query_of_only_stopwords_or_unknown_terms_finds_nothing() -> None:
     ix = _index()
     assert ix.search("what is the", k=5) == []

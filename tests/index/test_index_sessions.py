@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from index import SessionIndex
+from index import SessionIndex, analyze
 
 
 def _index() -> SessionIndex:
@@ -38,6 +38,14 @@ def test_a_turn_without_the_query_words_rises_with_its_session() -> None:
     assert 2 in dict(ix.search("camping", sessions=2))
     sessions = ix.search_sessions("lake", sessions=5)
     assert {s for s, _ in sessions} == {"t1/a", "t2/a"}
+
+
+def test_search_terms_of_the_analysed_query_equals_search() -> None:
+    ix = _index()
+    for query in ("camping trip", "lake", "the of", ""):
+        assert ix.search_terms(analyze(query), 2) == ix.search(query, 2)
+    with pytest.raises(ValueError, match="sessions must be"):
+        ix.search_terms(["lake"], 0)
 
 
 def test_the_header_is_part_of_the_document() -> None:

@@ -54,6 +54,11 @@ def test_other_questions_are_not(question: str) -> None:
         "back in 2019 I lived in Oslo",
         "since the accident I have not driven",
         "I've been playing for four months",
+        "I've been playing for about four months now",
+        "Seven years now, and I love it",
+        "my car broke down last Fri on my way to work",
+        "I met back up with my teammates on the 15th",
+        "we went hiking over the weekend",
     ],
 )
 def test_time_expressions_score_one(text: str) -> None:
@@ -61,7 +66,16 @@ def test_time_expressions_score_one(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["I may go", "they march on", "the cat sleeps on the sofa", "", "j'y suis allé hier"]
+    "text",
+    [
+        "I may go",
+        "they march on",
+        "the cat sleeps on the sofa",
+        "",
+        "j'y suis allé hier",
+        "at last sun came out",
+        "for about an hour",
+    ],
 )
 def test_text_without_a_time_expression_scores_zero(text: str) -> None:
     assert time_expression_score(text) == 0.0
@@ -117,6 +131,15 @@ def test_window_scores_the_day_and_the_slack_after_it() -> None:
     assert [i for i, _ in hits] == [2, 3]
     assert hits[0][1] == 1.0
     assert hits[1][1] == pytest.approx(0.5)
+
+
+def test_window_limit_never_splits_equal_scores() -> None:
+    ix = _timeline()
+    year = ix.periods("What did she do in 2023?")  # every turn scores 1
+    assert [i for i, _ in ix.window(year, 10)] == [1, 2, 3, 4]
+    assert ix.window(year, 3) == []  # not the three earliest of four equals
+    day = ix.periods("What did she do on 7 May 2023?")  # 2 scores 1, 3 scores 0.5
+    assert [i for i, _ in ix.window(day, 1)] == [2]
 
 
 def test_window_of_a_question_without_a_date_is_empty_not_a_filter() -> None:
