@@ -158,6 +158,7 @@ def _move_once(turns: int, others: int, rng: np.random.Generator) -> dict[str, A
             "fill_seconds": round(fill_seconds, 2),
             "move_seconds": receipt["seconds"],
             "writes_refused_seconds": receipt["writes_refused_seconds"],
+            "steps_seconds": receipt["steps_seconds"],
             "longest_write_gap_seconds": round(max(gaps), 3),
             "writes_acknowledged_during_move": during,
             "refusals_retried": refused,

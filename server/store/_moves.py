@@ -340,7 +340,7 @@ class MovesPart(PlacementPart, StoreBase):
             raise MoveRefused(f"owners/{owner} is {marker.state} here (move {marker.move_id})")
         if marker is not None and marker.state == "arriving":
             self._remove_copy(owner)  # what an interrupted import left
-        elif self.owner_row_counts(owner):
+        elif self.holds_owner(owner):
             raise MoveRefused(f"this shard already holds owner {owner!r}")
         marker = self.mark_moved(owner, source, "", state="arriving", move_id=move_id)
         failpoint(FP_IMPORT_MARKED)
@@ -437,7 +437,7 @@ class MovesPart(PlacementPart, StoreBase):
         marker = self.moved(owner)
         if marker is not None and marker.state == "arrived":
             return marker
-        if marker is None or marker.state != "arriving" or not self.owner_row_counts(owner):
+        if marker is None or marker.state != "arriving" or not self.holds_owner(owner):
             raise MoveRefused(f"no complete import of owners/{owner} waits here")
         return self.mark_moved(owner, marker.shard, "", state="arrived", move_id=marker.move_id)
 
