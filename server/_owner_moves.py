@@ -160,8 +160,14 @@ def run_owner_command(args: argparse.Namespace, open_store: Callable[[], Any]) -
 def _run(args: argparse.Namespace, store: Any, export: Any, receive_key: ReceiveKey | None) -> int:
     if args.action == "export":
         started = time.monotonic()
+        before = store.moved(args.owner)
         done = store.export_owner(args.owner, args.to, args.target or "", args.recipient)
-        _write_atomically(args.out, done.encode())
+        try:
+            _write_atomically(args.out, done.encode())
+        except OSError:
+            if before is None or before.state != "moving":
+                store.clear_moved(args.owner)  # this export's marker: writes go on
+            raise
         doc = {
             "owner": args.owner,
             "move_id": done.marker.move_id,

@@ -262,6 +262,8 @@ class MovesPart(PlacementPart, StoreBase):
             MoveRefused: the owner is not held here, is marked for another
                 move, or still has deletions in progress after 30 s.
             ValueError: ``recipient_hex`` is malformed.
+
+        A refused export removes the marker it wrote (the owner's writes go on).
         """
         marker = self.moved(owner)
         if marker is not None and marker.state == "arrived":
@@ -270,6 +272,7 @@ class MovesPart(PlacementPart, StoreBase):
             marker.state == "moving" and move_id in ("", marker.move_id)
         ):
             raise MoveRefused(f"owners/{owner} is {marker.state} here (move {marker.move_id})")
+        started = marker is None
         if marker is None:
             with self.env.begin() as txn:
                 if sk.get(txn, self.t.owners, sk.owner_key(owner)) is None:
@@ -277,6 +280,18 @@ class MovesPart(PlacementPart, StoreBase):
             marker = self.mark_moved(
                 owner, shard, target, state="moving", move_id=move_id or uuid.uuid4().hex[:16]
             )
+        try:
+            return self._export_marked(owner, marker, recipient_hex)
+        except Exception:
+            # A refused export (a malformed recipient, a KEK that does not open
+            # the owner's rings, deletions still running) must not leave the
+            # owner's writes refused: the marker this call wrote goes.
+            if started:
+                self.clear_moved(owner)
+            raise
+
+    def _export_marked(self, owner: str, marker: MovedRow, recipient_hex: str) -> OwnerExport:
+        """:meth:`export_owner` once the owner's ``moving`` marker stands."""
         failpoint(FP_EXPORT_MARKED)
         deadline = time.monotonic() + _WAIT_DELETIONS
         while self._deleting(owner):

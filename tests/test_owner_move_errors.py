@@ -1,0 +1,119 @@
+"""Careless and bad input to the ``lethe owner`` commands, against two real
+``lethe serve`` processes (KEK files): each refused step exits 1 or 2 with a
+message and no traceback, and leaves nothing half-done — no marker that
+refuses the owner's writes on the source, no copy on the destination, no
+store created where the operator mistyped one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _shardprocs import ShardProc, lethe_cli, shared_token, start_shard, wait_for
+from conftest import free_port
+
+import lethe.client as lc
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ShardProc]]:
+    work = tmp_path_factory.mktemp("move-errors")
+    shards = {
+        name: ShardProc(name, work / f"data-{name}", "", free_port(), kek_file=work / f"kek-{name}")
+        for name in ("a", "c")
+    }
+    try:
+        for shard in shards.values():
+            start_shard(shard, work / f"{shard.name}.log")
+        for shard in shards.values():
+            assert shard.proc is not None
+            wait_for(work / f"{shard.name}.log", "lethe serving", shard.proc)
+        yield shards
+    finally:
+        for shard in shards.values():
+            if shard.proc is not None and shard.proc.poll() is None:
+                shard.proc.terminate()
+                shard.proc.wait(20)
+            if shard.log is not None:
+                shard.log.close()
+
+
+@pytest.fixture(scope="module")
+def token(pair: dict[str, ShardProc]) -> str:
+    return shared_token(list(pair.values()))
+
+
+def _owner(shard: ShardProc, *args: str) -> subprocess.CompletedProcess[str]:
+    return lethe_cli(shard, "owner", *args, "--data", str(shard.data))
+
+
+def _refused(done: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+    assert done.returncode == code, done.stdout + done.stderr
+    assert text in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def _state(shard: ShardProc, owner: str) -> str:
+    done = _owner(shard, "status", "--owner", owner, "--json")
+    assert done.returncode == 0, done.stderr
+    return str(json.loads(done.stdout)["state"])
+
+
+def _rows(shard: ShardProc, owner: str) -> int:
+    done = _owner(shard, "status", "--owner", owner, "--json")
+    assert done.returncode == 0, done.stderr
+    return sum(json.loads(done.stdout)["rows"].values())
+
+
+def _make_owner(shard: ShardProc, token: str, owner: str) -> str:
+    client = lc.Client(shard.address, token, tls=False, retry=None, timeout=15)
+    thread = client.create_thread(f"owners/{owner}", thread_id="t1").name
+    client.append_turns(thread, [{"role": "USER", "text": f"{owner} {i}", "commit": True}
+                                 for i in range(3)])  # fmt: skip
+    client.close()
+    return thread
+
+
+def _writes(shard: ShardProc, token: str, thread: str) -> bool:
+    client = lc.Client(shard.address, token, tls=False, retry=None, timeout=15)
+    try:
+        client.append_turns(thread, [{"role": "USER", "text": "still writable", "commit": True}])
+        return True
+    except lc.OwnerMoving:
+        return False
+    finally:
+        client.close()
+
+
+def _receive_key(shard: ShardProc, path: Path) -> str:
+    done = lethe_cli(shard, "owner", "receive-key", "--out", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    return str(json.loads(done.stdout)["public"])
+
+
+def _export(src: ShardProc, owner: str, public: str, out: Path, *extra: str) -> Any:
+    return _owner(src, "export", "--owner", owner, "--to", "c", "--recipient", public,
+                  "--out", str(out), *extra)  # fmt: skip
+
+
+def test_a_refused_export_leaves_the_owner_writable(
+    pair: dict[str, ShardProc], token: str, tmp_path: Path
+) -> None:
+    a, c = pair["a"], pair["c"]
+    thread = _make_owner(a, token, "ann")
+    public = _receive_key(c, tmp_path / "c.key")
+    _refused(_export(a, "ann", "deadbeef", tmp_path / "x"), 2, "64-hex-character")
+    assert _state(a, "ann") == "served"
+    _refused(_export(a, "ann", public, tmp_path / "nowhere" / "ann.out"), 2, "nowhere")
+    assert _state(a, "ann") == "served"
+    assert not (tmp_path / "nowhere").exists()
+    wrong_kek = ("--kek-file", str(c.kek_file))
+    _refused(_export(a, "ann", public, tmp_path / "ann.out", *wrong_kek), 2, "")
+    assert _state(a, "ann") == "served"
+    assert not (tmp_path / "ann.out").exists()
+    assert _writes(a, token, thread)
