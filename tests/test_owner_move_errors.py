@@ -117,3 +117,18 @@ def test_a_refused_export_leaves_the_owner_writable(
     assert _state(a, "ann") == "served"
     assert not (tmp_path / "ann.out").exists()
     assert _writes(a, token, thread)
+
+
+def test_a_second_export_to_another_shard_is_refused(
+    pair: dict[str, ShardProc], token: str, tmp_path: Path
+) -> None:
+    a, c = pair["a"], pair["c"]
+    _make_owner(a, token, "ben")
+    public = _receive_key(c, tmp_path / "c.key")
+    assert _export(a, "ben", public, tmp_path / "ben.out").returncode == 0
+    assert _export(a, "ben", public, tmp_path / "ben.out").returncode == 0  # repeated: the same
+    again = _owner(a, "export", "--owner", "ben", "--to", "d", "--recipient", public,
+                   "--out", str(tmp_path / "ben-d.out"))  # fmt: skip
+    _refused(again, 1, "moving to c")
+    assert not (tmp_path / "ben-d.out").exists()
+    assert _owner(a, "abort", "--owner", "ben").returncode == 0

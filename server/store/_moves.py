@@ -260,7 +260,8 @@ class MovesPart(PlacementPart, StoreBase):
 
         Raises:
             MoveRefused: the owner is not held here, is marked for another
-                move, or still has deletions in progress after 30 s.
+                move (or moving to another shard than ``shard``), or still has
+                deletions in progress after 30 s.
             ValueError: ``recipient_hex`` is malformed.
 
         A refused export removes the marker it wrote (the owner's writes go on).
@@ -279,6 +280,11 @@ class MovesPart(PlacementPart, StoreBase):
                     raise MoveRefused(f"this shard holds no owner {owner!r}")
             marker = self.mark_moved(
                 owner, shard, target, state="moving", move_id=move_id or uuid.uuid4().hex[:16]
+            )
+        elif shard != marker.shard:
+            raise MoveRefused(
+                f"owners/{owner} is moving to {marker.shard} (move {marker.move_id}), not "
+                f"{shard}: `lethe owner abort` it first"
             )
         try:
             return self._export_marked(owner, marker, recipient_hex)
