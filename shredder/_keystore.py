@@ -996,6 +996,20 @@ class Keystore:
         self._env.sync(True)
         return len(rings) + len(records)
 
+    def kek_opens_rings(self) -> bool:
+        """Whether this store's KEK unwraps a ring stored here (True when there is
+        none to try): a KEK of another store would wrap imported keys that the
+        server, with its own KEK, could never open."""
+        with self._env.begin() as txn:
+            for key, value in txn.cursor(db=self._rings):
+                ring, _ = _decode_ring_prefix(key)
+                try:
+                    self._unwrap_ring(ring, key, value, self._epoch)
+                except (IntegrityError, KeyNotFoundError):
+                    return False
+                return True
+        return True
+
     def evict_owner(self, owner: str) -> None:
         """Drop every cached unwrapped key of ``owner`` from this process's memory
         (another process destroyed or replaced its keys: a shard's owner moved)."""

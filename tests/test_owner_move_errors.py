@@ -132,3 +132,34 @@ def test_a_second_export_to_another_shard_is_refused(
     _refused(again, 1, "moving to c")
     assert not (tmp_path / "ben-d.out").exists()
     assert _owner(a, "abort", "--owner", "ben").returncode == 0
+
+
+def test_a_bad_import_is_refused_and_leaves_nothing_on_the_destination(
+    pair: dict[str, ShardProc], token: str, tmp_path: Path
+) -> None:
+    a, c = pair["a"], pair["c"]
+    _make_owner(a, token, "cid")
+    key = tmp_path / "c.key"
+    public = _receive_key(c, key)
+    out = tmp_path / "cid.out"
+    assert _export(a, "cid", public, out).returncode == 0
+    raw = out.read_bytes()
+    line, _, rest = raw.partition(b"\n")
+    header = json.loads(line)
+
+    def imported(data: bytes, *extra: str) -> subprocess.CompletedProcess[str]:
+        changed = tmp_path / "changed.out"
+        changed.write_bytes(data)
+        return _owner(c, "import", "--in", str(changed), "--receive-key", str(key),
+                      "--from", "a", *extra)  # fmt: skip
+
+    bad_rows = json.dumps(header | {"rows": []}).encode() + b"\n" + rest
+    _refused(imported(bad_rows), 2, "not a complete lethe owner export")
+    keys_changed = bytearray(raw)
+    keys_changed[-5] ^= 1
+    _refused(imported(bytes(keys_changed)), 2, "sealed to another receive key, or changed")
+    assert _state(c, "cid") == "served"  # no arriving marker left behind
+    _make_owner(c, token, "cal")  # c has keys to check a KEK against
+    _refused(imported(raw, "--kek-file", str(a.kek_file)), 2, "KEK")
+    assert (_state(c, "cid"), _rows(c, "cid")) == ("served", 0)
+    assert _owner(a, "abort", "--owner", "cid").returncode == 0

@@ -57,7 +57,15 @@ from server.store._forget import DeletionEntry
 from server.store._placement import MovedRow, PlacementPart
 from server.store._records import MemMeta, OwnerRow, TurnMeta
 from server.store._writer import WriteOp
-from shredder import IntegrityError, ReceiveKey, declare, failpoint, open_bundle, seal_bundle
+from shredder import (
+    EnvironmentConfigError,
+    IntegrityError,
+    ReceiveKey,
+    declare,
+    failpoint,
+    open_bundle,
+    seal_bundle,
+)
 
 FP_EXPORT_MARKED = declare(
     "move.export.after_marker", "an owner move: the source refuses the owner's writes; no copy"
@@ -152,7 +160,8 @@ class OwnerExport:
             assert header["format"] == "lethe-owner-export/1"
             split = int(header["data_bytes"])
             assert len(rest) == split + int(header["keys_bytes"])
-        except (ValueError, KeyError, AssertionError, TypeError) as exc:
+            rows = {str(k): int(v) for k, v in header["rows"].items()}
+        except (ValueError, KeyError, AssertionError, TypeError, AttributeError) as exc:
             raise IntegrityError("not a complete lethe owner export") from exc
         marker = MovedRow(
             str(header["owner"]),
@@ -162,7 +171,6 @@ class OwnerExport:
             "moving",
             str(header["move_id"]),
         )
-        rows = {str(k): int(v) for k, v in header["rows"].items()}
         return cls(rest[:split], rest[split:], rows, int(header["keys"]), marker)
 
 
@@ -356,6 +364,14 @@ class MovesPart(PlacementPart, StoreBase):
         header = json.loads(entries[0][2])
         if header["owner"] != owner or header["move_id"] != move_id:
             raise IntegrityError("the export's sealed manifest does not match its header")
+        # Everything that can refuse the import is checked before its marker,
+        # which would otherwise refuse the owner's calls here for nothing.
+        list(open_bundle(export.keys, receive_key))
+        if not self.keystore.kek_opens_rings():
+            raise EnvironmentConfigError(
+                "the KEK given does not open this store's keys (another store's "
+                "--kek-file or LETHE_KEK?); nothing was imported"
+            )
         marker = self.moved(owner)
         if marker is not None and marker.state in ("moving", "arrived"):
             raise MoveRefused(f"owners/{owner} is {marker.state} here (move {marker.move_id})")
