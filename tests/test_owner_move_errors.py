@@ -163,3 +163,29 @@ def test_a_bad_import_is_refused_and_leaves_nothing_on_the_destination(
     _refused(imported(raw, "--kek-file", str(a.kek_file)), 2, "KEK")
     assert (_state(c, "cid"), _rows(c, "cid")) == ("served", 0)
     assert _owner(a, "abort", "--owner", "cid").returncode == 0
+
+
+def test_an_import_where_the_owner_token_is_already_stored(
+    pair: dict[str, ShardProc], token: str, tmp_path: Path
+) -> None:
+    """The README's way to use a token on every shard: stored on the destination
+    too before the move (``lethe shard token-import --owner``)."""
+    a, c = pair["a"], pair["c"]
+    _make_owner(a, token, "dan")
+    made = lethe_cli(a, "token", "create", "--data", str(a.data), "--owner", "dan")
+    assert made.returncode == 0, made.stderr
+    stored = lethe_cli(c, "shard", "token-import", "--data", str(c.data), "--owner", "dan",
+                       stdin=made.stdout.strip() + "\n")  # fmt: skip
+    assert stored.returncode == 0, stored.stderr
+    key = tmp_path / "c.key"
+    out = tmp_path / "dan.out"
+    assert _export(a, "dan", _receive_key(c, key), out).returncode == 0
+    args = ("import", "--in", str(out), "--receive-key", str(key), "--from", "a")
+    done = _owner(c, *args)
+    assert done.returncode == 0, done.stderr
+    assert _owner(c, *args).returncode == 0  # repeated, as after a crash
+    assert _owner(c, "activate", "--owner", "dan").returncode == 0
+    assert _owner(a, "release", "--owner", "dan").returncode == 0
+    mine = lc.Client(c.address, made.stdout.strip(), tls=False, retry=None, timeout=15)
+    assert len(list(mine.iter_turns("owners/dan/threads/t1"))) == 3
+    mine.close()

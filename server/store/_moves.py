@@ -453,7 +453,10 @@ class MovesPart(PlacementPart, StoreBase):
                 key = renumber(key[:8]) + key[8:]
             elif name == "tokens":
                 if sk.get(txn, self.t.tokens, key) is not None:
-                    continue  # the same token is already stored here
+                    # The same token is already stored here (the operator's
+                    # token-import, or an interrupted import): it arrived.
+                    counts[name] = counts.get(name, 0) + 1
+                    continue
             elif name not in _NAMED and name not in _OWNER_PREFIXED:
                 raise IntegrityError(f"the export holds rows of database {name!r}")
             txn.put(key, value, db=getattr(self.t, name))
