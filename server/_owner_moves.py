@@ -232,12 +232,24 @@ def _run(args: argparse.Namespace, store: Any, export: Any, receive_key: Receive
 
 def _move(args: argparse.Namespace, open_store: Callable[[], Any]) -> int:
     """``lethe owner move``: export, import, flip, activate, release in one process."""
-    from server.store import KEK_ENV, MoveRefused, Store
+    from server.store import KEK_ENV, MoveRefused, Store, data_paths
+    from shredder import Keystore
 
     if os.environ.get(KEK_ENV):
         print(
             f"lethe owner move: {KEK_ENV} would give both stores one KEK; "
             "pass --kek-file and --to-kek-file (or run the steps one by one)",
+            file=sys.stderr,
+        )
+        return _EXIT_USAGE
+    if args.to_data.resolve() == args.data.resolve():
+        print("lethe owner move: --to-data is the source's own --data", file=sys.stderr)
+        return _EXIT_USAGE
+    if Keystore.read_store_id(data_paths(args.to_data.resolve())[1]) is None:
+        # Never create one: the owner would move into a store no server serves.
+        print(
+            f"lethe owner move: --to-data {args.to_data} holds no lethe store; pass the "
+            "data directory the destination's server uses",
             file=sys.stderr,
         )
         return _EXIT_USAGE
@@ -248,6 +260,13 @@ def _move(args: argparse.Namespace, open_store: Callable[[], Any]) -> int:
         source.close()
         raise
     try:
+        if not dest.keystore.kek_opens_rings():
+            print(
+                f"lethe owner move: the KEK given for {args.to_data} (--to-kek-file or its "
+                "default path) does not open its keys; nothing was moved",
+                file=sys.stderr,
+            )
+            return _EXIT_USAGE
         doc = _move_steps(args, source, dest)
     except MoveRefused as exc:
         print(f"lethe owner move: {exc.message}", file=sys.stderr)

@@ -189,3 +189,32 @@ def test_an_import_where_the_owner_token_is_already_stored(
     mine = lc.Client(c.address, made.stdout.strip(), tls=False, retry=None, timeout=15)
     assert len(list(mine.iter_turns("owners/dan/threads/t1"))) == 3
     mine.close()
+
+
+def _move(src: ShardProc, owner: str, to_data: Path, to_kek: Path | None) -> Any:
+    return _owner(src, "move", "--owner", owner, "--from", "a", "--to", "c",
+                  "--to-data", str(to_data), "--to-kek-file", str(to_kek))  # fmt: skip
+
+
+def test_move_refuses_a_destination_that_is_not_a_store_or_the_source(
+    pair: dict[str, ShardProc], token: str, tmp_path: Path
+) -> None:
+    a, c = pair["a"], pair["c"]
+    _make_owner(a, token, "eve")
+    typo = tmp_path / "data-cc"
+    _refused(_move(a, "eve", typo, c.kek_file), 2, "no lethe store")
+    assert not typo.exists()
+    _refused(_move(a, "eve", a.data, a.kek_file), 2, "")
+    assert (_state(a, "eve"), _state(c, "eve")) == ("served", "served")
+
+
+def test_move_with_the_wrong_destination_kek_is_refused(
+    pair: dict[str, ShardProc], token: str
+) -> None:
+    a, c = pair["a"], pair["c"]
+    thread = _make_owner(a, token, "fay")
+    _make_owner(c, token, "gus")  # the destination has keys to check a KEK against
+    _refused(_move(a, "fay", c.data, a.kek_file), 2, "KEK")
+    assert _state(a, "fay") == "served"
+    assert (_state(c, "fay"), _rows(c, "fay")) == ("served", 0)
+    assert _writes(a, token, thread)
