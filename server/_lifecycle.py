@@ -22,6 +22,7 @@ from server.store import (
     EVENT_RETENTION,
     AuditCounts,
     DeletionEntry,
+    KeyCheck,
     MemMeta,
     MemoryDraft,
     MemoryView,
@@ -230,14 +231,21 @@ class Lifecycle:
                 return otherwise
 
         retired = self.store.retire_unused_kek_versions()
-        relocated = attempt(
-            "key relocation", lambda: self.store.relocate_keys(self.store.check_keys().misplaced), 0
-        )
+        # One pass over the data and the keystore answers the next three steps
+        # unless a step changed something, which makes it stale.
+        check = self.store.check_keys()
+        relocated = attempt("key relocation", lambda: self.store.relocate_keys(check.misplaced), 0)
         resumed = attempt("resuming deletions", self.resume_outstanding, 0)
-        forgotten = attempt("forgetting shredded threads", self._forget_decided_threads, 0)
+        if relocated or resumed:
+            check = self.store.check_keys()
+        forgotten = attempt(
+            "forgetting shredded threads", lambda: self._forget_decided_threads(check), 0
+        )
+        if forgotten:
+            check = self.store.check_keys()
         more, kept = attempt(
             "forgetting shredded records",
-            self._forget_decided_records,
+            lambda: self._forget_decided_records(check),
             (0, [r.name for r in self.store.records_without_key()]),
         )
         stray = attempt("destroying stray keys", self.store.destroy_unreferenced_keys, 0)
@@ -250,20 +258,20 @@ class Lifecycle:
         self.metrics.records_without_key.set(len(kept))
         return Recovery(retired, relocated, resumed, forgotten + more, kept, stray, deferred)
 
-    def _forget_decided_threads(self) -> int:
+    def _forget_decided_threads(self, check: KeyCheck) -> int:
         count = 0
-        for meta in self.store.threads_without_key():
+        for meta in self.store.threads_without_key(check):
             ring = RingRef(meta.owner, meta.thread)
             if self.store.shred_decided(meta, ring, meta.title_key):
                 entry = self.forget(meta.owner, threads=[meta.thread], reason=REASON_KEY_DESTROYED)
                 count += entry.deleted
         return count
 
-    def _forget_decided_records(self) -> tuple[int, list[str]]:
+    def _forget_decided_records(self, check: KeyCheck) -> tuple[int, list[str]]:
         by_owner: dict[str, list[tuple[str, int]]] = defaultdict(list)
         mems_by_owner: dict[str, list[str]] = defaultdict(list)
         kept: list[str] = []
-        for record in self.store.records_without_key():
+        for record in self.store.records_without_key(check):
             if not self.store.shred_decided(record, record_ring(record), record.key_id):
                 kept.append(record.name)
             elif isinstance(record, MemMeta):

@@ -163,19 +163,26 @@ def _record_lmdb_key(ring: RingRef, key_id: str) -> bytes:
     return _ring_prefix(ring) + _key_id_bytes(key_id)
 
 
+def _ring_prefix_length(raw: bytes) -> int:
+    """The length in bytes of the ring prefix at the start of an LMDB key."""
+    owner_end = raw.index(_SEP)
+    if raw[owner_end + 1 : owner_end + 2] == _OWNER_RING:
+        return owner_end + 3
+    return raw.index(_SEP, owner_end + 2) + 1
+
+
 def _decode_ring_prefix(raw: bytes) -> tuple[RingRef, int]:
     """Decode the ring prefix at the start of an LMDB key.
 
     Returns:
         The ring and the length of its prefix in bytes.
     """
+    size = _ring_prefix_length(raw)
     owner_end = raw.index(_SEP)
     owner = raw[:owner_end].decode("ascii")
-    kind = raw[owner_end + 1 : owner_end + 2]
-    if kind == _OWNER_RING:
-        return RingRef(owner), owner_end + 3
-    thread_end = raw.index(_SEP, owner_end + 2)
-    return RingRef(owner, raw[owner_end + 2 : thread_end].decode("ascii")), thread_end + 1
+    if raw[owner_end + 1 : owner_end + 2] == _OWNER_RING:
+        return RingRef(owner), size
+    return RingRef(owner, raw[owner_end + 2 : size - 1].decode("ascii")), size
 
 
 def _ring_fields(ring: RingRef) -> tuple[str, str, str]:
@@ -839,13 +846,17 @@ class Keystore:
         """
         prefix = b"" if owner is None else _owner_prefix(owner)
         found: list[tuple[RingRef, str]] = []
+        rings: dict[bytes, RingRef] = {}  # one validated RingRef per ring, not per key
         with self._env.begin() as txn:
             cursor = txn.cursor(db=self._records)
             if cursor.set_range(prefix):
                 for key in cursor.iternext(keys=True, values=False):
                     if not key.startswith(prefix):
                         break
-                    ring, size = _decode_ring_prefix(key)
+                    size = _ring_prefix_length(key)
+                    ring = rings.get(key[:size])
+                    if ring is None:
+                        ring = rings[key[:size]] = _decode_ring_prefix(key)[0]
                     found.append((ring, key[size:].decode("utf-8")))
         return iter(found)
 

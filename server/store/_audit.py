@@ -288,10 +288,11 @@ class AuditPart(StoreBase):
         when = self.keystore.shredded_at(ring, key_id)
         return when is not None and when >= record.create_time - 1.0
 
-    def records_without_key(self) -> list[TurnMeta | MemMeta]:
-        """Live turns and memories whose current record key is in no ring."""
+    def records_without_key(self, check: KeyCheck | None = None) -> list[TurnMeta | MemMeta]:
+        """Live turns and memories whose current record key is in no ring (from
+        ``check`` when the caller has a current one, else a new :meth:`check_keys`)."""
         out: list[TurnMeta | MemMeta] = []
-        for record in self.check_keys().missing:
+        for record in (check or self.check_keys()).missing:
             if isinstance(record, TurnMeta):
                 out.append(record)
             elif isinstance(record, MemMeta):
@@ -300,9 +301,10 @@ class AuditPart(StoreBase):
                     out.append(record)
         return out
 
-    def threads_without_key(self) -> list[ThreadMeta]:
-        """Live threads whose title key is in no ring (their ring was destroyed)."""
-        return [r for r in self.check_keys().missing if isinstance(r, ThreadMeta)]
+    def threads_without_key(self, check: KeyCheck | None = None) -> list[ThreadMeta]:
+        """Live threads whose title key is in no ring (their ring was destroyed);
+        ``check`` as for :meth:`records_without_key`."""
+        return [r for r in (check or self.check_keys()).missing if isinstance(r, ThreadMeta)]
 
     def retire_unused_kek_versions(self) -> list[int]:
         """Finish a rotation a crash cut short (see
