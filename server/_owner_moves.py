@@ -216,9 +216,10 @@ def _run(args: argparse.Namespace, store: Any, export: Any, receive_key: Receive
         return _report(args, {"owner": args.owner, "done": said}, said)
     marker = store.moved(args.owner)
     counts = store.owner_row_counts(args.owner)
+    held = "served" if store.holds_owner(args.owner) else "not held"
     doc = {
         "owner": args.owner,
-        "state": "served" if marker is None else marker.state,
+        "state": held if marker is None else marker.state,
         "shard": "" if marker is None else marker.shard,
         "move_id": "" if marker is None else marker.move_id,
         "rows": counts,

@@ -18,6 +18,7 @@ from _shardprocs import ShardProc, lethe_cli, shared_token, start_shard, wait_fo
 from conftest import free_port
 
 import lethe.client as lc
+from shredder import IntegrityError
 
 
 @pytest.fixture(scope="module")
@@ -158,10 +159,10 @@ def test_a_bad_import_is_refused_and_leaves_nothing_on_the_destination(
     keys_changed = bytearray(raw)
     keys_changed[-5] ^= 1
     _refused(imported(bytes(keys_changed)), 2, "sealed to another receive key, or changed")
-    assert _state(c, "cid") == "served"  # no arriving marker left behind
+    assert _state(c, "cid") == "not held"  # no arriving marker, no row left behind
     _make_owner(c, token, "cal")  # c has keys to check a KEK against
     _refused(imported(raw, "--kek-file", str(a.kek_file)), 2, "KEK")
-    assert (_state(c, "cid"), _rows(c, "cid")) == ("served", 0)
+    assert (_state(c, "cid"), _rows(c, "cid")) == ("not held", 0)
     assert _owner(a, "abort", "--owner", "cid").returncode == 0
 
 
@@ -205,7 +206,7 @@ def test_move_refuses_a_destination_that_is_not_a_store_or_the_source(
     _refused(_move(a, "eve", typo, c.kek_file), 2, "no lethe store")
     assert not typo.exists()
     _refused(_move(a, "eve", a.data, a.kek_file), 2, "")
-    assert (_state(a, "eve"), _state(c, "eve")) == ("served", "served")
+    assert (_state(a, "eve"), _state(c, "eve")) == ("served", "not held")
 
 
 def test_move_with_the_wrong_destination_kek_is_refused(
@@ -216,5 +217,33 @@ def test_move_with_the_wrong_destination_kek_is_refused(
     _make_owner(c, token, "gus")  # the destination has keys to check a KEK against
     _refused(_move(a, "fay", c.data, a.kek_file), 2, "KEK")
     assert _state(a, "fay") == "served"
-    assert (_state(c, "fay"), _rows(c, "fay")) == ("served", 0)
+    assert (_state(c, "fay"), _rows(c, "fay")) == ("not held", 0)
     assert _writes(a, token, thread)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {},
+        {"format": "lethe-owner-export/1", "data_bytes": 0, "keys_bytes": 0},  # no owner
+        {"format": "other", "data_bytes": 0, "keys_bytes": 0, "rows": {}},
+        {"format": "lethe-owner-export/1", "data_bytes": 5, "keys_bytes": 0, "rows": {}},
+    ],
+)
+def test_an_export_file_with_a_bad_header_is_refused_not_a_traceback(
+    header: dict[str, Any],
+) -> None:
+    from server.store import OwnerExport
+
+    with pytest.raises(IntegrityError, match="not a complete lethe owner export"):
+        OwnerExport.decode(json.dumps(header).encode() + b"\n")
+
+
+def test_status_tells_a_served_owner_from_one_not_held(
+    pair: dict[str, ShardProc], token: str
+) -> None:
+    a = pair["a"]
+    _make_owner(a, token, "ivy")
+    assert _state(a, "ivy") == "served"
+    assert _state(a, "nobody-here") == "not held"
+    assert _rows(a, "nobody-here") == 0

@@ -157,21 +157,22 @@ class OwnerExport:
         line, _, rest = raw.partition(b"\n")
         try:
             header = json.loads(line)
-            assert header["format"] == "lethe-owner-export/1"
-            split = int(header["data_bytes"])
-            assert len(rest) == split + int(header["keys_bytes"])
+            split, keys_bytes = int(header["data_bytes"]), int(header["keys_bytes"])
+            if header["format"] != "lethe-owner-export/1" or len(rest) != split + keys_bytes:
+                raise ValueError("not an export, or truncated")
             rows = {str(k): int(v) for k, v in header["rows"].items()}
-        except (ValueError, KeyError, AssertionError, TypeError, AttributeError) as exc:
+            marker = MovedRow(
+                str(header["owner"]),
+                str(header["to"]),
+                str(header["target"]),
+                0.0,
+                "moving",
+                str(header["move_id"]),
+            )
+            keys = int(header["keys"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise IntegrityError("not a complete lethe owner export") from exc
-        marker = MovedRow(
-            str(header["owner"]),
-            str(header["to"]),
-            str(header["target"]),
-            0.0,
-            "moving",
-            str(header["move_id"]),
-        )
-        return cls(rest[:split], rest[split:], rows, int(header["keys"]), marker)
+        return cls(rest[:split], rest[split:], rows, keys, marker)
 
 
 @dataclass
