@@ -9,6 +9,7 @@ the floors and peers, if matplotlib is installed (optional group ``bench``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -36,22 +37,18 @@ _LIBRARIES = (
 
 
 def _cpu_model() -> str:
-    try:
+    with contextlib.suppress(OSError):  # no /proc (macOS): platform's answer
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or "unknown"
 
 
 def _ram_bytes() -> int:
-    try:
+    with contextlib.suppress(OSError):  # no /proc: unknown, reported as 0
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) * 1024
-    except OSError:
-        pass
     return 0
 
 

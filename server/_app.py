@@ -305,10 +305,9 @@ class LetheServer:
             self.executor,
             self.metrics,
             Router(
-                self.store.moved,
+                self.store.placement,
                 require_header=self.config.require_owner_header,
                 on_change=self.lifecycle.drop_owner,
-                holds=self.store.holds_owner,
             ),
         )
         self.hub, self.edge = hub, edge

@@ -60,26 +60,25 @@ class Router:
     """The routing policy of one server.
 
     Args:
-        moved: owner id → its moved-away marker, or None (read on every call).
+        placement: owner id → ``(its marker or None, whether this store has a
+            row of it)``, read in one transaction on every call.
         require_header: refuse calls without the owner header.
         on_change: called with an owner id, before the call goes on, the first
             time a call sees that owner's marker differ from the last one seen
             (drops the server's in-memory state of the owner).
-        holds: owner id → whether this store has a row of it; with
-            ``require_header``, calls other than :data:`OWNER_CREATING` for an
-            owner not held answer ``NOT_FOUND``.
+
+    With ``require_header``, calls other than :data:`OWNER_CREATING` for an owner
+    this store holds no row of answer ``NOT_FOUND``.
     """
 
     def __init__(
         self,
-        moved: Callable[[str], MovedRow | None],
+        placement: Callable[[str], tuple[MovedRow | None, bool]],
         *,
         require_header: bool = False,
         on_change: Callable[[str], None] | None = None,
-        holds: Callable[[str], bool] | None = None,
     ) -> None:
-        self._moved = moved
-        self._holds = holds
+        self._placement = placement
         self.require_header = require_header
         self._on_change = on_change
         self._seen: dict[str, tuple[str, str]] = {}
@@ -102,7 +101,7 @@ class Router:
                 ``OWNER_HEADER_MISMATCH`` (repeated, malformed, or another owner).
             OwnerMoved: ``owner`` has a moved-away marker here.
             OwnerMoving: ``owner`` is arriving here and not activated yet.
-            NotFound: sharded, and ``owner`` is not held here (see ``holds``).
+            NotFound: sharded, and ``owner`` is not held here.
         """
         if not route.header:
             if self.require_header:
@@ -120,9 +119,9 @@ class Router:
             raise WrongOwnerHeader(
                 f"{OWNER_HEADER} names another owner than the request's resource names"
             )
-        row = self._moved(owner)
+        row, held = self._placement(owner)
         if row is None:
-            self._check_held(route, owner)
+            self._check_held(route, owner, held)
             return
         seen = (row.state, row.move_id)
         if self._seen.get(owner) != seen:
@@ -132,15 +131,10 @@ class Router:
         refusal = row.refusal(write=False)
         if refusal is not None:
             raise refusal
-        self._check_held(route, owner)
+        self._check_held(route, owner, held)
 
-    def _check_held(self, route: Route, owner: str) -> None:
-        if (
-            self.require_header
-            and self._holds is not None
-            and route.method not in OWNER_CREATING
-            and not self._holds(owner)
-        ):
+    def _check_held(self, route: Route, owner: str, held: bool) -> None:
+        if self.require_header and not held and route.method not in OWNER_CREATING:
             raise NotFound(
                 f"this shard holds no owners/{owner}: the proxy's placement sends it here, "
                 "but it was never written here (or its move here was not imported)"

@@ -3,10 +3,12 @@ data directory and KEK (in its environment), and the ``lethe`` CLI beside them."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -105,3 +107,33 @@ def shared_token(shards: list[ShardProc]) -> str:
         assert bad.returncode == 1
         assert "no lethe token" in bad.stderr
     return token
+
+
+def stop_shard(shard: ShardProc) -> None:
+    """SIGTERM the shard's server (SIGKILL after 15 s) and close its log."""
+    if shard.proc is not None and shard.proc.poll() is None:
+        shard.proc.terminate()
+        try:
+            shard.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            shard.proc.kill()
+            shard.proc.wait()
+    if shard.log is not None:
+        shard.log.close()
+
+
+@contextlib.contextmanager
+def running_shards(shards: Iterable[ShardProc], work: Path) -> Iterator[None]:
+    """Start every shard's server (log ``work/NAME.log``), wait until each
+    serves, and stop them all on exit, whatever happened."""
+    started = list(shards)
+    try:
+        for shard in started:
+            start_shard(shard, work / f"{shard.name}.log")
+        for shard in started:
+            assert shard.proc is not None
+            wait_for(work / f"{shard.name}.log", "lethe serving", shard.proc)
+        yield
+    finally:
+        for shard in started:
+            stop_shard(shard)

@@ -26,7 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _shardprocs import LETHE, ROOT, ShardProc, lethe_cli, shared_token, start_shard, wait_for
+from _shardprocs import (
+    LETHE,
+    ROOT,
+    ShardProc,
+    lethe_cli,
+    running_shards,
+    shared_token,
+    start_shard,
+    stop_shard,
+    wait_for,
+)
 from conftest import free_port
 
 import lethe.client as lc
@@ -51,20 +61,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ShardPr
         name: ShardProc(name, work / f"data-{name}", KekRing.generate_env_value(), free_port())
         for name in ("a", "c")
     }
-    try:
-        for shard in shards.values():
-            start_shard(shard, work / f"{shard.name}.log")
-        for shard in shards.values():
-            assert shard.proc is not None
-            wait_for(work / f"{shard.name}.log", "lethe serving", shard.proc)
+    with running_shards(shards.values(), work):
         yield shards
-    finally:
-        for shard in shards.values():
-            if shard.proc is not None and shard.proc.poll() is None:
-                shard.proc.terminate()
-                shard.proc.wait(20)
-            if shard.log is not None:
-                shard.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -321,20 +319,8 @@ def filed_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, S
         name: ShardProc(name, work / f"data-{name}", "", free_port(), kek_file=work / f"kek-{name}")
         for name in ("a", "c")
     }
-    try:
-        for shard in shards.values():
-            start_shard(shard, work / f"{shard.name}.log")
-        for shard in shards.values():
-            assert shard.proc is not None
-            wait_for(work / f"{shard.name}.log", "lethe serving", shard.proc)
+    with running_shards(shards.values(), work):
         yield shards
-    finally:
-        for shard in shards.values():
-            if shard.proc is not None and shard.proc.poll() is None:
-                shard.proc.terminate()
-                shard.proc.wait(20)
-            if shard.log is not None:
-                shard.log.close()
 
 
 def _one_command_move(src: ShardProc, dst: ShardProc, owner: str, fail: str = "") -> Any:
@@ -459,11 +445,7 @@ def test_old_backups_of_the_source_do_not_bring_a_moved_owner_back(
     shutil.copytree(a.data / "keystore", old_keystore)
     _ok(_one_command_move(a, c, "gail"))
 
-    assert a.proc is not None
-    a.proc.terminate()
-    a.proc.wait(30)
-    assert a.log is not None
-    a.log.close()
+    stop_shard(a)
     rotated = lethe_cli(a, "rotate", "--data", str(a.data))
     assert rotated.returncode == 0, rotated.stdout + rotated.stderr
     kek = KekRing.load_or_create(a.kek_file, create=False) if a.kek_file else None

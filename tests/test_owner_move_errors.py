@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _shardprocs import ShardProc, lethe_cli, shared_token, start_shard, wait_for
+from _shardprocs import ShardProc, lethe_cli, running_shards, shared_token
 from conftest import free_port
 
 import lethe.client as lc
@@ -28,20 +28,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ShardPr
         name: ShardProc(name, work / f"data-{name}", "", free_port(), kek_file=work / f"kek-{name}")
         for name in ("a", "c")
     }
-    try:
-        for shard in shards.values():
-            start_shard(shard, work / f"{shard.name}.log")
-        for shard in shards.values():
-            assert shard.proc is not None
-            wait_for(work / f"{shard.name}.log", "lethe serving", shard.proc)
+    with running_shards(shards.values(), work):
         yield shards
-    finally:
-        for shard in shards.values():
-            if shard.proc is not None and shard.proc.poll() is None:
-                shard.proc.terminate()
-                shard.proc.wait(20)
-            if shard.log is not None:
-                shard.log.close()
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,16 @@ from pathlib import Path
 import grpc
 import pytest
 from _pki import make_pki
-from _shardprocs import LETHE, ROOT, ShardProc, lethe_cli, shared_token, start_shard, wait_for
+from _shardprocs import (
+    LETHE,
+    ROOT,
+    ShardProc,
+    lethe_cli,
+    running_shards,
+    shared_token,
+    start_shard,
+    wait_for,
+)
 from conftest import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -154,12 +163,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         )
         for name in SHARDS
     }
-    try:
-        for shard in shards.values():
-            start_shard(shard, work / f"{shard.name}.log")
-        for shard in shards.values():
-            assert shard.proc is not None
-            wait_for(work / f"{shard.name}.log", "lethe serving", shard.proc)
+    with running_shards(shards.values(), work):
         token = shared_token(list(shards.values()))
         nginx_port = free_port()
         include = work / "lethe.conf"
@@ -187,17 +191,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             yield cluster
             for client in cluster.clients:
                 client.close()
-    finally:
-        for shard in shards.values():
-            if shard.proc is not None and shard.proc.poll() is None:
-                shard.proc.terminate()
-                try:
-                    shard.proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    shard.proc.kill()
-                    shard.proc.wait()
-            if shard.log is not None:
-                shard.log.close()
 
 
 def _holds(client: lc.Client, owner: str) -> bool:

@@ -142,10 +142,18 @@ class PlacementPart(StoreBase):
 
     def moved(self, owner: str) -> MovedRow | None:
         """``owner``'s marker, or None when the owner is served here (one read
-        transaction: called on every authorised call)."""
+        transaction)."""
         with self.env.begin() as txn:
             raw = sk.get(txn, self.t.moved, sk.owner_key(owner))
         return None if raw is None else MovedRow.decode(owner, raw)
+
+    def placement(self, owner: str) -> tuple[MovedRow | None, bool]:
+        """``(owner's marker or None, whether this store has a row of it)`` from
+        one read transaction: what routing checks on every authorised call."""
+        with self.env.begin() as txn:
+            raw = sk.get(txn, self.t.moved, sk.owner_key(owner))
+            held = sk.get(txn, self.t.owners, sk.owner_key(owner)) is not None
+        return (None if raw is None else MovedRow.decode(owner, raw)), held
 
     def holds_owner(self, owner: str) -> bool:
         """Whether this store has a row of ``owner`` (it was written here, or
