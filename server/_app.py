@@ -32,6 +32,7 @@ stops and the store closes once every worker has returned.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -403,13 +404,27 @@ class LetheServer:
         the sweeper and close the store. Idempotent."""
         loop = self._loop
         if loop is not None:
+            # Bounded from this thread too: grpc.aio's shutdown has blocked the
+            # loop's own thread, where no timeout on the loop can fire.
+            bound = grace + 2 * STOP_SLACK_SECONDS
+            blocked = False
             try:
-                asyncio.run_coroutine_threadsafe(self._drain(grace), loop).result()
+                drain = asyncio.run_coroutine_threadsafe(self._drain(grace), loop)
+                try:
+                    drain.result(timeout=bound)
+                except concurrent.futures.TimeoutError:
+                    blocked = True
+                    _log.error(
+                        "the event loop did not finish the drain within %.1f s (grpc's "
+                        "shutdown blocks it); closing the store anyway",
+                        bound,
+                    )
             finally:
                 loop.call_soon_threadsafe(loop.stop)
                 if self._loop_thread is not None:
-                    self._loop_thread.join()
-                loop.close()
+                    self._loop_thread.join(None if not blocked else STOP_SLACK_SECONDS)
+                if self._loop_thread is None or not self._loop_thread.is_alive():
+                    loop.close()  # else left to the daemon thread, blocked in grpc
                 self._loop = None
                 self._loop_thread = None
         if self.executor is not None:

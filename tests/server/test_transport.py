@@ -185,3 +185,36 @@ def test_a_grpc_shutdown_that_never_ends_does_not_hold_the_stop(
     assert server._stopped.is_set()
     assert any("did not stop within" in r.getMessage() for r in caplog.records)
     lethe.server = None  # stopped here
+
+
+def test_a_grpc_shutdown_that_blocks_the_event_loop_does_not_hold_the_stop(
+    lethe: Lethe, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpc.aio's Cython shutdown once blocked the event loop's thread itself (a
+    fresh-clone CI run hung in a teardown, the loop thread inside
+    ``Server.stop``), so no timeout on the loop could fire. ``stop`` bounds the
+    wait from the calling thread too, then closes the store anyway."""
+    import server._app as app
+
+    server = lethe.server
+    assert server is not None
+    assert server._grpc is not None
+    real_stop = server._grpc.stop
+    release = threading.Event()
+
+    async def stop_blocking_the_loop(grace: float | None) -> None:
+        await real_stop(grace)
+        release.wait(30)  # blocks the loop thread, as the C shutdown did
+
+    monkeypatch.setattr(server._grpc, "stop", stop_blocking_the_loop)
+    monkeypatch.setattr(app, "STOP_SLACK_SECONDS", 0.5)
+    started = time.monotonic()
+    try:
+        with caplog.at_level("ERROR", logger="server._app"):
+            server.stop(grace=0.5)
+        assert time.monotonic() - started < 10
+        assert server._stopped.is_set()
+        assert any("event loop" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()
+    lethe.server = None  # stopped here
