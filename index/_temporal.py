@@ -66,6 +66,8 @@ _ASKS_WHEN = re.compile(
 )
 _HOW_LONG_AGO = re.compile(r"\bhow\s+long\s+ago\b|\bwhat\s+date\b", re.IGNORECASE)
 
+_N_UNITS_AGO = re.compile(rf"\b{_NUMBER_WORDS}\s+{_UNIT}\s+ago\b", re.IGNORECASE)
+
 # Time expressions in a turn. Case-insensitive except month and weekday names,
 # which must be capitalised ("May" the month, not the verb; "march" the verb).
 _TIME_EXPRESSIONS = [
@@ -86,7 +88,7 @@ _TIME_EXPRESSIONS = [
         r"(?-i:Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\b",
         re.IGNORECASE,
     ),
-    re.compile(rf"\b{_NUMBER_WORDS}\s+{_UNIT}\s+ago\b", re.IGNORECASE),
+    _N_UNITS_AGO,
     re.compile(r"\bago\b", re.IGNORECASE),
     re.compile(
         rf"\bfor\s+(?:the\s+(?:last|past)\s+|{_ABOUT}\s+)?{_NUMBER_WORDS}\s+{_UNIT}\b",
@@ -107,6 +109,17 @@ _TIME_EXPRESSIONS = [
     re.compile(r"\b(?:19|20)\d{2}\b"),
     re.compile(r"\bsince\b", re.IGNORECASE),
 ]
+
+# The same rules as one pattern, the case-insensitive ones in one ``(?i:...)`` group:
+# a text matches it exactly when it matches one of the list (alternation), in one scan
+# instead of fourteen (about half the time on LoCoMo turns; every appended turn pays it).
+# "N units ago" is left out: every text it matches, the rule for "ago" matches.
+_TIME_EXPRESSION = re.compile(
+    "(?i:"
+    + "|".join(rx.pattern for rx in _TIME_EXPRESSIONS if rx.flags & re.I and rx is not _N_UNITS_AGO)
+    + ")|"
+    + "|".join(rx.pattern for rx in _TIME_EXPRESSIONS if not rx.flags & re.I)
+)
 
 
 def asks_when(question: str) -> bool:
@@ -145,7 +158,7 @@ def time_expression_score(text: str) -> float:
     Returns:
         ``1.0`` if the text holds at least one time expression, else ``0.0``.
     """
-    return 1.0 if any(rx.search(text) for rx in _TIME_EXPRESSIONS) else 0.0
+    return 1.0 if _TIME_EXPRESSION.search(text) else 0.0
 
 
 @dataclass(frozen=True, slots=True)

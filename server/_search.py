@@ -54,7 +54,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -326,6 +326,31 @@ class Retriever:
         )
         return dict(opened)
 
+    def _vectors(
+        self,
+        metas: Sequence[TurnMeta],
+        written: Mapping[int, tuple[str, npt.NDArray[np.float32] | None]] | None,
+    ) -> tuple[list[int], npt.NDArray[np.float32]]:
+        """The vectors of ``metas``: from ``written`` where the caller holds them
+        (see :meth:`on_write`), the others decrypted from LMDB.
+
+        Returns:
+            (rids, ``(n, d) float32``), as ``Store.embeddings``.
+        """
+        held = {
+            m.rid: v for m in metas if (v := (written or {}).get(m.rid, ("", None))[1]) is not None
+        }
+        rids, vecs = self.store.embeddings([m for m in metas if m.rid not in held])
+        if not held:
+            return rids, vecs
+        dims = {v.shape[0] for v in held.values()} | ({vecs.shape[1]} if rids else set())
+        if len(dims) > 1:  # two dimensions in one owner: as Store.embeddings
+            raise ValueError("embedding payloads of different dimensions")
+        mine = np.stack([np.asarray(v, np.float32) for v in held.values()])
+        if not rids:
+            return list(held), mine
+        return [*rids, *held], np.concatenate([vecs, mine])
+
     def _fill_memories(self, bundle: _Bundle, mems: Sequence[MemMeta]) -> None:
         """Index memories' current versions in every leg (context = their own text)."""
         if not mems:
@@ -519,17 +544,21 @@ class Retriever:
         thread: str,
         targets: Sequence[TurnMeta],
         known: dict[int, str] | None = None,
+        prevs: Mapping[int, TurnMeta | None] | None = None,
     ) -> None:
         """(Re)index the contextual text of ``targets`` (visible turns of one
-        thread); ``known`` holds texts already decrypted (rid -> plain text)."""
+        thread); ``known`` holds texts already decrypted (rid -> plain text),
+        ``prevs`` the nearest earlier visible turn of some targets (seq -> turn
+        or None); the others are read from LMDB."""
         if not targets:
             return
-        prevs = self.store.visible_neighbours(
-            owner, thread, [t.seq for t in targets], general_visible
-        )
+        given = prevs or {}
+        asked = [t.seq for t in targets if t.seq not in given]
+        found = self.store.visible_neighbours(owner, thread, asked, general_visible)
+        prevs = {**{s: pair[0] for s, pair in found.items()}, **given}
         known = known or {}
         need = {t.rid: t for t in targets if t.rid not in known}
-        for before, _ in prevs.values():
+        for before in prevs.values():
             if before is not None and before.rid not in known:
                 need.setdefault(before.rid, before)
         texts = {**known, **self._texts(list(need.values()))}
@@ -537,7 +566,7 @@ class Retriever:
         for turn in targets:
             if turn.rid not in texts:
                 continue
-            before = prevs[turn.seq][0]
+            before = prevs[turn.seq]
             prev = texts.get(before.rid, "") if before is not None else ""
             bundle.ctx_prev[turn.rid] = before.rid if before is not None and prev else 0
             ids.append(turn.rid)
@@ -545,8 +574,20 @@ class Retriever:
         if ids:
             bundle.ctx.add(np.asarray(ids, np.int64), out)
 
-    def on_write(self, owner: str, records: Sequence[RecordMeta]) -> None:
+    def on_write(
+        self,
+        owner: str,
+        records: Sequence[RecordMeta],
+        written: Mapping[int, tuple[str, npt.NDArray[np.float32] | None]] | None = None,
+    ) -> None:
         """Bring loaded bundles in line after records were appended, committed or updated.
+
+        ``written`` holds what the caller has just sealed for some of the turns
+        (rid -> (indexed text, ``(d,) float32`` vector or None)), so an append
+        does not read back and decrypt what it wrote. Visibility is still read
+        from LMDB here, under the owner's index lock: a turn forgotten between
+        its write and this call is not indexed (its forget's ``on_forget`` runs
+        after the forget commits and takes the same lock).
 
         A memory leaves every leg and, if it is visible to general search, is
         indexed again at its current version (so the vector follows the text).
@@ -575,12 +616,15 @@ class Retriever:
             owner_b = self.cache.get(_owner_key(owner))
             committed = [m for m in metas if general_visible(m, now)]
             if owner_b is not None and committed:
-                dense = [m for m in committed if indexable(m, now)]
-                rids, vecs = self.store.embeddings(dense)
+                if written:  # rows as reads see them now, not as the writer left them
+                    committed = [m for m in self.store.metas([m.rid for m in committed])]
+                    committed = [m for m in committed if general_visible(m, now)]
+                rids, vecs = self._vectors([m for m in committed if indexable(m, now)], written)
                 if rids and owner_b.dense.dim != vecs.shape[1] and len(owner_b.dense):
                     self.cache.evict(_owner_key(owner))  # rebuilt from LMDB on next use
                 else:
-                    self._add_turns(owner, owner_b, committed, rids, vecs)
+                    texts = {r: w[0] for r, w in (written or {}).items()}
+                    self._add_turns(owner, owner_b, committed, rids, vecs, texts)
                     self.cache.trim()  # the owner's bundle grew in place
             for thread in {m.thread for m in metas}:
                 key = _pending_key(owner, thread)
@@ -594,10 +638,14 @@ class Retriever:
         turns: Sequence[TurnMeta],
         rids: Sequence[int],
         vecs: npt.NDArray[np.float32],
+        known: Mapping[int, str],
     ) -> None:
         """Index newly visible turns in every leg: their texts, their contexts and
-        the contexts of the turns after them (whose predecessor they now are)."""
-        texts = self._texts(list(turns))
+        the contexts of the turns after them (whose predecessor they now are).
+        ``known`` holds plain texts already in hand (rid -> text); the others are
+        decrypted."""
+        texts = {m.rid: known[m.rid] for m in turns if m.rid in known}
+        texts.update(self._texts([m for m in turns if m.rid not in known]))
         plain_ids = [m.rid for m in turns if m.rid in texts]
         if plain_ids:
             bundle.plain.add(np.asarray(plain_ids, np.int64), [texts[r] for r in plain_ids])
@@ -610,12 +658,20 @@ class Retriever:
         for meta in turns:
             by_thread.setdefault(meta.thread, []).append(meta)
         for thread, added in by_thread.items():
-            nexts = self.store.visible_neighbours(
-                owner, thread, [t.seq for t in added], general_visible
-            )
+            # Added turns are visible: within a run of consecutive seqs each one's
+            # neighbours are the run's own turns, so LMDB is asked only about the
+            # ends of runs (an append of n turns reads O(1) rows, not O(n)).
+            by_seq = {t.seq: t for t in added}
+            ends = [s for s in by_seq if s - 1 not in by_seq or s + 1 not in by_seq]
+            around = self.store.visible_neighbours(owner, thread, ends, general_visible)
+            prevs = {s: by_seq.get(s - 1) or around[s][0] for s in by_seq}
             fresh = {t.rid for t in added}
-            after = {n.rid: n for _, n in nexts.values() if n is not None and n.rid not in fresh}
-            self._set_contexts(owner, bundle, thread, [*added, *after.values()], texts)
+            after = {
+                n.rid: n
+                for s in ends
+                if s + 1 not in by_seq and (n := around[s][1]) is not None and n.rid not in fresh
+            }
+            self._set_contexts(owner, bundle, thread, [*added, *after.values()], texts, prevs)
 
     def on_forget(
         self,

@@ -11,7 +11,7 @@ from lethe.v1 import common_pb2, threads_pb2, threads_pb2_grpc
 from server._auth import authorize
 from server._convert import memory_proto, thread_proto, turn_proto
 from server._names import check_id, new_id, parse_manifest, parse_owner, parse_thread, parse_turn
-from server._search import Retriever
+from server._search import Retriever, plain_text
 from server.errors import InvalidArgument, Reason
 from server.services._common import (
     MAX_BATCH,
@@ -183,7 +183,11 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         )
         if retried:
             return self._replay([m.rid for m in metas], request.echo_text)
-        self.retriever.on_write(name.owner, [*metas, *(v.meta for v in proposed)])
+        written = {
+            m.rid: (plain_text(d.speaker, d.text), d.embedding)
+            for m, d in zip(metas, drafts, strict=True)
+        }
+        self.retriever.on_write(name.owner, [*metas, *(v.meta for v in proposed)], written)
         return threads_pb2.AppendTurnsResponse(
             turns=[
                 turn_proto(TurnView(meta, draft.text, draft.speaker), text=request.echo_text)

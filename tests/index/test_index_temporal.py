@@ -6,8 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from index import TimeIndex, asks_when, named_periods, time_expression_score
+from index._temporal import _TIME_EXPRESSIONS
+from lethe.locomo import find_locomo, load_locomo
 
 
 def _ts(y: int, m: int, d: int) -> float:
@@ -162,3 +166,57 @@ def test_removal_and_years() -> None:
     assert ix.prior("When did she hike?", [1, 4]) == [(4, 1.0)]
     assert list(ix.ids()) == [2, 3, 4]
     assert TimeIndex().years() == range(0)
+
+
+def _any_rule(text: str) -> float:
+    """The rules one by one, as ``time_expression_score`` applied them before they
+    were joined into one pattern."""
+    return 1.0 if any(rx.search(text) for rx in _TIME_EXPRESSIONS) else 0.0
+
+
+def test_the_joined_pattern_scores_every_locomo_turn_as_the_rules_one_by_one() -> None:
+    path = find_locomo()
+    if path is None:
+        pytest.skip("../shared/data/locomo/locomo10.json is not beside this checkout")
+    texts = [t for conv in load_locomo(path) for s in conv.sessions.values() for _, _, t in s]
+    scores = [time_expression_score(t) for t in texts]
+    assert len(texts) > 5000
+    assert scores == [_any_rule(t) for t in texts]
+    assert 0.05 < sum(scores) / len(scores) < 0.5  # both outcomes are exercised
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "3",
+                "a few",
+                "days",
+                "ago",
+                "for",
+                "about",
+                "now",
+                "May",
+                "may",
+                "Fri",
+                "fri",
+                "last",
+                "the",
+                "on",
+                "15th",
+                "weekend",
+                "2019",
+                "since",
+                "Sunday",
+                "\u017fince",  # long s: re.IGNORECASE folds it to "s"
+                "TODAY",
+                "\u212a",  # Kelvin sign: folds to "k"
+                "x",
+            ]
+        ),
+        max_size=8,
+    ).map(" ".join)
+)
+def test_the_joined_pattern_agrees_with_the_rules_on_any_text(text: str) -> None:
+    assert time_expression_score(text) == _any_rule(text)

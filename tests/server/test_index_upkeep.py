@@ -1,0 +1,164 @@
+"""Index upkeep after an append, in process on a real store and keystore: an
+append hands what it sealed to ``Retriever.on_write`` instead of reading it
+back, and the loaded bundle ends up equal to one built from LMDB — the same
+contextual texts quoting the same turns, the same vectors — while a turn
+forgotten between its write and the upkeep never enters the index, and an
+append of n turns into a long thread reads O(1) rows to find the neighbours
+(it read every new turn's row twice and decrypted every new turn again)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from index import analyze
+from server._lifecycle import Lifecycle
+from server._metrics import Metrics
+from server._search import Retriever, plain_text
+from server.store import Store, TurnDraft, TurnMeta
+
+OWNER, THREAD, D = "alice", "t1", 16
+QUERIES = ["turn about apples", "the weather today", "zebra 17", "pears and plums 3"]
+
+
+@pytest.fixture
+def parts(tmp_path: Path, kek_env: str) -> Iterator[tuple[Store, Retriever, Lifecycle]]:
+    store = Store(tmp_path / "d")
+    retriever = Retriever(store, None)
+    yield store, retriever, Lifecycle(store, retriever, Metrics(), rotation_interval=0.0)
+    store.close()
+
+
+def _drafts(start: int, n: int, rng: np.random.Generator, commit: bool = True) -> list[TurnDraft]:
+    words = ["apples", "weather", "zebra", "pears", "plums", "today"]
+    out = []
+    for i in range(start, start + n):
+        vec = rng.standard_normal(D).astype(np.float32)
+        text = f"turn {i} about {words[i % 6]} and {words[(i * 7) % 6]} {i % 23}"
+        out.append(TurnDraft(1, "ann", text, None, vec, "", [], commit, 3600.0))
+    return out
+
+
+def _append(
+    store: Store, retriever: Retriever, drafts: list[TurnDraft], *, upkeep: bool = True
+) -> list[TurnMeta]:
+    """What ``AppendTurns`` does: store the turns, then hand them to the index."""
+    metas, _, _ = store.append_turns(OWNER, THREAD, drafts, "")
+    if upkeep:
+        _upkeep(retriever, metas, drafts)
+    return metas
+
+
+def _upkeep(retriever: Retriever, metas: list[TurnMeta], drafts: list[TurnDraft]) -> None:
+    written = {
+        m.rid: (plain_text(d.speaker, d.text), d.embedding)
+        for m, d in zip(metas, drafts, strict=True)
+    }
+    retriever.on_write(OWNER, metas, written)
+
+
+def _legs(retriever: Retriever) -> tuple[object, ...]:
+    """What the owner's loaded bundle answers: contextual-text quotes, lexical
+    scores of both BM25 legs, held vectors, session and time legs' sizes."""
+    b = retriever.owner_bundle(OWNER)
+    lex = tuple(
+        tuple(sorted((r, round(s, 5)) for r, s in leg.search_terms(analyze(q), 500)))
+        for leg in (b.plain, b.ctx)
+        for q in QUERIES
+    )
+    ids = b.dense.ids()
+    probe = np.ones(D, np.float32)
+    return (
+        dict(b.ctx_prev),
+        lex,
+        tuple(ids.tolist()),
+        tuple(b.dense.search(probe, len(ids))),
+        len(b.sessions),
+        len(b.times),
+    )
+
+
+def _rebuilt(retriever: Retriever) -> tuple[object, ...]:
+    retriever.cache.evict(f"o/{OWNER}")
+    return _legs(retriever)
+
+
+def test_appends_into_a_loaded_bundle_equal_a_build_from_lmdb(
+    parts: tuple[Store, Retriever, Lifecycle],
+) -> None:
+    store, retriever, lifecycle = parts
+    rng = np.random.default_rng(1)
+    store.create_thread(OWNER, THREAD, "")
+    _append(store, retriever, _drafts(1, 30, rng))
+    retriever.owner_bundle(OWNER)  # loaded: later appends go through on_write
+    _append(store, retriever, _drafts(31, 40, rng))
+    pending = _append(store, retriever, _drafts(71, 5, rng, commit=False))
+    _append(store, retriever, _drafts(76, 10, rng))
+    lifecycle.forget(OWNER, turns=[(THREAD, 80)])  # the turn after it needs a new context
+    _append(store, retriever, _drafts(86, 7, rng))
+    # Committing pending turns in the middle of the thread: no texts in hand.
+    committed = store.commit_records([m.name for m in pending[1:4]], include_sources=False)
+    retriever.on_write(OWNER, committed)
+    incremental = _legs(retriever)
+    assert len(incremental[2]) == 30 + 40 + 10 - 1 + 7 + 3
+    assert incremental[0][pending[1].rid] == pending[0].rid - 1  # 71 pending: quotes 70
+    assert retriever.index_drift(OWNER) == 0
+    assert incremental == _rebuilt(retriever)
+
+
+def test_a_turn_forgotten_before_the_upkeep_never_enters_the_index(
+    parts: tuple[Store, Retriever, Lifecycle],
+) -> None:
+    store, retriever, lifecycle = parts
+    rng = np.random.default_rng(2)
+    store.create_thread(OWNER, THREAD, "")
+    _append(store, retriever, _drafts(1, 10, rng))
+    retriever.owner_bundle(OWNER)
+    drafts = _drafts(11, 3, rng)
+    drafts[1].text = "the quixotic zebra password"
+    metas = _append(store, retriever, drafts, upkeep=False)
+    lifecycle.forget(OWNER, turns=[(THREAD, 12)])  # on_forget runs, finds nothing loaded
+    _upkeep(retriever, metas, drafts)  # the append's upkeep comes last, texts in hand
+    bundle = retriever.owner_bundle(OWNER)
+    gone = metas[1].rid
+    assert gone not in bundle.dense.ids().tolist()
+    assert gone not in bundle.plain
+    assert gone not in bundle.ctx
+    assert bundle.plain.search_terms(analyze("quixotic"), 10) == []
+    assert bundle.ctx.search_terms(analyze("quixotic"), 10) == []
+    assert bundle.ctx_prev[metas[2].rid] == metas[0].rid  # 13 quotes 11, not 12
+    assert retriever.index_drift(OWNER) == 0
+
+
+def test_an_append_into_a_long_thread_reads_a_bounded_number_of_rows(
+    parts: tuple[Store, Retriever, Lifecycle], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, retriever, _ = parts
+    rng = np.random.default_rng(3)
+    store.create_thread(OWNER, THREAD, "")
+    _append(store, retriever, _drafts(1, 300, rng))
+    retriever.owner_bundle(OWNER)
+    reads = opened = 0
+    real_read, real_open = store._turn_read, store.open_turn_payload
+
+    def counting_read(*args: object) -> TurnMeta | None:
+        nonlocal reads
+        reads += 1
+        return real_read(*args)  # type: ignore[arg-type]
+
+    def counting_open(*args: object) -> bytes:
+        nonlocal opened
+        opened += 1
+        return real_open(*args)  # type: ignore[arg-type]
+
+    drafts = _drafts(301, 200, rng)
+    metas, _, _ = store.append_turns(OWNER, THREAD, drafts, "")
+    monkeypatch.setattr(store, "_turn_read", counting_read)
+    monkeypatch.setattr(store, "open_turn_payload", counting_open)
+    _upkeep(retriever, metas, drafts)
+    assert reads <= 8  # the run's two ends, not 4 x 200
+    assert opened <= 2  # the content of turn 300 (quoted by 301), nothing of the new ones
+    assert len(retriever.owner_bundle(OWNER).dense) == 500
