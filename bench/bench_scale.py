@@ -245,6 +245,7 @@ class Bench:
         self.corpus = load_corpus(args.locomo)
         cache = None if args.no_cache else args.cache_dir
         self.embeddings = EmbeddingCache(cache)
+        self.explicit_factory = bool(args.faiss_factory)
         self.factory: str = args.faiss_factory or DEFAULT_FACTORY
         self.params: str = args.faiss_params
         self.texts = varied_texts(self.corpus.turns, max(plan.sizes))
@@ -399,6 +400,25 @@ class Bench:
 
     # -------------------------------------------------------------- search
 
+    def layout_of(self, x: np.ndarray) -> tuple[str, str]:
+        """The FAISS layout the floors use for ``x``: ``--faiss-factory`` when given,
+        else the one Lethe's ``VectorIndex`` chooses for these vectors added in the
+        server's build chunks (exact below ``index.IVF_MIN_VECTORS``, else the
+        calibrated IVF), so the floors search the same index type as Lethe."""
+        if self.explicit_factory:
+            return self.factory, self.params
+        from index import VectorIndex
+        from server._search import BUILD_CHUNK
+
+        probe = VectorIndex(x.shape[1])
+        for start in range(0, len(x), BUILD_CHUNK):
+            probe.add(
+                np.arange(start, min(start + BUILD_CHUNK, len(x))), x[start : start + BUILD_CHUNK]
+            )
+        layout = probe.layout
+        del probe
+        return layout
+
     def measure_size(self, kind: str, n: int) -> None:
         """Ingest ``{kind}-{n}`` and measure every system on it (sequential,
         concurrent, Chroma's ef ladder)."""
@@ -413,7 +433,9 @@ class Bench:
         exact_ids, exact_scores = exact_top(x, qs, 10)
         del exact_ids
         faiss.omp_set_num_threads(1)
-        inproc = build_index(x, self.factory, self.params)
+        factory, params = self.layout_of(x)
+        (self.workdir / f"{owner}.layout").write_text(f"{factory}\n{params}\n")
+        inproc = build_index(x, factory, params)
         t0 = time.perf_counter()
         self.search(owner, qs[0])
         first_search_s = time.perf_counter() - t0
@@ -516,6 +538,7 @@ class Bench:
             "queries": len(qs),
             "ingest": ingest,
             "first_search_after_ingest_s": round(first_search_s, 3),
+            "faiss_layout": f"{factory} {params}".strip(),
             "sequential": seq,
             "ratios": ratios,
             "empty_plus_faiss_p50_ms": round(

@@ -9,7 +9,9 @@ Lethe's latency and this one is the price of authentication, the record
 store, sealing and every visibility check.
 
 Vectors are read from ``{vectors}/{owner}.npy`` (``(n, d) float32``, unit
-rows) the first time ``owners/{owner}`` is searched; row ``i`` has id ``i``
+rows) the first time ``owners/{owner}`` is searched, into the index type of
+``{vectors}/{owner}.layout`` when present (two lines: factory, parameters; the
+scale benchmark writes there the layout Lethe chose) or of ``--factory``; row ``i`` has id ``i``
 and answers as a hit whose ``Turn`` carries only ``name``
 ``owners/{owner}/threads/v/turns/{i}`` and whose ``score`` is the inner
 product. ``query_embedding`` is searched as given (clients send unit vectors)::
@@ -58,8 +60,13 @@ def build_index(vectors: np.ndarray, factory: str, params: str) -> faiss.Index:
         The trained, filled index.
     """
     index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
-    if not index.is_trained:
-        index.train(vectors)
+    if not index.is_trained:  # an IVF: trained on 64 vectors per list, as Lethe's
+        try:
+            nlist = faiss.extract_index_ivf(index).nlist
+        except RuntimeError:
+            nlist = len(vectors)
+        rng = np.random.default_rng(0)
+        index.train(vectors[rng.choice(len(vectors), min(len(vectors), 64 * nlist), replace=False)])
     ids = np.arange(len(vectors), dtype=np.int64)
     try:
         index.add_with_ids(vectors, ids)
@@ -89,7 +96,11 @@ class _Retrieval(retrieval_pb2_grpc.RetrievalServicer):
                 path = self._dir / f"{parent.removeprefix('owners/')}.npy"
                 if not path.is_file():
                     return None
-                self._indexes[parent] = build_index(np.load(path), self._factory, self._params)
+                factory, params = self._factory, self._params
+                layout = path.with_suffix(".layout")  # per owner, as the benchmark chose it
+                if layout.is_file():
+                    factory, params = [*layout.read_text().splitlines(), "", ""][:2]
+                self._indexes[parent] = build_index(np.load(path), factory, params)
             return self._indexes[parent]
 
     def AssembleContext(  # noqa: N802

@@ -1,11 +1,28 @@
-"""Exact inner-product search over unit vectors keyed by int64 ids.
+"""Inner-product search over unit vectors keyed by int64 ids: exact for small owners,
+an inverted file calibrated to recall@10 >= 0.99 for large ones.
 
-:class:`VectorIndex` wraps ``faiss.IndexIDMap2(faiss.IndexFlatIP(dim))``. ``IndexFlatIP``
+:class:`VectorIndex` starts as ``faiss.IndexIDMap2(faiss.IndexFlatIP(dim))``. ``IndexFlatIP``
 is FAISS's brute-force index: every query is compared with every stored vector, so
 results are exact (FAISS wiki, "Faiss indexes": https://github.com/facebookresearch/faiss/wiki/Faiss-indexes).
 All vectors pass through :func:`index.normalize`, so the inner-product score is the
 cosine similarity, in ``[-1, 1]``. ``IndexIDMap2`` maps the caller's ids to FAISS's
 sequential positions and supports ``remove_ids``.
+
+From :data:`IVF_MIN_VECTORS` vectors on, a flat scan costs a memory pass over every
+vector per query (100k x 256 float32 is 100 MB: ~10 ms on one core), so the index
+chooses its layout again each time it has doubled since the last choice
+(:func:`choose_layout`): an ``IVF{nlist},Flat`` (``nlist = 2 sqrt(n)``, k-means
+trained on a sample of 64 vectors per list; FAISS wiki, "Guidelines to choose an
+index") with the smallest ``nprobe`` of a ladder whose recall@10 against exact search
+reaches :data:`IVF_CALIBRATION_RECALL` on calibration queries, times 1.25. The
+calibration queries are the normalised sums of two random held vectors, which fall
+between clusters and are harder than the vectors themselves (on WordLlama vectors of
+LoCoMo turns at 100k, 0.999 on them with the margin gave 0.997 for the LoCoMo
+questions; ``bench/bench_scale.py`` measures it against exact search per run). When
+no ``nprobe`` up to ``nlist / 4`` reaches it (vectors without cluster structure, such
+as random ones), the index stays exact. Both layouts remove ids exactly
+(``remove_ids``); a search asking for a quarter of the index or more probes every list,
+so a caller that grows ``k`` until enough hits survive its recheck ends at exact search.
 
 Threads: any thread may call any method. FAISS CPU indexes are safe for concurrent
 searches but not for a search concurrent with ``add``/``remove_ids`` (FAISS wiki,
@@ -33,10 +50,23 @@ import numpy.typing as npt
 from index._embedder import normalize
 from index.errors import InvalidVectorError
 
-__all__ = ["VectorIndex"]
+__all__ = ["IVF_CALIBRATION_RECALL", "IVF_MIN_VECTORS", "VectorIndex", "choose_layout"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 _omp = threading.local()
+
+IVF_MIN_VECTORS = 50_000
+"""Vectors from which an index considers an inverted file (below it, exact search is a
+few milliseconds at most and needs no training)."""
+
+IVF_CALIBRATION_RECALL = 0.999
+"""recall@10 an ``nprobe`` must reach on the calibration queries (see the module
+docstring) before the 1.25 margin is applied."""
+
+_NPROBE_LADDER = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+_SAMPLE_PER_LIST = 64
+_CALIBRATION_QUERIES = 200
+_NPROBE_MARGIN = 1.25
 
 
 _MEMBER_BYTES = 60
@@ -125,23 +155,121 @@ def _selector(ids: npt.NDArray[np.int64]) -> faiss.IDSelectorBatch:
     return faiss.IDSelectorBatch(len(ids), faiss.swig_ptr(ids))
 
 
+def _recall_at_10(found: npt.NDArray[np.float32], exact: npt.NDArray[np.float32]) -> float:
+    """Share of the exact top-10 scores ``(q, 10)`` reached by ``found`` ``(q, 10)``
+    (padding ``-inf``): by score, so ties between near-duplicates count as found."""
+    bar = exact[:, -1:] - 1e-6
+    return float(np.mean(np.minimum(np.sum(found >= bar, axis=1), 10) / 10))
+
+
+def choose_layout(
+    vectors: npt.NDArray[np.float32], ids: npt.NDArray[np.int64], seed: int = 0
+) -> tuple[faiss.Index, int] | None:
+    """An IVF index holding ``vectors`` under ``ids`` and its calibrated ``nprobe``, or
+    None when exact search should stay (see the module docstring for the rule).
+
+    Args:
+        vectors: ``(n, d) float32`` unit rows, ``n >= 1``.
+        ids: ``(n,) int64``.
+        seed: Seed of the training sample and the calibration queries.
+
+    Returns:
+        ``(index, nprobe)``, the index an ``IVF{nlist},Flat`` with inner-product metric;
+        or None.
+    """
+    n, d = vectors.shape
+    nlist = max(1, int(2 * np.sqrt(n)))
+    if n < 4 * _SAMPLE_PER_LIST or nlist < 4 * _NPROBE_LADDER[0]:
+        return None
+    rng = np.random.default_rng(seed)
+    sample = vectors[rng.choice(n, min(n, _SAMPLE_PER_LIST * nlist), replace=False)]
+    ivf = faiss.index_factory(d, f"IVF{nlist},Flat", faiss.METRIC_INNER_PRODUCT)
+    ivf.train(sample)
+    del sample
+    ivf.add_with_ids(vectors, ids)
+    pairs = rng.choice(n, (_CALIBRATION_QUERIES, 2))
+    queries = vectors[pairs[:, 0]] + vectors[pairs[:, 1]]
+    queries = queries[np.linalg.norm(queries, axis=1) > 1e-3]
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    exact, _ = faiss.knn(queries, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)
+    for nprobe in (p for p in _NPROBE_LADDER if p <= nlist // 4):
+        found, _ = ivf.search(queries, 10, params=faiss.SearchParametersIVF(nprobe=nprobe))
+        if _recall_at_10(found, exact) >= IVF_CALIBRATION_RECALL:
+            return ivf, min(nlist, int(np.ceil(nprobe * _NPROBE_MARGIN)))
+    return None
+
+
+def _held(index: faiss.Index, dim: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """Copies of every vector ``(n, dim) float32`` and id ``(n,) int64`` an index holds
+    (an ``IndexIDMap2`` over a flat index, or an IVF with flat codes)."""
+    if isinstance(index, faiss.IndexIDMap2):
+        flat = faiss.downcast_index(index.index)
+        vecs = faiss.vector_to_array(flat.codes).view(np.float32).reshape(-1, dim)
+        return vecs, faiss.vector_to_array(index.id_map).astype(np.int64)
+    ivf = faiss.extract_index_ivf(index)
+    lists = ivf.invlists
+    parts, id_parts = [], []
+    for i in range(ivf.nlist):
+        size = lists.list_size(i)
+        if size:
+            codes = faiss.rev_swig_ptr(lists.get_codes(i), size * dim * 4)
+            parts.append(np.frombuffer(codes, dtype=np.float32).reshape(size, dim).copy())
+            id_parts.append(faiss.rev_swig_ptr(lists.get_ids(i), size).astype(np.int64))
+    if not parts:
+        return np.zeros((0, dim), np.float32), np.zeros(0, np.int64)
+    return np.concatenate(parts), np.concatenate(id_parts)
+
+
 class VectorIndex:
-    """Exact cosine search over unit vectors with int64 ids, held only in memory.
+    """Cosine search over unit vectors with int64 ids, held only in memory: exact,
+    or an inverted file once large (the module docstring gives the rule).
 
     Args:
         dim: Vector length ``d``; every added or queried vector must have it.
+        ivf_min: Vectors from which the layout is chosen again at each doubling
+            (:data:`IVF_MIN_VECTORS`; 0 keeps exact search always).
 
     Raises:
-        ValueError: ``dim < 1``.
+        ValueError: ``dim < 1`` or ``ivf_min < 0``.
     """
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, ivf_min: int = IVF_MIN_VECTORS) -> None:
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}")
+        if ivf_min < 0:
+            raise ValueError(f"ivf_min must be >= 0, got {ivf_min}")
         self._dim = dim
-        self._index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        self._index: faiss.Index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
         self._members: set[int] = set()
         self._lock = _ReadWriteLock()
+        self._ivf_min = ivf_min
+        self._nprobe = 0  # 0: exact (flat); else the calibrated nprobe of the IVF
+        self._nlist = 0
+        self._chosen_at = 0  # vectors held when the layout was last chosen
+
+    @property
+    def layout(self) -> tuple[str, str]:
+        """The layout in use as ``(faiss.index_factory string, ParameterSpace string)``:
+        ``("IDMap2,Flat", "")`` or e.g. ``("IVF632,Flat", "nprobe=80")``."""
+        with self._lock.read():
+            if not self._nprobe:
+                return "IDMap2,Flat", ""
+            return f"IVF{self._nlist},Flat", f"nprobe={self._nprobe}"
+
+    def _relayout(self) -> None:
+        """Choose the layout again for what is held (under the write lock): the held
+        vectors are copied out and the old index freed first, so the peak is about
+        twice the vectors' bytes."""
+        vecs, ids = _held(self._index, self._dim)
+        self._index = faiss.IndexIDMap2(faiss.IndexFlatIP(self._dim))  # frees the old one
+        self._chosen_at = len(ids)
+        chosen = choose_layout(vecs, ids)
+        if chosen is None:
+            self._index.add_with_ids(vecs, ids)
+            self._nprobe = self._nlist = 0
+        else:
+            self._index, self._nprobe = chosen
+            self._nlist = faiss.extract_index_ivf(self._index).nlist
 
     @property
     def dim(self) -> int:
@@ -182,6 +310,9 @@ class VectorIndex:
                 self._index.remove_ids(_selector(np.asarray(present, dtype=np.int64)))
             self._index.add_with_ids(vecs, id_arr)
             self._members.update(new)
+            size = int(self._index.ntotal)
+            if self._ivf_min and size >= self._ivf_min and size >= 2 * self._chosen_at:
+                self._relayout()
 
     def remove(self, ids: npt.ArrayLike) -> int:
         """Delete the vectors held under ``ids``; absent ids are ignored.
@@ -212,7 +343,9 @@ class VectorIndex:
 
         Returns:
             Up to ``min(k, len(self))`` pairs ``(id, score)``, best first, where
-            ``score`` is the cosine similarity in ``[-1, 1]`` (float32 precision).
+            ``score`` is the cosine similarity in ``[-1, 1]`` (float32 precision):
+            the exact top ``k``, or with an inverted file (:attr:`layout`) the best
+            of the probed lists (every list when ``4 k >= len(self)``).
 
         Raises:
             ValueError: ``k < 1``.
@@ -229,7 +362,15 @@ class VectorIndex:
             size = int(self._index.ntotal)
             if size == 0:
                 return []
-            scores, found = self._index.search(q, min(k, size))
+            k = min(k, size)
+            if self._nprobe and 4 * k < size:
+                probe = faiss.SearchParametersIVF(nprobe=self._nprobe)
+                scores, found = self._index.search(q, k, params=probe)
+            elif self._nprobe:  # a quarter of the index or more: every list
+                probe = faiss.SearchParametersIVF(nprobe=self._nlist)
+                scores, found = self._index.search(q, k, params=probe)
+            else:
+                scores, found = self._index.search(q, k)
         return [
             (int(i), float(s)) for i, s in zip(found[0], scores[0], strict=True) if int(i) != -1
         ]
@@ -241,7 +382,15 @@ class VectorIndex:
             ``(len(self),) int64``, ascending.
         """
         with self._lock.read():
-            held: npt.NDArray[np.int64] = faiss.vector_to_array(self._index.id_map)
+            if self._nprobe:
+                ivf = faiss.extract_index_ivf(self._index)
+                sizes = [ivf.invlists.list_size(i) for i in range(ivf.nlist)]
+                parts = [
+                    faiss.rev_swig_ptr(ivf.invlists.get_ids(i), n) for i, n in enumerate(sizes) if n
+                ]
+                held = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+            else:
+                held = faiss.vector_to_array(self._index.id_map)
         return np.sort(held.astype(np.int64, copy=False))
 
     def nbytes(self) -> int:
@@ -249,7 +398,8 @@ class VectorIndex:
         float32 row) plus 8 (its int64 id in FAISS) plus :data:`_MEMBER_BYTES`
         (the id in the membership set, a CPython int and set slot)."""
         with self._lock.read():
-            return int(self._index.ntotal) * (4 * self._dim + 8 + _MEMBER_BYTES)
+            lists = self._nlist * 4 * self._dim  # the IVF's centroids
+            return int(self._index.ntotal) * (4 * self._dim + 8 + _MEMBER_BYTES) + lists
 
     def __len__(self) -> int:
         """Number of vectors held."""
