@@ -1003,8 +1003,9 @@ def main(argv: list[str] | None = None) -> int:
         "--faiss-factory",
         type=str,
         default=_factory_default(),
-        help=f"faiss.index_factory string of the server's index (default: index.FAISS_FACTORY "
-        f"if the package exports it, else {DEFAULT_FACTORY!r})",
+        help="faiss.index_factory string the floors use for every owner (default: the "
+        "layout Lethe's VectorIndex chooses for each owner's vectors; index.FAISS_FACTORY "
+        "if the package exports one)",
     )
     parser.add_argument("--faiss-params", type=str, default="", help="faiss ParameterSpace string")
     parser.add_argument(

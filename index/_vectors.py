@@ -307,15 +307,42 @@ class VectorIndex:
         with self._lock.write():
             present = [i for i in new if i in self._members]
             if present:
-                self._index.remove_ids(_selector(np.asarray(present, dtype=np.int64)))
+                gone = np.asarray(present, dtype=np.int64)
+                self._zero(gone)
+                self._index.remove_ids(_selector(gone))
             self._index.add_with_ids(vecs, id_arr)
             self._members.update(new)
             size = int(self._index.ntotal)
             if self._ivf_min and size >= self._ivf_min and size >= 2 * self._chosen_at:
                 self._relayout()
 
+    def _zero(self, ids: npt.NDArray[np.int64]) -> None:
+        """Overwrite the stored rows of ``ids`` with zeros in FAISS's memory (under
+        the write lock, before ``remove_ids``): removal compacts the flat array or
+        moves a list's last entry into the gap, and would otherwise leave a removed
+        vector's bytes in the spare capacity behind the end."""
+        if self._nprobe:
+            lists = faiss.extract_index_ivf(self._index).invlists
+            blank = np.zeros(lists.code_size, dtype=np.uint8)
+            for i in range(lists.nlist):
+                size = lists.list_size(i)
+                if not size:
+                    continue
+                held = faiss.rev_swig_ptr(lists.get_ids(i), size)
+                for offset in np.flatnonzero(np.isin(held, ids)):
+                    lists.update_entry(i, int(offset), int(held[offset]), faiss.swig_ptr(blank))
+            return
+        size = int(self._index.ntotal)
+        if not size:
+            return
+        where = np.flatnonzero(np.isin(faiss.vector_to_array(self._index.id_map), ids))
+        if len(where):
+            flat = faiss.downcast_index(self._index.index)
+            faiss.rev_swig_ptr(flat.get_xb(), size * self._dim).reshape(size, self._dim)[where] = 0
+
     def remove(self, ids: npt.ArrayLike) -> int:
-        """Delete the vectors held under ``ids``; absent ids are ignored.
+        """Delete the vectors held under ``ids``; absent ids are ignored. Their rows
+        are zeroed in FAISS's memory first (:meth:`_zero`).
 
         Args:
             ids: ``(n,)`` integers.
@@ -330,6 +357,7 @@ class VectorIndex:
         if len(id_arr) == 0:
             return 0
         with self._lock.write():
+            self._zero(id_arr)
             removed = int(self._index.remove_ids(_selector(id_arr)))
             self._members.difference_update(int(i) for i in id_arr)
             return removed

@@ -107,3 +107,41 @@ def test_ivf_min_zero_keeps_exact_search() -> None:
     assert index.layout == ("IDMap2,Flat", "")
     with pytest.raises(ValueError, match="ivf_min"):
         VectorIndex(D, ivf_min=-1)
+
+
+def _rows_in(view: npt.NDArray[np.float32], vec: npt.NDArray[np.float32]) -> int:
+    return int(np.sum(np.all(np.isclose(view, vec, atol=1e-7), axis=1)))
+
+
+@pytest.mark.parametrize("layout", ["flat", "ivf"])
+def test_a_removed_vector_leaves_no_copy_in_faiss_memory(layout: str) -> None:
+    """Views taken before the removal still see the whole buffers (a shrinking
+    std::vector keeps its allocation): none of them holds the removed rows after."""
+    import faiss
+
+    x = _clustered(4000, 8)
+    index = _filled(x, ivf_min=2000 if layout == "ivf" else 0)
+    assert index.layout[0].startswith("IVF" if layout == "ivf" else "IDMap2")
+    gone = [1, 2000, 3999, 4000]  # first, middle and the last rows
+    inner = index._index  # white box: the FAISS index behind the lock
+    if layout == "flat":
+        flat = faiss.downcast_index(inner.index)
+        views = [faiss.rev_swig_ptr(flat.get_xb(), 4000 * D).reshape(4000, D)]
+    else:
+        lists = faiss.extract_index_ivf(inner).invlists
+        views = [
+            np.frombuffer(
+                faiss.rev_swig_ptr(lists.get_codes(i), lists.list_size(i) * D * 4), np.float32
+            ).reshape(-1, D)
+            for i in range(lists.nlist)
+            if lists.list_size(i)
+        ]
+    stored = [index.search(x[i - 1], 1)[0] for i in gone]
+    assert [i for i, _ in stored] == gone
+    before = sum(_rows_in(v, x[gone[0] - 1] / np.linalg.norm(x[gone[0] - 1])) for v in views)
+    assert before == 1
+    index.remove(gone)
+    for i in gone:
+        unit = x[i - 1] / np.linalg.norm(x[i - 1])
+        assert sum(_rows_in(v, unit) for v in views) == 0, i
+    assert len(index) == 3996
