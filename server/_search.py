@@ -227,6 +227,8 @@ class Retriever:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._current: set[str] = set()  # owners whose vectors are the embedder's
+        # owner -> removals from its indexes so far (forgets, drops): see on_write
+        self._removals: dict[str, int] = {}
 
     def _lock(self, owner: str) -> threading.Lock:
         with self._locks_guard:
@@ -264,9 +266,17 @@ class Retriever:
         data (an owner move imported or removed it), so the next use rebuilds
         from the store."""
         with self._lock(owner):
+            self._removals[owner] = self._removals.get(owner, 0) + 1
             self.cache.evict(_owner_key(owner))
             self.cache.evict_prefix(f"p/{owner}/")
             self._current.discard(owner)
+
+    def removals(self, owner: str) -> int:
+        """How many times records left ``owner``'s indexes so far (each
+        :meth:`on_forget` and :meth:`drop_owner` counts one). A writer reads it
+        before its write and hands it to :meth:`on_write`."""
+        with self._lock(owner):
+            return self._removals.get(owner, 0)
 
     def embed_texts(
         self, texts: Sequence[str], *, owner: str
@@ -579,15 +589,19 @@ class Retriever:
         owner: str,
         records: Sequence[RecordMeta],
         written: Mapping[int, tuple[str, npt.NDArray[np.float32] | None]] | None = None,
+        removals: int | None = None,
     ) -> None:
         """Bring loaded bundles in line after records were appended, committed or updated.
 
         ``written`` holds what the caller has just sealed for some of the turns
         (rid -> (indexed text, ``(d,) float32`` vector or None)), so an append
-        does not read back and decrypt what it wrote. Visibility is still read
-        from LMDB here, under the owner's index lock: a turn forgotten between
-        its write and this call is not indexed (its forget's ``on_forget`` runs
-        after the forget commits and takes the same lock).
+        does not read back and decrypt what it wrote. A turn forgotten (sealed,
+        tainted) between its write and this call must not be indexed: every such
+        change commits before its :meth:`on_forget`, which counts in
+        :meth:`removals` under the owner's index lock, so when ``removals`` (read
+        before the write) still equals the count here nothing can have changed
+        and the written turns are indexed as they are; otherwise (or when it is
+        None) their rows are read again first.
 
         A memory leaves every leg and, if it is visible to general search, is
         indexed again at its current version (so the vector follows the text).
@@ -616,7 +630,8 @@ class Retriever:
             owner_b = self.cache.get(_owner_key(owner))
             committed = [m for m in metas if general_visible(m, now)]
             if owner_b is not None and committed:
-                if written:  # rows as reads see them now, not as the writer left them
+                if written and (removals is None or removals != self._removals.get(owner, 0)):
+                    # something left the indexes since: rows as reads see them now
                     committed = [m for m in self.store.metas([m.rid for m in committed])]
                     committed = [m for m in committed if general_visible(m, now)]
                 rids, vecs = self._vectors([m for m in committed if indexable(m, now)], written)
@@ -692,6 +707,7 @@ class Retriever:
                 the turn after each removed one is re-indexed with its new context.
         """
         with self._lock(owner):
+            self._removals[owner] = self._removals.get(owner, 0) + 1
             if whole_owner:
                 self.cache.evict(_owner_key(owner))
                 self.cache.evict_prefix(f"p/{owner}/")

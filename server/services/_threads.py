@@ -173,6 +173,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         for i, vec in zip(missing, vectors, strict=True):
             drafts[i].embedding = vec
         candidates = self.proposer(name.owner, request, drafts) if self.proposer else []
+        removals = self.retriever.removals(name.owner)  # before the write: see on_write
         metas, retried, proposed = self.store.append_turns(
             name.owner,
             name.thread,
@@ -187,7 +188,9 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
             m.rid: (plain_text(d.speaker, d.text), d.embedding)
             for m, d in zip(metas, drafts, strict=True)
         }
-        self.retriever.on_write(name.owner, [*metas, *(v.meta for v in proposed)], written)
+        self.retriever.on_write(
+            name.owner, [*metas, *(v.meta for v in proposed)], written, removals
+        )
         return threads_pb2.AppendTurnsResponse(
             turns=[
                 turn_proto(TurnView(meta, draft.text, draft.speaker), text=request.echo_text)

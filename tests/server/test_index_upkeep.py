@@ -45,19 +45,23 @@ def _drafts(start: int, n: int, rng: np.random.Generator, commit: bool = True) -
 def _append(
     store: Store, retriever: Retriever, drafts: list[TurnDraft], *, upkeep: bool = True
 ) -> list[TurnMeta]:
-    """What ``AppendTurns`` does: store the turns, then hand them to the index."""
+    """What ``AppendTurns`` does: count the removals, store the turns, then hand
+    them to the index."""
+    removals = retriever.removals(OWNER)
     metas, _, _ = store.append_turns(OWNER, THREAD, drafts, "")
     if upkeep:
-        _upkeep(retriever, metas, drafts)
+        _upkeep(retriever, metas, drafts, removals)
     return metas
 
 
-def _upkeep(retriever: Retriever, metas: list[TurnMeta], drafts: list[TurnDraft]) -> None:
+def _upkeep(
+    retriever: Retriever, metas: list[TurnMeta], drafts: list[TurnDraft], removals: int | None
+) -> None:
     written = {
         m.rid: (plain_text(d.speaker, d.text), d.embedding)
         for m, d in zip(metas, drafts, strict=True)
     }
-    retriever.on_write(OWNER, metas, written)
+    retriever.on_write(OWNER, metas, written, removals)
 
 
 def _legs(retriever: Retriever) -> tuple[object, ...]:
@@ -109,8 +113,9 @@ def test_appends_into_a_loaded_bundle_equal_a_build_from_lmdb(
     assert incremental == _rebuilt(retriever)
 
 
+@pytest.mark.parametrize("counted", [True, False])
 def test_a_turn_forgotten_before_the_upkeep_never_enters_the_index(
-    parts: tuple[Store, Retriever, Lifecycle],
+    parts: tuple[Store, Retriever, Lifecycle], counted: bool
 ) -> None:
     store, retriever, lifecycle = parts
     rng = np.random.default_rng(2)
@@ -119,9 +124,10 @@ def test_a_turn_forgotten_before_the_upkeep_never_enters_the_index(
     retriever.owner_bundle(OWNER)
     drafts = _drafts(11, 3, rng)
     drafts[1].text = "the quixotic zebra password"
+    removals = retriever.removals(OWNER) if counted else None
     metas = _append(store, retriever, drafts, upkeep=False)
     lifecycle.forget(OWNER, turns=[(THREAD, 12)])  # on_forget runs, finds nothing loaded
-    _upkeep(retriever, metas, drafts)  # the append's upkeep comes last, texts in hand
+    _upkeep(retriever, metas, drafts, removals)  # the append's upkeep comes last
     bundle = retriever.owner_bundle(OWNER)
     gone = metas[1].rid
     assert gone not in bundle.dense.ids().tolist()
@@ -155,10 +161,11 @@ def test_an_append_into_a_long_thread_reads_a_bounded_number_of_rows(
         return real_open(*args)  # type: ignore[arg-type]
 
     drafts = _drafts(301, 200, rng)
+    removals = retriever.removals(OWNER)
     metas, _, _ = store.append_turns(OWNER, THREAD, drafts, "")
     monkeypatch.setattr(store, "_turn_read", counting_read)
     monkeypatch.setattr(store, "open_turn_payload", counting_open)
-    _upkeep(retriever, metas, drafts)
-    assert reads <= 8  # the run's two ends, not 4 x 200
+    _upkeep(retriever, metas, drafts, removals)
+    assert reads <= 8  # the run's two ends, not 4 x 200; nothing removed: no reread
     assert opened <= 2  # the content of turn 300 (quoted by 301), nothing of the new ones
     assert len(retriever.owner_bundle(OWNER).dense) == 500
