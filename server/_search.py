@@ -330,9 +330,13 @@ class Retriever:
         """What the plain legs index for each record whose content can be opened:
         ``speaker: text`` of a turn; a memory's text (a graph edge's
         ``subject predicate object`` when it has no text)."""
-        rows = self.store.fetch([m.rid for m in metas])
+        turns = [m for m in metas if isinstance(m, TurnMeta)]
+        rows = [
+            *self.store.contents(turns),
+            *self.store.fetch([m.rid for m in metas if not isinstance(m, TurnMeta)]).values(),
+        ]
         opened = self.store.open_each(
-            rows.values(), lambda m, cts: (m.rid, indexed_text(self.store.view_of(m, cts)))
+            rows, lambda m, cts: (m.rid, indexed_text(self.store.view_of(m, cts)))
         )
         return dict(opened)
 

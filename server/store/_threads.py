@@ -373,6 +373,21 @@ class ThreadsPart(MemoriesPart):
         with self.env.begin() as txn:
             return self._turns_read(txn, self._turns(txn, rids), now)
 
+    def contents(self, metas: Sequence[TurnMeta]) -> list[tuple[TurnMeta, dict[str, bytes]]]:
+        """``(meta, {"content": ciphertext})`` of turns the caller has just read, in
+        ONE read transaction that reads only their content payloads (an index
+        build has every row already; :meth:`fetch` would decode each again). A
+        turn's key id and version never change, so its meta opens its payload;
+        turns whose payload is gone (purged by a forget) are left out.
+        """
+        out: list[tuple[TurnMeta, dict[str, bytes]]] = []
+        with self.env.begin() as txn:
+            for meta in metas:
+                ct = sk.get(txn, self.t.payloads, sk.payload_key(meta.rid, PAYLOAD_CONTENT))
+                if ct is not None:
+                    out.append((meta, {PAYLOAD_CONTENT: ct}))
+        return out
+
     def fetch(self, rids: Sequence[int]) -> dict[int, tuple[RecordMeta, dict[str, bytes]]]:
         """Metadata and content ciphertexts of ``rids`` in ONE read transaction
         (the recheck of search hits); rids without a row are absent.
