@@ -50,6 +50,7 @@ built from a snapshot older than a write can never miss that write's update.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -171,13 +172,20 @@ def plain_text(speaker: str, text: str) -> str:
 
 def date_text(seconds: float) -> str:
     """A turn's time as indexed in the contextual leg, e.g. ``8 May 2023`` (UTC)."""
-    when = datetime.fromtimestamp(seconds, tz=UTC)
-    return f"{when.day} {when.strftime('%B %Y')}"
+    return _day_texts(math.floor(seconds / 86400.0))[0]
 
 
 def session_key(meta: TurnMeta) -> str:
     """The session a turn belongs to: its thread and UTC day, ``"t1/2023-05-08"``."""
-    return f"{meta.thread}/{datetime.fromtimestamp(meta.time, tz=UTC):%Y-%m-%d}"
+    return f"{meta.thread}/{_day_texts(math.floor(meta.time / 86400.0))[1]}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _day_texts(day: int) -> tuple[str, str]:
+    """``("8 May 2023", "2023-05-08")`` of a UTC day (days since the epoch): every
+    indexed turn needs both, and turns come in runs of the same day."""
+    when = datetime.fromtimestamp(day * 86400.0, tz=UTC)
+    return f"{when.day} {when.strftime('%B %Y')}", f"{when:%Y-%m-%d}"
 
 
 def _add_time_legs(bundle: _Bundle, turns: Sequence[TurnMeta], texts: dict[int, str]) -> None:

@@ -9,15 +9,18 @@ append of n turns into a long thread reads O(1) rows to find the neighbours
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from index import analyze
 from server._lifecycle import Lifecycle
 from server._metrics import Metrics
-from server._search import Retriever, plain_text
+from server._search import Retriever, date_text, plain_text, session_key
 from server.store import Store, TurnDraft, TurnMeta
 
 OWNER, THREAD, D = "alice", "t1", 16
@@ -169,3 +172,24 @@ def test_an_append_into_a_long_thread_reads_a_bounded_number_of_rows(
     assert reads <= 8  # the run's two ends, not 4 x 200; nothing removed: no reread
     assert opened <= 2  # the content of turn 300 (quoted by 301), nothing of the new ones
     assert len(retriever.owner_bundle(OWNER).dense) == 500
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.floats(min_value=-1e10, max_value=4e9, allow_nan=False))
+def test_the_cached_day_texts_equal_the_datetime_formatting(seconds: float) -> None:
+    when = datetime.fromtimestamp(seconds, tz=UTC)
+    assert date_text(seconds) == f"{when.day} {when.strftime('%B %Y')}"
+    meta = TurnMeta(
+        rid=1,
+        owner=OWNER,
+        thread=THREAD,
+        seq=1,
+        role=1,
+        state="COMMITTED",
+        version=1,
+        time=seconds,
+        create_time=0.0,
+        expire_time=0.0,
+        key_id="k",
+    )
+    assert session_key(meta) == f"{THREAD}/{when:%Y-%m-%d}"
