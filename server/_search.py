@@ -172,12 +172,25 @@ def plain_text(speaker: str, text: str) -> str:
 
 def date_text(seconds: float) -> str:
     """A turn's time as indexed in the contextual leg, e.g. ``8 May 2023`` (UTC)."""
-    return _day_texts(math.floor(seconds / 86400.0))[0]
+    return _day_texts(_utc_day(seconds))[0]
 
 
 def session_key(meta: TurnMeta) -> str:
     """The session a turn belongs to: its thread and UTC day, ``"t1/2023-05-08"``."""
-    return f"{meta.thread}/{_day_texts(math.floor(meta.time / 86400.0))[1]}"
+    return f"{meta.thread}/{_day_texts(_utc_day(meta.time))[1]}"
+
+
+def _utc_day(seconds: float) -> int:
+    """The UTC day (days since the epoch) ``datetime.fromtimestamp`` puts ``seconds``
+    in: within a microsecond of midnight it rounds, so those ask it."""
+    day = math.floor(seconds / 86400.0)
+    into = seconds - day * 86400.0
+    if 1e-6 < into < 86400.0 - 1e-6:
+        return day
+    return datetime.fromtimestamp(seconds, tz=UTC).toordinal() - _EPOCH_ORDINAL
+
+
+_EPOCH_ORDINAL = datetime(1970, 1, 1, tzinfo=UTC).toordinal()
 
 
 @functools.lru_cache(maxsize=4096)

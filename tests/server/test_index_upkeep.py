@@ -175,7 +175,12 @@ def test_an_append_into_a_long_thread_reads_a_bounded_number_of_rows(
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.floats(min_value=-1e10, max_value=4e9, allow_nan=False))
+@given(
+    st.floats(min_value=-1e10, max_value=4e9, allow_nan=False)
+    | st.integers(-100_000, 50_000).flatmap(
+        lambda d: st.floats(d * 86400.0 - 2e-6, d * 86400.0 + 2e-6)  # around midnight
+    )
+)
 def test_the_cached_day_texts_equal_the_datetime_formatting(seconds: float) -> None:
     when = datetime.fromtimestamp(seconds, tz=UTC)
     assert date_text(seconds) == f"{when.day} {when.strftime('%B %Y')}"
