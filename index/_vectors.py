@@ -12,15 +12,16 @@ From :data:`IVF_MIN_VECTORS` vectors on, a flat scan costs a memory pass over ev
 vector per query (100k x 256 float32 is 100 MB: ~10 ms on one core), so the index
 chooses its layout again each time it has doubled since the last choice
 (:func:`choose_layout`): an ``IVF{nlist},Flat`` (``nlist = 2 sqrt(n)``, k-means
-trained on a sample of 64 vectors per list; FAISS wiki, "Guidelines to choose an
-index") with the smallest ``nprobe`` of a ladder whose recall@10 against exact search
-reaches :data:`IVF_CALIBRATION_RECALL` on calibration queries, times 1.25. The
-calibration queries are the normalised sums of two random held vectors, which fall
-between clusters and are harder than the vectors themselves (on WordLlama vectors of
-LoCoMo turns at 100k, 0.999 on them with the margin gave 0.997 for the LoCoMo
-questions; ``bench/bench_scale.py`` measures it against exact search per run). When
-no ``nprobe`` up to ``nlist / 4`` reaches it (vectors without cluster structure, such
-as random ones), the index stays exact. Both layouts remove ids exactly
+trained in 10 iterations on a sample of 64 vectors per list; FAISS wiki, "Guidelines
+to choose an index") with the smallest ``nprobe`` of a ladder whose recall@10 against
+exact search reaches :data:`IVF_CALIBRATION_RECALL` on calibration queries, times 2.
+The calibration queries are the normalised sums of two random held vectors, which fall
+between clusters and are harder than the vectors themselves, yet easier than real
+questions: on WordLlama vectors of LoCoMo turns at 100k (nlist 632), 0.999 on them
+came at nprobe 48, which gave the LoCoMo questions 0.987; the margin's 96 gives them
+0.991 (``bench/bench_scale.py`` measures Lethe's recall against exact search per run).
+When no ``nprobe`` up to ``nlist / 4`` reaches it (vectors without cluster structure,
+such as random ones), the index stays exact. Both layouts remove ids exactly
 (``remove_ids``); a search asking for a quarter of the index or more probes every list,
 so a caller that grows ``k`` until enough hits survive its recheck ends at exact search.
 
@@ -61,12 +62,15 @@ few milliseconds at most and needs no training)."""
 
 IVF_CALIBRATION_RECALL = 0.999
 """recall@10 an ``nprobe`` must reach on the calibration queries (see the module
-docstring) before the 1.25 margin is applied."""
+docstring) before the margin of 2 is applied."""
 
 _NPROBE_LADDER = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _SAMPLE_PER_LIST = 64
 _CALIBRATION_QUERIES = 200
-_NPROBE_MARGIN = 1.25
+_NPROBE_MARGIN = 2.0
+_KMEANS_ITERATIONS = 10
+"""k-means iterations of the IVF training (FAISS's default is 25): the calibration
+checks the recall that results, and training runs on the searching thread."""
 
 
 _MEMBER_BYTES = 60
@@ -184,6 +188,7 @@ def choose_layout(
     rng = np.random.default_rng(seed)
     sample = vectors[rng.choice(n, min(n, _SAMPLE_PER_LIST * nlist), replace=False)]
     ivf = faiss.index_factory(d, f"IVF{nlist},Flat", faiss.METRIC_INNER_PRODUCT)
+    faiss.extract_index_ivf(ivf).cp.niter = _KMEANS_ITERATIONS
     ivf.train(sample)
     del sample
     ivf.add_with_ids(vectors, ids)
