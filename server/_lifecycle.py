@@ -222,33 +222,39 @@ class Lifecycle:
         """
         deferred: list[str] = []
 
-        def attempt(step: str, run: Callable[[], _T], otherwise: _T) -> _T:
+        def attempt(step: str, run: Callable[[], _T], otherwise: Callable[[], _T]) -> _T:
             try:
                 return run()
             except (Unavailable, StoreFull) as exc:
                 _log.error("recovery: %s deferred to the next start: %s", step, exc.message)
                 deferred.append(step)
-                return otherwise
+                return otherwise()  # only then: it may cost a pass over the store
 
         retired = self.store.retire_unused_kek_versions()
         # One pass over the data and the keystore answers the next three steps
         # unless a step changed something, which makes it stale.
         check = self.store.check_keys()
-        relocated = attempt("key relocation", lambda: self.store.relocate_keys(check.misplaced), 0)
-        resumed = attempt("resuming deletions", self.resume_outstanding, 0)
+        relocated = attempt(
+            "key relocation", lambda: self.store.relocate_keys(check.misplaced), lambda: 0
+        )
+        resumed = attempt("resuming deletions", self.resume_outstanding, lambda: 0)
         if relocated or resumed:
             check = self.store.check_keys()
         forgotten = attempt(
-            "forgetting shredded threads", lambda: self._forget_decided_threads(check), 0
+            "forgetting shredded threads", lambda: self._forget_decided_threads(check), lambda: 0
         )
         if forgotten:
             check = self.store.check_keys()
         more, kept = attempt(
             "forgetting shredded records",
             lambda: self._forget_decided_records(check),
-            (0, [r.name for r in self.store.records_without_key()]),
+            lambda: (0, [r.name for r in self.store.records_without_key()]),
         )
-        stray = attempt("destroying stray keys", self.store.destroy_unreferenced_keys, 0)
+        if more:  # forgetting destroyed keys: the check's key listing is stale
+            check = self.store.check_keys()
+        stray = attempt(
+            "destroying stray keys", lambda: self.store.destroy_unreferenced_keys(check), lambda: 0
+        )
         for name in kept:
             _log.error(
                 "%s has no key and no decided deletion: kept unreadable for an operator "

@@ -53,10 +53,14 @@ class KeyCheck:
         missing: live records (and threads) with a key that is in no ring.
         misplaced: ``(ring it is in, key id, ring the data names)`` of keys an
             interrupted move left in another ring of the owner.
+        unreferenced: record keys in the keystore that no stored row names
+            (deleted rows included) and that are no owner's slot key: what
+            :meth:`AuditPart.destroy_unreferenced_keys` destroys.
     """
 
     missing: list[RecordMeta | ThreadMeta] = field(default_factory=list)
     misplaced: list[tuple[RingRef, str, RingRef]] = field(default_factory=list)
+    unreferenced: list[tuple[RingRef, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -218,36 +222,40 @@ class AuditPart(StoreBase):
             memories = self._owner_memory_metas(txn, owner)
         return self._unused(owner, self._used_keys(owner, threads, turns, memories))
 
-    def destroy_unreferenced_keys(self) -> int:
+    def destroy_unreferenced_keys(self, check: KeyCheck | None = None) -> int:
         """Destroy record keys no record uses: keys made for writes a crash cut
         short, or the keys of records a restored backup does not hold. Only at
-        start-up and restore, when no write is in flight. Returns how many."""
-        owners = set(self.owners()) | {ring.owner for ring, _ in self.keystore.list_record_keys()}
-        stray = [ref for owner in sorted(owners) for ref in self.unreferenced_keys(owner)]
+        start-up and restore, when no write is in flight. ``check``: a
+        :meth:`check_keys` made since the last change (start-up has one; its
+        pass already found them), else the keys are looked up owner by owner.
+        Returns how many."""
+        if check is not None:
+            stray = list(check.unreferenced)
+        else:
+            owners = set(self.owners()) | {r.owner for r, _ in self.keystore.list_record_keys()}
+            stray = [ref for owner in sorted(owners) for ref in self.unreferenced_keys(owner)]
         if stray:
             self.writer.run(WriteOp(_noop, destroy_keys=stray, name="keys.destroy_stray"))
         return len(stray)
 
-    def _record_keys_wanted(
+    def _record_keys_named(
         self, txn: lmdb.Transaction
-    ) -> Iterator[tuple[RecordMeta | ThreadMeta, RingRef, str]]:
-        """(live record or thread, the ring its data names, key id) of every key
-        the data needs: a live turn's, every version's of a live memory, a
-        live thread's title key."""
+    ) -> Iterator[tuple[RecordMeta | ThreadMeta, RingRef, str, bool]]:
+        """(record or thread, the ring its data names, key id, whether the data
+        needs the key) of every key a stored row names: a turn's, every
+        version's of a memory, a thread's title key; needed when the row is
+        live (a repair concluded with DESTROY keeps no title key, by design)."""
         for _, raw in sk.scan(txn, self.t.turns, b""):
             turn = TurnMeta.decode(raw)
-            if not turn.deleted:
-                yield turn, RingRef(turn.owner, turn.ring_thread), turn.key_id
+            yield turn, RingRef(turn.owner, turn.ring_thread), turn.key_id, not turn.deleted
         for _, raw in sk.scan(txn, self.t.memories, b""):
             mem = MemMeta.decode(raw)
-            if not mem.deleted:
-                for key_id in mem.key_ids.values():
-                    yield mem, memory_ring(mem), key_id
+            for key_id in mem.key_ids.values():
+                yield mem, memory_ring(mem), key_id, not mem.deleted
         for _, raw in sk.scan(txn, self.t.threads, b""):
             thread = ThreadMeta.decode(raw)
-            if thread.title_key and not thread.deleted:
-                # a repair concluded with DESTROY keeps no title key, by design
-                yield thread, RingRef(thread.owner, thread.thread), thread.title_key
+            ring = RingRef(thread.owner, thread.thread)
+            yield thread, ring, thread.title_key, bool(thread.title_key) and not thread.deleted
 
     def check_keys(self) -> KeyCheck:
         """Where the key of every live record is, in one pass over the data and
@@ -257,15 +265,22 @@ class AuditPart(StoreBase):
         for ring, key_id in inventory:
             by_id.setdefault((ring.owner, key_id), []).append(ring)
         check = KeyCheck()
+        named: set[tuple[RingRef, str]] = set()
         with self.env.begin() as txn:
-            for record, ring, key_id in self._record_keys_wanted(txn):
-                if (ring, key_id) in inventory:
+            for record, ring, key_id, needed in self._record_keys_named(txn):
+                named.add((ring, key_id))
+                if not needed or (ring, key_id) in inventory:
                     continue
                 elsewhere = [r for r in by_id.get((ring.owner, key_id), []) if r != ring]
                 if len(elsewhere) == 1:
                     check.misplaced.append((elsewhere[0], key_id, ring))
                 elif not any(r is record for r in check.missing):
                     check.missing.append(record)
+        check.unreferenced = [
+            (ring, key_id)
+            for ring, key_id in sorted(inventory, key=lambda ref: (ref[0].owner, ref[1]))
+            if (ring, key_id) not in named and not (ring.thread is None and key_id == SLOT_KEY_ID)
+        ]
         return check
 
     def relocate_keys(self, misplaced: Sequence[tuple[RingRef, str, RingRef]]) -> int:
