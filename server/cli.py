@@ -127,8 +127,21 @@ class _Stages:
         self._bar.close()
 
 
+GC_THRESHOLDS = (20_000, 50, 100)
+"""``gc.set_threshold`` of a serving process (CPython's default is 700, 10, 10).
+An index build or a 1,000-turn append allocates millions of short-lived,
+acyclic objects (freed by reference counting) beside millions of long-lived
+ones in the indexes; at the default thresholds the collector ran ~600 times
+and took 12% of a 20k-turn build's CPU (0.65 of 5.2 s), at these 17 times and
+0.1 s. Cyclic garbage waits longer to be found; nothing else changes."""
+
+
 def _serve(args: argparse.Namespace) -> int:
+    import gc
+
     from server._app import LetheServer, ServerConfig
+
+    gc.set_threshold(*GC_THRESHOLDS)
 
     config = ServerConfig(
         data_dir=args.data,
