@@ -54,7 +54,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -501,16 +501,24 @@ class Retriever:
 
     # ------------------------------------------------------------------ upkeep
 
-    def _recontext(self, owner: str, bundle: _Bundle, thread: str, seqs: Iterable[int]) -> None:
+    def _recontext(
+        self,
+        owner: str,
+        bundle: _Bundle,
+        thread: str,
+        seqs: Iterable[int],
+        gone: Collection[int] = frozenset(),
+    ) -> None:
         """Give the turn after each of ``seqs`` (the nearest later turn visible in
         the general index) a new contextual text: its predecessor entered or
-        left the index. Reads a few rows per seq, never the whole thread."""
-        nexts = {
-            n.rid: n
-            for _, n in self.store.visible_neighbours(owner, thread, seqs, general_visible).values()
-            if n is not None
-        }
-        self._set_contexts(owner, bundle, thread, list(nexts.values()))
+        left the index. ``gone``: record numbers known to be invisible (a
+        forget's own turns), stepped over unread. Reads a few rows per seq,
+        never the whole thread."""
+        found = self.store.visible_neighbours(
+            owner, thread, seqs, general_visible, gone=gone, earlier=False
+        )
+        nexts = {n.rid: n for _, n in found.values() if n is not None}
+        self._set_contexts(owner, bundle, thread, list(nexts.values()), gone=gone)
 
     def _set_contexts(
         self,
@@ -519,13 +527,15 @@ class Retriever:
         thread: str,
         targets: Sequence[TurnMeta],
         known: dict[int, str] | None = None,
+        gone: Collection[int] = frozenset(),
     ) -> None:
         """(Re)index the contextual text of ``targets`` (visible turns of one
-        thread); ``known`` holds texts already decrypted (rid -> plain text)."""
+        thread); ``known`` holds texts already decrypted (rid -> plain text);
+        ``gone`` record numbers known to be invisible (stepped over unread)."""
         if not targets:
             return
         prevs = self.store.visible_neighbours(
-            owner, thread, [t.seq for t in targets], general_visible
+            owner, thread, [t.seq for t in targets], general_visible, gone=gone, later=False
         )
         known = known or {}
         need = {t.rid: t for t in targets if t.rid not in known}
@@ -624,6 +634,7 @@ class Retriever:
         threads: Sequence[str],
         whole_owner: bool,
         touched_threads: Sequence[str] = (),
+        positions: Mapping[int, tuple[str, int]] | None = None,
     ) -> None:
         """Remove forgotten records from every loaded bundle (step 2 of a forget).
 
@@ -634,6 +645,8 @@ class Retriever:
             touched_threads: threads that lost single turns (their pending
                 bundles are dropped). In every thread but those forgotten whole,
                 the turn after each removed one is re-indexed with its new context.
+            positions: ``rid -> (thread, seq)`` of every turn among ``rids``,
+                when the caller has them (the forget's plan); None reads them.
         """
         with self._lock(owner):
             if whole_owner:
@@ -660,12 +673,16 @@ class Retriever:
             # that lost single turns, and in those of responses tainted by this
             # forget (which ``touched_threads`` does not name).
             whole = set(threads)
+            if positions is None:
+                positions = {m.rid: (m.thread, m.seq) for m in self.store.metas(list(rids))}
             seqs: dict[str, list[int]] = {}
-            for meta in self.store.metas(list(rids)):
-                if meta.thread not in whole:
-                    seqs.setdefault(meta.thread, []).append(meta.seq)
-            for thread, gone in seqs.items():
-                self._recontext(owner, bundle, thread, gone)
+            for thread, seq in positions.values():
+                if thread not in whole:
+                    seqs.setdefault(thread, []).append(seq)
+            # The forgotten turns are tombstoned: the neighbour walks skip them unread.
+            gone = frozenset(rids)
+            for thread, lost in seqs.items():
+                self._recontext(owner, bundle, thread, lost, gone)
 
     def index_drift(self, owner: str) -> int:
         """The audit's ``index_drift`` for ``owner`` (see :func:`index_drift`)."""

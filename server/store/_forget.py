@@ -78,6 +78,10 @@ class DeletionEntry:
         deleted, cascaded, tainted, rebuilds_requested: receipt counts.
         request_time, complete_time, shred_horizon_time: seconds since the
             epoch (0 while not reached).
+        positions: ``rid -> (thread, seq)`` of the turns among ``rids`` and
+            ``tainted_rids``, known to the process that planned the deletion
+            (step 2 re-contexts their neighbours without reading the rows
+            again); not written to the log, empty in an entry read back.
     """
 
     id: str
@@ -102,6 +106,7 @@ class DeletionEntry:
     destinations: dict[str, Destination] = field(
         default_factory=lambda: {d: Destination() for d in DESTINATIONS}
     )
+    positions: dict[int, tuple[str, int]] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
@@ -116,7 +121,7 @@ class DeletionEntry:
         body: dict[str, Any] = {
             name: getattr(self, name)
             for name in self.__dataclass_fields__
-            if name != "destinations"
+            if name not in ("destinations", "positions")
         }
         body["destinations"] = {
             k: {"done": d.done, "time": d.time} for k, d in self.destinations.items()
@@ -180,6 +185,7 @@ class Planner:
         self.rids: list[int] = []
         self.memory_rids: list[int] = []
         self.tainted_rids: list[int] = []
+        self.positions: dict[int, tuple[str, int]] = {}
         self.record_keys: list[tuple[str, str, str]] = []
         self.rings: list[str] = []
         self.done_threads: set[str] = set()
@@ -195,6 +201,7 @@ class Planner:
     def delete_turn(self, meta: TurnMeta, *, key_in_ring: bool) -> None:
         """Tombstone a turn; its key goes with its thread's ring when ``key_in_ring``."""
         self.rids.append(meta.rid)
+        self.positions[meta.rid] = (meta.thread, meta.seq)
         if not key_in_ring or meta.key_ring:  # a sealed turn's key is in its repair's ring
             self.record_keys.append((meta.owner, meta.ring_thread, meta.key_id))
         self._mark_deleted(meta)
@@ -256,6 +263,7 @@ class Planner:
                         store._put_turn(txn, meta)
                         self.tainted += 1
                         self.tainted_rids.append(meta.rid)
+                        self.positions[meta.rid] = (meta.thread, meta.seq)
                         # What was derived from a tainted response carries the
                         # forgotten material too: it cascades like a deletion.
                         self.queue.append(meta.name)
@@ -298,15 +306,13 @@ class Planner:
             cascaded=self.cascaded,
             tainted=self.tainted,
             rebuilds_requested=sum(1 for e in self.events if e[0] == "REBUILD_REQUESTED"),
+            positions=self.positions,
         )
 
     def write(self, request_time: float, whole_owner: bool = False) -> DeletionEntry:
         """Write the plan's events and deletion-log entry; returns the entry."""
         entry = self.entry(whole_owner, request_time)
-        for event_type, subject, sources in self.events:
-            self.store._append_event(
-                self.txn, self.owner, event_type, subject, self.now, sources, receipt=entry.name
-            )
+        self.store._append_events(self.txn, self.owner, self.events, self.now, entry.name)
         self.txn.put(
             sk.deletion_key(self.owner, entry.id), entry.encode(), db=self.store.t.deletions
         )
