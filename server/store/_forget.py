@@ -279,8 +279,9 @@ class Planner:
             ]
             if surviving:
                 self.events.append(("REBUILD_REQUESTED", meta.name, surviving))
+        targets = set(self.targets)  # a list: 'in' on it made a 1,000-turn range O(n^2)
         for name in [*self.targets, *(m.name for m in self.cascaded_memories)]:
-            if name not in explicit or name in self.targets:
+            if name not in explicit or name in targets:
                 self.events.append(("RECORD_DELETED", name, []))
 
     def _alive(self, name: str) -> bool:
@@ -503,7 +504,11 @@ class ForgetPart(StoreBase):
         def apply(txn: lmdb.Transaction) -> DeletionEntry:
             now = time.time()
             for rid in entry.rids:
-                self._purge_turn(txn, rid)
+                at = entry.positions.get(rid)
+                if at is None:  # an entry read back from the log
+                    self._purge_turn(txn, rid)
+                else:
+                    self._purge_turn_rows(txn, owner, rid, *at)
             for rid in entry.memory_rids:
                 self._purge_memory(txn, rid)
             for thread in entry.threads:
@@ -545,17 +550,29 @@ class ForgetPart(StoreBase):
         remove_edges_from(txn, self.t, meta.name)
 
     def _purge_turn(self, txn: lmdb.Transaction, rid: int) -> None:
+        """Purge a turn known only by its record number (reads its row first)."""
         meta = self._turn(txn, rid)
         if meta is None:
             return
-        remove_edges_of(txn, self.t, meta.name)
-        remove_edges_from(txn, self.t, meta.name)
+        self._purge_turn_rows(txn, meta.owner, rid, meta.thread, meta.seq)
+        self._unqueue_expiry(txn, meta)
+
+    def _purge_turn_rows(
+        self, txn: lmdb.Transaction, owner: str, rid: int, thread: str, seq: int
+    ) -> None:
+        """Delete a tombstoned turn's rows: lineage edges both ways, payloads
+        (ciphertext), the row, its seq and owner index entries. Rows already gone
+        are skipped. Its expiry-queue entry left in step 1 (``Planner``), in the
+        transaction that tombstoned it; :meth:`_purge_turn` also takes it off for
+        an entry read back from the log."""
+        name = f"{thread_name(owner, thread)}/turns/{seq}"
+        remove_edges_of(txn, self.t, name)
+        remove_edges_from(txn, self.t, name)
         for ptype in sk.TURN_PAYLOAD_TYPES:
             txn.delete(sk.payload_key(rid, ptype), db=self.t.payloads)
         txn.delete(sk.rid_key(rid), db=self.t.turns)
-        txn.delete(sk.seq_key(meta.owner, meta.thread, meta.seq), db=self.t.seqs)
-        txn.delete(sk.owner_record_key(meta.owner, rid), db=self.t.owner_records)
-        self._unqueue_expiry(txn, meta)
+        txn.delete(sk.seq_key(owner, thread, seq), db=self.t.seqs)
+        txn.delete(sk.owner_record_key(owner, rid), db=self.t.owner_records)
 
     # ------------------------------------------------------------------ the log
 
