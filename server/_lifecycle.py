@@ -157,7 +157,12 @@ class Lifecycle:
             conclude_repair=conclude_repair,
         )
         self.retriever.on_forget(
-            owner, entry.index_rids(), entry.threads, whole_owner, touched_threads=entry.touched
+            owner,
+            entry.index_rids(),
+            entry.threads,
+            whole_owner,
+            touched_threads=entry.touched,
+            positions=entry.positions,
         )
         entry = self.store.finish_forget(entry, time.time(), self.shred_horizon())
         self.metrics.deletion_latency.observe(time.time() - started)
@@ -185,7 +190,12 @@ class Lifecycle:
         if made is not None:
             self.retriever.on_write(owner, [made.meta])
         self.retriever.on_forget(
-            owner, entry.index_rids(), entry.threads, False, touched_threads=entry.touched
+            owner,
+            entry.index_rids(),
+            entry.threads,
+            False,
+            touched_threads=entry.touched,
+            positions=entry.positions,
         )
         entry = self.store.finish_forget(entry, time.time(), self.shred_horizon())
         self.metrics.deletion_latency.observe(time.time() - started)

@@ -55,7 +55,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -561,16 +561,24 @@ class Retriever:
 
     # ------------------------------------------------------------------ upkeep
 
-    def _recontext(self, owner: str, bundle: _Bundle, thread: str, seqs: Iterable[int]) -> None:
+    def _recontext(
+        self,
+        owner: str,
+        bundle: _Bundle,
+        thread: str,
+        seqs: Iterable[int],
+        gone: Collection[int] = frozenset(),
+    ) -> None:
         """Give the turn after each of ``seqs`` (the nearest later turn visible in
         the general index) a new contextual text: its predecessor entered or
-        left the index. Reads a few rows per seq, never the whole thread."""
-        nexts = {
-            n.rid: n
-            for _, n in self.store.visible_neighbours(owner, thread, seqs, general_visible).values()
-            if n is not None
-        }
-        self._set_contexts(owner, bundle, thread, list(nexts.values()))
+        left the index. ``gone``: record numbers known to be invisible (a
+        forget's own turns), stepped over unread. Reads a few rows per seq,
+        never the whole thread."""
+        found = self.store.visible_neighbours(
+            owner, thread, seqs, general_visible, gone=gone, earlier=False
+        )
+        nexts = {n.rid: n for _, n in found.values() if n is not None}
+        self._set_contexts(owner, bundle, thread, list(nexts.values()), gone=gone)
 
     def _set_contexts(
         self,
@@ -580,16 +588,20 @@ class Retriever:
         targets: Sequence[TurnMeta],
         known: dict[int, str] | None = None,
         prevs: Mapping[int, TurnMeta | None] | None = None,
+        gone: Collection[int] = frozenset(),
     ) -> None:
         """(Re)index the contextual text of ``targets`` (visible turns of one
         thread); ``known`` holds texts already decrypted (rid -> plain text),
         ``prevs`` the nearest earlier visible turn of some targets (seq -> turn
-        or None); the others are read from LMDB."""
+        or None; the others are read from LMDB), ``gone`` record numbers known
+        to be invisible (stepped over unread)."""
         if not targets:
             return
         given = prevs or {}
         asked = [t.seq for t in targets if t.seq not in given]
-        found = self.store.visible_neighbours(owner, thread, asked, general_visible)
+        found = self.store.visible_neighbours(
+            owner, thread, asked, general_visible, gone=gone, later=False
+        )
         prevs = {**{s: pair[0] for s, pair in found.items()}, **given}
         known = known or {}
         need = {t.rid: t for t in targets if t.rid not in known}
@@ -720,6 +732,7 @@ class Retriever:
         threads: Sequence[str],
         whole_owner: bool,
         touched_threads: Sequence[str] = (),
+        positions: Mapping[int, tuple[str, int]] | None = None,
     ) -> None:
         """Remove forgotten records from every loaded bundle (step 2 of a forget).
 
@@ -730,6 +743,8 @@ class Retriever:
             touched_threads: threads that lost single turns (their pending
                 bundles are dropped). In every thread but those forgotten whole,
                 the turn after each removed one is re-indexed with its new context.
+            positions: ``rid -> (thread, seq)`` of every turn among ``rids``,
+                when the caller has them (the forget's plan); None reads them.
         """
         with self._lock(owner):
             self._removals[owner] = self._removals.get(owner, 0) + 1
@@ -757,12 +772,16 @@ class Retriever:
             # that lost single turns, and in those of responses tainted by this
             # forget (which ``touched_threads`` does not name).
             whole = set(threads)
+            if positions is None:
+                positions = {m.rid: (m.thread, m.seq) for m in self.store.metas(list(rids))}
             seqs: dict[str, list[int]] = {}
-            for meta in self.store.metas(list(rids)):
-                if meta.thread not in whole:
-                    seqs.setdefault(meta.thread, []).append(meta.seq)
-            for thread, gone in seqs.items():
-                self._recontext(owner, bundle, thread, gone)
+            for thread, seq in positions.values():
+                if thread not in whole:
+                    seqs.setdefault(thread, []).append(seq)
+            # The forgotten turns are tombstoned: the neighbour walks skip them unread.
+            gone = frozenset(rids)
+            for thread, lost in seqs.items():
+                self._recontext(owner, bundle, thread, lost, gone)
 
     def index_drift(self, owner: str) -> int:
         """The audit's ``index_drift`` for ``owner`` (see :func:`index_drift`)."""

@@ -148,8 +148,10 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         if len(request.names) > MAX_BATCH:
             raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
         parsed: list[tuple[str, OwnerName | ThreadName | TurnName | MemoryName]] = []
+        seen: set[str] = set()  # a name given twice is forgotten once
         for i, name in enumerate(request.names):
-            if name not in {n for n, _ in parsed}:  # a name given twice is forgotten once
+            if name not in seen:
+                seen.add(name)
                 parsed.append((name, parse_target(name, f"names[{i}]")))
         owners = [t.owner for _, t in parsed]
         ranges: list[tuple[str, int, int]] = []

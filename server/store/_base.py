@@ -526,10 +526,28 @@ class StoreBase:
         sources: Sequence[tuple[str, int]] = (),
         receipt: str = "",
     ) -> None:
-        """Append one event (ids only) in the caller's transaction: the one event writer."""
-        number = sk.take_numbers(txn, self.t.meta, sk.NEXT_EVENT)
-        row = EventRow(str(number), owner, now, event_type, subject, list(sources), receipt)
-        txn.put(sk.event_key(owner, number), row.encode(), db=self.t.events)
+        """Append one event (ids only) in the caller's transaction."""
+        self._append_events(txn, owner, [(event_type, subject, sources)], now, receipt)
+
+    def _append_events(
+        self,
+        txn: lmdb.Transaction,
+        owner: str,
+        events: Sequence[tuple[str, str, Sequence[tuple[str, int]]]],
+        now: float,
+        receipt: str = "",
+    ) -> None:
+        """Append ``(type, subject, sources)`` events of one owner (ids only) in the
+        caller's transaction, numbered consecutively in that order: the one event
+        writer. The counter is read and written once for the whole batch (a
+        1,000-turn forget announces 1,000 events)."""
+        if not events:
+            return
+        number = sk.take_numbers(txn, self.t.meta, sk.NEXT_EVENT, len(events))
+        for event_type, subject, sources in events:
+            row = EventRow(str(number), owner, now, event_type, subject, list(sources), receipt)
+            txn.put(sk.event_key(owner, number), row.encode(), db=self.t.events)
+            number += 1
         self._event_owners.add(owner)  # announced after the commit (see ._events)
 
     def _tombstone(

@@ -78,6 +78,10 @@ class DeletionEntry:
         deleted, cascaded, tainted, rebuilds_requested: receipt counts.
         request_time, complete_time, shred_horizon_time: seconds since the
             epoch (0 while not reached).
+        positions: ``rid -> (thread, seq)`` of the turns among ``rids`` and
+            ``tainted_rids``, known to the process that planned the deletion
+            (step 2 re-contexts their neighbours without reading the rows
+            again); not written to the log, empty in an entry read back.
     """
 
     id: str
@@ -102,6 +106,7 @@ class DeletionEntry:
     destinations: dict[str, Destination] = field(
         default_factory=lambda: {d: Destination() for d in DESTINATIONS}
     )
+    positions: dict[int, tuple[str, int]] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
@@ -116,7 +121,7 @@ class DeletionEntry:
         body: dict[str, Any] = {
             name: getattr(self, name)
             for name in self.__dataclass_fields__
-            if name != "destinations"
+            if name not in ("destinations", "positions")
         }
         body["destinations"] = {
             k: {"done": d.done, "time": d.time} for k, d in self.destinations.items()
@@ -180,6 +185,7 @@ class Planner:
         self.rids: list[int] = []
         self.memory_rids: list[int] = []
         self.tainted_rids: list[int] = []
+        self.positions: dict[int, tuple[str, int]] = {}
         self.record_keys: list[tuple[str, str, str]] = []
         self.rings: list[str] = []
         self.done_threads: set[str] = set()
@@ -195,6 +201,7 @@ class Planner:
     def delete_turn(self, meta: TurnMeta, *, key_in_ring: bool) -> None:
         """Tombstone a turn; its key goes with its thread's ring when ``key_in_ring``."""
         self.rids.append(meta.rid)
+        self.positions[meta.rid] = (meta.thread, meta.seq)
         if not key_in_ring or meta.key_ring:  # a sealed turn's key is in its repair's ring
             self.record_keys.append((meta.owner, meta.ring_thread, meta.key_id))
         self._mark_deleted(meta)
@@ -256,6 +263,7 @@ class Planner:
                         store._put_turn(txn, meta)
                         self.tainted += 1
                         self.tainted_rids.append(meta.rid)
+                        self.positions[meta.rid] = (meta.thread, meta.seq)
                         # What was derived from a tainted response carries the
                         # forgotten material too: it cascades like a deletion.
                         self.queue.append(meta.name)
@@ -271,8 +279,9 @@ class Planner:
             ]
             if surviving:
                 self.events.append(("REBUILD_REQUESTED", meta.name, surviving))
+        targets = set(self.targets)  # a list: 'in' on it made a 1,000-turn range O(n^2)
         for name in [*self.targets, *(m.name for m in self.cascaded_memories)]:
-            if name not in explicit or name in self.targets:
+            if name not in explicit or name in targets:
                 self.events.append(("RECORD_DELETED", name, []))
 
     def _alive(self, name: str) -> bool:
@@ -298,15 +307,13 @@ class Planner:
             cascaded=self.cascaded,
             tainted=self.tainted,
             rebuilds_requested=sum(1 for e in self.events if e[0] == "REBUILD_REQUESTED"),
+            positions=self.positions,
         )
 
     def write(self, request_time: float, whole_owner: bool = False) -> DeletionEntry:
         """Write the plan's events and deletion-log entry; returns the entry."""
         entry = self.entry(whole_owner, request_time)
-        for event_type, subject, sources in self.events:
-            self.store._append_event(
-                self.txn, self.owner, event_type, subject, self.now, sources, receipt=entry.name
-            )
+        self.store._append_events(self.txn, self.owner, self.events, self.now, entry.name)
         self.txn.put(
             sk.deletion_key(self.owner, entry.id), entry.encode(), db=self.store.t.deletions
         )
@@ -497,7 +504,11 @@ class ForgetPart(StoreBase):
         def apply(txn: lmdb.Transaction) -> DeletionEntry:
             now = time.time()
             for rid in entry.rids:
-                self._purge_turn(txn, rid)
+                at = entry.positions.get(rid)
+                if at is None:  # an entry read back from the log
+                    self._purge_turn(txn, rid)
+                else:
+                    self._purge_turn_rows(txn, owner, rid, *at)
             for rid in entry.memory_rids:
                 self._purge_memory(txn, rid)
             for thread in entry.threads:
@@ -539,17 +550,29 @@ class ForgetPart(StoreBase):
         remove_edges_from(txn, self.t, meta.name)
 
     def _purge_turn(self, txn: lmdb.Transaction, rid: int) -> None:
+        """Purge a turn known only by its record number (reads its row first)."""
         meta = self._turn(txn, rid)
         if meta is None:
             return
-        remove_edges_of(txn, self.t, meta.name)
-        remove_edges_from(txn, self.t, meta.name)
+        self._purge_turn_rows(txn, meta.owner, rid, meta.thread, meta.seq)
+        self._unqueue_expiry(txn, meta)
+
+    def _purge_turn_rows(
+        self, txn: lmdb.Transaction, owner: str, rid: int, thread: str, seq: int
+    ) -> None:
+        """Delete a tombstoned turn's rows: lineage edges both ways, payloads
+        (ciphertext), the row, its seq and owner index entries. Rows already gone
+        are skipped. Its expiry-queue entry left in step 1 (``Planner``), in the
+        transaction that tombstoned it; :meth:`_purge_turn` also takes it off for
+        an entry read back from the log."""
+        name = f"{thread_name(owner, thread)}/turns/{seq}"
+        remove_edges_of(txn, self.t, name)
+        remove_edges_from(txn, self.t, name)
         for ptype in sk.TURN_PAYLOAD_TYPES:
             txn.delete(sk.payload_key(rid, ptype), db=self.t.payloads)
         txn.delete(sk.rid_key(rid), db=self.t.turns)
-        txn.delete(sk.seq_key(meta.owner, meta.thread, meta.seq), db=self.t.seqs)
-        txn.delete(sk.owner_record_key(meta.owner, rid), db=self.t.owner_records)
-        self._unqueue_expiry(txn, meta)
+        txn.delete(sk.seq_key(owner, thread, seq), db=self.t.seqs)
+        txn.delete(sk.owner_record_key(owner, rid), db=self.t.owner_records)
 
     # ------------------------------------------------------------------ the log
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -341,7 +341,7 @@ class EventRow:
     receipt: str = ""
 
     def encode(self) -> bytes:
-        return _json.dumps(asdict(self))
+        return _encode(self)
 
     @classmethod
     def decode(cls, raw: bytes) -> EventRow:

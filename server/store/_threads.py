@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, cast
 
 import lmdb
@@ -523,6 +523,10 @@ class ThreadsPart(MemoriesPart):
         thread: str,
         seqs: Iterable[int],
         visible: Callable[[TurnMeta, float], bool],
+        *,
+        gone: Collection[int] = frozenset(),
+        earlier: bool = True,
+        later: bool = True,
     ) -> dict[int, tuple[TurnMeta | None, TurnMeta | None]]:
         """For each seq of a thread: the nearest earlier and the nearest later turn
         for which ``visible(meta, now)`` holds (as reads see it), or None.
@@ -532,32 +536,44 @@ class ThreadsPart(MemoriesPart):
         n turns costs O(n) row reads, not O(n^2)): walking forward from ``s`` to
         the first visible turn ``t`` means every row between them is invisible, so
         ``t`` is also the next visible turn of any seq between ``s`` and ``t``.
+
+        Args:
+            owner, thread: the thread.
+            seqs: the asked seqs (need not exist).
+            visible: whether a turn counts as a neighbour.
+            gone: record numbers the caller knows are not visible (a forget's
+                own turns): walks step over them without reading their rows, so
+                re-contexting after forgetting a 1,000-turn range reads the two
+                turns around it, not the 1,000 rows of the range (twice).
+            earlier, later: which neighbour to look for; the other is None.
         """
         now = time.time()
         prefix = sk.thread_prefix(owner, thread)
         ordered = sorted(set(seqs))
-        before: dict[int, TurnMeta | None] = {}
-        after: dict[int, TurnMeta | None] = {}
+        before: dict[int, TurnMeta | None] = dict.fromkeys(ordered)
+        after: dict[int, TurnMeta | None] = dict.fromkeys(ordered)
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.t.seqs)
 
             def walk(found: bool, step: Callable[[], bool]) -> TurnMeta | None:
                 while found and bytes(cur.key()).startswith(prefix):
-                    meta = self._turn_read(txn, sk.rid_of(bytes(cur.value())), now)
-                    if meta is not None and visible(meta, now):
-                        return meta
+                    rid = sk.rid_of(bytes(cur.value()))
+                    if rid not in gone:
+                        meta = self._turn_read(txn, rid, now)
+                        if meta is not None and visible(meta, now):
+                            return meta
                     found = step()
                 return None
 
             reach: float = -1.0  # the seq the last forward walk stopped at (inf: the end)
             found: TurnMeta | None = None
-            for seq in ordered:
+            for seq in ordered if later else ():
                 if seq >= reach:
                     found = walk(cur.set_range(sk.seq_key(owner, thread, seq + 1)), cur.next)
                     reach = float(found.seq) if found is not None else float("inf")
                 after[seq] = found
             reach, found = float("inf"), None  # backward: the seq the last walk stopped at
-            for seq in reversed(ordered):
+            for seq in reversed(ordered) if earlier else ():
                 if seq <= reach:
                     at = cur.set_range(sk.seq_key(owner, thread, seq))
                     found = walk(cur.prev() if at else cur.last(), cur.prev)

@@ -125,7 +125,7 @@ def test_a_removed_vector_leaves_no_copy_in_faiss_memory(layout: str) -> None:
     gone = [1, 2000, 3999, 4000]  # first, middle and the last rows
     inner = index._index  # white box: the FAISS index behind the lock
     if layout == "flat":
-        flat = faiss.downcast_index(inner.index)
+        flat = inner  # an IndexFlatIP under the index's own id map
         views = [faiss.rev_swig_ptr(flat.get_xb(), 4000 * D).reshape(4000, D)]
     else:
         lists = faiss.extract_index_ivf(inner).invlists

@@ -21,6 +21,48 @@ def _unit_rows(n: int, d: int, seed: int = 0) -> npt.NDArray[np.float32]:
     return unit
 
 
+def test_removals_anywhere_keep_every_survivor_exact() -> None:
+    """Removing one vector moves the last row into its slot: after removing
+    firsts, lasts, runs, repeats and absent ids in any order, and re-adding some,
+    every survivor is found under its own id with its own vector (exact search
+    against a brute-force scan of the survivors), and no removed id is held."""
+    n, d = 2000, 32
+    vecs = _unit_rows(n, d, seed=3)
+    ids = np.arange(10_000, 10_000 + n, dtype=np.int64)
+    ix = VectorIndex(d)
+    ix.add(ids, vecs)
+    rng = np.random.default_rng(4)
+    live = dict(zip(ids.tolist(), vecs, strict=True))
+    batches = [
+        [int(ids[-1])],
+        [int(ids[0])],
+        [int(i) for i in ids[500:1500]],
+        [int(ids[1]), int(ids[1]), 5],
+        [int(i) for i in rng.choice(ids, 300)],
+    ]
+    for batch in batches:
+        expect = len({i for i in batch if i in live})
+        assert ix.remove(np.asarray(batch, dtype=np.int64)) == expect
+        for i in batch:
+            live.pop(i, None)
+    back = [int(i) for i in ids[600:610]]
+    ix.add(np.asarray(back), vecs[600:610])
+    live.update(zip(back, vecs[600:610], strict=True))
+    held = np.asarray(sorted(live), dtype=np.int64)
+    assert len(ix) == len(live)
+    assert np.array_equal(ix.ids(), held)
+    assert all(i in ix for i in back)
+    assert int(ids[0]) not in ix
+    matrix = np.stack([live[i] for i in held.tolist()])
+    for q in rng.choice(len(held), 40, replace=False):
+        hits = ix.search(matrix[q], k=5)
+        scores = matrix @ matrix[q]
+        best = held[np.argsort(-scores, kind="stable")[:5]]
+        assert hits[0][0] == int(held[q])
+        assert hits[0][1] == pytest.approx(1.0, abs=1e-5)
+        assert [h for h, _ in hits] == best.tolist()
+
+
 def test_add_then_search_identical_vector_scores_one() -> None:
     vecs = _unit_rows(50, 16)
     ix = VectorIndex(16)

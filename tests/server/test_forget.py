@@ -258,6 +258,25 @@ def test_forget_turn_range_past_the_end_stops_at_last_seq(lethe: Lethe) -> None:
     assert list_texts(c, thread) == texts[:2]
 
 
+def test_a_full_batch_of_names_given_twice_forgets_each_once_in_order(lethe: Lethe) -> None:
+    """1,000 names (the batch limit): 500 turns, each named twice, interleaved.
+    The receipt lists the 500 once each in first-seen order and deletes 500; the
+    turns after them keep their text (the dedup used to rebuild a set of the names
+    seen so far for every name)."""
+    c = lethe.client("alice")
+    thread = create_thread(c, "alice")
+    texts = [f"turn {i} {unique()}" for i in range(510)]
+    turns = append(c, thread, texts, commit=True)
+    names = [t.name for t in turns[:500]]
+    given = [n for pair in zip(names, reversed(names), strict=True) for n in pair]
+    receipt = forget(c, *given)
+    first_seen = list(dict.fromkeys(given))
+    assert len(first_seen) == 500
+    assert list(receipt.targets) == first_seen
+    assert receipt.deleted == 500
+    assert list_texts(c, thread) == texts[500:]
+
+
 def test_forget_twice_keeps_record_deleted(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")

@@ -70,3 +70,31 @@ def test_a_forgotten_run_reads_each_row_a_bounded_number_of_times(
     assert {got[s][0].seq for s in run} == {100}  # type: ignore[union-attr]
     assert {got[s][1].seq for s in run} == {301}  # type: ignore[union-attr]
     assert reads <= 2 * (len(run) + 2)  # one forward and one backward pass (was ~n^2/2)
+
+
+def test_rows_named_gone_are_stepped_over_unread(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forget's re-context passes its own turns as ``gone``: the walks around a
+    forgotten run of 200 turns read the few rows outside it, not the run twice
+    (which made forgetting a 1,000-turn range read 3,000 rows)."""
+    run = set(range(101, 301))
+    rids = {m.seq: m.rid for m in store.thread_turns("alice", "t1")}
+    gone = frozenset(rids[s] for s in run)
+    read: list[int] = []
+    real = store._turn_read
+
+    def counting(txn: object, rid: int, now: float) -> TurnMeta | None:
+        read.append(rid)
+        return real(txn, rid, now)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_turn_read", counting)
+    visible = lambda m, now: m.seq not in run  # noqa: E731
+    later = store.visible_neighbours("alice", "t1", run, visible, gone=gone, earlier=False)
+    assert {n.seq for _, n in later.values()} == {301}  # type: ignore[union-attr]
+    assert all(b is None for b, _ in later.values())
+    earlier = store.visible_neighbours("alice", "t1", [301], visible, gone=gone, later=False)
+    assert earlier[301][0].seq == 100  # type: ignore[union-attr]
+    assert earlier[301][1] is None
+    assert not gone & set(read)
+    assert len(read) == 2
