@@ -282,10 +282,16 @@ class Retriever:
         return [row if float(np.dot(row, row)) > 0.0 else None for row in rows]
 
     def query_vector(
-        self, owner: str, query_text: str, query_embedding: Sequence[float]
+        self,
+        owner: str,
+        query_text: str,
+        query_embedding: npt.NDArray[np.float32] | Sequence[float] | None,
     ) -> npt.NDArray[np.float32] | None:
         """The ``(d,) float32`` unit query vector, or None when none can be made
         (no embedder and no client vector, or a text without tokens).
+
+        ``query_embedding`` is the client's vector (``(d,)``, as an array from
+        ``check_vector`` or a sequence of floats), or None / empty for none.
 
         Raises:
             InvalidArgument: the client vector is non-finite or zero, or its
@@ -293,7 +299,7 @@ class Retriever:
         """
         self.ensure_vectors(owner)
         dim = self.store.owner_dim(owner) or (self.embedder.dim if self.embedder else None)
-        if query_embedding:
+        if query_embedding is not None and len(query_embedding):
             try:
                 vec: npt.NDArray[np.float32] = normalize(
                     np.asarray(query_embedding, dtype=np.float32)

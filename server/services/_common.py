@@ -117,7 +117,7 @@ def check_vector(values: Any, field: str) -> np.ndarray[Any, np.dtype[np.float32
     if len(values) > MAX_DIM:
         raise InvalidArgument(field, f"at most {MAX_DIM} dimensions")
     vec = np.asarray(values, dtype=np.float32)
-    if not np.all(np.isfinite(vec)):
+    if not np.isfinite(vec).all():
         raise InvalidArgument(field, "must be finite (no NaN or infinity)")
     if not float(np.dot(vec.astype(np.float64), vec.astype(np.float64))) > 0.0:
         raise InvalidArgument(field, "must not be the zero vector")

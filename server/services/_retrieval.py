@@ -51,9 +51,7 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
         query_vec = check_vector(request.query_embedding, "query_embedding")
         vec = None
         if query_vec is not None or request.query_text.strip():
-            vec = self.retriever.query_vector(
-                thread.owner, request.query_text, [] if query_vec is None else query_vec.tolist()
-            )
+            vec = self.retriever.query_vector(thread.owner, request.query_text, query_vec)
         bundle = assemble(
             self.retriever.store,
             self.retriever,
@@ -121,9 +119,7 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
             raise InvalidArgument("query_text", "LEXICAL search needs query_text")
         vec = None
         if mode != MODE_LEXICAL:
-            vec = self.retriever.query_vector(
-                owner, request.query_text, [] if query_vec is None else query_vec.tolist()
-            )
+            vec = self.retriever.query_vector(owner, request.query_text, query_vec)
         if mode == MODE_DENSE and vec is None and self.retriever.embedder is None:
             raise InvalidArgument(
                 "query_embedding", "DENSE search needs query_embedding: this server has no embedder"
