@@ -41,6 +41,7 @@ import struct
 from dataclasses import dataclass
 from typing import NoReturn
 
+import nacl.bindings
 import nacl.exceptions
 import nacl.secret
 import nacl.utils
@@ -99,7 +100,7 @@ def _encode_fields(tag: str, *fields: str | int) -> bytes:
     Raises:
         ValueError: If an integer is out of range or a string is not encodable as UTF-8.
     """
-    out = bytearray()
+    parts: list[bytes] = []
     for field in (tag, *fields):
         if isinstance(field, bool):
             raise ValueError("booleans are not encodable fields")
@@ -109,9 +110,9 @@ def _encode_fields(tag: str, *fields: str | int) -> bytes:
             raw = field.to_bytes(8, "big")
         else:
             raw = field.encode("utf-8")
-        out += struct.pack(">I", len(raw))
-        out += raw
-    return bytes(out)
+        parts.append(len(raw).to_bytes(4, "big"))
+        parts.append(raw)
+    return b"".join(parts)
 
 
 @dataclass(frozen=True)
@@ -259,8 +260,13 @@ def _open_payload(key: _Key, ad: bytes, ciphertext: bytes) -> bytes:
         raise IntegrityError("ciphertext too short")
     if ciphertext[0] != _PAYLOAD_FORMAT:
         raise IntegrityError("unknown ciphertext format version")
+    # nacl.secret.Aead(key).decrypt(ciphertext[1:], ad) without building an Aead
+    # object per payload: the same libsodium call on the same nonce and body.
+    body = bytes(ciphertext[1:])
     try:
-        return key._aead().decrypt(bytes(ciphertext[1:]), ad)
+        return nacl.bindings.crypto_aead_xchacha20poly1305_ietf_decrypt(
+            body[NONCE_SIZE:], ad, body[:NONCE_SIZE], key._material
+        )
     except nacl.exceptions.CryptoError:
         raise IntegrityError("ciphertext failed authentication") from None
 
