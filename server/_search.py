@@ -94,11 +94,12 @@ from server.store import (
     searchable,
 )
 
-# First fetch: top_k + OVERFETCH candidates; most survive the recheck, and every
-# candidate costs a metadata decode, so the margin is small and the fetch grows
-# 4x per round when the recheck drops too many.
 SLOW_BUILD_SECONDS = 1.0
 """An owner index build taking this long or longer is logged (seconds)."""
+# A dense search asks FAISS for top_k + OVERFETCH candidates; most survive the
+# recheck, which reads the rows of the first top_k and of more only when it drops
+# some (every row read costs a metadata decode), and the FAISS fetch grows 4x per
+# round when the recheck drops too many.
 OVERFETCH = 8
 # Each leg is cut at this depth before fusion (the depth HYBRID_WEIGHTS was tuned at).
 LEG_DEPTH = 30
@@ -783,12 +784,22 @@ class Retriever:
     ) -> list[SearchHit]:
         """Recheck candidates in rank order (one read transaction per chunk) and
         decrypt the survivors until ``top_k`` are found (one keystore snapshot
-        for them all: ``Store.key_batch``)."""
+        for them all: ``Store.key_batch``).
+
+        The first chunk is the ``top_k`` best candidates: usually every one
+        survives and no other candidate's row is read or decoded. Once the
+        recheck has dropped one, each further chunk is the number still
+        missing plus :data:`OVERFETCH`.
+        """
         hits: list[SearchHit] = []
-        chunk = top_k + OVERFETCH
+        if not ranked:
+            return hits
+        start = 0
+        chunk = top_k
         with self.store.key_batch():
-            for start in range(0, len(ranked), chunk):
+            while start < len(ranked):
                 part = ranked[start : start + chunk]
+                start += len(part)
                 rows = self.store.fetch([rid for rid, _ in part])
                 now = time.time()
                 for rid, score in part:
@@ -807,6 +818,7 @@ class Retriever:
                     hits.append(SearchHit(view, score))
                     if len(hits) == top_k:
                         return hits
+                chunk = top_k - len(hits) + OVERFETCH
         return hits
 
     @staticmethod

@@ -119,7 +119,7 @@ def check_vector(values: Any, field: str) -> np.ndarray[Any, np.dtype[np.float32
     vec = np.asarray(values, dtype=np.float32)
     if not np.isfinite(vec).all():
         raise InvalidArgument(field, "must be finite (no NaN or infinity)")
-    if not float(np.dot(vec.astype(np.float64), vec.astype(np.float64))) > 0.0:
+    if not vec.any():  # finite: zero iff no element is non-zero (-0.0 is zero)
         raise InvalidArgument(field, "must not be the zero vector")
     return vec
 
