@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from server._search import Retriever
+from server._search import Retriever, SearchHit, indexed_text
 from server.store import Store, TurnDraft
 
 
@@ -25,6 +25,10 @@ def store(tmp_path: Path, kek_env: str) -> Iterator[Store]:
     s.append_turns("bob", "t1", [TurnDraft(1, "", "bob's", None, None, "", [], True, 0.0)], "r2")
     yield s
     s.close()
+
+
+def _texts(hits: list[SearchHit]) -> list[str]:
+    return [indexed_text(h.view) for h in hits]
 
 
 def _rids(store: Store, owner: str) -> dict[str, int]:
@@ -44,7 +48,7 @@ def test_dropped_leading_candidates_are_replaced_in_rank_order(store: Store) -> 
         (alice["3"], 0.6),
     ]
     hits = Retriever(store, None)._materialise(ranked, "alice", 3, None)
-    assert [(h.view.text, h.score) for h in hits] == [
+    assert list(zip(_texts(hits), [h.score for h in hits], strict=True)) == [
         ("kept 1", 0.9),
         ("kept 3", 0.8),
         ("kept 0", 0.7),
@@ -55,7 +59,7 @@ def test_pending_candidates_count_in_their_own_thread(store: Store) -> None:
     alice = _rids(store, "alice")
     ranked = [(alice["7"], 0.9), (alice["1"], 0.8)]
     hits = Retriever(store, None)._materialise(ranked, "alice", 2, "t1")
-    assert [h.view.text for h in hits] == ["held 0", "kept 0"]
+    assert _texts(hits) == ["held 0", "kept 0"]
 
 
 def test_when_the_best_survive_no_other_row_is_read(
@@ -72,7 +76,7 @@ def test_when_the_best_survive_no_other_row_is_read(
 
     monkeypatch.setattr(store, "fetch", counting_fetch)
     hits = Retriever(store, None)._materialise(ranked, "alice", 3, None)
-    assert [h.view.text for h in hits] == ["kept 0", "kept 1", "kept 2"]
+    assert _texts(hits) == ["kept 0", "kept 1", "kept 2"]
     assert asked == [[alice["1"], alice["2"], alice["3"]]]
 
 
@@ -80,4 +84,4 @@ def test_too_few_survivors_returns_every_survivor(store: Store) -> None:
     alice, bob = _rids(store, "alice"), _rids(store, "bob")
     ranked = [(bob["1"], 0.9), (alice["5"], 0.8), (alice["7"], 0.7), (alice["6"], 0.6)]
     hits = Retriever(store, None)._materialise(ranked, "alice", 10, None)
-    assert [h.view.text for h in hits] == ["kept 4", "kept 5"]
+    assert _texts(hits) == ["kept 4", "kept 5"]
