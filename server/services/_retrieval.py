@@ -8,7 +8,7 @@ from lethe.v1 import common_pb2, retrieval_pb2, retrieval_pb2_grpc
 from server._auth import authorize
 from server._context import DEFAULT_MAX_CHARS, DEFAULT_RECENT, assemble
 from server._context import DEFAULT_TOP_K as DEFAULT_CONTEXT_TOP_K
-from server._convert import bundle_proto, hit_proto, timestamp
+from server._convert import bundle_proto, fill_hit, timestamp
 from server._names import parse_manifest, parse_owner, parse_thread
 from server._search import MODE_DENSE, MODE_HYBRID, MODE_LEXICAL, Retriever
 from server.errors import InvalidArgument
@@ -134,6 +134,11 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
             kinds=kinds,
             include_turns=not request.kinds or request.include_turns,
         )
-        # Hits past the reply budget are left out (best first: the cut keeps the best).
-        found, _ = fit([hit_proto(h.view, h.score) for h in hits], 0, lambda h: 0)
-        return retrieval_pb2.SearchResponse(hits=found)
+        # Hits are built inside the reply (not copied into it); those past the
+        # reply budget are left out (best first: the cut keeps the best).
+        response = retrieval_pb2.SearchResponse()
+        for h in hits:
+            fill_hit(response.hits.add(), h.view, h.score)
+        found, _ = fit(response.hits, 0, lambda h: 0)
+        del response.hits[len(found) :]
+        return response
