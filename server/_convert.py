@@ -25,12 +25,19 @@ _STATES = {PENDING: common_pb2.PENDING, COMMITTED: common_pb2.COMMITTED, SEALED:
 STATE_NAMES = {v: k for k, v in _STATES.items()}
 
 
-def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
-    """A Timestamp from float seconds since the epoch (microsecond precision)."""
-    ts = timestamp_pb2.Timestamp()
+def set_time(ts: timestamp_pb2.Timestamp, seconds: float) -> None:
+    """Set ``ts`` (marked present, even at the epoch) to float seconds since the
+    epoch, at microsecond precision."""
+    ts.SetInParent()
     micros = round(seconds * 1_000_000)
     ts.seconds, rem = divmod(micros, 1_000_000)
     ts.nanos = rem * 1000
+
+
+def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
+    """A Timestamp from float seconds since the epoch (microsecond precision)."""
+    ts = timestamp_pb2.Timestamp()
+    set_time(ts, seconds)
     return ts
 
 
@@ -61,26 +68,34 @@ def thread_proto(view: ThreadView) -> threads_pb2.Thread:
 def turn_proto(view: TurnView, *, text: bool = True) -> threads_pb2.Turn:
     """A Turn message; without ``text`` its text and speaker are left out (the
     reply of an append that did not ask for ``echo_text``)."""
+    turn = threads_pb2.Turn()
+    fill_turn(turn, view, text=text)
+    return turn
+
+
+def fill_turn(turn: threads_pb2.Turn, view: TurnView, *, text: bool = True) -> None:
+    """Write ``view`` into the empty ``turn`` (:func:`turn_proto`), in place: a
+    message built inside its reply (``reply.hits.add().turn``) is not copied
+    into it afterwards, which costs more than building it."""
     meta = view.meta
-    turn = threads_pb2.Turn(
-        name=meta.name,
-        seq=meta.seq,
-        role=meta.role,  # type: ignore[arg-type]
-        speaker=view.speaker if text else "",
-        text=view.text if text else "",
-        time=timestamp(meta.time),
-        state=_STATES[meta.state],
-        version=meta.version,
-        create_time=timestamp(meta.create_time),
-        tainted=meta.tainted,
-        context_manifest=meta.context_manifest,
-        context_refs=[common_pb2.SourceRef(name=n, version=v) for n, v in meta.context_refs],
-    )
+    turn.name = meta.name
+    turn.seq = meta.seq
+    turn.role = meta.role  # type: ignore[assignment]
+    if text:
+        turn.speaker = view.speaker
+        turn.text = view.text
+    set_time(turn.time, meta.time)
+    turn.state = _STATES[meta.state]
+    turn.version = meta.version
+    set_time(turn.create_time, meta.create_time)
+    turn.tainted = meta.tainted
+    turn.context_manifest = meta.context_manifest
+    for n, v in meta.context_refs:
+        turn.context_refs.add(name=n, version=v)
     if meta.state == PENDING and meta.expire_time:
-        turn.expire_time.CopyFrom(timestamp(meta.expire_time))
+        set_time(turn.expire_time, meta.expire_time)
     if view.embedding is not None:
         turn.embedding.extend(view.embedding.tolist())
-    return turn
 
 
 def receipt_proto(entry: DeletionEntry) -> common_pb2.DeletionReceipt:
@@ -108,21 +123,28 @@ def receipt_proto(entry: DeletionEntry) -> common_pb2.DeletionReceipt:
 
 def memory_proto(view: MemoryView) -> memories_pb2.Memory:
     """A Memory message of one version (embeddings are input only)."""
+    memory = memories_pb2.Memory()
+    fill_memory(memory, view)
+    return memory
+
+
+def fill_memory(memory: memories_pb2.Memory, view: MemoryView) -> None:
+    """Write ``view`` into the empty ``memory`` (:func:`memory_proto`), in place
+    (see :func:`fill_turn`)."""
     meta = view.meta
-    memory = memories_pb2.Memory(
-        name=meta.name,
-        kind=memories_pb2.Memory.Kind.Value(meta.kind),
-        text=view.content.text,
-        state=_STATES[meta.state],
-        version=view.version,
-        status=memories_pb2.Memory.Status.Value(view.status),
-        slot=view.content.slot,
-        scope=view.content.scope,
-        sources=[common_pb2.SourceRef(name=n, version=v) for n, v in view.sources],
-        supersedes=meta.supersedes if view.version == meta.version else 0,
-        create_time=timestamp(meta.create_time),
-        update_time=timestamp(meta.update_time),
-    )
+    memory.name = meta.name
+    memory.kind = memories_pb2.Memory.Kind.Value(meta.kind)
+    memory.text = view.content.text
+    memory.state = _STATES[meta.state]
+    memory.version = view.version
+    memory.status = memories_pb2.Memory.Status.Value(view.status)
+    memory.slot = view.content.slot
+    memory.scope = view.content.scope
+    for n, v in view.sources:
+        memory.sources.add(name=n, version=v)
+    memory.supersedes = meta.supersedes if view.version == meta.version else 0
+    set_time(memory.create_time, meta.create_time)
+    set_time(memory.update_time, meta.update_time)
     if meta.direction:
         memory.direction = memories_pb2.Memory.Direction.Value(meta.direction)
     if meta.trigger:
@@ -130,23 +152,34 @@ def memory_proto(view: MemoryView) -> memories_pb2.Memory:
     if meta.origin:
         memory.origin = memories_pb2.Memory.Origin.Value(meta.origin)
     if meta.due_time:
-        memory.due_time.CopyFrom(timestamp(meta.due_time))
+        set_time(memory.due_time, meta.due_time)
     if meta.state == PENDING and meta.expire_time:
-        memory.expire_time.CopyFrom(timestamp(meta.expire_time))
+        set_time(memory.expire_time, meta.expire_time)
     if view.content.metadata is not None:
         memory.metadata.update(view.content.metadata)
     if view.content.edge is not None:
         subject, predicate, obj = view.content.edge
-        memory.edge.CopyFrom(
-            memories_pb2.GraphEdge(subject=subject, predicate=predicate, object=obj)
-        )
-    return memory
+        memory.edge.SetInParent()
+        memory.edge.subject = subject
+        memory.edge.predicate = predicate
+        memory.edge.object = obj
 
 
 def hit_proto(view: TurnView | MemoryView, score: float) -> retrieval_pb2.Hit:
+    """A Hit message: ``score`` and the turn or memory of ``view``."""
+    hit = retrieval_pb2.Hit()
+    fill_hit(hit, view, score)
+    return hit
+
+
+def fill_hit(hit: retrieval_pb2.Hit, view: TurnView | MemoryView, score: float) -> None:
+    """Write a hit into the empty ``hit`` in place (``reply.hits.add()``; see
+    :func:`fill_turn`)."""
+    hit.score = score
     if isinstance(view, TurnView):
-        return retrieval_pb2.Hit(score=score, turn=turn_proto(view))
-    return retrieval_pb2.Hit(score=score, memory=memory_proto(view))
+        fill_turn(hit.turn, view)
+    else:
+        fill_memory(hit.memory, view)
 
 
 def event_proto(event: EventRow, receipt: common_pb2.DeletionReceipt | None) -> Any:

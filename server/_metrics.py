@@ -213,34 +213,69 @@ class Metrics:
         )
 
 
-class _Call:
-    """One RPC being measured: started when made, handled once by :meth:`done`."""
+class _Series:
+    """The labelled children of one method's RPC metrics, looked up once: a
+    ``labels()`` lookup takes a lock and builds a key, and every call made five."""
 
-    __slots__ = ("_done", "_labels", "_method", "_metrics", "_start")
+    __slots__ = (
+        "_by_code",
+        "_labels",
+        "_method",
+        "_metrics",
+        "handling",
+        "received",
+        "sent",
+        "started",
+    )
 
     def __init__(self, metrics: Metrics, method: str, grpc_type: str) -> None:
         service, _, name = method.lstrip("/").rpartition("/")
         self._metrics = metrics
         self._method = method
         self._labels = (grpc_type, service, name)
+        self.started = metrics.grpc_started.labels(*self._labels)
+        self.received = metrics.grpc_received.labels(*self._labels)
+        self.sent = metrics.grpc_sent.labels(*self._labels)
+        self.handling = metrics.grpc_handling.labels(*self._labels)
+        # code -> (handled counter, rpc_duration histogram); one dict entry, so a
+        # call on another thread sees both children or neither.
+        self._by_code: dict[str, tuple[Any, Any]] = {}
+
+    def done(self, code: str, elapsed: float) -> None:
+        """Count one finished call with status ``code`` that took ``elapsed`` seconds."""
+        children = self._by_code.get(code)
+        if children is None:
+            children = self._by_code[code] = (
+                self._metrics.grpc_handled.labels(*self._labels, code),
+                self._metrics.rpc_duration.labels(self._method, code),
+            )
+        children[0].inc()
+        self.handling.observe(elapsed)
+        children[1].observe(elapsed)
+
+
+class _Call:
+    """One RPC being measured: started when made, handled once by :meth:`done`."""
+
+    __slots__ = ("_done", "_series", "_start")
+
+    def __init__(self, series: _Series) -> None:
+        self._series = series
         self._start = time.perf_counter()
         self._done = False
-        metrics.grpc_started.labels(*self._labels).inc()
+        series.started.inc()
 
     def received(self) -> None:
-        self._metrics.grpc_received.labels(*self._labels).inc()
+        self._series.received.inc()
 
     def sent(self) -> None:
-        self._metrics.grpc_sent.labels(*self._labels).inc()
+        self._series.sent.inc()
 
     def done(self, code: str) -> None:
         if self._done:
             return
         self._done = True
-        elapsed = time.perf_counter() - self._start
-        self._metrics.grpc_handled.labels(*self._labels, code).inc()
-        self._metrics.grpc_handling.labels(*self._labels).observe(elapsed)
-        self._metrics.rpc_duration.labels(self._method, code).observe(elapsed)
+        self._series.done(code, time.perf_counter() - self._start)
 
 
 def _code(context: Any, default: str) -> str:
@@ -269,6 +304,9 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
+        # method -> (the handler grpc found, its measured wrapper): the wrapper
+        # is built once per method, not per call. Event loop thread only.
+        self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
     async def intercept_service(  # type: ignore[override]  # grpc may find no handler: None
         self,
@@ -282,7 +320,17 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
         if handler is None:
             return None
         method: str = handler_call_details.method
-        metrics = self._metrics
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(
+        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        """``handler`` of ``method`` inside the measurements (one :class:`_Call` per call)."""
         kinds = {
             (False, False): "UNARY",
             (False, True): "SERVER_STREAMING",
@@ -290,6 +338,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
             (True, True): "BIDI_STREAMING",
         }
         grpc_type = kinds[(bool(handler.request_streaming), bool(handler.response_streaming))]
+        series = _Series(self._metrics, method, grpc_type)
 
         async def requests(call: _Call, iterator: Any) -> AsyncIterator[Any]:
             if hasattr(iterator, "__aiter__"):
@@ -303,7 +352,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
 
         def unary_response(behaviour: Callable[..., Any]) -> Callable[..., Any]:
             async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                call = _Call(metrics, method, grpc_type)
+                call = _Call(series)
                 if handler.request_streaming:
                     request = requests(call, request)
                 else:
@@ -325,7 +374,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
             async def run(
                 request: Any, context: grpc.aio.ServicerContext[Any, Any]
             ) -> AsyncIterator[Any]:
-                call = _Call(metrics, method, grpc_type)
+                call = _Call(series)
                 if handler.request_streaming:
                     request = requests(call, request)
                 else:

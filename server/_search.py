@@ -95,11 +95,12 @@ from server.store import (
     searchable,
 )
 
-# First fetch: top_k + OVERFETCH candidates; most survive the recheck, and every
-# candidate costs a metadata decode, so the margin is small and the fetch grows
-# 4x per round when the recheck drops too many.
 SLOW_BUILD_SECONDS = 1.0
 """An owner index build taking this long or longer is logged (seconds)."""
+# A dense search asks FAISS for top_k + OVERFETCH candidates; most survive the
+# recheck, which reads the rows of the first top_k and of more only when it drops
+# some (every row read costs a metadata decode), and the FAISS fetch grows 4x per
+# round when the recheck drops too many.
 OVERFETCH = 8
 # Each leg is cut at this depth before fusion (the depth HYBRID_WEIGHTS was tuned at).
 LEG_DEPTH = 30
@@ -313,10 +314,16 @@ class Retriever:
         return [row if float(np.dot(row, row)) > 0.0 else None for row in rows]
 
     def query_vector(
-        self, owner: str, query_text: str, query_embedding: Sequence[float]
+        self,
+        owner: str,
+        query_text: str,
+        query_embedding: npt.NDArray[np.float32] | Sequence[float] | None,
     ) -> npt.NDArray[np.float32] | None:
         """The ``(d,) float32`` unit query vector, or None when none can be made
         (no embedder and no client vector, or a text without tokens).
+
+        ``query_embedding`` is the client's vector (``(d,)``, as an array from
+        ``check_vector`` or a sequence of floats), or None / empty for none.
 
         Raises:
             InvalidArgument: the client vector is non-finite or zero, or its
@@ -324,7 +331,7 @@ class Retriever:
         """
         self.ensure_vectors(owner)
         dim = self.store.owner_dim(owner) or (self.embedder.dim if self.embedder else None)
-        if query_embedding:
+        if query_embedding is not None and len(query_embedding):
             try:
                 vec: npt.NDArray[np.float32] = normalize(
                     np.asarray(query_embedding, dtype=np.float32)
@@ -893,12 +900,22 @@ class Retriever:
     ) -> list[SearchHit]:
         """Recheck candidates in rank order (one read transaction per chunk) and
         decrypt the survivors until ``top_k`` are found (one keystore snapshot
-        for them all: ``Store.key_batch``)."""
+        for them all: ``Store.key_batch``).
+
+        The first chunk is the ``top_k`` best candidates: usually every one
+        survives and no other candidate's row is read or decoded. Once the
+        recheck has dropped one, each further chunk is the number still
+        missing plus :data:`OVERFETCH`.
+        """
         hits: list[SearchHit] = []
-        chunk = top_k + OVERFETCH
+        if not ranked:
+            return hits
+        start = 0
+        chunk = top_k
         with self.store.key_batch():
-            for start in range(0, len(ranked), chunk):
+            while start < len(ranked):
                 part = ranked[start : start + chunk]
+                start += len(part)
                 rows = self.store.fetch([rid for rid, _ in part])
                 now = time.time()
                 for rid, score in part:
@@ -917,6 +934,7 @@ class Retriever:
                     hits.append(SearchHit(view, score))
                     if len(hits) == top_k:
                         return hits
+                chunk = top_k - len(hits) + OVERFETCH
         return hits
 
     @staticmethod

@@ -8,7 +8,7 @@ from lethe.v1 import common_pb2, retrieval_pb2, retrieval_pb2_grpc
 from server._auth import authorize
 from server._context import DEFAULT_MAX_CHARS, DEFAULT_RECENT, assemble
 from server._context import DEFAULT_TOP_K as DEFAULT_CONTEXT_TOP_K
-from server._convert import bundle_proto, hit_proto, timestamp
+from server._convert import bundle_proto, fill_hit, timestamp
 from server._names import parse_manifest, parse_owner, parse_thread
 from server._search import MODE_DENSE, MODE_HYBRID, MODE_LEXICAL, Retriever
 from server.errors import InvalidArgument
@@ -51,9 +51,7 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
         query_vec = check_vector(request.query_embedding, "query_embedding")
         vec = None
         if query_vec is not None or request.query_text.strip():
-            vec = self.retriever.query_vector(
-                thread.owner, request.query_text, [] if query_vec is None else query_vec.tolist()
-            )
+            vec = self.retriever.query_vector(thread.owner, request.query_text, query_vec)
         bundle = assemble(
             self.retriever.store,
             self.retriever,
@@ -121,9 +119,7 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
             raise InvalidArgument("query_text", "LEXICAL search needs query_text")
         vec = None
         if mode != MODE_LEXICAL:
-            vec = self.retriever.query_vector(
-                owner, request.query_text, [] if query_vec is None else query_vec.tolist()
-            )
+            vec = self.retriever.query_vector(owner, request.query_text, query_vec)
         if mode == MODE_DENSE and vec is None and self.retriever.embedder is None:
             raise InvalidArgument(
                 "query_embedding", "DENSE search needs query_embedding: this server has no embedder"
@@ -138,6 +134,11 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
             kinds=kinds,
             include_turns=not request.kinds or request.include_turns,
         )
-        # Hits past the reply budget are left out (best first: the cut keeps the best).
-        found, _ = fit([hit_proto(h.view, h.score) for h in hits], 0, lambda h: 0)
-        return retrieval_pb2.SearchResponse(hits=found)
+        # Hits are built inside the reply (not copied into it); those past the
+        # reply budget are left out (best first: the cut keeps the best).
+        response = retrieval_pb2.SearchResponse()
+        for h in hits:
+            fill_hit(response.hits.add(), h.view, h.score)
+        found, _ = fit(response.hits, 0, lambda h: 0)
+        del response.hits[len(found) :]
+        return response
