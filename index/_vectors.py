@@ -47,7 +47,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import faiss
 import numpy as np
@@ -171,6 +171,18 @@ def _recall_at_10(found: npt.NDArray[np.float32], exact: npt.NDArray[np.float32]
     return float(np.mean(np.minimum(np.sum(found >= bar, axis=1), 10) / 10))
 
 
+def _probe(nprobe: int) -> faiss.SearchParametersIVF:
+    """Per-search IVF parameters (no shared state: concurrent searches may differ)."""
+    params = faiss.SearchParametersIVF()
+    params.nprobe = nprobe
+    return params
+
+
+def _lists(index: faiss.Index) -> Any:
+    """The inverted lists of an IVF index (FAISS's typing makes them optional)."""
+    return faiss.extract_index_ivf(index).invlists
+
+
 def choose_layout(
     vectors: npt.NDArray[np.float32], ids: npt.NDArray[np.int64], seed: int = 0
 ) -> tuple[faiss.Index, int] | None:
@@ -203,7 +215,7 @@ def choose_layout(
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     exact, _ = faiss.knn(queries, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)
     for nprobe in (p for p in _NPROBE_LADDER if p <= nlist // 4):
-        found, _ = ivf.search(queries, 10, params=faiss.SearchParametersIVF(nprobe=nprobe))
+        found, _ = ivf.search(queries, 10, params=_probe(nprobe))
         if _recall_at_10(found, exact) >= IVF_CALIBRATION_RECALL:
             return ivf, min(nlist, int(np.ceil(nprobe * _NPROBE_MARGIN)))
     return None
@@ -214,7 +226,7 @@ def _ivf_held(
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
     """Copies of every vector ``(n, dim) float32`` and id ``(n,) int64`` an IVF with
     flat codes holds."""
-    lists = faiss.extract_index_ivf(index).invlists
+    lists = _lists(index)
     parts, id_parts = [], []
     for i in range(lists.nlist):
         size = lists.list_size(i)
@@ -246,7 +258,7 @@ class VectorIndex:
         if ivf_min < 0:
             raise ValueError(f"ivf_min must be >= 0, got {ivf_min}")
         self._dim = dim
-        self._index: faiss.Index = faiss.IndexFlatIP(dim)
+        self._index: Any = faiss.IndexFlatIP(dim)  # or an IVF: FAISS's stubs are partial
         # exact layout: position -> id, and id -> position; with an inverted file
         # FAISS holds the ids and _pos maps each held id to -1 (membership only)
         self._ids: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
@@ -381,7 +393,7 @@ class VectorIndex:
 
     def _zero_entries(self, ids: npt.NDArray[np.int64]) -> None:
         """Overwrite the inverted-file entries of ``ids`` with zeros (write lock held)."""
-        lists = faiss.extract_index_ivf(self._index).invlists
+        lists = _lists(self._index)
         blank = np.zeros(lists.code_size, dtype=np.uint8)
         for i in range(lists.nlist):
             size = lists.list_size(i)
@@ -440,10 +452,10 @@ class VectorIndex:
                 return []
             k = min(k, size)
             if self._nprobe and 4 * k < size:
-                probe = faiss.SearchParametersIVF(nprobe=self._nprobe)
+                probe = _probe(self._nprobe)
                 scores, found = self._index.search(q, k, params=probe)
             elif self._nprobe:  # a quarter of the index or more: every list
-                probe = faiss.SearchParametersIVF(nprobe=self._nlist)
+                probe = _probe(self._nlist)
                 scores, found = self._index.search(q, k, params=probe)
             else:
                 scores, found = self._index.search(q, k)
@@ -460,11 +472,9 @@ class VectorIndex:
         """
         with self._lock.read():
             if self._nprobe:
-                ivf = faiss.extract_index_ivf(self._index)
-                sizes = [ivf.invlists.list_size(i) for i in range(ivf.nlist)]
-                parts = [
-                    faiss.rev_swig_ptr(ivf.invlists.get_ids(i), n) for i, n in enumerate(sizes) if n
-                ]
+                lists = _lists(self._index)
+                sizes = [lists.list_size(i) for i in range(lists.nlist)]
+                parts = [faiss.rev_swig_ptr(lists.get_ids(i), n) for i, n in enumerate(sizes) if n]
                 held = np.concatenate(parts) if parts else np.zeros(0, np.int64)
             else:
                 held = self._ids.copy()

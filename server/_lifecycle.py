@@ -156,6 +156,13 @@ class Lifecycle:
             extra_rings=extra_rings,
             conclude_repair=conclude_repair,
         )
+        self._unindex(owner, entry, whole_owner)
+        entry = self.store.finish_forget(entry, time.time(), self.shred_horizon())
+        self.metrics.deletion_latency.observe(time.time() - started)
+        return entry
+
+    def _unindex(self, owner: str, entry: DeletionEntry, whole_owner: bool) -> None:
+        """Step 2 of a forget: what ``entry`` planned leaves every loaded index."""
         self.retriever.on_forget(
             owner,
             entry.index_rids(),
@@ -164,9 +171,6 @@ class Lifecycle:
             touched_threads=entry.touched,
             positions=entry.positions,
         )
-        entry = self.store.finish_forget(entry, time.time(), self.shred_horizon())
-        self.metrics.deletion_latency.observe(time.time() - started)
-        return entry
 
     def seal(self, owner: str, thread: str, from_seq: int) -> ThreadView:
         """Seal a stretch into a new repair; sealed records leave the general
@@ -189,14 +193,7 @@ class Lifecycle:
         view, entry, made = self.store.conclude_repair(owner, repair_id, outcome, lesson)
         if made is not None:
             self.retriever.on_write(owner, [made.meta])
-        self.retriever.on_forget(
-            owner,
-            entry.index_rids(),
-            entry.threads,
-            False,
-            touched_threads=entry.touched,
-            positions=entry.positions,
-        )
+        self._unindex(owner, entry, False)
         entry = self.store.finish_forget(entry, time.time(), self.shred_horizon())
         self.metrics.deletion_latency.observe(time.time() - started)
         return view, entry, made

@@ -150,7 +150,7 @@ def reembed_owner(store: Store, embedder: Embedder, owner: str, text_of: TextOf)
         store: The record store.
         embedder: The server's embedder.
         owner: The owner.
-        text_of: What a record is embedded as (``server._search.indexed_text``:
+        text_of: What a record is embedded as (``server._indexed_text.indexed_text``:
             ``speaker: text`` for a turn, as AppendTurns embeds it; a memory's
             text, or its edge ``subject predicate object``).
 

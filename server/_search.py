@@ -50,14 +50,12 @@ built from a snapshot older than a write can never miss that write's update.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import threading
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 import numpy as np
 import numpy.typing as npt
@@ -77,6 +75,7 @@ from index import (
     convex_fusion,
     normalize,
 )
+from server._indexed_text import date_text, indexed_text, session_key
 from server._logs import LIMITED
 from server._reembed import reembed_owner
 from server.errors import DataLoss, InvalidArgument, Reason, RecordDeleted
@@ -121,15 +120,6 @@ class SearchHit:
     score: float
 
 
-def indexed_text(view: TurnView | MemoryView) -> str:
-    """The plain text a record is indexed under (see :meth:`Retriever._texts`)."""
-    if isinstance(view, TurnView):
-        return plain_text(view.speaker, view.text)
-    if view.content.text or view.content.edge is None:
-        return view.content.text
-    return " ".join(view.content.edge)
-
-
 @dataclass(slots=True)
 class _Bundle:
     """One owner's committed indexes, or one thread's pending indexes."""
@@ -164,42 +154,6 @@ def _owner_key(owner: str) -> str:
 
 def _pending_key(owner: str, thread: str) -> str:
     return f"p/{owner}/{thread}"
-
-
-def plain_text(speaker: str, text: str) -> str:
-    """What the dense and plain legs index for a turn: ``speaker: text``."""
-    return f"{speaker}: {text}" if speaker else text
-
-
-def date_text(seconds: float) -> str:
-    """A turn's time as indexed in the contextual leg, e.g. ``8 May 2023`` (UTC)."""
-    return _day_texts(_utc_day(seconds))[0]
-
-
-def session_key(meta: TurnMeta) -> str:
-    """The session a turn belongs to: its thread and UTC day, ``"t1/2023-05-08"``."""
-    return f"{meta.thread}/{_day_texts(_utc_day(meta.time))[1]}"
-
-
-def _utc_day(seconds: float) -> int:
-    """The UTC day (days since the epoch) ``datetime.fromtimestamp`` puts ``seconds``
-    in: within a microsecond of midnight it rounds, so those ask it."""
-    day = math.floor(seconds / 86400.0)
-    into = seconds - day * 86400.0
-    if 1e-6 < into < 86400.0 - 1e-6:
-        return day
-    return datetime.fromtimestamp(seconds, tz=UTC).toordinal() - _EPOCH_ORDINAL
-
-
-_EPOCH_ORDINAL = datetime(1970, 1, 1, tzinfo=UTC).toordinal()
-
-
-@functools.lru_cache(maxsize=4096)
-def _day_texts(day: int) -> tuple[str, str]:
-    """``("8 May 2023", "2023-05-08")`` of a UTC day (days since the epoch): every
-    indexed turn needs both, and turns come in runs of the same day."""
-    when = datetime.fromtimestamp(day * 86400.0, tz=UTC)
-    return f"{when.day} {when.strftime('%B %Y')}", f"{when:%Y-%m-%d}"
 
 
 def _add_time_legs(bundle: _Bundle, turns: Sequence[TurnMeta], texts: dict[int, str]) -> None:

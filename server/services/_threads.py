@@ -10,8 +10,9 @@ import grpc
 from lethe.v1 import common_pb2, threads_pb2, threads_pb2_grpc
 from server._auth import authorize
 from server._convert import memory_proto, thread_proto, turn_proto
+from server._indexed_text import plain_text
 from server._names import check_id, new_id, parse_manifest, parse_owner, parse_thread, parse_turn
-from server._search import Retriever, plain_text
+from server._search import Retriever
 from server.errors import InvalidArgument, Reason
 from server.services._common import (
     MAX_BATCH,

@@ -6,6 +6,8 @@ vectors without structure (random) stay exact."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -20,7 +22,8 @@ def _clustered(n: int, seed: int, clusters: int = 60) -> npt.NDArray[np.float32]
     rng = np.random.default_rng(seed)
     centres = rng.standard_normal((clusters, D)).astype(np.float32)
     x = centres[rng.integers(0, clusters, n)] + 0.15 * rng.standard_normal((n, D))
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    out: npt.NDArray[np.float32] = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    return out
 
 
 def _exact(
@@ -123,12 +126,12 @@ def test_a_removed_vector_leaves_no_copy_in_faiss_memory(layout: str) -> None:
     index = _filled(x, ivf_min=2000 if layout == "ivf" else 0)
     assert index.layout[0].startswith("IVF" if layout == "ivf" else "IDMap2")
     gone = [1, 2000, 3999, 4000]  # first, middle and the last rows
-    inner = index._index  # white box: the FAISS index behind the lock
+    inner: Any = index._index  # white box: the FAISS index behind the lock
     if layout == "flat":
         flat = inner  # an IndexFlatIP under the index's own id map
         views = [faiss.rev_swig_ptr(flat.get_xb(), 4000 * D).reshape(4000, D)]
     else:
-        lists = faiss.extract_index_ivf(inner).invlists
+        lists: Any = faiss.extract_index_ivf(inner).invlists
         views = [
             np.frombuffer(
                 faiss.rev_swig_ptr(lists.get_codes(i), lists.list_size(i) * D * 4), np.float32

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,12 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from index import analyze
+from server._indexed_text import date_text, plain_text, session_key
 from server._lifecycle import Lifecycle
 from server._metrics import Metrics
-from server._search import Retriever, date_text, plain_text, session_key
+from server._search import Retriever
 from server.store import Store, TurnDraft, TurnMeta
 
 OWNER, THREAD, D = "alice", "t1", 16
+# ctx_prev, lexical scores, held ids, dense scores, session and time leg sizes
+Legs = tuple[dict[int, int], Any, tuple[int, ...], Any, int, int]
 QUERIES = ["turn about apples", "the weather today", "zebra 17", "pears and plums 3"]
 
 
@@ -67,7 +71,7 @@ def _upkeep(
     retriever.on_write(OWNER, metas, written, removals)
 
 
-def _legs(retriever: Retriever) -> tuple[object, ...]:
+def _legs(retriever: Retriever) -> Legs:
     """What the owner's loaded bundle answers: contextual-text quotes, lexical
     scores of both BM25 legs, held vectors, session and time legs' sizes."""
     b = retriever.owner_bundle(OWNER)
@@ -88,7 +92,7 @@ def _legs(retriever: Retriever) -> tuple[object, ...]:
     )
 
 
-def _rebuilt(retriever: Retriever) -> tuple[object, ...]:
+def _rebuilt(retriever: Retriever) -> Legs:
     retriever.cache.evict(f"o/{OWNER}")
     return _legs(retriever)
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from server._search import Retriever, SearchHit, indexed_text
+from server._indexed_text import indexed_text
+from server._search import Retriever, SearchHit
 from server.store import Store, TurnDraft
 
 

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _one_thread import one_thread_store
 
-from server.store import Store, TurnDraft
+from server.store import Store
 from server.store import _schema as sk
 
 N = 300
@@ -19,10 +20,7 @@ N = 300
 
 @pytest.fixture
 def store(tmp_path: Path, kek_env: str) -> Iterator[Store]:
-    s = Store(tmp_path / "d")
-    s.create_thread("alice", "t1", "")
-    drafts = [TurnDraft(1, "", f"turn {i}", None, None, "", [], True, 0.0) for i in range(1, N + 1)]
-    s.append_turns("alice", "t1", drafts, "req-1")
+    s = one_thread_store(tmp_path / "d", N)
     yield s
     s.close()
 
