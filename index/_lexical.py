@@ -239,21 +239,37 @@ class LexicalIndex:
                 ``len(texts)``.
             TypeError: An element of ``texts`` is not a ``str``.
         """
-        id_list = _as_id_list(ids)
         items = list(texts)
-        if len(id_list) != len(items):
-            raise ValueError(f"got {len(id_list)} ids for {len(items)} texts")
-        if len(set(id_list)) != len(id_list):
-            raise ValueError("ids must be distinct within one add")
         if not all(isinstance(t, str) for t in items):
             raise TypeError("texts must be strings")
+        self.add_terms(ids, [analyze(t) for t in items])
+
+    def add_terms(self, ids: npt.ArrayLike, terms: Sequence[Sequence[str]]) -> None:
+        """:meth:`add` for texts already analysed: ``terms[i]`` is ``analyze(text)`` of
+        the i-th text, so a caller that indexes one text in several legs (or inside a
+        longer text: the analysis of texts joined by whitespace is the concatenation
+        of their analyses) analyses it once.
+
+        Args:
+            ids: ``(n,)`` integers within int64, distinct.
+            terms: ``n`` sequences of terms, in text order.
+
+        Raises:
+            ValueError: ``ids`` is invalid, has duplicates, or its length differs from
+                ``len(terms)``.
+        """
+        id_list = _as_id_list(ids)
+        analysed = terms if isinstance(terms, list) else list(terms)
+        if len(id_list) != len(analysed):
+            raise ValueError(f"got {len(id_list)} ids for {len(analysed)} texts")
+        if len(set(id_list)) != len(id_list):
+            raise ValueError("ids must be distinct within one add")
         if not id_list:
             return
-        analysed = [analyze(t) for t in items]
         with self._lock:
-            for id_, terms in zip(id_list, analysed, strict=True):
+            for id_, doc in zip(id_list, analysed, strict=True):
                 self._drop(id_)
-                held = self._docs[id_] = self._intern(terms)
+                held = self._docs[id_] = self._intern(doc)
                 self._length += len(held)
                 if self._built is not None:
                     self._delta.add(id_)

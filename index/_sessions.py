@@ -134,23 +134,43 @@ class SessionIndex:
             TypeError: an element of ``sessions``, ``texts`` or ``headers`` is not a
                 ``str``.
         """
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError("sessions, texts and headers must be strings")
+        self.add_terms(ids, sessions, [analyze(t) for t in texts], headers)
+
+    def add_terms(
+        self,
+        ids: npt.ArrayLike,
+        sessions: Sequence[str],
+        terms: Sequence[Sequence[str]],
+        headers: Sequence[str],
+    ) -> None:
+        """:meth:`add` for member texts already analysed (``terms[i]`` is
+        ``analyze(text)`` of the i-th member), so a text indexed in several legs is
+        analysed once. A header is analysed only when its session is new.
+
+        Raises:
+            ValueError, TypeError: as :meth:`add`.
+        """
         id_list = _as_id_list(ids)
         n = len(id_list)
-        if not len(sessions) == len(texts) == len(headers) == n:
+        if not len(sessions) == len(terms) == len(headers) == n:
             raise ValueError(
-                f"got {n} ids, {len(sessions)} sessions, {len(texts)} texts, {len(headers)} headers"
+                f"got {n} ids, {len(sessions)} sessions, {len(terms)} texts, {len(headers)} headers"
             )
         if len(set(id_list)) != n:
             raise ValueError("ids must be distinct within one add")
-        for seq in (sessions, texts, headers):
+        for seq in (sessions, headers):
             if not all(isinstance(s, str) for s in seq):
                 raise TypeError("sessions, texts and headers must be strings")
-        analysed = [Counter(analyze(t)) for t in texts]
-        heads = [Counter(analyze(h)) for h in headers]
+        analysed = [Counter(t) for t in terms]
         with self._lock:
-            for id_, session, terms, head in zip(id_list, sessions, analysed, heads, strict=True):
+            for id_, session, counts, header in zip(
+                id_list, sessions, analysed, headers, strict=True
+            ):
                 self._drop(id_)
                 if session not in self._members:
+                    head = Counter(analyze(header))
                     self._members[session] = set()
                     self._header[session] = head
                     self._length[session] = 0
@@ -158,9 +178,9 @@ class SessionIndex:
                 self._members[session].add(id_)
                 self._sorted.pop(session, None)
                 self._of[id_] = session
-                self._terms[id_] = terms
-                self._distinct += len(terms)
-                self._count(session, terms, +1)
+                self._terms[id_] = counts
+                self._distinct += len(counts)
+                self._count(session, counts, +1)
 
     def remove(self, ids: npt.ArrayLike) -> int:
         """Remove member turns; their sessions' documents lose their terms at once.

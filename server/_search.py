@@ -75,7 +75,7 @@ from index import (
     convex_fusion,
     normalize,
 )
-from server._indexed_text import date_text, indexed_text, session_key
+from server._indexed_text import TermMemo, date_text, indexed_text, session_key
 from server._logs import LIMITED
 from server._reembed import reembed_owner
 from server.errors import DataLoss, InvalidArgument, Reason, RecordDeleted
@@ -156,17 +156,19 @@ def _pending_key(owner: str, thread: str) -> str:
     return f"p/{owner}/{thread}"
 
 
-def _add_time_legs(bundle: _Bundle, turns: Sequence[TurnMeta], texts: dict[int, str]) -> None:
+def _add_time_legs(
+    bundle: _Bundle, turns: Sequence[TurnMeta], texts: dict[int, str], memo: TermMemo
+) -> None:
     """Index turns (whose plain texts are in ``texts``) in the session and time legs,
     and watch the ones that may stop being visible without a write."""
     held = [m for m in turns if m.rid in texts]
     if not held:
         return
     ids = np.asarray([m.rid for m in held], np.int64)
-    bundle.sessions.add(
+    bundle.sessions.add_terms(
         ids,
         [session_key(m) for m in held],
-        [texts[m.rid] for m in held],
+        [memo.terms(texts[m.rid]) for m in held],
         [date_text(m.time) for m in held],
     )
     bundle.times.add(ids, [m.time for m in held], [texts[m.rid] for m in held])
@@ -354,8 +356,9 @@ class Retriever:
         texts = self._texts(mems)
         ids = [m.rid for m in mems if m.rid in texts]
         if ids:
-            bundle.plain.add(np.asarray(ids, np.int64), [texts[r] for r in ids])
-            bundle.ctx.add(np.asarray(ids, np.int64), [texts[r] for r in ids])
+            terms = [analyze(texts[r]) for r in ids]
+            bundle.plain.add_terms(np.asarray(ids, np.int64), terms)
+            bundle.ctx.add_terms(np.asarray(ids, np.int64), terms)
         rids, vecs = self.store.memory_embeddings([m for m in mems if m.has_embedding])
         if rids:
             if bundle.dense.dim != vecs.shape[1]:
@@ -370,12 +373,13 @@ class Retriever:
         targets: Iterable[int],
         texts: dict[int, str],
         prev_of: dict[int, int],
-    ) -> dict[int, str]:
-        """Contextual texts of ``targets`` (rids) within ``ordered`` (one thread's
-        visible turns in seq order); ``texts`` must hold each target and its
-        predecessor. Records in ``prev_of`` which turn each text quotes."""
+        memo: TermMemo,
+    ) -> dict[int, list[str]]:
+        """Terms of the contextual texts of ``targets`` (rids) within ``ordered``
+        (one thread's visible turns in seq order); ``texts`` must hold each target
+        and its predecessor. Records in ``prev_of`` which turn each text quotes."""
         position = {m.rid: i for i, m in enumerate(ordered)}
-        out: dict[int, str] = {}
+        out: dict[int, list[str]] = {}
         for rid in targets:
             i = position.get(rid)
             if i is None or rid not in texts:
@@ -383,7 +387,7 @@ class Retriever:
             meta = ordered[i]
             prev = texts.get(ordered[i - 1].rid, "") if i > 0 else ""
             prev_of[rid] = ordered[i - 1].rid if i > 0 and prev else 0
-            out[rid] = f"{date_text(meta.time)}. {prev} {texts[rid]}".replace("  ", " ")
+            out[rid] = memo.contextual(meta.time, prev, texts[rid])
         return out
 
     def _fill(
@@ -402,18 +406,21 @@ class Retriever:
                 if ordered[i].rid in need:
                     need.setdefault(ordered[i - 1].rid, ordered[i - 1])
         texts = self._texts(list(need.values()))
+        memo = TermMemo()
         plain_ids = [m.rid for m in metas if m.rid in texts]
         if plain_ids:
-            bundle.plain.add(np.asarray(plain_ids, np.int64), [texts[r] for r in plain_ids])
-        _add_time_legs(bundle, metas, texts)
-        ctx: dict[int, str] = {}
+            terms = [memo.terms(texts[r]) for r in plain_ids]
+            bundle.plain.add_terms(np.asarray(plain_ids, np.int64), terms)
+        _add_time_legs(bundle, metas, texts, memo)
+        ctx: dict[int, list[str]] = {}
         by_thread: dict[str, list[int]] = {}
         for meta in metas:
             by_thread.setdefault(meta.thread, []).append(meta.rid)
         for thread, ordered in ordered_by_thread.items():
-            ctx.update(self._contexts(ordered, by_thread.get(thread, []), texts, bundle.ctx_prev))
+            targets = by_thread.get(thread, [])
+            ctx.update(self._contexts(ordered, targets, texts, bundle.ctx_prev, memo))
         if ctx:
-            bundle.ctx.add(np.asarray(list(ctx), np.int64), list(ctx.values()))
+            bundle.ctx.add_terms(np.asarray(list(ctx), np.int64), list(ctx.values()))
         # In chunks: the ciphertexts, plaintexts and rows of one chunk at a time
         # beside FAISS's own copy, so a build's peak stays near the index's size.
         dense = list(with_dense)
@@ -550,14 +557,16 @@ class Retriever:
         known: dict[int, str] | None = None,
         prevs: Mapping[int, TurnMeta | None] | None = None,
         gone: Collection[int] = frozenset(),
+        memo: TermMemo | None = None,
     ) -> None:
         """(Re)index the contextual text of ``targets`` (visible turns of one
         thread); ``known`` holds texts already decrypted (rid -> plain text),
         ``prevs`` the nearest earlier visible turn of some targets (seq -> turn
         or None; the others are read from LMDB), ``gone`` record numbers known
-        to be invisible (stepped over unread)."""
+        to be invisible (stepped over unread), ``memo`` the update's analysed texts."""
         if not targets:
             return
+        memo = memo or TermMemo()
         given = prevs or {}
         asked = [t.seq for t in targets if t.seq not in given]
         found = self.store.visible_neighbours(
@@ -570,7 +579,8 @@ class Retriever:
             if before is not None and before.rid not in known:
                 need.setdefault(before.rid, before)
         texts = {**known, **self._texts(list(need.values()))}
-        ids, out = [], []
+        ids: list[int] = []
+        out: list[list[str]] = []
         for turn in targets:
             if turn.rid not in texts:
                 continue
@@ -578,9 +588,9 @@ class Retriever:
             prev = texts.get(before.rid, "") if before is not None else ""
             bundle.ctx_prev[turn.rid] = before.rid if before is not None and prev else 0
             ids.append(turn.rid)
-            out.append(f"{date_text(turn.time)}. {prev} {texts[turn.rid]}".replace("  ", " "))
+            out.append(memo.contextual(turn.time, prev, texts[turn.rid]))
         if ids:
-            bundle.ctx.add(np.asarray(ids, np.int64), out)
+            bundle.ctx.add_terms(np.asarray(ids, np.int64), out)
 
     def on_write(
         self,
@@ -659,10 +669,12 @@ class Retriever:
         decrypted."""
         texts = {m.rid: known[m.rid] for m in turns if m.rid in known}
         texts.update(self._texts([m for m in turns if m.rid not in known]))
+        memo = TermMemo()
         plain_ids = [m.rid for m in turns if m.rid in texts]
         if plain_ids:
-            bundle.plain.add(np.asarray(plain_ids, np.int64), [texts[r] for r in plain_ids])
-        _add_time_legs(bundle, turns, texts)
+            terms = [memo.terms(texts[r]) for r in plain_ids]
+            bundle.plain.add_terms(np.asarray(plain_ids, np.int64), terms)
+        _add_time_legs(bundle, turns, texts, memo)
         if rids:
             if bundle.dense.dim != vecs.shape[1]:
                 bundle.dense = VectorIndex(vecs.shape[1])
@@ -684,7 +696,8 @@ class Retriever:
                 for s in ends
                 if s + 1 not in by_seq and (n := around[s][1]) is not None and n.rid not in fresh
             }
-            self._set_contexts(owner, bundle, thread, [*added, *after.values()], texts, prevs)
+            targets = [*added, *after.values()]
+            self._set_contexts(owner, bundle, thread, targets, texts, prevs, memo=memo)
 
     def on_forget(
         self,

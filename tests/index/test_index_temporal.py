@@ -4,6 +4,7 @@ time_expression_score) and index.TimeIndex."""
 from __future__ import annotations
 
 import os
+import re
 from datetime import UTC, datetime
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from index import TimeIndex, asks_when, named_periods, time_expression_score
-from index._temporal import _TIME_EXPRESSIONS
+from index._temporal import _ASCII_FOLD, _TIME_EXPRESSIONS
 from lethe.locomo import find_locomo, load_locomo
 
 
@@ -216,6 +217,17 @@ def test_the_joined_pattern_scores_every_locomo_turn_as_the_rules_one_by_one() -
                 "\u017fince",  # long s: re.IGNORECASE folds it to "s"
                 "TODAY",
                 "\u212a",  # Kelvin sign: folds to "k"
+                "wee\u212aend",
+                "s\u0130nce",  # dotted capital I: matches "i"
+                "s\u0131nce",  # dotless i: matches "i"
+                "\u0663",  # ARABIC-INDIC DIGIT THREE: a \\d
+                "\u0661\u0665th",
+                "YESTERDAY",
+                "Wednesdays",
+                "mon",
+                "Mon",
+                "autumn",
+                "DECADES",
                 "x",
             ]
         ),
@@ -223,4 +235,22 @@ def test_the_joined_pattern_scores_every_locomo_turn_as_the_rules_one_by_one() -
     ).map(" ".join)
 )
 def test_the_joined_pattern_agrees_with_the_rules_on_any_text(text: str) -> None:
+    assert time_expression_score(text) == _any_rule(text)
+
+
+def test_the_prefilter_folds_every_character_re_matches_with_an_ascii_letter() -> None:
+    """The words the prefilter looks for are ASCII; ``re.IGNORECASE`` also matches
+    them with a few other characters, which the prefilter must fold to the same
+    letter (else it would skip a text the pattern matches)."""
+    letter = re.compile("[a-z]", re.IGNORECASE)
+    others = [chr(c) for c in range(0x80, 0x110000) if letter.fullmatch(chr(c))]
+    assert sorted(others) == sorted(chr(c) for c in _ASCII_FOLD)
+    for ch in others:
+        folded = ch.translate(_ASCII_FOLD).lower()
+        assert len(folded) == 1 and re.fullmatch(folded, ch, re.IGNORECASE)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=40))
+def test_the_prefilter_never_skips_a_text_a_rule_matches(text: str) -> None:
     assert time_expression_score(text) == _any_rule(text)

@@ -9,6 +9,7 @@ append of n turns into a long thread reads O(1) rows to find the neighbours
 from __future__ import annotations
 
 from collections.abc import Iterator
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from index import analyze
-from server._indexed_text import date_text, plain_text, session_key
+from lethe.locomo import find_locomo, load_locomo
+from server._indexed_text import TermMemo, date_text, plain_text, session_key
 from server._lifecycle import Lifecycle
 from server._metrics import Metrics
 from server._search import Retriever
@@ -202,3 +204,48 @@ def test_the_cached_day_texts_equal_the_datetime_formatting(seconds: float) -> N
         key_id="k",
     )
     assert session_key(meta) == f"{THREAD}/{when:%Y-%m-%d}"
+
+
+def _contextual_text(seconds: float, prev: str, text: str) -> str:
+    """The contextual text the contextual leg analysed before ``TermMemo``."""
+    return f"{date_text(seconds)}. {prev} {text}".replace("  ", " ")
+
+
+# Parts with what could cross a boundary: word characters at both ends, a final
+# sigma (decided by what follows it), case-ignorable marks, the dotted capital I
+# whose lower case is two code points, stopwords and stems.
+_PART = st.text(
+    st.sampled_from(list("aZ9_ ΣσςΑ'.·\u0301İıſKé-\n")) | st.characters(),
+    max_size=30,
+) | st.sampled_from(["", "running dogs", "ΟΔΟΣ", "ΟΔΟΣ'", "'Σα", "the and of", "x"])
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.floats(min_value=0.0, max_value=4e9), _PART, _PART)
+def test_contextual_terms_from_the_parts_equal_the_analysis_of_the_joined_text(
+    seconds: float, prev: str, text: str
+) -> None:
+    memo = TermMemo()
+    assert memo.contextual(seconds, prev, text) == analyze(_contextual_text(seconds, prev, text))
+    assert memo.terms(text) == analyze(text)
+
+
+def test_contextual_terms_equal_the_joined_analysis_on_every_locomo_turn_pair() -> None:
+    path = find_locomo()
+    if path is None:
+        why = "../shared/data/locomo/locomo10.json is not beside this checkout"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI has ../shared beside the clone")
+        pytest.skip(why)
+    texts = [
+        plain_text(speaker, t)
+        for conv in load_locomo(path)
+        for s in conv.sessions.values()
+        for speaker, _, t in s
+    ]
+    assert len(texts) > 5000
+    memo = TermMemo()
+    for i, text in enumerate(texts):
+        prev = texts[i - 1] if i else ""
+        when = 1.6e9 + 3600.0 * i
+        assert memo.contextual(when, prev, text) == analyze(_contextual_text(when, prev, text))
