@@ -106,7 +106,8 @@ class ServerConfig:
         expiry_warning: seconds ahead of a pending record's expiry at which the
             sweeper emits ``PENDING_EXPIRING``.
         audit_interval: seconds between the periodic audits behind the
-            ``lethe_orphan_derivatives`` and ``lethe_stale_summaries`` gauges.
+            ``lethe_orphan_derivatives`` and ``lethe_stale_summaries`` gauges
+            (longer on a store whose audit is slow: ``server._lifecycle.AUDIT_DUTY``).
         max_workers: worker threads for the blocking work of unary calls.
         max_inflight, max_inflight_per_principal: unary calls admitted at
             once, in all and per token (see :mod:`server._admission`).

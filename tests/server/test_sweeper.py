@@ -1,0 +1,65 @@
+"""The sweeper's schedule, on a real store: the periodic audit reads every
+owner's records, so on a large store it must not run back to back with the
+searches. At a million turns an audit took about 20 s of the server's CPU every
+60 s interval (a third of the samples of the benchmark's search rounds); the
+next audit now waits ``AUDIT_DUTY`` worth of its own duration."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server._lifecycle import AUDIT_DUTY, Lifecycle, Sweeper
+from server._metrics import Metrics
+from server._search import Retriever
+from server.store import Store
+
+
+@pytest.fixture
+def lifecycle(tmp_path: Path, kek_env: str) -> Iterator[Lifecycle]:
+    store = Store(tmp_path / "d")
+    yield Lifecycle(store, Retriever(store, None), Metrics(), rotation_interval=0.0)
+    store.close()
+
+
+def _audits_in(
+    lifecycle: Lifecycle, monkeypatch: pytest.MonkeyPatch, audit_seconds: float, interval: float
+) -> list[float]:
+    """Start times of the audits a sweeper runs in one second, each audit taking
+    ``audit_seconds`` (the real audit runs first, then the wait)."""
+    starts: list[float] = []
+    real = lifecycle.periodic_audit
+
+    def audit() -> None:
+        starts.append(time.monotonic())
+        real()
+        time.sleep(audit_seconds)
+
+    monkeypatch.setattr(lifecycle, "periodic_audit", audit)
+    sweeper = Sweeper(lifecycle, 0.01, audit_interval=interval)
+    sweeper.start()
+    time.sleep(1.0)
+    sweeper.stop()
+    return starts
+
+
+def test_a_slow_audit_waits_for_its_duty_share(
+    lifecycle: Lifecycle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    starts = _audits_in(lifecycle, monkeypatch, audit_seconds=0.1, interval=0.0)
+    # back to back it ran about nine times; a 0.1 s audit now waits 0.1 / AUDIT_DUTY
+    assert 0.1 / AUDIT_DUTY > 1.0
+    assert len(starts) == 1
+
+
+def test_a_fast_audit_keeps_its_interval(
+    lifecycle: Lifecycle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    starts = _audits_in(lifecycle, monkeypatch, audit_seconds=0.0, interval=0.2)
+    assert 3 <= len(starts) <= 6
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= 0.19
