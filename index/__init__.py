@@ -15,12 +15,12 @@ Public names:
   the session-date window; :func:`asks_when`, :func:`named_periods`,
   :func:`time_expression_score`, :class:`NamedPeriod` — their English-only rules.
 - :func:`convex_fusion`, :func:`rrf` and the tuned ``HYBRID_*`` constants — fusion.
-- :class:`IndexCache` — LRU of indexes by key.
+- :class:`IndexCache` — LRU of indexes by key; :func:`release_free_heap` after a large build.
 - :class:`VectorIndexError`, :class:`DimensionMismatchError`,
   :class:`InvalidVectorError` — see :mod:`index.errors`.
 """
 
-from index._cache import IndexCache
+from index._cache import IndexCache, release_free_heap
 from index._embedder import Embedder, WordLlamaEmbedder, load_embedder, normalize
 from index._fusion import (
     HYBRID_LOWER_BOUNDS,
@@ -63,6 +63,7 @@ __all__ = [
     "load_embedder",
     "named_periods",
     "normalize",
+    "release_free_heap",
     "rrf",
     "time_expression_score",
 ]

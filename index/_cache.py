@@ -23,6 +23,7 @@ predate the change that caused the eviction (for example a forget).
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -38,7 +39,35 @@ class _Sized(Protocol):
 
 T = TypeVar("T", bound=_Sized)
 
-__all__ = ["IndexCache"]
+__all__ = ["IndexCache", "release_free_heap"]
+
+
+def release_free_heap() -> bool:
+    """Hand the C heap's free pages back to the operating system (glibc's
+    ``malloc_trim(0)``, which also releases free pages inside the heap).
+
+    An index build allocates several times what the index keeps (the decrypted
+    texts, their terms, BM25's intermediate arrays); glibc keeps what was freed
+    for reuse, so the process's resident set stayed near the build's peak. On a
+    20k-turn owner (LoCoMo text, d=256) one call after the build took 2-3 ms and
+    lowered the anonymous resident set it added by 20 MiB (110 -> 90 MiB), and
+    by 31 MiB (48 -> 17) for a second owner built in the same process.
+
+    Returns:
+        True if the C library has ``malloc_trim`` (glibc), False elsewhere (the
+        call is then a no-op).
+    """
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None)
+except OSError:  # pragma: no cover - platforms without dlopen(NULL)
+    _LIBC = None
 
 
 @dataclass

@@ -1,12 +1,14 @@
 """Tests for index.IndexCache."""
 
+import platform
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from index import IndexCache, VectorIndex
+from index import IndexCache, VectorIndex, release_free_heap
 
 
 def _index_of(size: int) -> VectorIndex:
@@ -166,3 +168,28 @@ def test_trim_enforces_the_byte_bound_after_growth_in_place() -> None:
 def test_max_bytes_below_one_fails() -> None:
     with pytest.raises(ValueError, match="max_bytes"):
         IndexCache(max_bytes=0)
+
+
+def _rss_anon() -> int:
+    """This process's anonymous resident memory, bytes (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+@pytest.mark.skipif(
+    platform.libc_ver()[0] != "glibc" or not Path("/proc/self/status").exists(),
+    reason="malloc_trim is glibc's; RssAnon is Linux's",
+)
+def test_release_free_heap_returns_freed_heap_pages_to_the_os() -> None:
+    # 2 KiB blocks come from the malloc heap (below its mmap threshold); keeping
+    # one in 64 alive pins the heap's top, so free() alone returns almost nothing.
+    blocks = [bytes(2048) for _ in range(64 * 1024)]  # 128 MiB
+    kept = blocks[::64]
+    del blocks
+    before = _rss_anon()
+    assert release_free_heap() is True
+    after = _rss_anon()
+    assert before - after > 64 * 2**20, (before, after)
+    assert len(kept) == 1024

@@ -29,6 +29,7 @@ def test_public_names_are_pinned() -> None:
         "load_embedder",
         "named_periods",
         "normalize",
+        "release_free_heap",
         "rrf",
         "time_expression_score",
     ]
