@@ -5,14 +5,18 @@ evaluation against hand labels (``tests/data/tagger_labels.jsonl``; skipped with
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from server._tagger import Proposal, due_time, propose
+from lethe.locomo import load_locomo
+from server._tagger import Proposal, _pending_points, _sentences, due_time, propose
 
 REPO = Path(__file__).resolve().parents[2]
 LOCOMO = REPO.parent / "shared/data/locomo/locomo10.json"  # bench/eval_tagger.py's default
@@ -174,6 +178,18 @@ def test_commitment_and_question_in_one_turn_keep_sentence_order() -> None:
         "I'll finish this later.",
         "To be continued...",
         "Wait, give me a minute.",
+        # one per alternative of the pattern, so that the word prefilter misses none
+        "Be right back.",
+        "gtg",
+        "g2g",
+        "afk",
+        "I've got a meeting.",
+        "Just a moment.",
+        "More on this later.",
+        "Let's pick this up later.",
+        "I must dash.",
+        "Got to run!",
+        "I have to leave now.",
     ],
 )
 def test_pending_point_fires_on_breaking_off(text: str) -> None:
@@ -203,6 +219,40 @@ def test_pending_point_only_from_the_user() -> None:
 def test_unknown_role_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown role"):
         propose("BOT", "hi", SAID_AT)
+
+
+def _unfiltered(text: str) -> list[Proposal]:
+    """What ``propose`` gives a USER turn without its word prefilter."""
+    return _pending_points(_sentences(text))
+
+
+_PAUSE_PARTS = st.sampled_from(
+    [
+        "hold", "on", "Hang", "to", "one", "a", "sec", "second", "MIN", "minute",
+        "moment", "please", "give", "me", "brb", "be", "right", "back", "gtg", "g2g",
+        "AFK", "gotta", "got", "have", "need", "must", "go", "run", "leave", "dash",
+        "now", "i", "I've", "another", "call", "meeting", "let", "I'll", "get", "come",
+        "this", "that", "it", "you", "finish", "later", "continued", "more", "pick",
+        "continue", "up", ",", ".", "!", "-", "x", "\u017fec", "ba\u212ack", "\u2019",
+    ]
+)  # fmt: skip
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(_PAUSE_PARTS, max_size=9).map(" ".join) | st.text(max_size=40))
+def test_the_word_prefilter_never_skips_a_pending_point(text: str) -> None:
+    assert propose("USER", text, SAID_AT) == _unfiltered(text)
+
+
+def test_the_word_prefilter_agrees_on_every_locomo_turn() -> None:
+    if not LOCOMO.exists():
+        why = "../shared/data/locomo/locomo10.json is not beside this checkout"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI has ../shared beside the clone")
+        pytest.skip(why)
+    texts = [t for conv in load_locomo(LOCOMO) for s in conv.sessions.values() for _, _, t in s]
+    assert len(texts) > 5000
+    assert [propose("USER", t, SAID_AT) for t in texts] == [_unfiltered(t) for t in texts]
 
 
 # --- evaluation on the hand labels ---------------------------------------------------------
