@@ -369,9 +369,10 @@ class Lifecycle:
 
 AUDIT_DUTY = 0.05
 """Most share of the time the periodic audit may run: it reads every owner's
-records (at a million turns, about 20 s of one core), so after an audit of
-``d`` seconds the next one waits ``d / AUDIT_DUTY`` seconds if that is longer
-than the audit interval, instead of running back to back with the searches."""
+records (at a million turns, about 20 s of one core), so an audit of ``d``
+seconds that started at ``t`` is followed by the next one at ``t + d /
+AUDIT_DUTY`` if that is later than ``t`` plus the audit interval, instead of
+running back to back with the searches."""
 
 
 class Sweeper:

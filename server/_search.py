@@ -425,6 +425,7 @@ class Retriever:
             ctx.update(self._contexts(ordered, targets, texts, bundle.ctx_prev, memo))
         if ctx:
             bundle.ctx.add_terms(np.asarray(list(ctx), np.int64), list(ctx.values()))
+        del texts, memo, ctx  # the legs hold their own terms: free these before FAISS
         # In chunks: the ciphertexts, plaintexts and rows of one chunk at a time
         # beside FAISS's own copy, so a build's peak stays near the index's size.
         dense = list(with_dense)
