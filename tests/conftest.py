@@ -10,6 +10,7 @@ environment variable so nothing is written to the user's config directory.
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import grpc
 import pytest
 
 from lethe.client import Client as TypedClient
+from lethe.locomo import find_locomo
 from server import LetheServer, ServerConfig, new_token, principal_record, token_digest
 from shredder import KekRing
 
@@ -101,6 +103,20 @@ class Lethe:
         )
         self.clients.append(client)
         return client
+
+
+@pytest.fixture
+def locomo_path() -> Path:
+    """``../shared/data/locomo/locomo10.json``; a test that needs it skips on a
+    developer machine without it and fails under ``CI`` (which has it beside the
+    clone)."""
+    path = find_locomo()
+    if path is None:
+        why = "../shared/data/locomo/locomo10.json is not beside this checkout"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI has ../shared beside the clone")
+        pytest.skip(why)
+    return path
 
 
 @pytest.fixture

@@ -3,9 +3,9 @@ time_expression_score) and index.TimeIndex."""
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from index import TimeIndex, asks_when, named_periods, time_expression_score
 from index._temporal import _ASCII_FOLD, _TIME_EXPRESSIONS
-from lethe.locomo import find_locomo, load_locomo
+from lethe.locomo import load_locomo
 
 
 def _ts(y: int, m: int, d: int) -> float:
@@ -176,14 +176,11 @@ def _any_rule(text: str) -> float:
     return 1.0 if any(rx.search(text) for rx in _TIME_EXPRESSIONS) else 0.0
 
 
-def test_the_joined_pattern_scores_every_locomo_turn_as_the_rules_one_by_one() -> None:
-    path = find_locomo()
-    if path is None:
-        why = "../shared/data/locomo/locomo10.json is not beside this checkout"
-        if os.environ.get("CI"):
-            pytest.fail(f"{why}; CI has ../shared beside the clone")
-        pytest.skip(why)
-    texts = [t for conv in load_locomo(path) for s in conv.sessions.values() for _, _, t in s]
+def test_the_joined_pattern_scores_every_locomo_turn_as_the_rules_one_by_one(
+    locomo_path: Path,
+) -> None:
+    convs = load_locomo(locomo_path)
+    texts = [t for conv in convs for s in conv.sessions.values() for _, _, t in s]
     scores = [time_expression_score(t) for t in texts]
     assert len(texts) > 5000
     assert scores == [_any_rule(t) for t in texts]
@@ -247,7 +244,8 @@ def test_the_prefilter_folds_every_character_re_matches_with_an_ascii_letter() -
     assert sorted(others) == sorted(chr(c) for c in _ASCII_FOLD)
     for ch in others:
         folded = ch.translate(_ASCII_FOLD).lower()
-        assert len(folded) == 1 and re.fullmatch(folded, ch, re.IGNORECASE)
+        assert len(folded) == 1
+        assert re.fullmatch(folded, ch, re.IGNORECASE)
 
 
 @settings(max_examples=500, deadline=None)

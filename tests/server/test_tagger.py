@@ -5,7 +5,6 @@ evaluation against hand labels (``tests/data/tagger_labels.jsonl``; skipped with
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -244,13 +243,9 @@ def test_the_word_prefilter_never_skips_a_pending_point(text: str) -> None:
     assert propose("USER", text, SAID_AT) == _unfiltered(text)
 
 
-def test_the_word_prefilter_agrees_on_every_locomo_turn() -> None:
-    if not LOCOMO.exists():
-        why = "../shared/data/locomo/locomo10.json is not beside this checkout"
-        if os.environ.get("CI"):
-            pytest.fail(f"{why}; CI has ../shared beside the clone")
-        pytest.skip(why)
-    texts = [t for conv in load_locomo(LOCOMO) for s in conv.sessions.values() for _, _, t in s]
+def test_the_word_prefilter_agrees_on_every_locomo_turn(locomo_path: Path) -> None:
+    convs = load_locomo(locomo_path)
+    texts = [t for conv in convs for s in conv.sessions.values() for _, _, t in s]
     assert len(texts) > 5000
     assert [propose("USER", t, SAID_AT) for t in texts] == [_unfiltered(t) for t in texts]
 
