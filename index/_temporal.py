@@ -121,15 +121,13 @@ _TIME_EXPRESSION = re.compile(
     + "|".join(rx.pattern for rx in _TIME_EXPRESSIONS if not rx.flags & re.I)
 )
 
-# Every rule above needs one of these in the text (case-insensitively: a digit,
-# or one of the words; case-sensitively: a weekday's or month's first three
-# letters), so a text without any is scored without running the pattern, which
-# tries its alternatives at every position (about 30 us a turn; most turns hold
-# none). Case-insensitive matching of ``re`` equates four non-ASCII characters with
-# ASCII letters (the dotted capital I and the dotless i with "i", the long s with
-# "s", the Kelvin sign with "k"): they are folded before lower-casing, so the words
-# are found where the pattern would match them.
-_DIGIT = re.compile(r"\d")
+# Every rule above needs one of these in the text (a digit; case-insensitively one
+# of the words; case-sensitively a weekday's or month's first three letters), so an
+# ASCII text without any is scored without running the pattern, which tries its
+# alternatives at every position (about 30 us a turn; most turns hold none). ASCII
+# only, because there ``str.lower`` folds exactly as ``re.IGNORECASE`` does (which
+# also matches a few non-ASCII letters, such as the long s, with ASCII ones); the
+# tagger's pending-point prefilter (``server._tagger``) follows the same rule.
 _ANY_CASE_WORDS = (
     "day", "night", "tomorrow", "recently", "lately", "morning", "afternoon", "evening",
     "week", "month", "year", "decade", "summer", "winter", "spring", "fall", "autumn",
@@ -139,15 +137,17 @@ _CAPITALISED = (
     "Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun",
     "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
 )  # fmt: skip
-_ASCII_FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
+_DIGITS = frozenset("0123456789")
 
 
 def _may_hold_time_expression(text: str) -> bool:
     """False only for a text that no rule of :data:`_TIME_EXPRESSION` can match."""
-    if _DIGIT.search(text) or any(w in text for w in _CAPITALISED):
+    if not text.isascii() or not _DIGITS.isdisjoint(text):
         return True
-    folded = text.translate(_ASCII_FOLD).lower()
-    return any(w in folded for w in _ANY_CASE_WORDS)
+    if any(w in text for w in _CAPITALISED):
+        return True
+    low = text.lower()
+    return any(w in low for w in _ANY_CASE_WORDS)
 
 
 def asks_when(question: str) -> bool:

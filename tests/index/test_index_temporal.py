@@ -3,7 +3,6 @@ time_expression_score) and index.TimeIndex."""
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from index import TimeIndex, asks_when, named_periods, time_expression_score
-from index._temporal import _ASCII_FOLD, _TIME_EXPRESSIONS
+from index._temporal import _TIME_EXPRESSIONS
 from lethe.locomo import load_locomo
 
 
@@ -233,19 +232,6 @@ def test_the_joined_pattern_scores_every_locomo_turn_as_the_rules_one_by_one(
 )
 def test_the_joined_pattern_agrees_with_the_rules_on_any_text(text: str) -> None:
     assert time_expression_score(text) == _any_rule(text)
-
-
-def test_the_prefilter_folds_every_character_re_matches_with_an_ascii_letter() -> None:
-    """The words the prefilter looks for are ASCII; ``re.IGNORECASE`` also matches
-    them with a few other characters, which the prefilter must fold to the same
-    letter (else it would skip a text the pattern matches)."""
-    letter = re.compile("[a-z]", re.IGNORECASE)
-    others = [chr(c) for c in range(0x80, 0x110000) if letter.fullmatch(chr(c))]
-    assert sorted(others) == sorted(chr(c) for c in _ASCII_FOLD)
-    for ch in others:
-        folded = ch.translate(_ASCII_FOLD).lower()
-        assert len(folded) == 1
-        assert re.fullmatch(folded, ch, re.IGNORECASE)
 
 
 @settings(max_examples=500, deadline=None)
