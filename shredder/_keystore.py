@@ -1,4 +1,4 @@
-"""The keystore: wrapped ring keys and record keys in their own LMDB environment.
+r"""The keystore: wrapped ring keys and record keys in their own LMDB environment.
 
 The keystore is a separate environment (directory) from the data environment, so a copy of the
 data never carries keys and destroying a key never needs the data. It holds three named
@@ -35,7 +35,7 @@ databases:
   ring-key generation).
 
 Owner and thread ids match ``[a-z0-9][a-z0-9-]{0,62}`` and never contain 0x00, so every ring
-prefix ends at its first 0x00 after the ring kind, owner ``a``'s prefix ``a\\x00`` is never a
+prefix ends at its first 0x00 after the ring kind, owner ``a``'s prefix ``a\x00`` is never a
 prefix of owner ``ab``'s keys, and a thread ring's prefix is never a prefix of another
 thread's. Range deletes of an owner (prefix ``owner | 0x00``) and of a ring (its ring prefix)
 are cursor prefix scans.
@@ -206,9 +206,10 @@ def _record_ad(ring: RingRef, key_id: str, generation: int) -> bytes:
 
 
 class FreshKeys:
-    """Record keys one :meth:`Keystore.create_record_keys` just made, for sealing the
-    payloads of the same batch without unwrapping each key again. Holds raw keys:
-    never printed or pickled; drop it once the batch is written.
+    """Record keys one :meth:`Keystore.create_record_keys` just made.
+
+    They seal the payloads of the same batch without unwrapping each key again.
+    Holds raw keys: never printed or pickled; drop it once the batch is written.
     """
 
     __slots__ = ("_keys",)
@@ -635,15 +636,18 @@ class Keystore:
             txn.put(_UNROTATED, repr(time.time()).encode(), db=self._meta)
 
     def unrotated_since(self) -> float | None:
-        """When the oldest key destruction not yet completed by :meth:`rotate`
-        happened (seconds since the epoch), or None when there is none."""
+        """When the oldest key destruction not yet completed by :meth:`rotate` happened.
+
+        Seconds since the epoch, or None when there is none.
+        """
         with self._env.begin() as txn:
             raw = txn.get(_UNROTATED, db=self._meta)
         return None if raw is None else float(bytes(raw))
 
     def rotate(self) -> tuple[int, int, list[int]]:
-        """Complete every shred cryptographically (ARCHITECTURE.md, "Keys and
-        crypto-shredding", phase 2).
+        """Complete every shred cryptographically.
+
+        This is phase 2 of ARCHITECTURE.md, "Keys and crypto-shredding".
 
         1. A new KEK version is added and made current (the KEK file first).
         2. In one synced transaction: every ring that lost or gave away a record
@@ -721,8 +725,10 @@ class Keystore:
         return renewed, rewrapped, old_versions
 
     def retire_unused_kek_versions(self) -> list[int]:
-        """Finish a rotation that a crash cut short: destroy every KEK version
-        other than the current one that wraps no ring key any more.
+        """Finish a rotation that a crash cut short.
+
+        Destroys every KEK version other than the current one that wraps no ring key
+        any more.
 
         A rotation writes the new KEK version first, re-wraps the keystore in one
         transaction, then destroys the old versions; a crash after the keystore
@@ -791,9 +797,11 @@ class Keystore:
         return _open_payload(self._record_key(ring, key_id), ad.encode(), ciphertext)
 
     def reader(self) -> KeyReader:
-        """A :class:`KeyReader`: one read snapshot for opening many payloads (a
-        search's hits, an index build) at one transaction and one unwrap per
-        record key. Use it as a context manager, from one thread."""
+        """A :class:`KeyReader`: one read snapshot for opening many payloads.
+
+        Many payloads (a search's hits, an index build) open at one transaction and
+        one unwrap per record key. Use it as a context manager, from one thread.
+        """
         return KeyReader(self)
 
     def keyed_digest(self, ring: RingRef, key_id: str, data: bytes) -> bytes:
@@ -861,8 +869,9 @@ class Keystore:
         return iter(found)
 
     def find_record_key(self, owner: str, key_id: str) -> list[RingRef]:
-        """The rings of ``owner`` that hold a record key with id ``key_id`` (key ids are
-        random, so normally at most one): where an interrupted move left a key.
+        """The rings of ``owner`` that hold a record key with id ``key_id``.
+
+        Key ids are random, so normally at most one: where an interrupted move left a key.
 
         Raises:
             ValueError: If an id is malformed.
@@ -871,10 +880,12 @@ class Keystore:
         return [ring for ring, found in self.list_record_keys(owner) if found == key_id]
 
     def shredded_at(self, ring: RingRef, key_id: str) -> float | None:
-        """When a record key was last destroyed on purpose — on its own (in this
-        ring or, by id, in another ring of the owner it had moved to), with its
-        ring, or with its owner — in seconds, or None if the shred log has no
-        such destruction (the key is live, never existed, or went missing).
+        """When a record key was last destroyed on purpose, in seconds since the epoch.
+
+        The key was destroyed on its own (in this ring or, by id, in another ring of
+        the owner it had moved to), with its ring, or with its owner. None if the
+        shred log has no such destruction (the key is live, never existed, or went
+        missing).
 
         Raises:
             ValueError: If an id is malformed.
@@ -1008,9 +1019,11 @@ class Keystore:
         return len(rings) + len(records)
 
     def kek_opens_rings(self) -> bool:
-        """Whether this store's KEK unwraps a ring stored here (True when there is
-        none to try): a KEK of another store would wrap imported keys that the
-        server, with its own KEK, could never open."""
+        """Whether this store's KEK unwraps a ring stored here (True when there is none to try).
+
+        A KEK of another store would wrap imported keys that the server, with its own
+        KEK, could never open.
+        """
         with self._env.begin() as txn:
             for key, value in txn.cursor(db=self._rings):
                 ring, _ = _decode_ring_prefix(key)
@@ -1022,8 +1035,10 @@ class Keystore:
         return True
 
     def evict_owner(self, owner: str) -> None:
-        """Drop every cached unwrapped key of ``owner`` from this process's memory
-        (another process destroyed or replaced its keys: a shard's owner moved)."""
+        """Drop every cached unwrapped key of ``owner`` from this process's memory.
+
+        For when another process destroyed or replaced its keys: a shard's owner moved.
+        """
         prefix = _owner_prefix(owner)
         with self._cache_lock:
             self._epoch += 1
@@ -1040,8 +1055,9 @@ class Keystore:
             return self._record_key_in(txn, ring, key_id, epoch)
 
     def _record_key_in(self, txn: lmdb.Transaction, ring: RingRef, key_id: str, epoch: int) -> _Key:
-        """Unwrap a record key as seen by the read transaction ``txn`` (``epoch``
-        read before ``txn`` began).
+        """Unwrap a record key as seen by the read transaction ``txn``.
+
+        ``epoch`` was read before ``txn`` began.
 
         The ring entry and the wrapped record key are read from ``txn`` on every call, so
         a key destroyed before the snapshot never opens. What is cached (up to
