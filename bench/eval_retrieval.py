@@ -204,8 +204,11 @@ def _dense_search(embedder: Embedder, index: VectorIndex, question: str, depth: 
 
 
 def build(owners: list[Owner], embedder: Embedder) -> Indexes:
-    """Index every owner's turns: dense over plain texts, BM25 over plain and contextual
-    texts, sessions, and turn times with their time expressions."""
+    """Index every owner's turns for every leg.
+
+    Dense over plain texts, BM25 over plain and contextual texts, sessions, and turn
+    times with their time expressions.
+    """
     out = Indexes([], [], [])
     for owner in owners:
         ids = np.arange(len(owner.dia), dtype=np.int64)
@@ -230,8 +233,11 @@ def build(owners: list[Owner], embedder: Embedder) -> Indexes:
 
 
 def run_legs(ix: Indexes, queries: list[Query], depth: int, embedder: Embedder) -> list[Legs]:
-    """Run every query through every leg, keeping ``depth`` results per BM25/dense leg
-    (the session leg for each of :data:`SESSION_DEPTHS`; the window is made per slack)."""
+    """Run every query through every leg, keeping ``depth`` results per BM25/dense leg.
+
+    The session leg runs for each of :data:`SESSION_DEPTHS`; the window leg is made per
+    slack (:func:`windows`).
+    """
     out = []
     for q in queries:
         g = Legs(
@@ -443,6 +449,7 @@ class SixLegs:
     slack: tuple[int, int]
 
     def label(self) -> str:
+        """This configuration in one line for the report: weights, sessions, slack."""
         w = ",".join(f"{x:g}" for x in self.weights)
         return f"convex w(dense,lex,ctx,sess,prior,window)=({w}) sessions={self.sessions} " + (
             f"slack(day,month)={self.slack} days"
