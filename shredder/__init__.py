@@ -8,7 +8,7 @@ destroy; they never hold a raw key. Key hierarchy, every key 32 random bytes::
          └─ record key   one per record version
 
 Byte layouts are documented in `shredder._aead` (ciphertext, wrapped keys, associated data),
-`shredder._keystore` (keystore databases) and `shredder._kek` (KEK file).
+`shredder._keystore_schema` (keystore databases) and `shredder._kek` (KEK file).
 """
 
 from shredder._aead import AssociatedData, RingRef
@@ -23,7 +23,9 @@ from shredder._backup import (
 from shredder._bundle import ReceiveKey, open_bundle, seal_bundle
 from shredder._failpoints import FAILPOINTS_ENV, POINTS, declare, failpoint
 from shredder._kek import KekRing, check_kek_placement, default_kek_path
-from shredder._keystore import FreshKeys, KeyReader, Keystore
+from shredder._keystore import Keystore
+from shredder._keystore_records import FreshKeys
+from shredder._keystore_sealing import KeyReader
 from shredder._lmdbenv import open_durable_env
 from shredder.errors import (
     CryptoError,
