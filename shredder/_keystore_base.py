@@ -9,9 +9,10 @@ parts (`shredder._keystore_records`, `_keystore_sealing`, `_keystore_shred`,
 (chroma's ``chromadb/db/base.py``: mixins over a declared base, never over stubs).
 
 Unwrapped ring keys are cached in memory (bounded LRU guarded by a lock) for the hot path that
-decrypts search hits; record keys are unwrapped per call and never cached. Destroying a ring
-evicts its cached key, and a reader that raced with the destroy cannot put it back (the cache
-has an epoch that every destroy advances).
+decrypts search hits, and so are unwrapped record keys (bounded by `_RECORD_CACHE_SIZE` keys,
+LRU over rings), each with the wrapped bytes it came from, which every call still reads from
+its own transaction. Destroying a key or a ring evicts its cached keys, and a reader that raced
+with the destroy cannot put them back (the cache has an epoch that every destroy advances).
 
 Thread rules: the unwrap helpers (`_record_key`, `_record_key_in`, `_unwrap_ring`,
 `_cache_put`) and `cached_record_keys` are safe from any number of threads concurrently: the

@@ -6,12 +6,14 @@ spelled by one function here, with the associated data of wrapped keys; the part
 typed constant, every key encoded in one place).
 
 The keystore is a separate environment (directory) from the data environment, so a copy of the
-data never carries keys and destroying a key never needs the data. It holds three named
+data never carries keys and destroying a key never needs the data. It holds five named
 databases:
 
 ``meta``
     ``b"format"`` -> ``b"lethe-keystore/1"``; ``b"store_id"`` -> 32 ASCII hex characters
-    (a random UUID4), readable without the KEK.
+    (a random UUID4), readable without the KEK; ``b"unrotated_since"`` -> when the oldest key
+    destruction (or move of a record key to another ring) not yet completed by a rotation
+    happened, ASCII decimal seconds, absent when there is none.
 
 ``rings`` — one entry per ring key. LMDB key (the *ring prefix*)::
 
@@ -38,6 +40,9 @@ databases:
 
   Value, 77 bytes: the record key wrapped under its ring key (its 4-byte version field is the
   ring-key generation).
+
+``dirty`` — rings that lost or gave away a record key since the last rotation: LMDB key a ring
+  prefix, value empty. A rotation gives each a new ring key and empties the database.
 
 Owner and thread ids match ``[a-z0-9][a-z0-9-]{0,62}`` and never contain 0x00, so every ring
 prefix ends at its first 0x00 after the ring kind, owner ``a``'s prefix ``a\x00`` is never a
