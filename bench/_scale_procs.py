@@ -1,5 +1,6 @@
-"""Processes of the scale benchmark: the Lethe server, the minimal server, and
-the client processes that drive concurrent load.
+"""Processes of the scale benchmark: the Lethe server, the minimal server, the load clients.
+
+The client processes drive concurrent load.
 
 - :class:`LetheProcess`: ``lethe serve`` in its own process on a throwaway
   data directory with a fixed KEK (``LETHE_KEK``), so it can be stopped and

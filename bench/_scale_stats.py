@@ -1,5 +1,7 @@
-"""Statistics and peers of the scale benchmark: latency summaries, recall@k,
-in-process FAISS, Chroma, and thread-driven load for in-process peers.
+"""Statistics and peers of the scale benchmark.
+
+Latency summaries, recall@k, in-process FAISS, Chroma, and thread-driven load for
+in-process peers.
 
 Latency summaries quote the median (p50) and p99 of every call measured
 (numpy's linear-interpolation percentile); ratios between systems are taken

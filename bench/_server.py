@@ -1,5 +1,7 @@
-"""One ``lethe serve`` in its own process for a benchmark (client and server
-must not share a GIL), with an admin token and a throwaway data directory."""
+"""One ``lethe serve`` for a benchmark, with an admin token and a throwaway data directory.
+
+The server runs in its own process: client and server must not share a GIL.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def served(*serve_args: str) -> Iterator[tuple[int, str]]:
-    """Start ``lethe serve`` on a free port (extra flags in ``serve_args``) and
-    yield ``(port, admin token)``; the server is stopped on exit.
+    """Start ``lethe serve`` on a free port and yield ``(port, admin token)``.
+
+    Extra ``lethe serve`` flags come in ``serve_args``; the server is stopped on exit.
 
     Raises:
         RuntimeError: the server did not report that it is serving.

@@ -1,5 +1,6 @@
-"""Deletion latency of a record with 100 descendants, from the server's
-``lethe_deletion_latency_seconds`` histogram and from the client, in one run.
+"""Deletion latency of a record with 100 descendants, from the server and the client, in one run.
+
+The server's figure comes from its ``lethe_deletion_latency_seconds`` histogram.
 
 Starts ``lethe serve`` in its own process (``--embedder none``: the cascade,
 not embedding, is measured), then ``--rounds`` times: appends a committed
@@ -54,6 +55,14 @@ def _scrape(port: int) -> list[tuple[float, float]]:
 
 
 def main() -> int:
+    """Run the rounds, print the figures and write them to ``--out`` (JSON).
+
+    Returns:
+        The exit status, 0.
+
+    Raises:
+        AssertionError: a ``Forget`` cascaded to other than ``--descendants`` records.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--descendants", type=int, default=100)

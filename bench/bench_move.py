@@ -169,6 +169,10 @@ def _move_once(turns: int, others: int, rng: np.random.Generator) -> dict[str, A
 
 
 def main() -> None:
+    """Move an owner of each ``--turns`` size and print one Markdown table row per move.
+
+    With ``--out``, the rows are also written as JSON.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", default="1000,10000", help="sizes of the moved owner")
     parser.add_argument("--others", type=int, default=5, help="owners of 100 turns that stay")

@@ -1,7 +1,8 @@
-"""Streams and calls held at once, and overload, against ``lethe serve`` in
-its own process (default bounds: 16 workers, 64 calls in flight, 16 per
-token). All figures of one run are measured against a floor from the same
-run: another owner's calls on an idle server.
+"""Streams and calls held at once, and overload, against ``lethe serve`` in its own process.
+
+The server has its default bounds: 16 workers, 64 calls in flight, 16 per token.
+All figures of one run are measured against a floor from the same run: another
+owner's calls on an idle server.
 
 1. floor: owner B alone — ``GetThread`` and ``Search`` one at a time;
 2. ``--streams`` idle ``Watch`` streams of owner A's one token (far more than
@@ -73,6 +74,12 @@ def _ms(values: list[float]) -> dict[str, float]:
 
 
 class Bench:
+    """One overload run against ``lethe serve``, or the ``load`` role's loops.
+
+    Args:
+        args: The parsed command line (:func:`main`).
+    """
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.data = Path(tempfile.mkdtemp(prefix="lethe-overload-")) / "data"
@@ -81,6 +88,11 @@ class Bench:
         self.report: dict[str, Any] = {"args": vars(args)}
 
     def token(self) -> str:
+        """A new admin token of this run's data directory (``lethe token create``).
+
+        Raises:
+            subprocess.CalledProcessError: the command failed.
+        """
         out = subprocess.run(
             [*LETHE, "token", "create", "--data", str(self.data), "--admin"],
             env=self.env,
@@ -91,6 +103,7 @@ class Bench:
         return out.stdout.strip()
 
     def md(self, token: str) -> tuple[tuple[str, str], ...]:
+        """The call metadata that sends ``token`` as a bearer token."""
         return (("authorization", f"Bearer {token}"),)
 
     async def other_owner(self, ch: grpc.aio.Channel, token: str, thread: str) -> dict[str, Any]:
@@ -115,6 +128,7 @@ class Bench:
         return {"GetThread": _ms(get), "Search": _ms(search)}
 
     async def health(self, ch: grpc.aio.Channel) -> dict[str, float]:
+        """``--calls`` health checks one at a time: their count and p50/p99 in ms."""
         stub = health_pb2_grpc.HealthStub(ch)
         lat = []
         for _ in range(self.args.calls):
@@ -124,6 +138,7 @@ class Bench:
         return _ms(lat)
 
     async def seed(self, ch: grpc.aio.Channel, token: str, owner: str) -> str:
+        """Create a thread of ``owner`` with 200 committed turns; returns its name."""
         threads = threads_pb2_grpc.ThreadsStub(ch)
         t = await threads.CreateThread(
             threads_pb2.CreateThreadRequest(parent=f"owners/{owner}"), metadata=self.md(token)
@@ -150,6 +165,12 @@ class Bench:
         stop: asyncio.Event,
         out: dict[str, list[Any]],
     ) -> None:
+        """Call ``Search`` of ``owner`` back to back until ``stop`` is set.
+
+        Each call's latency in seconds goes to ``out["ok"]``, or for a failed call to
+        ``out[reason]`` (its ``ErrorInfo`` reason, else its status code's name); a
+        ``RESOURCE_EXHAUSTED`` refusal is followed by a 10 ms pause.
+        """
         retrieval = retrieval_pb2_grpc.RetrievalStub(ch)
         i = 0
         while not stop.is_set():
@@ -171,8 +192,10 @@ class Bench:
                     await asyncio.sleep(0.01)
 
     async def load(self) -> None:
-        """The ``load`` role: ``--loops`` Search loops over ``--tokens`` until
-        SIGTERM or ``--seconds``; writes counts and latencies to ``--out``."""
+        """The ``load`` role: ``--loops`` Search loops over ``--tokens``.
+
+        The loops run until SIGTERM or ``--seconds``; counts and latencies go to ``--out``.
+        """
         a = self.args
         tokens = a.tokens.split(",")
         stop = asyncio.Event()
@@ -214,6 +237,11 @@ class Bench:
         )
 
     def start_load(self, tokens: list[str], owner: str, loops: int, tag: str) -> Any:
+        """Start the ``load`` role in another process (for 600 s at most).
+
+        Returns:
+            ``(process, path of its JSON output)``, for :meth:`stop_load`.
+        """
         out = self.data.parent / f"load-{tag}.json"
         cmd = [
             sys.executable,
@@ -236,12 +264,19 @@ class Bench:
 
     @staticmethod
     def stop_load(started: Any) -> dict[str, Any]:
+        """Stop a load process of :meth:`start_load` (SIGTERM, 60 s wait); its JSON output."""
         proc, out = started
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
         return dict(json.loads(Path(out).read_text()))
 
     async def run(self) -> None:
+        """Start ``lethe serve`` with stream bounds for ``--streams``, :meth:`measure`, stop it.
+
+        Raises:
+            RuntimeError: the server exited, or did not report serving within 120 s
+                (the message is its log).
+        """
         a = self.args
         log = open(self.data.parent / "server.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
@@ -276,6 +311,7 @@ class Bench:
             proc.wait(timeout=60)
 
     async def measure(self) -> None:
+        """Run the four phases of the module docstring, their figures into ``report``."""
         a = self.args
         tokens = [self.token() for _ in range(10)]
         alice, bob, burst_tokens = tokens[0], tokens[1], tokens[2:]
@@ -347,6 +383,7 @@ class Bench:
             await ch.close(None)
 
     def print(self) -> None:
+        """Print the report: B's latencies per phase, health, fan-out, the loads' counts."""
         r = self.report
         head = f"{'owner B alone / with load':<44}{'GetThread p50/p99 ms':>22}"
         print(f"{head}{'Search p50/p99 ms':>20}")
@@ -382,6 +419,11 @@ class Bench:
 
 
 def main() -> int:
+    """Run the benchmark and write its report to ``--out``, or run the ``load`` role.
+
+    Returns:
+        The exit status, 0.
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="role")
     load = sub.add_parser("load", help="(internal) a load generator process")

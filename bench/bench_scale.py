@@ -401,10 +401,12 @@ class Bench:
     # -------------------------------------------------------------- search
 
     def layout_of(self, x: np.ndarray) -> tuple[str, str]:
-        """The FAISS layout the floors use for ``x``: ``--faiss-factory`` when given,
-        else the one Lethe's ``VectorIndex`` chooses for these vectors added in the
-        server's build chunks (exact below ``index.IVF_MIN_VECTORS``, else the
-        calibrated IVF), so the floors search the same index type as Lethe."""
+        """The FAISS layout the floors use for ``x``, so they search Lethe's index type.
+
+        ``--faiss-factory`` when given, else the one Lethe's ``VectorIndex`` chooses
+        for these vectors (``(n, d) float32``) added in the server's build chunks
+        (exact below ``index.IVF_MIN_VECTORS``, else the calibrated IVF).
+        """
         if self.explicit_factory:
             return self.factory, self.params
         from index import VectorIndex
@@ -420,8 +422,10 @@ class Bench:
         return layout
 
     def measure_size(self, kind: str, n: int) -> None:
-        """Ingest ``{kind}-{n}`` and measure every system on it (sequential,
-        concurrent, Chroma's ef ladder)."""
+        """Ingest ``{kind}-{n}`` and measure every system on it.
+
+        Sequential and concurrent searches, and Chroma's ef ladder.
+        """
         plan = self.plan
         owner = f"{kind}-{n}"
         x = self.vectors(kind, n)
@@ -982,6 +986,14 @@ def _factory_default() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write its JSON, Markdown and (with matplotlib) plot to ``--out-dir``.
+
+    Args:
+        argv: The command line without the program name; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The exit status, 0.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="1k and 20k, short rounds (< 5 min)")

@@ -78,6 +78,13 @@ def _ingest(api: Client, convs: list[Conversation], copies: int, batch: int) -> 
 
 
 def main() -> int:
+    """Ingest, measure as the module docstring lists, print and write to ``--out`` (JSON).
+
+    Without the LoCoMo file at ``--locomo``, a built-in sample conversation is ingested.
+
+    Returns:
+        The exit status, 0.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--locomo", type=Path, default=ROOT.parent / "shared/data/locomo/locomo10.json"

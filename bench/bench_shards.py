@@ -48,7 +48,11 @@ def _nginx_binary() -> str:
 
 @contextlib.contextmanager
 def _nginx(shard: str) -> Iterator[int]:
-    """nginx in front of ``shard`` (``HOST:PORT``) on a free port; yields the port."""
+    """Run nginx in front of ``shard`` (``HOST:PORT``) on a free port; yields the port.
+
+    Raises:
+        SystemExit: nginx is not installed, or exited or did not listen within 20 s.
+    """
     work = Path(tempfile.mkdtemp(prefix="lethe-bench-nginx-"))
     port = free_port()
     include = work / "lethe.conf"
@@ -98,6 +102,12 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def main() -> None:
+    """Time ``GetThread`` directly and through nginx, print and write to ``--out`` (JSON).
+
+    Raises:
+        SystemExit: nginx is not installed, or exited or did not listen within 20 s.
+        RuntimeError: ``lethe serve`` did not report that it is serving.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="calls each way (2000)")
     parser.add_argument("--warmup", type=int, default=200)

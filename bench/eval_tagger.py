@@ -60,19 +60,23 @@ class Score:
 
     @property
     def precision(self) -> float:
+        """``tp / (tp + fp)``; 0.0 when the kind was never predicted."""
         return self.tp / (self.tp + self.fp) if self.tp + self.fp else 0.0
 
     @property
     def recall(self) -> float:
+        """``tp / (tp + fn)``; 0.0 when no turn is labelled with the kind."""
         return self.tp / (self.tp + self.fn) if self.tp + self.fn else 0.0
 
     @property
     def f1(self) -> float:
+        """The harmonic mean of precision and recall; 0.0 when both are 0."""
         p, r = self.precision, self.recall
         return 2 * p * r / (p + r) if p + r else 0.0
 
     @property
     def support(self) -> int:
+        """The number of turns labelled with the kind, ``tp + fn``."""
         return self.tp + self.fn
 
 
@@ -164,6 +168,14 @@ def _table(title: str, rows: list[Labelled]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Score the tagger and print the tables, or with ``--json`` one JSON object.
+
+    Args:
+        argv: The command line without the program name; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The exit status, 0.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO)
     parser.add_argument("--labels", type=Path, default=DEFAULT_LABELS)

@@ -1,5 +1,6 @@
-"""The least a gRPC server can do to answer ``lethe.v1.Retrieval/Search``:
-FAISS only. No authentication, no store, no crypto, no visibility checks.
+r"""The least a gRPC server can do to answer ``lethe.v1.Retrieval/Search``: FAISS only.
+
+No authentication, no store, no crypto, no visibility checks.
 
 It is the peer that shows what Lethe's guarantees cost: the same request and
 response messages, the same Python gRPC server (a thread pool of 16 workers,
@@ -16,7 +17,7 @@ and answers as a hit whose ``Turn`` carries only ``name``
 ``owners/{owner}/threads/v/turns/{i}`` and whose ``score`` is the inner
 product. ``query_embedding`` is searched as given (clients send unit vectors)::
 
-    python bench/minimal_server.py --vectors DIR --listen 127.0.0.1:PORT \\
+    python bench/minimal_server.py --vectors DIR --listen 127.0.0.1:PORT \
         [--factory IDMap2,Flat] [--params ""]
 
 Prints ``minimal serving on HOST:PORT`` when ready; stops on SIGTERM.
@@ -135,6 +136,11 @@ class _Retrieval(retrieval_pb2_grpc.RetrievalServicer):
 
 
 def main() -> int:
+    """Serve ``Search`` on ``--listen`` until SIGTERM or SIGINT, then stop (1 s grace).
+
+    Returns:
+        The exit status, 0.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vectors", type=Path, required=True)
     parser.add_argument("--listen", default="127.0.0.1:0")

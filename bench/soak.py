@@ -90,6 +90,7 @@ class Client:
         self.threads: dict[str, list[str]] = {}
 
     def stopped(self) -> bool:
+        """Whether the harness has asked the clients to stop (the ``--stop`` file exists)."""
         return self.stop.exists()
 
     def call(self, method: str, fn: Any, request: Any, **kw: Any) -> Any:
@@ -113,9 +114,11 @@ class Client:
         return response
 
     def log(self, **entry: Any) -> None:
+        """Append ``entry`` and the time ``t`` (seconds since the epoch) to ``--acks``."""
         self.acks.write(json.dumps({**entry, "t": time.time()}) + "\n")
 
     def setup(self) -> None:
+        """Create two threads per owner, retrying each until it succeeds or the run stops."""
         for owner in self.owners:
             names = []
             for _ in range(2):
@@ -131,6 +134,11 @@ class Client:
             self.threads[owner] = names
 
     def writer(self, rng: random.Random) -> None:
+        """Append one turn at a time until stopped, logging every acknowledged append.
+
+        A turn is committed on append with probability 0.7; each of the others is then
+        committed with ``Commit`` with probability 0.5.
+        """
         while not self.stopped():
             owner = rng.choice(self.owners)
             thread = rng.choice(self.threads[owner])
@@ -157,6 +165,11 @@ class Client:
                     )
 
     def reader(self, rng: random.Random) -> None:
+        """Read until stopped: Search, AssembleContext, GetTurn or ListTurns at random.
+
+        Their shares are 40 %, 15 %, 25 % (of an acknowledged turn, when the thread has
+        one) and 20 %.
+        """
         while not self.stopped():
             owner = rng.choice(self.owners)
             thread = rng.choice(self.threads[owner])
@@ -194,6 +207,10 @@ class Client:
                 )
 
     def forgetter(self, rng: random.Random) -> None:
+        """Every 0.25 s, forget a random acknowledged turn once there are 10, until stopped.
+
+        The attempt is logged before the call and the forget after its acknowledgement.
+        """
         while not self.stopped():
             time.sleep(0.25)
             with self.lock:
@@ -215,6 +232,10 @@ class Client:
                     self.acked.pop(name, None)
 
     def watcher(self, owner: str) -> None:
+        """Hold a ``Watch`` stream of ``owner`` until stopped, counting its events.
+
+        A stream that fails is counted as an error and reopened after the last event seen.
+        """
         after = ""
         while not self.stopped():
             stream: Any = self.stubs.events.Watch(
@@ -233,6 +254,14 @@ class Client:
                 time.sleep(0.2)
 
     def run(self) -> int:
+        """Run this client until the stop file appears, then write ``--result`` (JSON).
+
+        Two writers, two readers, one forgetter and ``--watchers`` watchers run as
+        threads; the result holds latencies, errors, success times and the event count.
+
+        Returns:
+            The exit status, 0.
+        """
         self.setup()
         workers = []
         for i in range(2):
@@ -291,6 +320,12 @@ def _rss_kib(pid: int) -> int:
 
 
 class Harness:
+    """The soak: one server, the client processes, and the checks of the module docstring.
+
+    Args:
+        args: The parsed command line (:func:`main`).
+    """
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="lethe-soak-"))
@@ -300,11 +335,26 @@ class Harness:
         self.report: dict[str, Any] = {"args": vars(args)}
 
     def lethe(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run the ``lethe`` command line with ``argv`` and the soak's KEK; output as text.
+
+        Raises:
+            subprocess.CalledProcessError: it exited non-zero and ``check`` is true.
+            subprocess.TimeoutExpired: it ran for more than 300 s.
+        """
         return subprocess.run(
             [*LETHE, *argv], env=self.env, capture_output=True, text=True, check=check, timeout=300
         )
 
     def serve(self, data: Path, log: str) -> tuple[subprocess.Popen[bytes], int, int]:
+        """Start ``lethe serve`` on ``data``, its output in ``log``, and wait until it serves.
+
+        Returns:
+            ``(process, gRPC port, metrics port)``.
+
+        Raises:
+            RuntimeError: the server exited, or did not report serving within 120 s
+                (the message is its log).
+        """
         port, mport = free_port(), free_port()
         log_file = open(self.work / log, "wb")  # noqa: SIM115 (the process owns it)
         proc = subprocess.Popen(
@@ -334,10 +384,16 @@ class Harness:
         return proc, port, mport
 
     def check(self, ok: bool, what: str) -> None:
+        """Record the failed check ``what`` unless ``ok``."""
         if not ok:
             self.failures.append(what)
 
     def run(self) -> int:
+        """Run the soak, check it, print the report and write it to ``--out`` (JSON).
+
+        Returns:
+            The exit status: 1 if a check failed, else 0.
+        """
         a = self.args
         server, port, mport = self.serve(self.data, "server.log")
         clients = []
@@ -417,12 +473,24 @@ class Harness:
         return 1 if self.failures else 0
 
     def results(self) -> list[dict[str, Any]]:
+        """Every client's ``--result`` file, parsed, in client order."""
         return [
             json.loads((self.work / f"result{i}.json").read_text())
             for i in range(self.args.clients)
         ]
 
     def summarise(self, start: float, samples: list[dict[str, float]]) -> None:
+        """Merge the clients' results into the report and run the stability checks.
+
+        The checks: p99 per method, Watch events, 5-second windows, unexpected errors,
+        RSS growth and LMDB reader slots (module docstring, step 3).
+
+        Args:
+            start: When the load began, seconds since the epoch.
+            samples: About one per second of load: ``t`` (seconds since ``start``),
+                ``rss_kib`` and the ``readers``, ``streams`` and ``inflight`` gauges
+                (-1 when the metrics could not be read).
+        """
         a = self.args
         latency: dict[str, list[float]] = defaultdict(list)
         errors: dict[str, int] = defaultdict(int)
@@ -521,6 +589,14 @@ class Harness:
         return out
 
     def verify(self, backup_start: float | None) -> None:
+        """Check acknowledged writes after a restart, then in the restored backup.
+
+        Module docstring, steps 1 and 2.
+
+        Args:
+            backup_start: When the backup began, seconds since the epoch; None when no
+                backup was taken (itself a failed check).
+        """
         appended, forgotten, uncertain = self._acks()
         kept = [n for n in appended if n not in forgotten and n not in uncertain]
         got = self._read_all(self.data, [*kept, *forgotten], "restart.log")
@@ -570,6 +646,7 @@ class Harness:
         self.check(not back, f"{len(back)} forgotten turns readable after restore")
 
     def print_report(self) -> None:
+        """Print the per-method table, the other figures and the checks' outcome."""
         r = self.report
         print(
             f"soak: {self.args.clients} clients x ({self.args.watchers} Watch streams, "
@@ -593,6 +670,14 @@ class Harness:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the soak, or one client process (role ``client``).
+
+    Args:
+        argv: The command line without the program name; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The exit status: 1 if a check failed, else 0.
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="role")
     client = sub.add_parser("client")

@@ -43,8 +43,9 @@ __all__ = ["IndexCache", "release_free_heap"]
 
 
 def release_free_heap() -> bool:
-    """Hand the C heap's free pages back to the operating system (glibc's
-    ``malloc_trim(0)``, which also releases free pages inside the heap).
+    """Hand the C heap's free pages back to the operating system (glibc's ``malloc_trim(0)``).
+
+    ``malloc_trim(0)`` also releases free pages inside the heap, not only at its top.
 
     An index build allocates several times what the index keeps (the decrypted
     texts, their terms, BM25's intermediate arrays); glibc keeps what was freed
@@ -80,8 +81,10 @@ class _Build:
 
 
 class IndexCache(Generic[T]):
-    """Least-recently-used cache of indexes (:class:`VectorIndex`, or any sized
-    bundle of indexes with an ``nbytes()`` estimate) by string key.
+    """Least-recently-used cache of indexes by string key.
+
+    An entry is a :class:`VectorIndex`, or any sized bundle of indexes with an
+    ``nbytes()`` estimate.
 
     Args:
         capacity: Maximum number of indexes held (not vectors), ``>= 1``.
@@ -116,8 +119,10 @@ class IndexCache(Generic[T]):
         return self._max_bytes
 
     def _bound(self) -> None:
-        """Evict least recently used entries past the count, then past the byte
-        bound (never the most recent one). Caller holds ``self._lock``."""
+        """Evict least recently used entries past the count, then past the byte bound.
+
+        Never evicts the most recent entry. Caller holds ``self._lock``.
+        """
         while len(self._entries) > self._capacity:
             self._entries.popitem(last=False)
         if self._max_bytes is None or len(self._entries) < 2:

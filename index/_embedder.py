@@ -57,8 +57,11 @@ class Embedder(Protocol):
         ...
 
     def embed_queries(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """Embed search queries: as :meth:`embed`, for models that mark queries apart
-        from the texts they search (e5's ``"query: "`` prefix); else the same rows."""
+        """Embed search queries: as :meth:`embed`, with the model's query mark if it has one.
+
+        For models that mark queries apart from the texts they search (e5's
+        ``"query: "`` prefix); for any other model, the same rows as :meth:`embed`.
+        """
         ...
 
 

@@ -1,4 +1,4 @@
-"""In-memory BM25 over int64 ids and texts: the lexical leg of retrieval.
+r"""In-memory BM25 over int64 ids and texts: the lexical leg of retrieval.
 
 :class:`LexicalIndex` holds one owner's texts as analysed terms and ranks them with
 Okapi BM25 (Robertson and Zaragoza, "The Probabilistic Relevance Framework: BM25 and
@@ -19,7 +19,7 @@ they beat Lucene's 1.2/0.75 on plain turns: recall@1 0.351 vs 0.328, recall@10 0
 Analyzer (:func:`analyze`), applied to indexed texts and queries alike:
 
 1. lower-case (``str.lower``);
-2. split into tokens of two or more Unicode word characters (regex ``\\b\\w\\w+\\b``,
+2. split into tokens of two or more Unicode word characters (regex ``\b\w\w+\b``,
    the default ``token_pattern`` of ``bm25s`` and scikit-learn);
 3. drop English stopwords: NLTK's 179-word English list as shipped by bm25s
    (``bm25s.stopwords.STOPWORDS_EN_PLUS``). Questions are mostly function words
@@ -245,10 +245,11 @@ class LexicalIndex:
         self.add_terms(ids, [analyze(t) for t in items])
 
     def add_terms(self, ids: npt.ArrayLike, terms: Sequence[Sequence[str]]) -> None:
-        """:meth:`add` for texts already analysed: ``terms[i]`` is ``analyze(text)`` of
-        the i-th text, so a caller that indexes one text in several legs (or inside a
-        longer text: the analysis of texts joined by whitespace is the concatenation
-        of their analyses) analyses it once.
+        """Add texts already analysed, as :meth:`add` adds texts.
+
+        ``terms[i]`` is ``analyze(text)`` of the i-th text, so a caller that indexes
+        one text in several legs (or inside a longer text: the analysis of texts
+        joined by whitespace is the concatenation of their analyses) analyses it once.
 
         Args:
             ids: ``(n,)`` integers within int64, distinct.
@@ -322,8 +323,9 @@ class LexicalIndex:
         return self.search_terms(analyze(query), k)
 
     def search_terms(self, terms: Sequence[str], k: int) -> list[tuple[int, float]]:
-        """:meth:`search` for a query already analysed (``analyze(query)``), so that
-        several indexes searched with one query analyse it once.
+        """Search with a query already analysed (``analyze(query)``), as :meth:`search`.
+
+        Several indexes searched with one query then analyse it once.
 
         Args:
             terms: The query's terms, as :func:`analyze` gives them.
@@ -349,8 +351,10 @@ class LexicalIndex:
         return sorted([*main, *delta], key=lambda hit: (-hit[1], hit[0]))[:k]
 
     def _delta_search(self, terms: Sequence[str]) -> list[tuple[int, float]]:
-        """BM25 (Lucene variant) of the delta documents with the current collection
-        statistics; the caller holds the lock."""
+        """BM25 (Lucene variant) of the delta documents with the current collection statistics.
+
+        The caller holds the lock.
+        """
         n = len(self._docs)
         avgdl = self._length / n if n else 1.0
         scores: dict[int, float] = {}
@@ -367,8 +371,10 @@ class LexicalIndex:
         return [(i, s) for i, s in scores.items() if s > 0.0]
 
     def _maybe_rebuild(self) -> None:
-        """Rebuild the main segment once the delta and the masked rows outgrow it
-        (see the module docstring); the caller holds the lock."""
+        """Rebuild the main segment once the delta and the masked rows outgrow it.
+
+        The module docstring gives the threshold. The caller holds the lock.
+        """
         built = self._built
         if built is None:
             return

@@ -145,9 +145,10 @@ class SessionIndex:
         terms: Sequence[Sequence[str]],
         headers: Sequence[str],
     ) -> None:
-        """:meth:`add` for member texts already analysed (``terms[i]`` is
-        ``analyze(text)`` of the i-th member), so a text indexed in several legs is
-        analysed once. A header is analysed only when its session is new.
+        """Add member texts already analysed, as :meth:`add` adds texts.
+
+        ``terms[i]`` is ``analyze(text)`` of the i-th member, so a text indexed in
+        several legs is analysed once. A header is analysed only when its session is new.
 
         Raises:
             ValueError, TypeError: as :meth:`add`.
@@ -264,7 +265,8 @@ class SessionIndex:
 
         Each term's contribution to every session (``idf * tf / (tf + k1 (1 - b + b
         |d| / avgdl))``, Lucene's variant) is computed once per change of the index
-        and summed as numpy rows."""
+        and summed as numpy rows.
+        """
         if not self._members or not terms:
             return []
         keys = self._keys
@@ -318,8 +320,10 @@ class SessionIndex:
         return self.search_terms(analyze(query), sessions)
 
     def search_terms(self, terms: Sequence[str], sessions: int) -> list[tuple[int, float]]:
-        """:meth:`search` for a query already analysed (``index.analyze(query)``, the
-        analyzer of the lexical legs), so that the legs analyse one query once.
+        """Search with a query already analysed, as :meth:`search`.
+
+        The query's terms are ``index.analyze(query)``, the analyzer of the lexical
+        legs, so that the legs analyse one query once.
 
         Args:
             terms: The query's terms, as :func:`index.analyze` gives them.

@@ -126,8 +126,7 @@ class TimeIndex:
         )
 
     def prior(self, query: str, candidates: Iterable[int]) -> list[tuple[int, float]]:
-        """The time-expression prior: for a when-question, the candidates whose text
-        carries a time expression.
+        """The time-expression prior: for a when-question, the candidates with a time expression.
 
         Args:
             query: The question (:func:`index._temporal.asks_when` decides).
@@ -144,8 +143,10 @@ class TimeIndex:
         return sorted(found, key=lambda hit: (-hit[1], hit[0]))
 
     def periods(self, query: str) -> list[NamedPeriod]:
-        """The days, months and years ``query`` names (a day or month without a year
-        in each year the held turns span); ``[]`` when it names none."""
+        """The days, months and years ``query`` names; ``[]`` when it names none.
+
+        A day or month named without a year counts in each year the held turns span.
+        """
         return named_periods(query, self.years())
 
     def window(
@@ -203,11 +204,13 @@ class TimeIndex:
         return np.sort(held)
 
     def nbytes(self) -> int:
-        """An estimate of the bytes this index holds (for the index cache's bound):
+        """An estimate of the bytes this index holds, for the index cache's bound. O(1).
+
         :data:`_TURN_BYTES` per turn (its time entry and its ``(time, id)`` tuple in
         the ordered list) and :data:`_EXPR_BYTES` per turn with a time expression,
         measured with ``tracemalloc`` on the LoCoMo turns
-        (``tests/index/test_index_sessions.py`` checks it within 30 %). O(1)."""
+        (``tests/index/test_index_sessions.py`` checks it within 30 %).
+        """
         with self._lock:
             return len(self._time) * _TURN_BYTES + len(self._expr) * _EXPR_BYTES
 

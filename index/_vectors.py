@@ -1,5 +1,7 @@
-"""Inner-product search over unit vectors keyed by int64 ids: exact for small owners,
-an inverted file calibrated to recall@10 >= 0.99 for large ones.
+"""Inner-product search over unit vectors keyed by int64 ids.
+
+Search is exact for small owners, and uses an inverted file calibrated to
+recall@10 >= 0.99 for large ones.
 
 :class:`VectorIndex` starts as ``faiss.IndexFlatIP(dim)`` with its own id map. ``IndexFlatIP``
 is FAISS's brute-force index: every query is compared with every stored vector, so
@@ -168,8 +170,11 @@ def _selector(ids: npt.NDArray[np.int64]) -> faiss.IDSelectorBatch:
 
 
 def _recall_at_10(found: npt.NDArray[np.float32], exact: npt.NDArray[np.float32]) -> float:
-    """Share of the exact top-10 scores ``(q, 10)`` reached by ``found`` ``(q, 10)``
-    (padding ``-inf``): by score, so ties between near-duplicates count as found."""
+    """Share of the exact top-10 scores ``(q, 10)`` reached by ``found`` ``(q, 10)``.
+
+    Both are float32; ``found`` is padded with ``-inf``. The match is by score, so ties
+    between near-duplicates count as found.
+    """
     bar = exact[:, -1:] - 1e-6
     return float(np.mean(np.minimum(np.sum(found >= bar, axis=1), 10) / 10))
 
@@ -189,7 +194,8 @@ def _lists(index: faiss.Index) -> Any:
 def choose_layout(
     vectors: npt.NDArray[np.float32], ids: npt.NDArray[np.int64], seed: int = 0
 ) -> tuple[faiss.Index, int] | None:
-    """An IVF index holding ``vectors`` under ``ids`` and its calibrated ``nprobe``, or
+    """An IVF index holding ``vectors`` under ``ids``, and its calibrated ``nprobe``.
+
     None when exact search should stay (see the module docstring for the rule).
 
     Args:
@@ -227,8 +233,10 @@ def choose_layout(
 def _ivf_held(
     index: faiss.Index, dim: int
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-    """Copies of every vector ``(n, dim) float32`` and id ``(n,) int64`` an IVF with
-    flat codes holds."""
+    """Copies of every vector ``(n, dim) float32`` and id ``(n,) int64`` an IVF holds.
+
+    The IVF must store flat codes.
+    """
     lists = _lists(index)
     parts, id_parts = [], []
     for i in range(lists.nlist):
@@ -243,8 +251,9 @@ def _ivf_held(
 
 
 class VectorIndex:
-    """Cosine search over unit vectors with int64 ids, held only in memory: exact,
-    or an inverted file once large (the module docstring gives the rule).
+    """Cosine search over unit vectors with int64 ids, held only in memory.
+
+    Search is exact, or an inverted file once large (the module docstring gives the rule).
 
     Args:
         dim: Vector length ``d``; every added or queried vector must have it.
@@ -274,17 +283,21 @@ class VectorIndex:
 
     @property
     def layout(self) -> tuple[str, str]:
-        """The layout in use as ``(faiss.index_factory string, ParameterSpace string)``:
-        ``("IDMap2,Flat", "")`` or e.g. ``("IVF632,Flat", "nprobe=80")``."""
+        """The layout in use as ``(faiss.index_factory string, ParameterSpace string)``.
+
+        ``("IDMap2,Flat", "")`` or e.g. ``("IVF632,Flat", "nprobe=80")``.
+        """
         with self._lock.read():
             if not self._nprobe:
                 return "IDMap2,Flat", ""
             return f"IVF{self._nlist},Flat", f"nprobe={self._nprobe}"
 
     def _relayout(self) -> None:
-        """Choose the layout again for what is held (under the write lock): the held
-        vectors are copied out and the old index freed first, so the peak is about
-        twice the vectors' bytes."""
+        """Choose the layout again for what is held; the caller holds the write lock.
+
+        The held vectors are copied out and the old index freed first, so the peak is
+        about twice the vectors' bytes.
+        """
         vecs, ids = self._held()
         self._index = faiss.IndexFlatIP(self._dim)  # frees the old one
         self._ids, self._pos = np.zeros(0, dtype=np.int64), {}
@@ -356,13 +369,14 @@ class VectorIndex:
                 self._relayout()
 
     def _remove_held(self, ids: list[int]) -> int:
-        """Remove the vectors of those ``ids`` that are held; the caller holds the
-        write lock. Every removed row is overwritten in FAISS's memory before it
-        goes, so no copy stays in the spare capacity behind the arrays. Exact
-        layout: each removed row is overwritten by the last row (whose id takes
-        the freed position), then the tail is zeroed and dropped. Inverted file:
-        the entries are zeroed in their lists (:meth:`_zero_entries`), then
-        ``remove_ids`` moves each list's last entry into the gap.
+        """Remove the vectors of those ``ids`` that are held; the caller holds the write lock.
+
+        Every removed row is overwritten in FAISS's memory before it goes, so no copy
+        stays in the spare capacity behind the arrays. Exact layout: each removed row
+        is overwritten by the last row (whose id takes the freed position), then the
+        tail is zeroed and dropped. Inverted file: the entries are zeroed in their
+        lists (:meth:`_zero_entries`), then ``remove_ids`` moves each list's last
+        entry into the gap.
 
         Returns:
             The number of vectors removed.
@@ -407,8 +421,9 @@ class VectorIndex:
                 lists.update_entry(i, int(offset), int(held[offset]), faiss.swig_ptr(blank))
 
     def remove(self, ids: npt.ArrayLike) -> int:
-        """Delete the vectors held under ``ids``; absent ids are ignored. Their rows
-        are overwritten in FAISS's memory first (:meth:`_remove_held`).
+        """Delete the vectors held under ``ids``; absent ids are ignored.
+
+        Their rows are overwritten in FAISS's memory first (:meth:`_remove_held`).
 
         Args:
             ids: ``(n,)`` integers.
@@ -484,10 +499,12 @@ class VectorIndex:
         return np.sort(held.astype(np.int64, copy=False))
 
     def nbytes(self) -> int:
-        """An estimate of the bytes this index holds: per vector ``4 * dim`` (the
-        float32 row) plus 8 (its int64 id) plus :data:`_MEMBER_BYTES` (the id in
-        the position map, CPython ints and a dict slot), plus an inverted file's
-        centroids."""
+        """An estimate of the bytes this index holds.
+
+        Per vector ``4 * dim`` (the float32 row) plus 8 (its int64 id) plus
+        :data:`_MEMBER_BYTES` (the id in the position map, CPython ints and a dict
+        slot), plus an inverted file's centroids.
+        """
         with self._lock.read():
             lists = self._nlist * 4 * self._dim  # the IVF's centroids
             return int(self._index.ntotal) * (4 * self._dim + 8 + _MEMBER_BYTES) + lists

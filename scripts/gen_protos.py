@@ -87,8 +87,10 @@ def _toolchain() -> Path:
 
 
 def generate(out: Path) -> list[Path]:
-    """Generate every package of :data:`PROTO_PACKAGES` under ``out`` and return
-    the files written.
+    """Generate every package of :data:`PROTO_PACKAGES` under ``out``.
+
+    Returns:
+        The files written, sorted: every file the generated packages hold afterwards.
 
     Raises:
         SystemExit: protoc or a plugin failed.
@@ -133,6 +135,11 @@ def generate(out: Path) -> list[Path]:
 
 
 def main() -> None:
+    """Regenerate the packages under ``--out`` (default: the repository root).
+
+    Raises:
+        SystemExit: protoc or a plugin failed.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT)
     written = generate(parser.parse_args().out)

@@ -1,5 +1,6 @@
-"""Build the light client wheel (``lethe-client/``), install it into a fresh
-virtual environment, and report what that installed.
+"""Build the light client wheel, install it into a fresh venv, and report what that installed.
+
+The wheel is built from ``lethe-client/``.
 
 Usage::
 
@@ -137,6 +138,11 @@ def measure(python: Path) -> dict[str, Any]:
 
 
 def main() -> None:
+    """Build the wheel into ``--venv``, install it into ``--venv``/venv, print the report.
+
+    ``--floors`` installs the lowest claimed versions; ``--json`` prints the report as
+    JSON, else as text (the wheel's size, each distribution's version and size, totals).
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venv", type=Path, required=True, help="where to build and install")
     parser.add_argument("--floors", action="store_true", help="install the lowest claimed versions")

@@ -7,8 +7,37 @@ destroy; they never hold a raw key. Key hierarchy, every key 32 random bytes::
      └─ ring key     one per thread, plus one per owner (derivatives spanning threads)
          └─ record key   one per record version
 
+Rooms inside:
+
+=======================  ======================================================================
+module                   holds
+=======================  ======================================================================
+``_aead``                XChaCha20-Poly1305 sealing and key wrapping, associated data, ``RingRef``
+``_kek``                 the KEK ring: versions, the KEK file, its placement
+``_lmdbenv``             opening LMDB environments with durable flags
+``_keystore_schema``     the keystore's named databases, key layouts, wrapped keys' associated
+                         data
+``_keystore_base``       ``KeystoreBase``: the state every keystore part uses; unwrapping ring
+                         and record keys through their caches
+``_keystore_records``    creating record keys (``FreshKeys``), moving them between rings,
+                         listing them
+``_keystore_sealing``    sealing and opening payloads, keyed digests, ``KeyReader``
+``_keystore_shred``      destroying keys (the logical shred) and the shred log
+``_keystore_rotation``   rotation (completing shreds cryptographically), KEK versions in use
+``_keystore_moves``      an owner's keys moving between keystores: export, import, eviction
+``_keystore``            opening the keystore, its store id; ``Keystore`` composes the parts
+``_bundle``              sealed bundles to a receive key (rows and keys between shards)
+``_backup``              data backups and restores, their manifests
+``_failpoints``          named crash points for the crash tests
+``errors``               the exception tree
+=======================  ======================================================================
+
 Byte layouts are documented in `shredder._aead` (ciphertext, wrapped keys, associated data),
-`shredder._keystore` (keystore databases) and `shredder._kek` (KEK file).
+`shredder._keystore_schema` (keystore databases), `shredder._kek` (KEK file) and
+`shredder._bundle` (sealed bundles).
+
+May import: the standard library, ``lmdb``, ``nacl`` and ``platformdirs``; never ``lethe``,
+``server`` or ``index``.
 """
 
 from shredder._aead import AssociatedData, RingRef
@@ -23,7 +52,9 @@ from shredder._backup import (
 from shredder._bundle import ReceiveKey, open_bundle, seal_bundle
 from shredder._failpoints import FAILPOINTS_ENV, POINTS, declare, failpoint
 from shredder._kek import KekRing, check_kek_placement, default_kek_path
-from shredder._keystore import FreshKeys, KeyReader, Keystore
+from shredder._keystore import Keystore
+from shredder._keystore_records import FreshKeys
+from shredder._keystore_sealing import KeyReader
 from shredder._lmdbenv import open_durable_env
 from shredder.errors import (
     CryptoError,

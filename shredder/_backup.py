@@ -45,8 +45,11 @@ def _no_progress(stage: str) -> None:
 
 @dataclass(frozen=True)
 class BackupManifest:
-    """What a backup holds: its store id, creation time (seconds since the
-    epoch), size in bytes and SHA-256 (hex) of ``data.mdb``."""
+    """What a backup holds, as its manifest records it.
+
+    Its store id, creation time (seconds since the epoch), and the size in bytes
+    and SHA-256 (hex) of ``data.mdb``.
+    """
 
     store_id: str
     created_time: float
@@ -162,8 +165,13 @@ def restore_environment(
     it next opens the store.
 
     Args:
+        backup_dir: the backup's directory (``data.mdb`` and ``MANIFEST.json``).
+        env_path: the data environment's directory; created (mode 0700) if missing.
         store_id: the live keystore's id; the backup must carry the same.
         progress: called with each of :data:`RESTORE_STAGES` as it starts.
+
+    Returns:
+        The backup's manifest.
 
     Raises:
         EnvironmentConfigError: bad backup, or a backup of another store.

@@ -1,4 +1,4 @@
-"""Sealed bundles: rows that travel between shards, readable only by the destination.
+r"""Sealed bundles: rows that travel between shards, readable only by the destination.
 
 Moving an owner between shards (``lethe owner export`` / ``import``) carries
 its rows and its ring keys from one keystore to another. Neither may appear in
@@ -15,7 +15,7 @@ source, and the import is an operator's deliberate act.
 A bundle's plaintext is a sequence of entries, each three length-prefixed
 byte strings ``(tag, key, value)``::
 
-    b"lethe-bundle/1\\n" | entry* ;  entry = (u32 BE length | bytes) x 3
+    b"lethe-bundle/1\n" | entry* ;  entry = (u32 BE length | bytes) x 3
 
 A receive key file holds the 32-byte private key as 64 hex characters and a
 newline, mode 0600, written once (never overwritten).

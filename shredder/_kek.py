@@ -248,8 +248,10 @@ class KekRing:
         self._keys = keys
 
     def _persist(self, keys: Mapping[int, _Key], current: int) -> None:
-        """Replace the KEK file atomically (temp file 0600, fsync, rename, fsync
-        dir); an in-memory ring (``from_env``) only changes in memory."""
+        """Replace the KEK file atomically (temp file 0600, fsync, rename, fsync dir).
+
+        An in-memory ring (``from_env``) only changes in memory.
+        """
         if self._path is None:
             return
         tmp = self._path.parent / f".{self._path.name}.{nacl.utils.random(8).hex()}.tmp"

@@ -373,7 +373,7 @@ def test_rewrap_drops_the_moved_cached_record_keys(store: Keystore) -> None:
 
 
 def test_the_record_key_cache_is_bounded(store: Keystore, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("shredder._keystore._RECORD_CACHE_SIZE", 4)
+    monkeypatch.setattr("shredder._keystore_base._RECORD_CACHE_SIZE", 4)
     refs = [(ALICE_T1, f"k{i}") for i in range(10)]
     store.create_record_keys([*refs, (ALICE_T2, "x")])
     sealed = [store.seal(ring, key_id, AD, SECRET) for ring, key_id in refs]
