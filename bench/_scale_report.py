@@ -22,7 +22,7 @@ from typing import Any
 __all__ = ["machine_info", "write_markdown", "write_plot"]
 
 _LIBRARIES = (
-    "lethe-memory",
+    "lethe-store",
     "grpcio",
     "protobuf",
     "faiss-cpu",

@@ -5,7 +5,7 @@ example ``sentence-transformers/all-MiniLM-L6-v2`` or ``intfloat/multilingual-e5
 as exported by Hugging Face Optimum) with ``onnxruntime``, tokenised by the
 ``tokenizers`` library from the model's ``tokenizer.json``. Nothing is downloaded:
 the operator puts the files in a directory and starts ``lethe serve --embedder
-onnx:DIR``. Both libraries are the ``onnx`` extra (``pip install 'lethe-memory[onnx]'``).
+onnx:DIR``. Both libraries are the ``onnx`` extra (``pip install 'lethe-store[onnx]'``).
 
 The directory holds:
 
@@ -95,7 +95,7 @@ class OnnxEmbedder:
         except ImportError as e:
             raise ImportError(
                 "the ONNX embedder needs onnxruntime and tokenizers: "
-                "pip install 'lethe-memory[onnx]'"
+                "pip install 'lethe-store[onnx]'"
             ) from e
         directory = Path(directory)
         model = _model_path(directory)

@@ -8,8 +8,8 @@ interpreter. Modules import only grpc, protobuf, grpc-status
 library and this package, except ``lethe.langgraph`` (``langgraph-checkpoint``,
 the optional extra). The demo alone reaches further, inside the functions that
 need it: ``tqdm`` for its progress bars, and ``numpy``, ``faiss`` and
-``wordllama`` for its latency floors. ``lethe-client/`` at the repository root
-builds this package alone as the light client distribution ``lethe-client``.
+``wordllama`` for its latency floors. ``clients/python/`` in the repository
+builds this package alone as the light client distribution ``lethe-store-client``.
 
 =====================  =====================================================
 module                 what it holds (public names)

@@ -1,8 +1,8 @@
 """``LetheStore``: LangGraph's long-term memory interface
 (``langgraph.store.base.BaseStore``) on a Lethe server.
 
-Install the extra: ``pip install 'lethe-client[langgraph]'`` (or
-``lethe-memory[langgraph]``); it brings ``langgraph-checkpoint``, where
+Install the extra: ``pip install 'lethe-store-client[langgraph]'`` (or
+``lethe-store[langgraph]``); it brings ``langgraph-checkpoint``, where
 ``BaseStore`` lives. Everything else is :mod:`lethe.client`.
 
 The mapping

@@ -1,15 +1,15 @@
 """Build the light client wheel, install it into a fresh venv, and report what that installed.
 
-The wheel is built from ``lethe-client/``.
+The wheel is built from ``clients/python/``.
 
 Usage::
 
     python scripts/light_client.py --venv DIR [--floors] [--json]
 
-``--floors`` installs the lowest versions ``lethe-client/pyproject.toml``
+``--floors`` installs the lowest versions ``clients/python/pyproject.toml``
 claims (``grpcio``, ``grpcio-status``, ``protobuf`` at their ``>=`` bounds)
 instead of the newest ones. Prints the installed distributions, their count
-besides ``lethe-client``, and their installed size (the files each
+besides ``lethe-store-client``, and their installed size (the files each
 distribution's ``RECORD`` lists; pip itself excluded). ``tests/lethe/
 test_light_client.py`` uses the same functions and then runs the portable
 client tests in that venv against a real server.
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECT = ROOT / "lethe-client"
+PROJECT = ROOT / "clients" / "python"
 NOT_COUNTED = {"pip", "setuptools", "wheel"}
 """Distributions every venv has: not dependencies of the client."""
 
@@ -52,7 +52,7 @@ print(json.dumps(out))
 
 
 def floors() -> dict[str, str]:
-    """``{distribution: lowest version}`` from ``lethe-client/pyproject.toml``'s dependencies.
+    """``{distribution: lowest version}`` from ``clients/python/pyproject.toml``'s dependencies.
 
     Raises:
         ValueError: a dependency without a ``>=`` bound.
@@ -76,7 +76,7 @@ def _pip(python: Path, *args: str) -> None:
 
 
 def build_wheel(out: Path) -> Path:
-    """Build the ``lethe-client`` wheel into ``out`` from a copy of ``lethe-client/``.
+    """Build the ``lethe-store-client`` wheel into ``out`` from a copy of ``clients/python/``.
 
     The copy (links followed, caches left out) keeps the build's ``build/``
     and ``*.egg-info`` out of the work tree.
@@ -98,7 +98,7 @@ def build_wheel(out: Path) -> Path:
     )
     dist = out / "dist"
     _pip(Path(sys.executable), "wheel", "--no-deps", "-w", str(dist), str(src))
-    (wheel,) = sorted(dist.glob("lethe_client-*.whl"))
+    (wheel,) = sorted(dist.glob("lethe_store_client-*.whl"))
     return wheel
 
 
@@ -122,7 +122,7 @@ def measure(python: Path) -> dict[str, Any]:
 
     Returns:
         ``{"distributions": {name: version}, "dependencies": count besides
-        lethe-client, "installed_bytes": total, "by_distribution": {name: bytes}}``.
+        lethe-store-client, "installed_bytes": total, "by_distribution": {name: bytes}}``.
     """
     done = subprocess.run(
         [str(python), "-I", "-c", _MEASURE], check=True, capture_output=True, text=True
@@ -131,7 +131,7 @@ def measure(python: Path) -> dict[str, Any]:
     kept = {n: d for n, d in sorted(found.items()) if n not in NOT_COUNTED}
     return {
         "distributions": {n: d["version"] for n, d in kept.items()},
-        "dependencies": len([n for n in kept if n != "lethe-client"]),
+        "dependencies": len([n for n in kept if n != "lethe-store-client"]),
         "installed_bytes": sum(d["bytes"] for d in kept.values()),
         "by_distribution": {n: d["bytes"] for n, d in kept.items()},
     }
@@ -160,7 +160,7 @@ def main() -> None:
         print(f"  {name} {version}: {report['by_distribution'][name] / 1e6:.1f} MB")
     print(
         f"{report['dependencies']} dependencies, "
-        f"{report['installed_bytes'] / 1e6:.1f} MB installed (lethe-client included)"
+        f"{report['installed_bytes'] / 1e6:.1f} MB installed (lethe-store-client included)"
     )
 
 

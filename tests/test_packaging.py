@@ -53,4 +53,6 @@ def test_the_sdist_holds_the_proto_tree_and_the_license(tmp_path: Path) -> None:
     protos = {str(p.relative_to(ROOT)) for p in (ROOT / "proto").rglob("*.proto")}
     assert protos <= names
     assert {"LICENSE", "buf.yaml", "pyproject.toml"} <= names
+    # the documents the README links to
+    assert {"THREAT_MODEL.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs/README.md"} <= names
     assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")

@@ -1,6 +1,6 @@
-"""The light client distribution end to end: build the ``lethe-client`` wheel,
+"""The light client distribution end to end: build the ``lethe-store-client`` wheel,
 install it into a fresh venv at the lowest versions it claims (grpcio,
-grpcio-status, protobuf floors from ``lethe-client/pyproject.toml``), check
+grpcio-status, protobuf floors from ``clients/python/pyproject.toml``), check
 that venv holds only those and nothing of the server, and run the portable
 client tests (``test_client.py``, ``test_client_async.py``) there against a
 real server on loopback.
@@ -24,7 +24,7 @@ from conftest import Lethe
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-ALLOWED = {"lethe-client", "grpcio", "grpcio-status", "protobuf", "googleapis-common-protos"}
+ALLOWED = {"lethe-store-client", "grpcio", "grpcio-status", "protobuf", "googleapis-common-protos"}
 # grpcio >= 1.63 also brings typing-extensions.
 MAYBE = {"typing-extensions"}
 MAX_INSTALLED_BYTES = 40_000_000
