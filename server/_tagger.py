@@ -1,9 +1,10 @@
-"""Write-time tagger: rules that propose shaped memories from one turn (issue 5).
+"""Write-time tagger: rules that propose shaped memories from one turn.
 
-Source of the rules: ``shared/design/ARCHITECTURE.md`` ("Shapes": "rules recognise
+Source of the rules: ``docs/design/ARCHITECTURE.md`` ("Shapes": "rules recognise
 predictable phrasing (an assistant saying it will check or get back to the person yields a
 commitment candidate; a question the assistant asks yields an open question)") and the
-text of issue 5, which lists the phrasings quoted in each rule's docstring below.
+phrasings quoted in each rule's docstring below, which the tagger's labelled set
+(``tests/data/tagger_labels.jsonl``) exercises.
 
 Pure rules: no network, no model, no state. :func:`propose` takes one turn and returns a
 list (possibly empty) of :class:`Proposal` values, one per triggering sentence, in the
@@ -93,7 +94,7 @@ COMMITMENT_PHRASE = re.compile(_PROMISE + _COMMIT_VERB, re.IGNORECASE)
 
 def _commitments(sentences: list[str], said_at: float) -> list[Proposal]:
     """ASSISTANT promises to check, confirm, follow up, get back, look into, let you know,
-    remind or send (issue 5; ARCHITECTURE.md "Shapes": "an assistant saying it will check or
+    remind or send (ARCHITECTURE.md "Shapes": "an assistant saying it will check or
     get back to the person yields a commitment candidate").
 
     Shapes: ``sentences`` is the turn's sentences in order; returns one COMMITMENT
@@ -137,7 +138,7 @@ RHETORICAL_QUESTION = re.compile(
 def _open_questions(sentences: list[str]) -> list[Proposal]:
     """Questions the ASSISTANT asks the person: sentences ending in ``?``, minus greeting
     pleasantries (``how are you?``) and tag/rhetorical questions (``..., right?``)
-    (issue 5; ARCHITECTURE.md "Shapes": "a question the assistant asks yields an open
+    (ARCHITECTURE.md "Shapes": "a question the assistant asks yields an open
     question").
 
     Shapes: ``sentences`` is the turn's sentences in order; returns one OPEN_QUESTION
@@ -198,8 +199,8 @@ def _may_pause(text: str) -> bool:
 
 def _pending_points(sentences: list[str]) -> list[Proposal]:
     """The person (USER) breaks off mid-thought: "hold on", "one sec", "brb", "gotta go",
-    "I have a call", "let me get back to this", "I'll finish later", "to be continued"
-    (issue 5). "hold on to ..." is not a pause.
+    "I have a call", "let me get back to this", "I'll finish later", "to be continued".
+    "hold on to ..." is not a pause.
 
     Shapes: ``sentences`` is the turn's sentences in order; returns one PENDING_POINT
     :class:`Proposal` per matching sentence, ``due_time`` always ``None``.
