@@ -14,7 +14,7 @@ from _helpers import append, create_thread, search_texts
 from conftest import Lethe
 
 from server import _search
-from server._search import Retriever
+from server.retrieval import Retriever
 
 
 def test_owners_past_the_byte_bound_are_dropped_and_rebuilt(
