@@ -410,7 +410,7 @@ class Bench:
         if self.explicit_factory:
             return self.factory, self.params
         from index import VectorIndex
-        from server._search import BUILD_CHUNK
+        from server.retrieval import BUILD_CHUNK
 
         probe = VectorIndex(x.shape[1])
         for start in range(0, len(x), BUILD_CHUNK):

@@ -76,6 +76,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from lethe._units import parse_duration
 from lethe.client import Client, LetheError
 from lethe.names import ID_RE
 from lethe.v1 import (
@@ -825,26 +826,6 @@ def probe(
         f"({busy / max(done, 1):.3f} s per cycle{notes})"
     )
     return 0
-
-
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """``72h``, ``30s``, ``5m``, ``1h30m``, ``500ms`` or ``1d`` → seconds: the one
-    grammar of durations on Lethe's command line (``lethe serve`` takes it from here).
-
-    Raises:
-        argparse.ArgumentTypeError: malformed or zero.
-    """
-    parts = _DURATION_RE.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise argparse.ArgumentTypeError(f"bad duration {text!r} (examples: 72h, 30m, 1h30m)")
-    seconds = sum(float(n) * _UNITS[u] for n, u in parts)
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError("duration must be positive")
-    return seconds
 
 
 def _seconds(text: str) -> float:

@@ -7,8 +7,8 @@ metrics endpoint beside them.
 
 The gRPC server is grpc's asyncio server, on an event loop in a thread of its
 own (``lethe-loop``); every ``lethe.v1`` call goes through the pipeline of
-:mod:`server._edge` (drain, token, bounds, decode, worker, status), blocking
-work runs on a :class:`~server._admission.FairExecutor` of ``max_workers``
+:mod:`server.edge._edge` (drain, token, bounds, decode, worker, status), blocking
+work runs on a :class:`~server.edge._admission.FairExecutor` of ``max_workers``
 threads, and writes on the store's one writer thread as before. Health and
 reflection are served on the loop without a token.
 
@@ -54,16 +54,11 @@ from lethe.v1 import (
     retrieval_pb2,
     threads_pb2,
 )
-from server._admission import Admission, FairExecutor, Limits
-from server._auth import Authenticator
-from server._edge import Edge
-from server._lifecycle import Lifecycle, Recovery, Sweeper
 from server._metrics import Metrics, RpcMetricsInterceptor
-from server._notifier import EventHub
-from server._reembed import check_embedder
-from server._routing import Router
-from server._search import Retriever
+from server.edge import Admission, Authenticator, Edge, EventHub, FairExecutor, Limits, Router
 from server.errors import LetheError
+from server.lifecycle import Lifecycle, Recovery, Sweeper
+from server.retrieval import Retriever, check_embedder
 from server.services import (
     EventsService,
     LifecycleService,
@@ -96,7 +91,7 @@ class ServerConfig:
         embedder: ``wordllama``, ``none`` or ``onnx:DIR`` (:func:`index.load_embedder`);
             checked against the one the store recorded at start, and each
             owner's vectors are re-embedded on its first use after a change
-            (:mod:`server._reembed`).
+            (:mod:`server.retrieval._reembed`).
         pending_ttl: default pending lifetime, seconds.
         sweep_interval: seconds between expiry sweeps; 0 disables the sweeper.
         rotation_interval: seconds between rotations that complete shreds
@@ -107,10 +102,10 @@ class ServerConfig:
             sweeper emits ``PENDING_EXPIRING``.
         audit_interval: seconds between the periodic audits behind the
             ``lethe_orphan_derivatives`` and ``lethe_stale_summaries`` gauges
-            (longer on a store whose audit is slow: ``server._lifecycle.AUDIT_DUTY``).
+            (longer on a store whose audit is slow: ``server.lifecycle.AUDIT_DUTY``).
         max_workers: worker threads for the blocking work of unary calls.
         max_inflight, max_inflight_per_principal: unary calls admitted at
-            once, in all and per token (see :mod:`server._admission`).
+            once, in all and per token (see :mod:`server.edge._admission`).
         max_running_per_principal: calls of one token running at once.
         max_streams, max_streams_per_principal: open ``Watch`` streams, in
             all and per token.
@@ -130,7 +125,7 @@ class ServerConfig:
             the store when next searched.
         require_owner_header: refuse calls without ``x-lethe-owner`` metadata
             (``OWNER_HEADER_MISSING``): set it on shards behind a proxy that
-            routes on the header (:mod:`server._routing`).
+            routes on the header (:mod:`server.edge._routing`).
     """
 
     data_dir: Path = Path("./lethe-data")
@@ -166,7 +161,7 @@ class ServerConfig:
         """The admission bounds and worker count.
 
         Raises:
-            ValueError: as :class:`server._admission.Limits`.
+            ValueError: as :class:`server.edge._admission.Limits`.
         """
         return Limits(
             workers=self.max_workers,

@@ -23,7 +23,7 @@ per read transaction of any process, from its begin until py-lmdb frees the
 ``Transaction`` object: a finished read transaction is only reset, so it keeps
 its slot (under ``MDB_NOTLS``) as long as anything references it. The crash
 harness filled 126 slots that way: failed reads whose frames were kept by
-errors in reference cycles (``server._admission.release_frames`` clears those
+errors in reference cycles (``server.edge._admission.release_frames`` clears those
 frames now). The extra slots are headroom, and ``lethe_lmdb_readers`` watches
 the count. A slot costs 64 bytes of lock file."""
 _log = logging.getLogger(__name__)

@@ -47,7 +47,7 @@ def test_serve_rejects_an_unknown_embedder(value: str, capsys: pytest.CaptureFix
 
 
 def test_serve_accepts_the_three_embedder_forms(tmp_path: Path) -> None:
-    from server._cli_parser import build_parser
+    from server.cli import build_parser
 
     for value in ("wordllama", "none", f"onnx:{tmp_path}"):
         assert build_parser().parse_args(["serve", "--embedder", value]).embedder == value

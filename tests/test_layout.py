@@ -1,20 +1,33 @@
-"""The rooms of the code and their doors (ARCHITECTURE.md, "Top-level layout";
-STYLE.md, "Rooms, and models for them"), checked on the source itself:
+"""The rooms of the code and their doors, checked on the source itself.
+
+ARCHITECTURE.md, "Top-level layout"; STYLE.md, "Rooms, and models for them";
+each room's ``__init__`` docstring states its may-import line:
 
 - no import cycle among the project's modules;
 - ``lethe`` never imports ``server``, ``shredder`` or ``index``; ``index`` and
   ``shredder`` never import ``server``;
+- every room of ``server`` imports only what its may-import line allows
+  (:data:`ROOMS`), and reaches another room through its face only;
 - only ``server/store/`` touches LMDB, spells a database (``db["…"]``) or is
   imported as ``server.store._*`` (its white-box unit tests in
   ``tests/server/store/`` excepted);
-- no module of ``server/`` is longer than 1,000 lines.
+- no module of ``server/``, ``lethe/``, ``index/`` or ``shredder/`` is longer
+  than 1,000 lines (generated code excepted);
+- importing ``server`` or ``server.store``, and running ``lethe token list``,
+  load neither the app nor FAISS.
 """
 
 from __future__ import annotations
 
 import ast
+import base64
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("lethe", "server", "shredder", "index")
@@ -145,10 +158,140 @@ def test_the_store_is_reached_through_its_face_only() -> None:
     assert offenders == []
 
 
-def test_no_server_module_is_over_a_thousand_lines() -> None:
+GENERATED = ("lethe/client/_sync.py",)
+"""Generated modules (by a script, from a hand-written source the bound applies to)."""
+
+
+def test_no_module_is_over_a_thousand_lines() -> None:
     long = {
         str(p.relative_to(ROOT)): n
-        for p in _sources("server")
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
+        for p in _sources(*PACKAGES)
+        if str(p.relative_to(ROOT)) not in GENERATED
+        and (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+FLOOR = ("server.errors", "server._names", "server._logs", "server._metrics", "server._tagger")
+"""The floor of ``server``: modules every room may import."""
+ROOMS: dict[str, tuple[str, ...]] = {
+    "server.errors": ("lethe",),
+    "server._names": ("lethe", "server.errors"),
+    "server._logs": (),
+    "server._metrics": (),
+    "server._tagger": (),
+    "server.store": ("lethe", "server.errors", "shredder"),
+    "server.retrieval": ("lethe", *FLOOR, "server.store", "index", "shredder"),
+    "server.lifecycle": ("lethe", *FLOOR, "server.store", "server.retrieval", "shredder"),
+    "server.edge": ("lethe", *FLOOR, "server.store"),
+    "server.services": (
+        "lethe",
+        *FLOOR,
+        "server.store",
+        "server.retrieval",
+        "server.lifecycle",
+        "server.edge",
+    ),
+    "server._app": (
+        "lethe",
+        *FLOOR,
+        "server.store",
+        "server.retrieval",
+        "server.lifecycle",
+        "server.edge",
+        "server.services",
+        "index",
+        "shredder",
+    ),
+    "server.cli": ("lethe", "server", "index", "shredder"),
+}
+"""Each room of ``server`` and what it may import of the project (besides itself):
+the may-import line of its ``__init__`` docstring."""
+FACES = ("server.store", "server.retrieval", "server.lifecycle", "server.edge", "server.services")
+"""Rooms reached from outside through their ``__init__`` only."""
+
+
+def _room(module: str) -> str | None:
+    for room in sorted(ROOMS, key=len, reverse=True):
+        if module == room or module.startswith(room + "."):
+            return room
+    return None
+
+
+def _allowed(name: str, allowed: tuple[str, ...]) -> bool:
+    return any(name == a or name.startswith(a + ".") for a in allowed)
+
+
+def test_every_room_imports_only_what_its_rule_allows() -> None:
+    offenders = []
+    for path in _sources("server"):
+        module = _module(path)
+        room = _room(module)
+        if module == "server":  # the lazy face: checked by the import-time test below
+            continue
+        assert room is not None, f"{module} belongs to no room of ROOMS"
+        for name in _imports(path):
+            top = name.split(".")[0]
+            if top not in PACKAGES or _room(name) == room:
+                continue
+            if not _allowed(name, ROOMS[room]):
+                offenders.append(f"{module} imports {name}")
+    assert offenders == []
+
+
+def test_rooms_are_reached_through_their_faces() -> None:
+    offenders = [
+        f"{_module(path)} imports {name}"
+        for top in ("server", "lethe", "bench", "scripts")
+        for path in _files(top)
+        for name in _imports(path)
+        for face in FACES
+        if name.startswith(face + "._")
+        and not _module(path).startswith(face + ".")
+        and _module(path) != face
+    ]
+    assert offenders == []
+
+
+def _loaded_after(code: str, cwd: Path) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys\nprint(' '.join(sorted(sys.modules)))"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("code", ["import server", "import server.store", "import server.cli"])
+def test_importing_the_faces_loads_neither_the_app_nor_faiss(code: str) -> None:
+    loaded = _loaded_after(code, ROOT)
+    assert "faiss" not in loaded
+    assert "server._app" not in loaded
+    assert "server.retrieval" not in loaded
+
+
+def test_lethe_token_list_does_not_import_faiss(tmp_path: Path) -> None:
+    """``lethe token list`` on a real store, its imports traced by ``-X importtime``."""
+    env = {**os.environ, "LETHE_KEK": base64.b64encode(b"k" * 32).decode()}
+    data = tmp_path / "data"
+    setup = (
+        "import sys, pathlib\nfrom server.store import Store\n"
+        "Store(pathlib.Path(sys.argv[1])).close()"
+    )
+    subprocess.run([sys.executable, "-c", setup, str(data)], env=env, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "server.cli", "token", "list", "--data", data],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
+    assert "server.cli._token" in imported  # the trace works
+    assert not {m for m in imported if m.split(".")[0] == "faiss"}
+    assert "server._app" not in imported

@@ -1,6 +1,8 @@
-"""Pins the public names of the ``server`` package and of its rooms
-``server.store`` and ``server.services`` (STYLE.md: private modules, explicit
-public names). ``shredder`` and ``index`` pin theirs in their own tests."""
+"""Pins the public names of the ``server`` package and of its rooms' faces.
+
+STYLE.md: private modules, explicit public names. ``shredder`` and ``index``
+pin theirs in their own tests.
+"""
 
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ def test_store_face_is_pinned() -> None:
             "DeletionEntry",
             "Destination",
             "EmbedderChange",
+            "ForgetTargets",
             "KeyCheck",
             "EventRow",
             "ManifestRow",
@@ -90,8 +93,85 @@ def test_services_face_is_pinned() -> None:
         "RepairsService",
         "RetrievalService",
         "ThreadsService",
-        "abort",
     ]
+
+
+def test_edge_face_is_pinned() -> None:
+    import server.edge
+
+    assert sorted(server.edge.__all__) == sorted(
+        [
+            "LABEL_RE",
+            "Admission",
+            "Authenticator",
+            "Edge",
+            "EventHub",
+            "FairExecutor",
+            "Limits",
+            "Principal",
+            "Router",
+            "StreamContext",
+            "SyncContext",
+            "authorize",
+            "new_token",
+            "principal_record",
+            "token_digest",
+        ]
+    )
+
+
+def test_retrieval_face_is_pinned() -> None:
+    import server.retrieval
+
+    assert sorted(server.retrieval.__all__) == sorted(
+        [
+            "BUILD_CHUNK",
+            "DEFAULT_MAX_CHARS",
+            "DEFAULT_RECENT",
+            "DEFAULT_TOP_K",
+            "MODE_DENSE",
+            "MODE_HYBRID",
+            "MODE_LEXICAL",
+            "ContextBundle",
+            "Retriever",
+            "SearchHit",
+            "TermMemo",
+            "assemble",
+            "check_embedder",
+            "date_text",
+            "index_drift",
+            "indexed_text",
+            "plain_text",
+            "reembed_owner",
+            "session_key",
+        ]
+    )
+
+
+def test_lifecycle_face_is_pinned() -> None:
+    import server.lifecycle
+
+    assert sorted(server.lifecycle.__all__) == sorted(
+        [
+            "AUDIT_DUTY",
+            "REASON_EXPIRED",
+            "REASON_FORGET",
+            "REASON_KEY_DESTROYED",
+            "Deletions",
+            "Lifecycle",
+            "Recovery",
+            "Sweeper",
+        ]
+    )
+
+
+def test_every_face_resolves_its_names() -> None:
+    import importlib
+
+    for room in ("server.edge", "server.retrieval", "server.lifecycle", "server.services"):
+        module = importlib.import_module(room)
+        for name in module.__all__:
+            assert hasattr(module, name), f"{room}.{name}"
 
 
 def test_server_public_names_resolve() -> None:

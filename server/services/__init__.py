@@ -1,15 +1,30 @@
-"""The gRPC servicers of ``lethe.v1``: validate, authorise the named owner,
-call the store / retriever / lifecycle, convert the result (etcd's
-``v3rpc/key.go``: handlers are thin; no handler opens a transaction).
+"""The gRPC servicers of ``lethe.v1``.
 
-May import: ``lethe`` (messages, names), ``server.store`` (its face),
-``server._search``, ``server._lifecycle``, ``server._context``,
-``server._convert``, ``server._auth``, ``server._names``, ``server._tagger``,
-``server._edge`` (the stream context), ``server._notifier``, ``server._logs``,
-``server.errors``. Never ``server.store._*``, ``shredder`` or ``index``.
+Each handler validates the request, authorises the named owner, calls the
+store / retriever / lifecycle and converts the result (etcd's
+``v3rpc/key.go``: handlers are thin; no handler opens a transaction):
+
+==================  ===========================================================
+module              holds
+==================  ===========================================================
+``_threads``        ``lethe.v1.Threads``: threads and turns
+``_memories``       ``lethe.v1.Memories``: memories, corrections, preferences
+``_lifecycle``      ``lethe.v1.Lifecycle``: commit, lineage, forget, audit
+``_retrieval``      ``lethe.v1.Retrieval``: search and context assembly
+``_repairs``        ``lethe.v1.Repairs``: seal, reopen, pause, conclude
+``_events``         ``lethe.v1.Events``: the ``Watch`` stream and event pages
+``_common``         request limits and the validation helpers every handler uses
+``_pages``          opaque page tokens
+``_convert``        store objects to response messages
+==================  ===========================================================
+
+May import: the floor (``server.errors``, ``server._names``, ``server._logs``,
+``server._tagger``), ``lethe`` (messages, names), and the faces of
+``server.store``, ``server.retrieval``, ``server.lifecycle`` and
+``server.edge`` (``authorize``, the stream context, the notifier). Never a
+room's private module, ``shredder``, ``index`` or ``server.cli``.
 """
 
-from server.services._common import abort
 from server.services._events import EventsService
 from server.services._lifecycle import LifecycleService
 from server.services._memories import MemoriesService
@@ -24,5 +39,4 @@ __all__ = [
     "RepairsService",
     "RetrievalService",
     "ThreadsService",
-    "abort",
 ]

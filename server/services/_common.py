@@ -1,34 +1,28 @@
-"""The servicers' shared edge: the error boundary, request limits and the
-validation helpers every handler uses.
+"""Request limits and the validation helpers every handler uses.
 
-Each handler is wrapped by :func:`rpc`, the one boundary where exceptions
-become ``google.rpc.Status`` (STYLE.md, "Exceptions inside, status at the
-edge"). Limits (API.md, "Views and sizes"): at most 1000 turns per append and
-1000 names per call, texts at most 64 KiB of UTF-8, page size default 100 and
-at most 1000, ``top_k`` 1..1000 (0 means 10).
+A handler raises domain errors (:mod:`server.errors`); the call pipeline
+(:mod:`server.edge._edge`) is the one boundary where an exception becomes a
+``google.rpc.Status`` (STYLE.md, "Exceptions inside, status at the edge").
+Limits (API.md, "Views and sizes"): at most 1000 turns per append and 1000
+names per call, texts at most 64 KiB of UTF-8, page size default 100 and at
+most 1000, ``top_k`` 1..1000 (0 means 10).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import re
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import grpc
 import numpy as np
 from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
-from grpc_status import rpc_status
 
 from lethe.v1 import common_pb2, memories_pb2
-from server._auth import authorize
-from server._convert import STATE_NAMES
-from server._logs import LIMITED
 from server._names import parse_owner, parse_target
-from server.errors import InvalidArgument, LetheError
+from server.edge import authorize
+from server.errors import InvalidArgument
+from server.services._convert import STATE_NAMES
 from server.services._pages import PageTokens
 from server.store import COMMITTED, PENDING
 
@@ -49,49 +43,8 @@ MAX_TOP_K = 1000
 MAX_LINEAGE_DEPTH = 100
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
-F = TypeVar("F", bound=Callable[..., Any])
 M = TypeVar("M", bound=Message)
 K = TypeVar("K", str, int)
-
-
-def abort(context: grpc.ServicerContext, error: BaseException) -> None:
-    """Abort the call with the ``google.rpc.Status`` of ``error`` (raises)."""
-    context.abort_with_status(rpc_status.to_status(_status(error)))
-
-
-def _status(error: BaseException) -> Any:
-    from server.errors import to_rpc_status
-
-    return to_rpc_status(error)
-
-
-def rpc(method: F) -> F:
-    """The error boundary around every handler.
-
-    A LetheError keeps its code and details; anything else is logged (type
-    and traceback frames, never the message, which could quote content; at
-    most a few lines a minute, :mod:`server._logs`) and answered ``INTERNAL``.
-    """
-
-    @functools.wraps(method)
-    def handler(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
-        try:
-            return method(self, request, context)
-        except LetheError as exc:
-            abort(context, exc)
-        except Exception as exc:
-            LIMITED.log(
-                logging.ERROR,
-                "internal",
-                "internal error in %s: %s\n%s",
-                method.__qualname__,
-                type(exc).__name__,
-                "".join(traceback.format_tb(exc.__traceback__)),
-            )
-            abort(context, exc)
-        return None
-
-    return handler  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------- validation helpers

@@ -1,9 +1,9 @@
 """The ``lethe.v1.Events`` servicer: a server stream of the owner's events,
 resumable with ``after`` (an event id).
 
-``Watch`` is an async generator on the event loop (:mod:`server._edge`): it
+``Watch`` is an async generator on the event loop (:mod:`server.edge._edge`): it
 holds no worker thread while it waits. It subscribes to the owner's events on
-the one notifier (:class:`server._notifier.EventHub`), reads what was
+the one notifier (:class:`server.edge._notifier.EventHub`), reads what was
 committed after ``after`` on a worker, sends it, and sleeps until the
 notifier says the owner has news — or until the stream must end (the server
 drains, the token is revoked), which it reports with that error.
@@ -16,13 +16,11 @@ import re
 from collections.abc import AsyncIterator
 
 from lethe.v1 import common_pb2, events_pb2, events_pb2_grpc
-from server._auth import authorize
-from server._convert import event_proto, receipt_proto
-from server._edge import StreamContext
 from server._names import parse_owner
-from server._notifier import EventHub
+from server.edge import EventHub, StreamContext, authorize
 from server.errors import InvalidArgument
 from server.services._common import enum_name
+from server.services._convert import event_proto, receipt_proto
 from server.store import Store
 
 BATCH = 1000

@@ -8,9 +8,6 @@ from dataclasses import asdict
 import grpc
 
 from lethe.v1 import common_pb2, lifecycle_pb2, lifecycle_pb2_grpc
-from server._auth import authorize
-from server._convert import receipt_proto
-from server._lifecycle import Lifecycle
 from server._names import (
     MemoryName,
     OwnerName,
@@ -21,8 +18,10 @@ from server._names import (
     parse_target,
     parse_thread,
 )
-from server._search import Retriever
+from server.edge import authorize
 from server.errors import InvalidArgument
+from server.lifecycle import Lifecycle
+from server.retrieval import Retriever
 from server.services._common import (
     MAX_BATCH,
     MAX_LINEAGE_DEPTH,
@@ -32,9 +31,9 @@ from server.services._common import (
     fit,
     owner_page,
     page_tokens,
-    rpc,
 )
-from server.store import Store
+from server.services._convert import receipt_proto
+from server.store import ForgetTargets, Store
 
 
 def _record_names_owner(names: Sequence[str]) -> str:
@@ -56,7 +55,6 @@ def _record_names_owner(names: Sequence[str]) -> str:
 class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     """``lethe.v1.Lifecycle``."""
 
-    @rpc
     def ExtendPending(  # noqa: N802
         self, request: lifecycle_pb2.ExtendPendingRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.ExtendPendingResponse:
@@ -77,7 +75,6 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         self.lifecycle = lifecycle
         self.page_tokens = page_tokens()
 
-    @rpc
     def Commit(  # noqa: N802
         self, request: lifecycle_pb2.CommitRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.CommitResponse:
@@ -90,7 +87,6 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
             committed=[common_pb2.SourceRef(name=m.name, version=m.version) for m in metas]
         )
 
-    @rpc
     def GetLineage(  # noqa: N802
         self, request: lifecycle_pb2.GetLineageRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.GetLineageResponse:
@@ -118,7 +114,6 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
             ]
         )
 
-    @rpc
     def ListDeletions(  # noqa: N802
         self, request: lifecycle_pb2.ListDeletionsRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.ListDeletionsResponse:
@@ -132,7 +127,6 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
             next_page_token=self.page_tokens.issue(request, nxt),
         )
 
-    @rpc
     def Audit(  # noqa: N802
         self, request: lifecycle_pb2.AuditRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.AuditReport:
@@ -141,7 +135,6 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         counts = self.lifecycle.audit(owner)
         return lifecycle_pb2.AuditReport(**asdict(counts))
 
-    @rpc
     def Forget(  # noqa: N802
         self, request: lifecycle_pb2.ForgetRequest, context: grpc.ServicerContext
     ) -> common_pb2.DeletionReceipt:
@@ -172,14 +165,13 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         reason = check_text(request.reason, "reason", limit=MAX_REASON_BYTES, required=False)
         if request.responses not in (0, 1, 2):
             raise InvalidArgument("responses", "must be TAINT or DELETE")
-        entry = self.lifecycle.forget(
-            owner,
+        targets = ForgetTargets.of(
             turns=[(t.thread, t.seq) for _, t in parsed if isinstance(t, TurnName)],
             ranges=ranges,
             threads=[t.thread for _, t in parsed if isinstance(t, ThreadName)],
             whole_owner=any(isinstance(t, OwnerName) for _, t in parsed),
             memories=[t.memory for _, t in parsed if isinstance(t, MemoryName)],
             delete_responses=request.responses == lifecycle_pb2.ForgetRequest.DELETE,
-            reason=reason or "FORGET",
         )
+        entry = self.lifecycle.forget(owner, targets, reason=reason or "FORGET")
         return receipt_proto(entry)

@@ -20,11 +20,10 @@ from google.protobuf import json_format
 
 from lethe.v1 import common_pb2, memories_pb2, memories_pb2_grpc, threads_pb2
 from server import _tagger as tagger
-from server._auth import authorize
-from server._convert import memory_proto
 from server._names import check_id, new_id, parse_memory, parse_owner, parse_record
-from server._search import Retriever
+from server.edge import authorize
 from server.errors import InvalidArgument, Reason
+from server.retrieval import Retriever
 from server.services._common import (
     MAX_BATCH,
     MAX_TEXT_BYTES,
@@ -34,10 +33,10 @@ from server.services._common import (
     fit,
     owner_page,
     page_tokens,
-    rpc,
     seconds,
     states,
 )
+from server.services._convert import memory_proto
 from server.store import (
     COMMITTED,
     KIND_DEFAULTS,
@@ -217,7 +216,6 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             out.append(found)
         return out
 
-    @rpc
     def CreateMemory(  # noqa: N802
         self, request: memories_pb2.CreateMemoryRequest, context: grpc.ServicerContext
     ) -> memories_pb2.Memory:
@@ -242,7 +240,6 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         self.retriever.on_write(owner, [view.meta])
         return memory_proto(view)
 
-    @rpc
     def GetMemory(  # noqa: N802
         self, request: memories_pb2.GetMemoryRequest, context: grpc.ServicerContext
     ) -> memories_pb2.Memory:
@@ -252,7 +249,6 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             raise InvalidArgument("version", "must not be negative")
         return memory_proto(self.store.get_memory(name.owner, name.memory, request.version))
 
-    @rpc
     def ListMemories(  # noqa: N802
         self, request: memories_pb2.ListMemoriesRequest, context: grpc.ServicerContext
     ) -> memories_pb2.ListMemoriesResponse:
@@ -275,7 +271,6 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             next_page_token=self.page_tokens.issue(request, nxt),
         )
 
-    @rpc
     def UpdateMemory(  # noqa: N802
         self, request: memories_pb2.UpdateMemoryRequest, context: grpc.ServicerContext
     ) -> memories_pb2.Memory:
@@ -329,7 +324,6 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             keep_embedding="text" not in paths and "edge" not in paths and "embedding" not in paths,
         )
 
-    @rpc
     def TransitionMemory(  # noqa: N802
         self, request: memories_pb2.TransitionMemoryRequest, context: grpc.ServicerContext
     ) -> memories_pb2.Memory:
@@ -353,7 +347,6 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         self.retriever.on_write(name.owner, [view.meta])
         return memory_proto(view)
 
-    @rpc
     def ResolvePreference(  # noqa: N802
         self, request: memories_pb2.ResolvePreferenceRequest, context: grpc.ServicerContext
     ) -> memories_pb2.ResolvePreferenceResponse:

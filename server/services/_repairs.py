@@ -16,13 +16,13 @@ import threading
 import grpc
 
 from lethe.v1 import repairs_pb2, repairs_pb2_grpc, threads_pb2
-from server._auth import authorize
-from server._convert import memory_proto, receipt_proto, thread_proto, turn_proto
-from server._lifecycle import Lifecycle
 from server._names import parse_thread
-from server._search import Retriever
+from server.edge import authorize
 from server.errors import FailedPrecondition, InvalidArgument, Reason
-from server.services._common import MAX_TEXT_BYTES, check_text, rpc
+from server.lifecycle import Lifecycle
+from server.retrieval import Retriever
+from server.services._common import MAX_TEXT_BYTES, check_text
+from server.services._convert import memory_proto, receipt_proto, thread_proto, turn_proto
 from server.store import (
     REPAIR_CONCLUDED,
     REPAIR_CONTINUED,
@@ -55,7 +55,6 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
         with self._guard:
             return self._locks.setdefault(name, threading.Lock())
 
-    @rpc
     def SealRepair(  # noqa: N802
         self, request: repairs_pb2.SealRepairRequest, context: grpc.ServicerContext
     ) -> threads_pb2.Thread:
@@ -65,7 +64,6 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
             raise InvalidArgument("from_seq", "must be >= 1")
         return thread_proto(self.lifecycle.seal(name.owner, name.thread, request.from_seq))
 
-    @rpc
     def ReopenRepair(  # noqa: N802
         self, request: repairs_pb2.ReopenRepairRequest, context: grpc.ServicerContext
     ) -> repairs_pb2.ReopenRepairResponse:
@@ -89,7 +87,6 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
             memories=[memory_proto(v) for v in memories],
         )
 
-    @rpc
     def PauseRepair(  # noqa: N802
         self, request: repairs_pb2.PauseRepairRequest, context: grpc.ServicerContext
     ) -> threads_pb2.Thread:
@@ -100,7 +97,6 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
         )
         return thread_proto(repair)
 
-    @rpc
     def ConcludeRepair(  # noqa: N802
         self, request: repairs_pb2.ConcludeRepairRequest, context: grpc.ServicerContext
     ) -> repairs_pb2.ConcludeRepairResponse:

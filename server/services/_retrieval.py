@@ -5,13 +5,19 @@ from __future__ import annotations
 import grpc
 
 from lethe.v1 import common_pb2, retrieval_pb2, retrieval_pb2_grpc
-from server._auth import authorize
-from server._context import DEFAULT_MAX_CHARS, DEFAULT_RECENT, assemble
-from server._context import DEFAULT_TOP_K as DEFAULT_CONTEXT_TOP_K
-from server._convert import bundle_proto, fill_hit, timestamp
 from server._names import parse_manifest, parse_owner, parse_thread
-from server._search import MODE_DENSE, MODE_HYBRID, MODE_LEXICAL, Retriever
+from server.edge import authorize
 from server.errors import InvalidArgument
+from server.retrieval import (
+    DEFAULT_MAX_CHARS,
+    DEFAULT_RECENT,
+    MODE_DENSE,
+    MODE_HYBRID,
+    MODE_LEXICAL,
+    Retriever,
+    assemble,
+)
+from server.retrieval import DEFAULT_TOP_K as DEFAULT_CONTEXT_TOP_K
 from server.services._common import (
     DEFAULT_TOP_K,
     MAX_PAGE,
@@ -21,8 +27,8 @@ from server.services._common import (
     check_vector,
     fit,
     kind_names,
-    rpc,
 )
+from server.services._convert import bundle_proto, fill_hit, timestamp
 
 MAX_CONTEXT_CHARS = 500_000
 """Most characters one AssembleContext may return (its reply stays under 4 MiB)."""
@@ -31,7 +37,6 @@ MAX_CONTEXT_CHARS = 500_000
 class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
     """``lethe.v1.Retrieval``."""
 
-    @rpc
     def AssembleContext(  # noqa: N802
         self, request: retrieval_pb2.AssembleContextRequest, context: grpc.ServicerContext
     ) -> retrieval_pb2.ContextBundle:
@@ -66,7 +71,6 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
         )
         return bundle_proto(bundle)
 
-    @rpc
     def GetContextManifest(  # noqa: N802
         self, request: retrieval_pb2.GetContextManifestRequest, context: grpc.ServicerContext
     ) -> retrieval_pb2.ContextManifest:
@@ -82,7 +86,6 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
     def __init__(self, retriever: Retriever) -> None:
         self.retriever = retriever
 
-    @rpc
     def Search(  # noqa: N802
         self, request: retrieval_pb2.SearchRequest, context: grpc.ServicerContext
     ) -> retrieval_pb2.SearchResponse:

@@ -8,12 +8,10 @@ from collections.abc import Callable
 import grpc
 
 from lethe.v1 import common_pb2, threads_pb2, threads_pb2_grpc
-from server._auth import authorize
-from server._convert import memory_proto, thread_proto, turn_proto
-from server._indexed_text import plain_text
 from server._names import check_id, new_id, parse_manifest, parse_owner, parse_thread, parse_turn
-from server._search import Retriever
+from server.edge import authorize
 from server.errors import InvalidArgument, Reason
+from server.retrieval import Retriever, plain_text
 from server.services._common import (
     MAX_BATCH,
     MAX_SPEAKER_BYTES,
@@ -27,12 +25,12 @@ from server.services._common import (
     owner_page,
     page_size,
     page_tokens,
-    rpc,
     seconds,
     source_refs,
     states,
     view_full,
 )
+from server.services._convert import memory_proto, thread_proto, turn_proto
 from server.store import MemoryDraft, Store, TurnDraft, TurnView
 
 
@@ -56,7 +54,6 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         self.proposer = proposer
         self.page_tokens = page_tokens()
 
-    @rpc
     def CreateThread(  # noqa: N802
         self, request: threads_pb2.CreateThreadRequest, context: grpc.ServicerContext
     ) -> threads_pb2.Thread:
@@ -66,7 +63,6 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         title = check_text(request.title, "title", limit=MAX_TITLE_BYTES, required=False)
         return thread_proto(self.store.create_thread(owner, thread, title))
 
-    @rpc
     def GetThread(  # noqa: N802
         self, request: threads_pb2.GetThreadRequest, context: grpc.ServicerContext
     ) -> threads_pb2.Thread:
@@ -74,7 +70,6 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         authorize(name.owner)
         return thread_proto(self.store.get_thread(name.owner, name.thread))
 
-    @rpc
     def ListThreads(  # noqa: N802
         self, request: threads_pb2.ListThreadsRequest, context: grpc.ServicerContext
     ) -> threads_pb2.ListThreadsResponse:
@@ -141,7 +136,6 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
             )
         return drafts
 
-    @rpc
     def AppendTurns(  # noqa: N802
         self, request: threads_pb2.AppendTurnsRequest, context: grpc.ServicerContext
     ) -> threads_pb2.AppendTurnsResponse:
@@ -207,7 +201,6 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
             turns=[turn_proto(v, text=echo_text) for v in self.store.replay_turns(rids)]
         )
 
-    @rpc
     def ListTurns(  # noqa: N802
         self, request: threads_pb2.ListTurnsRequest, context: grpc.ServicerContext
     ) -> threads_pb2.ListTurnsResponse:
@@ -232,7 +225,6 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
             next_page_token=self.page_tokens.issue(request, str(nxt) if nxt else ""),
         )
 
-    @rpc
     def GetTurn(  # noqa: N802
         self, request: threads_pb2.GetTurnRequest, context: grpc.ServicerContext
     ) -> threads_pb2.Turn:

@@ -41,7 +41,7 @@ May import: ``lethe`` (names, generated messages), ``server.errors`` and
 from server.store._audit import AuditCounts, KeyCheck
 from server.store._base import record_ring
 from server.store._events import EVENT_RETENTION
-from server.store._forget import DESTINATIONS, DeletionEntry, Destination
+from server.store._forget import DESTINATIONS, DeletionEntry, Destination, ForgetTargets
 from server.store._moves import MoveRefused, OwnerExport
 from server.store._placement import MovedRow
 from server.store._records import (
@@ -106,6 +106,7 @@ __all__ = [
     "Destination",
     "EmbedderChange",
     "EventRow",
+    "ForgetTargets",
     "KeyCheck",
     "ManifestRow",
     "MemMeta",

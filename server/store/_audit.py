@@ -8,7 +8,7 @@ exits 1 on any of them):
   expired (zero by construction: a deletion cascades in its own transaction);
 - ``keys_without_record``: record keys in the keystore that no record uses;
 - ``records_without_key``: live records whose record key is gone (kept for an
-  operator; see ``server._lifecycle.Lifecycle.recover``);
+  operator; see ``server.lifecycle.Lifecycle.recover``);
 - ``unreadable_records``: live records whose ciphertext fails to open.
 
 A hint, reported but not a failure:
@@ -20,7 +20,7 @@ A hint, reported but not a failure:
   make it stale. Rebuild it from the sources ``Search`` still finds.
 
 ``index_drift`` needs the in-memory indexes, which the store does not hold:
-the retriever measures it (:meth:`server._search.Retriever.index_drift`).
+the retriever measures it (:meth:`server.retrieval.Retriever.index_drift`).
 
 Thread rules: read-only except :meth:`AuditPart.destroy_unreferenced_keys`
 (writer thread, through a ``WriteOp``); any thread.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,62 @@ from shredder import RingRef
 
 DESTINATIONS = ("lmdb", "index", "lexical", "keystore", "cache")
 """The cleanup destinations of every deletion, in receipt order."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetTargets:
+    """What one forget deletes: the targets a ``Forget`` names, and the extras a
+    repair's conclusion adds. The one value every layer passes along (the
+    servicer, :class:`server.lifecycle.Lifecycle` and :meth:`ForgetPart.plan_forget`).
+
+    Attributes:
+        turns: ``(thread id, seq)`` of single turns.
+        ranges: ``(thread id, from_seq, to_seq)``: every stored, not yet deleted
+            turn of the thread in the range, expanded inside the plan's
+            transaction (seqs past the thread's last are ignored).
+        threads: thread ids forgotten whole.
+        whole_owner: every thread and memory of the owner.
+        memories: memory ids.
+        delete_responses: delete (not taint) the responses built on the targets.
+        extra_rings: thread ids whose rings are destroyed without the thread
+            being forgotten (a repair concluded with ``DESTROY``).
+        conclude_repair: ``(repair thread id, outcome)`` marked ``CONCLUDED`` in
+            the same transaction, its title removed.
+    """
+
+    turns: tuple[tuple[str, int], ...] = ()
+    ranges: tuple[tuple[str, int, int], ...] = ()
+    threads: tuple[str, ...] = ()
+    whole_owner: bool = False
+    memories: tuple[str, ...] = ()
+    delete_responses: bool = False
+    extra_rings: tuple[str, ...] = ()
+    conclude_repair: tuple[str, str] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        turns: Iterable[tuple[str, int]] = (),
+        ranges: Iterable[tuple[str, int, int]] = (),
+        threads: Iterable[str] = (),
+        whole_owner: bool = False,
+        memories: Iterable[str] = (),
+        delete_responses: bool = False,
+        extra_rings: Iterable[str] = (),
+        conclude_repair: tuple[str, str] | None = None,
+    ) -> ForgetTargets:
+        """The targets from any iterables (each is copied into a tuple)."""
+        return cls(
+            tuple(turns),
+            tuple(ranges),
+            tuple(threads),
+            whole_owner,
+            tuple(memories),
+            delete_responses,
+            tuple(extra_rings),
+            conclude_repair,
+        )
 
 
 @dataclass(slots=True)
@@ -326,35 +382,18 @@ class ForgetPart(StoreBase):
     def plan_forget(
         self,
         owner: str,
+        targets: ForgetTargets,
         *,
         reason: str,
         request_time: float,
-        turns: Sequence[tuple[str, int]] = (),
-        ranges: Sequence[tuple[str, int, int]] = (),
-        threads: Sequence[str] = (),
-        whole_owner: bool = False,
-        memories: Sequence[str] = (),
-        delete_responses: bool = False,
-        extra_rings: Sequence[str] = (),
-        conclude_repair: tuple[str, str] | None = None,
     ) -> DeletionEntry:
         """Step 1 of a forget, in one transaction (see :class:`Planner`).
 
         Args:
             owner: whose records.
+            targets: what to forget (:class:`ForgetTargets`).
             reason: the receipt's reason (``FORGET``, ``EXPIRED``, …).
             request_time: when the request arrived (seconds).
-            turns: (thread, seq) of single turns.
-            ranges: (thread, from_seq, to_seq): every stored, not yet deleted
-                turn of the thread in the range, expanded inside this
-                transaction (seqs past the thread's last are ignored).
-            threads: thread ids. whole_owner: every thread and memory.
-            memories: memory ids.
-            delete_responses: delete (not taint) responses built on the targets.
-            extra_rings: thread ids whose rings are destroyed without the
-                thread being forgotten (a repair concluded with DESTROY).
-            conclude_repair: (repair thread id, outcome) marked ``CONCLUDED``
-                in the same transaction, its title removed.
 
         Raises:
             NotFound / RecordDeleted: a named record or a range's thread never
@@ -363,19 +402,7 @@ class ForgetPart(StoreBase):
 
         def apply(txn: lmdb.Transaction) -> DeletionEntry:
             return self._plan(
-                txn,
-                owner,
-                time.time(),
-                reason=reason,
-                request_time=request_time,
-                turns=turns,
-                ranges=ranges,
-                threads=threads,
-                whole_owner=whole_owner,
-                memories=memories,
-                delete_responses=delete_responses,
-                extra_rings=extra_rings,
-                conclude_repair=conclude_repair,
+                txn, owner, time.time(), targets, reason=reason, request_time=request_time
             )
 
         return self.writer.run(WriteOp(apply, owner=owner, name="forget.plan"))
@@ -385,36 +412,30 @@ class ForgetPart(StoreBase):
         txn: lmdb.Transaction,
         owner: str,
         now: float,
+        targets: ForgetTargets,
         *,
         reason: str,
         request_time: float,
-        turns: Sequence[tuple[str, int]] = (),
-        ranges: Sequence[tuple[str, int, int]] = (),
-        threads: Sequence[str] = (),
-        whole_owner: bool = False,
-        memories: Sequence[str] = (),
-        delete_responses: bool = False,
-        extra_rings: Sequence[str] = (),
-        conclude_repair: tuple[str, str] | None = None,
     ) -> DeletionEntry:
         """Step 1 of a forget inside the caller's transaction (see :meth:`plan_forget`)."""
+        whole_owner = targets.whole_owner
         plan = Planner(self, txn, owner, now, reason)
-        plan.rings.extend(extra_rings)
-        if conclude_repair is not None:
-            repair_id, outcome = conclude_repair
+        plan.rings.extend(targets.extra_rings)
+        if targets.conclude_repair is not None:
+            repair_id, outcome = targets.conclude_repair
             rmeta = self._live_thread(txn, owner, repair_id)
             rmeta.repair_state, rmeta.repair_outcome = REPAIR_CONCLUDED, outcome
             rmeta.title_key, rmeta.update_time = "", now
             self._put_thread(txn, rmeta)
             txn.delete(sk.thread_key(owner, repair_id), db=self.t.titles)
-        single = list(turns)
+        single = list(targets.turns)
         in_range: dict[tuple[str, int], TurnMeta] = {}  # read once, by the range scan
-        for thread, lo, hi in ranges:
+        for thread, lo, hi in targets.ranges:
             last = self._live_thread(txn, owner, thread).last_seq
             for m in self._thread_metas(txn, owner, thread, lo=lo, hi=min(hi, last)):
                 in_range[(thread, m.seq)] = m
                 single.append((thread, m.seq))
-        thread_ids = list(threads)
+        thread_ids = list(targets.threads)
         if whole_owner:
             plan.targets.append(f"owners/{owner}")
             thread_ids.extend(self._owner_thread_ids(txn, owner))
@@ -459,7 +480,7 @@ class ForgetPart(StoreBase):
             if not found.deleted:
                 plan.delete_turn(found, key_in_ring=False)
                 plan.touched_threads.add(thread)
-        memory_ids = list(memories)
+        memory_ids = list(targets.memories)
         if whole_owner:
             memory_ids.extend(m.memory_id for m in self._owner_memory_metas(txn, owner))
         for memory_id in dict.fromkeys(memory_ids):
@@ -474,7 +495,7 @@ class ForgetPart(StoreBase):
             if not whole_owner:
                 plan.targets.append(name)
             plan.delete_memory(mem)
-        plan.cascade(delete_responses)
+        plan.cascade(targets.delete_responses)
         for thread in plan.touched_threads - plan.done_threads:
             touched = self._thread_row(txn, owner, thread)
             if touched is not None:

@@ -431,7 +431,7 @@ class MemoriesPart(StoreBase):
         """Emit ``COMMITMENT_DUE`` once for each committed ``OPEN`` commitment whose
         ``due_time`` has passed; returns how many are overdue now (announced or
         not): the ``lethe_overdue_commitments`` gauge. They stay at the top of
-        every context assembly until closed (see :mod:`server._context`)."""
+        every context assembly until closed (see :mod:`server.retrieval._context`)."""
 
         def apply(txn: lmdb.Transaction) -> int:
             overdue = 0

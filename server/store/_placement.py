@@ -6,7 +6,7 @@ on the ``x-lethe-owner`` header. When an owner leaves this shard, the move
 writes a :class:`MovedRow` under the owner's id in the ``moved`` database at
 cut-over; from then on the server answers every call for that owner
 ``FAILED_PRECONDITION`` / ``OWNER_MOVED`` naming the destination (the check is
-:mod:`server._routing`'s, at authorisation), so a stale route gets an answer
+:mod:`server.edge._routing`'s, at authorisation), so a stale route gets an answer
 that says where to go, never an empty success. Writes are also refused inside
 their transaction (:meth:`PlacementPart.refuse_moved`, the writer's guard),
 so a write authorised just before the marker landed cannot commit after it.

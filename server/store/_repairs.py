@@ -28,7 +28,7 @@ from lethe.names import new_id
 from server.errors import Aborted, DataLoss, FailedPrecondition, Reason, RecordDeleted
 from server.store import _schema as sk
 from server.store._base import memory_ring, thread_name
-from server.store._forget import DeletionEntry, ForgetPart, Planner
+from server.store._forget import DeletionEntry, ForgetPart, ForgetTargets, Planner
 from server.store._lineage import children_of
 from server.store._memories import MemoriesPart
 from server.store._records import (
@@ -348,16 +348,14 @@ class RepairsPart(ForgetPart, MemoriesPart):
             else:
                 op.unused.append((owner_ring, key_id))
             turns, memories = self._repair_members(txn, owner, meta)
-            entry = self._plan(
-                txn,
-                owner,
-                now,
-                reason=f"REPAIR_{outcome}",
-                request_time=now,
+            targets = ForgetTargets.of(
                 turns=turns,
                 memories=memories,
                 extra_rings=[repair_id],
                 conclude_repair=(repair_id, outcome),
+            )
+            entry = self._plan(
+                txn, owner, now, targets, reason=f"REPAIR_{outcome}", request_time=now
             )
             concluded = self._thread_row(txn, owner, repair_id)
             assert concluded is not None

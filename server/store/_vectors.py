@@ -17,7 +17,7 @@ first started with is taken to have made its vectors, except for owners whose
 dimension differs from that embedder's, which are stamped ``"unknown"``.
 
 The server re-embeds an owner whose embedder differs from its own on the
-owner's first use (``server._reembed``): it computes every vector outside any
+owner's first use (``server.retrieval._reembed``): it computes every vector outside any
 transaction, then :meth:`VectorsPart.replace_vectors` swaps all of them and the
 owner's row in ONE write transaction. Killed before that commit, nothing
 changed (the next start re-embeds again); after it, everything did. No reader

@@ -13,9 +13,9 @@ import weakref
 
 import pytest
 
-from server._admission import Admission, FairExecutor, Limits
 from server._logs import RateLimitedLog
 from server._metrics import Metrics
+from server.edge import Admission, FairExecutor, Limits
 from server.errors import Overloaded
 
 
@@ -117,7 +117,7 @@ def test_fair_executor_frees_the_locals_of_a_failed_call() -> None:
         try:
             inner()
         except LookupError:
-            raise ValueError("aborted")  # noqa: B904 -- as abort_with_status does: on __context__
+            raise ValueError("aborted")  # noqa: B904 -- an error raised while handling another
 
     pool = FairExecutor(1, "test")
     gc.disable()

@@ -108,7 +108,7 @@ def test_a_change_of_embedder_reembeds_every_vector_on_first_use(
     assert old.dim == new.dim  # same shape ...
     assert old.name != new.name  # ... another model
 
-    caplog.set_level(logging.INFO, logger="server._reembed")
+    caplog.set_level(logging.INFO, logger="server.retrieval._reembed")
     lethe = lethe_at(data, embedder=f"onnx:{models[1]}")
     changed = [r.getMessage() for r in caplog.records if "embedder changed" in r.getMessage()]
     assert changed == [

@@ -13,8 +13,7 @@ import pytest
 from _helpers import append, create_thread, search_texts
 from conftest import Lethe
 
-from server import _search
-from server._search import Retriever
+from server.retrieval import Retriever, _build
 
 
 def test_owners_past_the_byte_bound_are_dropped_and_rebuilt(
@@ -58,7 +57,7 @@ def test_a_slow_owner_index_build_is_logged_with_its_size(
     ``SLOW_BUILD_SECONDS`` or more says so in the log (here every build is slow)."""
     c = lethe.client("alice")
     append(c, create_thread(c, "alice"), ["alice adopted a puppy", "it likes walks"], commit=True)
-    monkeypatch.setattr(_search, "SLOW_BUILD_SECONDS", 0.0)
+    monkeypatch.setattr(_build, "SLOW_BUILD_SECONDS", 0.0)
     with caplog.at_level(logging.INFO, logger="server"):
         assert search_texts(c, "alice", "puppy", top_k=1) == ["alice adopted a puppy"]
         assert search_texts(c, "alice", "walks", top_k=1) == ["it likes walks"]  # cached

@@ -20,11 +20,10 @@ from hypothesis import strategies as st
 
 from index import analyze
 from lethe.locomo import load_locomo
-from server._indexed_text import TermMemo, date_text, plain_text, session_key
-from server._lifecycle import Lifecycle
 from server._metrics import Metrics
-from server._search import Retriever
-from server.store import Store, TurnDraft, TurnMeta
+from server.lifecycle import Lifecycle
+from server.retrieval import Retriever, TermMemo, date_text, plain_text, session_key
+from server.store import ForgetTargets, Store, TurnDraft, TurnMeta
 
 OWNER, THREAD, D = "alice", "t1", 16
 # ctx_prev, lexical scores, held ids, dense scores, session and time leg sizes
@@ -109,7 +108,9 @@ def test_appends_into_a_loaded_bundle_equal_a_build_from_lmdb(
     _append(store, retriever, _drafts(31, 40, rng))
     pending = _append(store, retriever, _drafts(71, 5, rng, commit=False))
     _append(store, retriever, _drafts(76, 10, rng))
-    lifecycle.forget(OWNER, turns=[(THREAD, 80)])  # the turn after it needs a new context
+    lifecycle.forget(
+        OWNER, ForgetTargets.of(turns=[(THREAD, 80)])
+    )  # the turn after it needs a new context
     _append(store, retriever, _drafts(86, 7, rng))
     # Committing pending turns in the middle of the thread: no texts in hand.
     committed = store.commit_records([m.name for m in pending[1:4]], include_sources=False)
@@ -134,7 +135,9 @@ def test_a_turn_forgotten_before_the_upkeep_never_enters_the_index(
     drafts[1].text = "the quixotic zebra password"
     removals = retriever.removals(OWNER) if counted else None
     metas = _append(store, retriever, drafts, upkeep=False)
-    lifecycle.forget(OWNER, turns=[(THREAD, 12)])  # on_forget runs, finds nothing loaded
+    lifecycle.forget(
+        OWNER, ForgetTargets.of(turns=[(THREAD, 12)])
+    )  # on_forget runs, finds nothing loaded
     _upkeep(retriever, metas, drafts, removals)  # the append's upkeep comes last
     bundle = retriever.owner_bundle(OWNER)
     gone = metas[1].rid

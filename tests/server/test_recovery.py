@@ -11,7 +11,7 @@ import pytest
 
 from lethe._rpc import reason_of as _reason
 from lethe.v1 import common_pb2, threads_pb2
-from server.store import Store, TurnDraft
+from server.store import ForgetTargets, Store, TurnDraft
 from shredder import RingRef
 
 
@@ -36,7 +36,9 @@ def test_forget_interrupted_after_tombstones_is_resumed_at_start(
     store.create_thread("alice", "t1", "")
     metas, _, _ = store.append_turns("alice", "t1", [_draft("one"), _draft("two")], "")
     # Step 1 only, as if the process died before destroying keys and purging.
-    plan = store.plan_forget("alice", turns=[("t1", 1)], reason="FORGET", request_time=0.0)
+    plan = store.plan_forget(
+        "alice", ForgetTargets.of(turns=[("t1", 1)]), reason="FORGET", request_time=0.0
+    )
     ring = RingRef("alice", "t1")
     assert store.keystore.has_record_key(ring, metas[0].key_id)
     assert [e.id for e in store.outstanding_deletions()] == [plan.id]

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server._lifecycle import Lifecycle, Recovery
 from server._metrics import Metrics
-from server._search import Retriever
-from server.store import Store, TurnDraft
+from server.lifecycle import Lifecycle, Recovery
+from server.retrieval import Retriever
+from server.store import ForgetTargets, Store, TurnDraft
 from shredder import RingRef
 
 
@@ -66,7 +66,7 @@ def test_a_clean_start_makes_one_pass(store: Store, monkeypatch: pytest.MonkeyPa
 
 def test_stray_keys_go_and_named_keys_stay(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     Lifecycle(store, Retriever(store, None), Metrics(), rotation_interval=0.0).forget(
-        "alice", turns=[("t1", 3)]
+        "alice", ForgetTargets.of(turns=[("t1", 3)])
     )
     strays = [(RingRef("alice", "t1"), "stray-1"), (RingRef("bob", None), "stray-2")]
     store.keystore.create_record_keys(strays)

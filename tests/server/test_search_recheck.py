@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from server._indexed_text import indexed_text
-from server._search import Retriever, SearchHit
+from server.retrieval import Retriever, SearchHit, indexed_text
 from server.store import Store, TurnDraft
 
 

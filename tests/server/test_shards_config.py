@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from server._shards import NginxPlan, Shard, nginx_config, parse_placement, parse_shards
 from server.cli import main
+from server.cli._nginx import NginxPlan, Shard, nginx_config, parse_placement, parse_shards
 
 
 def _shards() -> list[Shard]:
@@ -117,7 +117,7 @@ def test_the_shard_audit_fails_on_a_non_zero_count(capsys: pytest.CaptureFixture
     from prometheus_client import start_http_server
 
     from server._metrics import Metrics
-    from server._shards import _print_audit, shard_audit
+    from server.cli._shard import _print_audit, shard_audit
 
     healthy, sick = Metrics(), Metrics()
     sick.orphan_derivatives.set(2)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from server._lifecycle import AUDIT_DUTY, Lifecycle, Sweeper
 from server._metrics import Metrics
-from server._search import Retriever
+from server.lifecycle import AUDIT_DUTY, Lifecycle, Sweeper
+from server.retrieval import Retriever
 from server.store import Store
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _one_thread import one_thread_store
 
-from server.store import Store
+from server.store import ForgetTargets, Store
 from server.store import _schema as sk
 
 N = 300
@@ -30,7 +30,9 @@ def test_a_range_forget_numbers_its_events_consecutively_and_moves_the_counter(
 ) -> None:
     before = store.events("alice", 0, set())
     start = int(before[-1].id) if before else 0
-    entry = store.plan_forget("alice", reason="FORGET", request_time=0.0, ranges=[("t1", 11, 260)])
+    entry = store.plan_forget(
+        "alice", ForgetTargets.of(ranges=[("t1", 11, 260)]), reason="FORGET", request_time=0.0
+    )
     store.finish_forget(entry, 0.0)
     store.emit_event("alice", "RECORD_DELETED", "owners/alice/after")
     got = store.events("alice", start, set())
@@ -64,7 +66,9 @@ def test_the_purge_removes_every_row_of_the_forgotten_turns_only(
     store: Store, read_back: bool
 ) -> None:
     metas = {m.seq: m for m in store.thread_turns("alice", "t1")}
-    entry = store.plan_forget("alice", reason="FORGET", request_time=0.0, ranges=[("t1", 41, 290)])
+    entry = store.plan_forget(
+        "alice", ForgetTargets.of(ranges=[("t1", 41, 290)]), reason="FORGET", request_time=0.0
+    )
     assert len(entry.positions) == 250
     if read_back:  # as the start-up resumer finds it: no positions
         stored = store.deletion("alice", entry.id)

@@ -4,7 +4,7 @@ Several ``lethe serve`` instances, each with its own data directory, sit
 behind a proxy (the nginx config of ``lethe shard nginx-config``) that routes
 every call on its :data:`lethe.names.OWNER_HEADER` metadata (``x-lethe-owner:
 {owner}``). Two checks keep a misrouted call from touching the wrong shard;
-both run in :func:`server._auth.authorize`, where the owner a request names is
+both run in :func:`server.edge._auth.authorize`, where the owner a request names is
 read, so every method gets them from the one place it already calls:
 
 1. **The header agrees with the request.** When the call carries the header
@@ -37,7 +37,7 @@ cached keys, ``on_change``): the copy it built before the change is stale.
    answering an unknown owner as an owner with nothing yet.
 
 Thread rules: :meth:`Router.route` and :func:`bind_route` run on the event
-loop (the call pipeline, :mod:`server._edge`); :func:`check_route` on the
+loop (the call pipeline, :mod:`server.edge._edge`); :func:`check_route` on the
 worker running the call, in the context copied from the loop.
 """
 

@@ -2,7 +2,7 @@
 turn's contextual date and session key (UTC days, cached per day), and the BM25
 terms of its texts, each text analysed once (:class:`TermMemo`).
 
-Shared by the index upkeep and search (:mod:`server._search`) and the writers that
+Shared by the index upkeep and search (:mod:`server.retrieval`) and the writers that
 hand what they sealed to it (``AppendTurns``).
 """
 
@@ -19,7 +19,7 @@ __all__ = ["TermMemo", "date_text", "indexed_text", "plain_text", "session_key"]
 
 
 def indexed_text(view: TurnView | MemoryView) -> str:
-    """The plain text a record is indexed under (see :meth:`server._search.Retriever._texts`)."""
+    """The plain text a record is indexed under (see :meth:`server.retrieval.Retriever._texts`)."""
     if isinstance(view, TurnView):
         return plain_text(view.speaker, view.text)
     if view.content.text or view.content.edge is None:

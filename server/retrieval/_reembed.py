@@ -27,7 +27,7 @@ Cost: the first use of each owner after a change waits for the whole re-embed
 (about the time of embedding its texts); later uses do not.
 
 Thread rules: the caller holds the owner's index lock (see
-:meth:`server._search.Retriever.ensure_vectors`), so no write of the owner's
+:meth:`server.retrieval.Retriever.ensure_vectors`), so no write of the owner's
 vectors runs between the snapshot of its records and the swap.
 """
 
@@ -150,7 +150,7 @@ def reembed_owner(store: Store, embedder: Embedder, owner: str, text_of: TextOf)
         store: The record store.
         embedder: The server's embedder.
         owner: The owner.
-        text_of: What a record is embedded as (``server._indexed_text.indexed_text``:
+        text_of: What a record is embedded as (``server.retrieval._indexed_text.indexed_text``:
             ``speaker: text`` for a turn, as AppendTurns embeds it; a memory's
             text, or its edge ``subject predicate object``).
 

@@ -9,7 +9,7 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 
 from lethe.v1 import common_pb2, memories_pb2, retrieval_pb2, threads_pb2
-from server._context import ContextBundle
+from server.retrieval import ContextBundle
 from server.store import (
     COMMITTED,
     PENDING,
@@ -199,7 +199,7 @@ def event_proto(event: EventRow, receipt: common_pb2.DeletionReceipt | None) -> 
 
 
 def bundle_proto(bundle: ContextBundle) -> retrieval_pb2.ContextBundle:
-    """A ContextBundle message (see :mod:`server._context`)."""
+    """A ContextBundle message (see :mod:`server.retrieval._context`)."""
     return retrieval_pb2.ContextBundle(
         manifest=retrieval_pb2.ContextManifest(
             name=bundle.manifest_name,

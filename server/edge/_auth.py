@@ -12,10 +12,10 @@ Bearer <token>`` metadata. :class:`Authenticator` reads the token's row on
 every call, so a new, revoked or expired token takes effect at once without
 a restart; an unknown, revoked and expired token are refused alike
 (``INVALID_TOKEN``), so a refusal tells nothing about which tokens exist. The
-call pipeline (:mod:`server._edge`) binds the principal to a context variable
+call pipeline (:mod:`server.edge._edge`) binds the principal to a context variable
 that :func:`authorize` checks against the owner named in a request before
 anything is read; :func:`authorize` also applies the routing checks of a
-sharded deployment (:mod:`server._routing`).
+sharded deployment (:mod:`server.edge._routing`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from server._routing import check_route
+from server.edge._routing import check_route
 from server.errors import PermissionDenied, Reason, Unauthenticated
 from server.store import TokenRow
 
@@ -101,7 +101,7 @@ def principal_record(
 
 def authorize(owner: str) -> None:
     """Check that the caller may act for ``owner``, and that the call was routed
-    to the shard that holds it (:func:`server._routing.check_route`).
+    to the shard that holds it (:func:`server.edge._routing.check_route`).
 
     Raises:
         PermissionDenied: reason ``OWNER_NOT_ALLOWED``.

@@ -4,17 +4,17 @@ For each method of a service, :meth:`Edge.service` builds a handler that
 takes the request as raw bytes and, in this order:
 
 1. refuses at once while the server drains (``UNAVAILABLE`` / ``DRAINING``);
-2. authenticates the ``authorization`` metadata (:mod:`server._auth`) —
+2. authenticates the ``authorization`` metadata (:mod:`server.edge._auth`) —
    before the request is even decoded, so nothing of an unauthenticated
    request is parsed — and binds the call's route (its ``x-lethe-owner``
-   header, :mod:`server._routing`), which ``authorize`` checks;
-3. admits the call or stream against the bounds (:mod:`server._admission`),
+   header, :mod:`server.edge._routing`), which ``authorize`` checks;
+3. admits the call or stream against the bounds (:mod:`server.edge._admission`),
    refusing past them with ``RESOURCE_EXHAUSTED``;
 4. decodes the request on a worker thread; bytes that do not decode answer
    ``INVALID_ARGUMENT`` / ``MALFORMED_REQUEST`` (grpc-python's own decoding
    would answer ``INTERNAL`` and log a traceback per request);
 5. runs the servicer's method: a unary method is synchronous and runs on the
-   :class:`~server._admission.FairExecutor` under the caller's principal (it
+   :class:`~server.edge._admission.FairExecutor` under the caller's principal (it
    sees a :class:`SyncContext`); a streaming method is an async generator on
    the event loop that gets a :class:`StreamContext` to run blocking work on
    the executor and to learn when it must end;
@@ -45,17 +45,17 @@ import logging
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import descriptor, message, message_factory
 from grpc_status import rpc_status
 
-from server._admission import Admission, FairExecutor
-from server._auth import Authenticator, Principal, bind_principal
 from server._logs import LIMITED
 from server._metrics import Metrics
-from server._routing import Router, bind_route
+from server.edge._admission import Admission, FairExecutor
+from server.edge._auth import Authenticator, Principal, bind_principal
+from server.edge._routing import Router, bind_route
 from server.errors import (
     Draining,
     LetheError,
@@ -72,22 +72,16 @@ TOKEN_RECHECK_SECONDS = 0.5
 end a stream within this many seconds)."""
 
 
-class _Abort(Exception):
-    """Raised by :meth:`SyncContext.abort_with_status` to end a unary call."""
-
-    def __init__(self, status: grpc.Status) -> None:
-        super().__init__("aborted")
-        self.status = status
-
-
 class SyncContext:
-    """What a synchronous handler sees of its call: it may only abort it."""
+    """What a synchronous handler sees of its call: nothing to act on.
 
-    def abort_with_status(self, status: grpc.Status) -> NoReturn:
-        """End the call with ``status`` (a ``grpc_status.rpc_status.to_status`` result)."""
-        raise _Abort(status)
+    A handler ends a call by raising (a :class:`server.errors.LetheError`, or
+    anything else for ``INTERNAL``); :meth:`Edge._status` turns it into the
+    call's status.
+    """
 
     def is_active(self) -> bool:
+        """Always True: a unary call's work runs to its end."""
         return True
 
 
@@ -228,7 +222,7 @@ class Edge:
                     self.admission.exit_call(key)
                     raise
                 return await asyncio.wrap_future(future)
-            except (_Abort, LetheError, Exception) as exc:
+            except Exception as exc:
                 status = self._status(method, exc)
                 await context.abort(status.code, status.details, status.trailing_metadata)
                 raise AssertionError("unreachable") from None  # abort raises
@@ -277,7 +271,7 @@ class Edge:
                 request = await stream.run(functools.partial(_decode, request_type, raw))
                 async for item in behaviour(request, stream):
                     yield item.SerializeToString()
-            except (_Abort, LetheError, Exception) as exc:
+            except Exception as exc:
                 status = self._status(method, exc)
                 await context.abort(status.code, status.details, status.trailing_metadata)
             finally:
@@ -312,8 +306,14 @@ class Edge:
         return principal
 
     def _status(self, method: str, exc: BaseException) -> grpc.Status:
-        if isinstance(exc, _Abort):
-            return exc.status
+        """The one error boundary: ``exc`` as the call's ``google.rpc.Status``.
+
+        A :class:`~server.errors.LetheError` keeps its code and details
+        (refusals and malformed requests are logged, rate-limited); anything
+        else is logged (type and traceback frames, never the message, which
+        could quote content; at most a few lines a minute,
+        :mod:`server._logs`) and answered ``INTERNAL`` with no internals.
+        """
         if isinstance(exc, LetheError):
             if isinstance(exc, MalformedRequest):
                 LIMITED.log(logging.WARNING, "malformed", "undecodable request to %s", method)

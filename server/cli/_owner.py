@@ -38,29 +38,31 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from server.cli._common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    Subcommands,
+    address,
+    open_beside,
+    owner_id,
+)
 from shredder import IntegrityError, ReceiveKey
 
-_EXIT_REFUSED = 1
-_EXIT_USAGE = 2
+_EXIT_REFUSED = EXIT_FAILED
+"""The step does not apply to the owner's state here (the message says why)."""
 
 
-def add_owner_commands(
-    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-    *,
-    owner: Callable[[str], str],
-    address: Callable[[str], str],
-) -> None:
-    """Add ``lethe owner receive-key | export | import | activate | release | abort | status``.
+def add(sub: Subcommands) -> None:
+    """Add ``lethe owner`` and its actions to ``sub``.
 
-    Args:
-        sub: the ``lethe`` subcommands.
-        owner, address: the CLI's parsers of an owner id and a ``HOST:PORT``.
+    The actions: ``receive-key``, ``export``, ``import``, ``move``, ``activate``,
+    ``release``, ``abort`` and ``status``.
     """
     parser = sub.add_parser("owner", help="move an owner between shards (export, import, release)")
+    parser.set_defaults(run=run)
     actions = parser.add_subparsers(dest="action", required=True)
 
     def action(name: str, help_text: str, *, data: bool = True) -> argparse.ArgumentParser:
@@ -81,8 +83,8 @@ def add_owner_commands(
     key.add_argument("--out", type=Path, required=True, help="the private key file (mode 0600)")
 
     export = action("export", "refuse OWNER's writes here, then copy it sealed to a receive key")
-    export.add_argument("--owner", type=owner, required=True)
-    export.add_argument("--to", type=owner, required=True, help="the destination shard's name")
+    export.add_argument("--owner", type=owner_id, required=True)
+    export.add_argument("--to", type=owner_id, required=True, help="the destination shard's name")
     export.add_argument("--target", type=address, default=None, help="its HOST:PORT")
     export.add_argument("--recipient", required=True, help="its receive key's public half (hex)")
     export.add_argument("--out", type=Path, required=True, help="the export file to write")
@@ -90,12 +92,14 @@ def add_owner_commands(
     imported = action("import", "hold an exported owner here, refused to calls until activated")
     imported.add_argument("--in", dest="source_file", type=Path, required=True)
     imported.add_argument("--receive-key", type=Path, required=True)
-    imported.add_argument("--from", dest="source", type=owner, required=True, help="source shard")
+    imported.add_argument(
+        "--from", dest="source", type=owner_id, required=True, help="source shard"
+    )
 
     move = action("move", "all of the above in one process, for two data directories here")
-    move.add_argument("--owner", type=owner, required=True)
-    move.add_argument("--from", dest="source", type=owner, required=True, help="source shard")
-    move.add_argument("--to", type=owner, required=True, help="the destination shard's name")
+    move.add_argument("--owner", type=owner_id, required=True)
+    move.add_argument("--from", dest="source", type=owner_id, required=True, help="source shard")
+    move.add_argument("--to", type=owner_id, required=True, help="the destination shard's name")
     move.add_argument("--target", type=address, default=None, help="its HOST:PORT")
     move.add_argument("--to-data", type=Path, required=True, help="the destination's data dir")
     move.add_argument("--to-kek-file", type=Path, default=None)
@@ -109,15 +113,14 @@ def add_owner_commands(
         ("abort", "undo a move before its release (on the source or the destination)"),
         ("status", "print the owner's marker and row counts here"),
     ):
-        action(name, text).add_argument("--owner", type=owner, required=True)
+        action(name, text).add_argument("--owner", type=owner_id, required=True)
 
 
-def run_owner_command(args: argparse.Namespace, open_store: Callable[[], Any]) -> int:
-    """Run ``lethe owner …``; returns the exit status.
+def run(args: argparse.Namespace) -> int:
+    """Run ``lethe owner ACTION``; returns the exit status.
 
-    Args:
-        args: the parsed command line.
-        open_store: opens the ``--data`` store beside a running server.
+    Raises:
+        EnvironmentConfigError: ``--data`` holds no store.
     """
     from server.store import MoveRefused, OwnerExport
 
@@ -127,7 +130,7 @@ def run_owner_command(args: argparse.Namespace, open_store: Callable[[], Any]) -
             receive.save(args.out)
         except FileExistsError:
             print(f"lethe: {args.out} exists; a receive key is never overwritten", file=sys.stderr)
-            return _EXIT_USAGE
+            return EXIT_USAGE
         return _report(
             args,
             {"public": receive.public_hex, "file": str(args.out)},
@@ -141,10 +144,10 @@ def run_owner_command(args: argparse.Namespace, open_store: Callable[[], Any]) -
             receive_key = ReceiveKey.load(args.receive_key)
         except (OSError, IntegrityError) as exc:
             print(f"lethe: {exc}", file=sys.stderr)
-            return _EXIT_USAGE
+            return EXIT_USAGE
     if args.action == "move":
-        return _move(args, open_store)
-    store = open_store()
+        return _move(args)
+    store = open_beside(args)
     try:
         return _run(args, store, export, receive_key)
     except MoveRefused as exc:
@@ -152,7 +155,7 @@ def run_owner_command(args: argparse.Namespace, open_store: Callable[[], Any]) -
         return _EXIT_REFUSED
     except (IntegrityError, ValueError) as exc:
         print(f"lethe owner {args.action}: {exc}", file=sys.stderr)
-        return _EXIT_USAGE
+        return EXIT_USAGE
     finally:
         store.close()
 
@@ -231,7 +234,7 @@ def _run(args: argparse.Namespace, store: Any, export: Any, receive_key: Receive
     )
 
 
-def _move(args: argparse.Namespace, open_store: Callable[[], Any]) -> int:
+def _move(args: argparse.Namespace) -> int:
     """``lethe owner move``: export, import, flip, activate, release in one process."""
     from server.store import KEK_ENV, MoveRefused, Store, data_paths
     from shredder import Keystore
@@ -242,10 +245,10 @@ def _move(args: argparse.Namespace, open_store: Callable[[], Any]) -> int:
             "pass --kek-file and --to-kek-file (or run the steps one by one)",
             file=sys.stderr,
         )
-        return _EXIT_USAGE
+        return EXIT_USAGE
     if args.to_data.resolve() == args.data.resolve():
         print("lethe owner move: --to-data is the source's own --data", file=sys.stderr)
-        return _EXIT_USAGE
+        return EXIT_USAGE
     if Keystore.read_store_id(data_paths(args.to_data.resolve())[1]) is None:
         # Never create one: the owner would move into a store no server serves.
         print(
@@ -253,8 +256,8 @@ def _move(args: argparse.Namespace, open_store: Callable[[], Any]) -> int:
             "data directory the destination's server uses",
             file=sys.stderr,
         )
-        return _EXIT_USAGE
-    source = open_store()
+        return EXIT_USAGE
+    source = open_beside(args)
     try:
         dest = Store(args.to_data, kek_file=args.to_kek_file, lock=False)
     except BaseException:
@@ -267,7 +270,7 @@ def _move(args: argparse.Namespace, open_store: Callable[[], Any]) -> int:
                 "default path) does not open its keys; nothing was moved",
                 file=sys.stderr,
             )
-            return _EXIT_USAGE
+            return EXIT_USAGE
         doc = _move_steps(args, source, dest)
     except MoveRefused as exc:
         print(f"lethe owner move: {exc.message}", file=sys.stderr)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from server._search import MODE_HYBRID, Retriever
+from server.retrieval._query import MODE_HYBRID, Retriever
 from server.store import MemoryView, Store, TurnView, scope_chain
 
 DEFAULT_MAX_CHARS = 8000

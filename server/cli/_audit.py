@@ -1,0 +1,81 @@
+"""``lethe audit``: the audit counts of every owner, from outside the server.
+
+Safe beside a running server (it only reads). Index drift is not measured:
+only ``Lifecycle.Audit`` on the server, which holds the indexes, can count it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from typing import Any
+
+from server.cli._common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    Subcommands,
+    command,
+    emit,
+    has_store,
+    no_store,
+)
+
+OFFLINE_UNMEASURED = ("index_drift",)
+"""Audit counts ``lethe audit`` cannot measure: the indexes live in the serving
+process (``Lifecycle.Audit`` counts index drift there)."""
+
+
+def add(sub: Subcommands) -> None:
+    """Add ``lethe audit`` and its flags to ``sub``."""
+    command(
+        sub,
+        "audit",
+        "print the audit counts of every owner; exit 1 if any count is non-zero",
+        json_help="{healthy, totals, owners: {owner: counts}} (unhealthy owners only)",
+    ).set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Audit every owner of ``--data`` and print the unhealthy ones and the totals.
+
+    Returns:
+        :data:`EXIT_OK` when every count is zero, else :data:`EXIT_FAILED`.
+
+    Raises:
+        EnvironmentConfigError: ``--data`` holds no store.
+    """
+    from server.store import AuditCounts, Store
+
+    if not has_store(args.data):
+        raise no_store(args.data)
+    store = Store(args.data, kek_file=args.kek_file, lock=False)
+
+    def measured(counts: Any) -> dict[str, int]:
+        return {k: v for k, v in asdict(counts).items() if k not in OFFLINE_UNMEASURED}
+
+    total = AuditCounts()
+    unhealthy: dict[str, dict[str, int]] = {}
+    try:
+        for owner in store.owners():
+            counts = store.audit(owner)
+            for key, value in asdict(counts).items():
+                setattr(total, key, getattr(total, key) + value)
+            if not counts.healthy():
+                unhealthy[owner] = measured(counts)
+    finally:
+        store.close()
+    if args.json:
+        emit(
+            {
+                "healthy": total.healthy(),
+                "totals": measured(total),
+                "owners": unhealthy,
+                "not_measured": list(OFFLINE_UNMEASURED),
+            }
+        )
+    else:
+        for owner, counts_of in unhealthy.items():
+            print(f"owners/{owner}: {counts_of}")
+        for key, value in measured(total).items():
+            print(f"{key}: {value}")
+    return EXIT_OK if total.healthy() else EXIT_FAILED

@@ -1,0 +1,298 @@
+"""``lethe serve``: its flags and the process that serves the gRPC API.
+
+The server itself (:class:`server.LetheServer`, FAISS, the embedder) is
+imported when the command runs, never when the parser is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from lethe._units import parse_duration, parse_message_size, parse_size
+from lethe.names import OWNER_HEADER
+from server.cli._common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    Subcommands,
+    address,
+    command,
+    emit,
+    positive_int,
+)
+
+GC_THRESHOLDS = (20_000, 50, 100)
+"""``gc.set_threshold`` of a serving process (CPython's default is 700, 10, 10).
+An index build or a 1,000-turn append allocates millions of short-lived,
+acyclic objects (freed by reference counting) beside millions of long-lived
+ones in the indexes; at the default thresholds the collector ran ~600 times
+and took 12% of a 20k-turn build's CPU (0.65 of 5.2 s), at these 17 times and
+0.1 s. Cyclic garbage waits longer to be found; nothing else changes."""
+
+
+def _address_or_off(value: str) -> str:
+    return value if value == "off" else address(value)
+
+
+def _embedder(value: str) -> str:
+    """``wordllama``, ``none`` or ``onnx:DIR`` with DIR an existing directory."""
+    if value in ("wordllama", "none"):
+        return value
+    directory = value[len("onnx:") :] if value.startswith("onnx:") else ""
+    if not directory:
+        raise argparse.ArgumentTypeError(f"expected wordllama, none or onnx:DIR, got {value!r}")
+    if not Path(directory).is_dir():
+        raise argparse.ArgumentTypeError(f"onnx:{directory}: no such directory")
+    return value
+
+
+def add(sub: Subcommands) -> None:
+    """Add ``lethe serve`` and its flags to ``sub``."""
+    serve = command(
+        sub,
+        "serve",
+        "serve the gRPC API",
+        json_help="where it serves, once listening ({listen, port, metrics_listen, data, kek})",
+    )
+    serve.set_defaults(run=run)
+    serve.add_argument(
+        "--listen", type=address, default="127.0.0.1:50051", help="HOST:PORT for gRPC"
+    )
+    serve.add_argument(
+        "--metrics-listen",
+        type=_address_or_off,
+        default="127.0.0.1:9464",
+        help="HOST:PORT for /metrics, or 'off'",
+    )
+    serve.add_argument(
+        "--embedder",
+        type=_embedder,
+        default="wordllama",
+        help="wordllama (in its wheel), none (clients send vectors; otherwise lexical search "
+        "only) or onnx:DIR (a sentence encoder's model.onnx and tokenizer.json in DIR; the "
+        "onnx extra). A change re-embeds each owner's vectors on its first use",
+    )
+    serve.add_argument(
+        "--pending-ttl",
+        type=parse_duration,
+        default="72h",
+        help="a PENDING turn or memory expires this long after it was written",
+    )
+    serve.add_argument(
+        "--sweep-interval",
+        type=parse_duration,
+        default="5s",
+        help="run the sweeper (expiry, audits, rotation when due) this often",
+    )
+    serve.add_argument(
+        "--rotation-interval",
+        type=parse_duration,
+        default="1h",
+        help="complete shreds cryptographically this often",
+    )
+    serve.add_argument(
+        "--index-cache-size",
+        type=parse_size,
+        default="4GiB",
+        help="bytes of in-memory search indexes kept (estimated); past it the least recently "
+        "searched owners' indexes are dropped and rebuilt from the store on their next search",
+    )
+    serve.add_argument(
+        "--max-store-size",
+        type=parse_size,
+        default="64GiB",
+        help="the data environment grows on demand up to this size; a write that does not "
+        "fit is refused whole with STORE_FULL (units B, KiB, MiB, GiB, TiB)",
+    )
+    serve.add_argument(
+        "--tagger",
+        choices=["rules", "none"],
+        default="rules",
+        help="propose candidate memories for untagged turns",
+    )
+    bounds = serve.add_argument_group(
+        "concurrency", "past a bound a call is refused at once with RESOURCE_EXHAUSTED"
+    )
+    bounds.add_argument(
+        "--workers", type=positive_int, default=16, help="threads for blocking work"
+    )
+    bounds.add_argument(
+        "--max-inflight", type=positive_int, default=64, help="unary calls at once, in all"
+    )
+    bounds.add_argument(
+        "--max-inflight-per-principal",
+        type=positive_int,
+        default=16,
+        help="unary calls at once per token",
+    )
+    bounds.add_argument(
+        "--max-running-per-principal",
+        type=positive_int,
+        default=4,
+        help="of those, calls of one token running at once",
+    )
+    bounds.add_argument(
+        "--max-streams", type=positive_int, default=1024, help="open Watch streams, in all"
+    )
+    bounds.add_argument(
+        "--max-streams-per-principal",
+        type=positive_int,
+        default=128,
+        help="open Watch streams per token",
+    )
+    transport = serve.add_argument_group("transport")
+    transport.add_argument(
+        "--tls-cert", type=Path, default=None, help="PEM certificate chain (default: plaintext)"
+    )
+    transport.add_argument(
+        "--tls-key", type=Path, default=None, help="PEM private key (default: plaintext)"
+    )
+    transport.add_argument(
+        "--client-ca",
+        type=Path,
+        default=None,
+        help="PEM CAs of client certificates: clients must present one (mutual TLS; "
+        "default: no client certificates asked)",
+    )
+    transport.add_argument(
+        "--max-receive-message-size",
+        type=parse_message_size,
+        default="16MiB",
+        help="largest request message accepted",
+    )
+    transport.add_argument(
+        "--max-send-message-size",
+        type=parse_message_size,
+        default="16MiB",
+        help="largest response message sent",
+    )
+    transport.add_argument(
+        "--keepalive-min-interval",
+        type=parse_duration,
+        default="10s",
+        help="accept client keepalive pings this far apart or more",
+    )
+    transport.add_argument(
+        "--keepalive-time",
+        type=parse_duration,
+        default="60s",
+        help="ping an idle connection this often",
+    )
+    transport.add_argument(
+        "--keepalive-timeout",
+        type=parse_duration,
+        default="20s",
+        help="drop a connection whose ping is unanswered this long",
+    )
+    transport.add_argument(
+        "--drain-grace",
+        type=parse_duration,
+        default="30s",
+        help="on SIGTERM, time given to calls in flight",
+    )
+    serve.add_argument(
+        "--require-owner-header",
+        action="store_true",
+        help=f"refuse calls without {OWNER_HEADER} metadata (OWNER_HEADER_MISSING): "
+        "for shards behind a proxy that routes on it",
+    )
+
+
+def kek_line(path: Path | None, data: Path) -> str:
+    """The second line ``lethe serve`` prints: where the store's KEK is."""
+    if path is None:
+        return "lethe KEK in memory (LETHE_KEK): never rotated, never written anywhere"
+    return (
+        f"lethe KEK {path} (outside {data}: removing the data directory leaves it behind; "
+        "never back it up with the keystore)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM or SIGINT, then drain for ``--drain-grace``.
+
+    Prints ``lethe serving DIR on HOST:PORT`` and the KEK line (or, with
+    ``--json``, one document) once listening.
+
+    Returns:
+        :data:`EXIT_OK` after a graceful stop; :data:`EXIT_USAGE` for a bad
+        TLS or bounds setting.
+    """
+    import gc
+
+    from server._app import LetheServer, ServerConfig
+
+    gc.set_threshold(*GC_THRESHOLDS)
+
+    config = ServerConfig(
+        data_dir=args.data,
+        listen=args.listen,
+        metrics_listen=None if args.metrics_listen == "off" else args.metrics_listen,
+        kek_file=args.kek_file,
+        embedder=args.embedder,
+        pending_ttl=args.pending_ttl,
+        sweep_interval=args.sweep_interval,
+        tagger=args.tagger,
+        rotation_interval=args.rotation_interval,
+        max_workers=args.workers,
+        max_inflight=args.max_inflight,
+        max_inflight_per_principal=args.max_inflight_per_principal,
+        max_running_per_principal=args.max_running_per_principal,
+        max_streams=args.max_streams,
+        max_streams_per_principal=args.max_streams_per_principal,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        client_ca=args.client_ca,
+        max_receive_message_bytes=args.max_receive_message_size,
+        max_send_message_bytes=args.max_send_message_size,
+        keepalive_min_interval=args.keepalive_min_interval,
+        keepalive_time=args.keepalive_time,
+        keepalive_timeout=args.keepalive_timeout,
+        max_store_size=args.max_store_size,
+        index_cache_size=args.index_cache_size,
+        require_owner_header=args.require_owner_header,
+    )
+    try:
+        config.limits()
+        config.server_credentials()
+    except ValueError as exc:
+        print(f"lethe: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    server = LetheServer(config)
+    try:
+        port = server.start()
+    except BaseException:
+        server.stop(grace=0)
+        raise
+    # Before the ready line: a supervisor may send SIGTERM the moment it reads it.
+    stopped = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        del frame
+        print(f"lethe: signal {signum}, shutting down", file=sys.stderr, flush=True)
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    host = args.listen.rpartition(":")[0]
+    kek = server.store.kek.path
+    if args.json:
+        emit(
+            {
+                "listen": f"{host}:{port}",
+                "port": port,
+                "metrics_listen": config.metrics_listen,
+                "data": str(args.data.resolve()),
+                "kek": str(kek) if kek is not None else None,
+            }
+        )
+    else:
+        print(f"lethe serving {args.data.resolve()} on {host}:{port}", flush=True)
+        print(kek_line(kek, args.data), flush=True)
+    stopped.wait()
+    server.stop(grace=args.drain_grace)
+    return EXIT_OK

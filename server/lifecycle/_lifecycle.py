@@ -1,0 +1,83 @@
+"""The lifecycle of one store: deletions, start-up recovery, audits and gauges.
+
+:class:`Lifecycle` is what the servicers, the app and ``lethe restore`` hold:
+the deletion path of :class:`~server.lifecycle._deletions.Deletions`, plus the
+start-up recovery (:func:`~server.lifecycle._recovery.recover`), the audit of
+one owner (with the loaded index's drift), the periodic audit and the gauges
+the sweeper refreshes.
+
+Thread rules: any thread; the sweeper calls the periodic parts from its own.
+"""
+
+from __future__ import annotations
+
+import time
+
+from server.lifecycle._deletions import Deletions
+from server.lifecycle._recovery import Recovery, recover
+from server.store import EVENT_RETENTION, AuditCounts
+
+
+class Lifecycle(Deletions):
+    """Deletions end to end, recovery, audits and gauges for one store.
+
+    Args:
+        store: the record store.
+        retriever: whose loaded indexes lose the deleted ids (step 2).
+        metrics: deletion latency and outstanding gauges.
+        rotation_interval: seconds between rotations (0: never); only a KEK
+            file can be rotated, so an in-memory KEK makes it 0.
+    """
+
+    def recover(self) -> Recovery:
+        """Bring the store to a consistent state at start-up (see :func:`recover`)."""
+        return recover(self)
+
+    def audit(self, owner: str, *, integrity: bool = True) -> AuditCounts:
+        """The owner's AuditReport: the store's counts plus the loaded index's
+        drift (``integrity``: open every live record, see
+        :meth:`server.store.Store.audit`)."""
+        counts = self.store.audit(owner, integrity=integrity)
+        counts.index_drift = self.retriever.index_drift(owner)
+        return counts
+
+    def drop_owner(self, owner: str) -> None:
+        """Drop what this process holds of ``owner`` in memory: its loaded indexes
+        (with their decrypted text) and its cached unwrapped keys. Called when
+        another process changed the owner's placement (an owner move)."""
+        self.retriever.drop_owner(owner)
+        self.store.keystore.evict_owner(owner)
+
+    def periodic_audit(self) -> None:
+        """Audit every owner into the orphan, stale-summary and keyless-record
+        gauges; prune old events; drop from memory the owners that moved away."""
+        for row in self.store.moved_owners():
+            if row.state == "moved":
+                self.drop_owner(row.owner)
+        orphans = stale = keyless = 0
+        for owner in self.store.owners():
+            counts = self.audit(owner, integrity=False)
+            orphans += counts.orphans
+            stale += counts.stale_summaries
+            keyless += counts.records_without_key
+        self.metrics.orphan_derivatives.set(orphans)
+        self.metrics.stale_summaries.set(stale)
+        self.metrics.records_without_key.set(keyless)
+        self.store.prune_events(time.time() - EVENT_RETENTION)
+
+    def refresh_gauges(self) -> None:
+        """Set the gauges the sweeper refreshes: pending, deletions, index, keystore, store."""
+        now = time.time()
+        count, age = self.store.pending_stats(now)
+        self.metrics.pending_records.set(count)
+        self.metrics.oldest_pending_age.set(age)
+        self.metrics.outstanding_deletions.set(len(self.store.outstanding_deletions()))
+        self.metrics.index_vectors.set(self.retriever.cache.total_vectors())
+        self.metrics.index_bytes.set(self.retriever.cache.total_bytes())
+        self.metrics.keystore_keys.set(self.store.key_count())
+        self.metrics.unreadable_records.set(self.store.unreadable_count())
+        used = self.store.used_bytes()
+        self.metrics.store_bytes.set(used)
+        self.metrics.store_fill_ratio.set(used / self.store.max_size)
+        since = self.store.unrotated_since()
+        self.metrics.shred_horizon.set(0.0 if since is None else now - since)

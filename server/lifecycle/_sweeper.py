@@ -1,0 +1,73 @@
+"""The sweeper: the background thread that expires, rotates, audits and measures.
+
+Thread rules: :class:`Sweeper` runs its own daemon thread; ``start`` and
+``stop`` are called by the app.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from server.lifecycle._lifecycle import Lifecycle
+
+_log = logging.getLogger(__name__)
+
+
+AUDIT_DUTY = 0.05
+"""Most share of the time the periodic audit may run: it reads every owner's
+records (at a million turns, about 20 s of one core), so an audit of ``d``
+seconds that started at ``t`` is followed by the next one at ``t + d /
+AUDIT_DUTY`` if that is later than ``t`` plus the audit interval, instead of
+running back to back with the searches."""
+
+
+class Sweeper:
+    """Background thread: expiry sweep and gauges every ``interval`` seconds, the
+    audit gauges and event pruning every ``audit_interval`` seconds, or less
+    often on a store whose audit takes longer (:data:`AUDIT_DUTY`)."""
+
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        interval: float,
+        audit_interval: float = 60.0,
+        expiry_warning: float = 3600.0,
+    ) -> None:
+        self._lifecycle = lifecycle
+        self._interval = interval
+        self._expiry_warning = expiry_warning
+        self._audit_interval = audit_interval
+        self._next_audit = 0.0  # time.monotonic() at which the next audit is due
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lethe-sweeper", daemon=True)
+
+    def start(self) -> None:
+        """Start the sweeper's thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the sweeper and wait for its thread (a sweep under way finishes first)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._lifecycle.sweep()
+                self._lifecycle.rotate_if_due(time.time())
+                self._lifecycle.store.warn_expiring(time.time(), self._expiry_warning)
+                overdue = self._lifecycle.store.announce_due_commitments(time.time())
+                self._lifecycle.metrics.overdue_commitments.set(overdue)
+                self._lifecycle.refresh_gauges()
+                if time.monotonic() >= self._next_audit:
+                    started = time.monotonic()
+                    try:
+                        self._lifecycle.periodic_audit()
+                    finally:
+                        took = time.monotonic() - started
+                        self._next_audit = started + max(self._audit_interval, took / AUDIT_DUTY)
+            except Exception as exc:  # keep sweeping; never log content
+                _log.error("sweep failed: %s", type(exc).__name__)

@@ -1,0 +1,73 @@
+"""Retrieval: each owner's in-memory indexes, search and context assembly.
+
+Built from the encrypted store when first needed, kept in line with it on
+every write and forget, never written to disk:
+
+==================  ===========================================================
+module              holds
+==================  ===========================================================
+``_indexed_text``   what each record is indexed under (plain text, contextual
+                    date, session key) and its BM25 terms, analysed once
+``_bundle``         the bundle of indexes of one owner (or one thread's pending
+                    turns): dense, two BM25 legs, sessions, times
+``_build``          ``IndexBuilds``, the declared base: the bundle cache, the
+                    per-owner locks, the embedder, builds from the store
+``_upkeep``         ``IndexUpkeep``: loaded bundles follow writes and forgets
+``_query``          ``Retriever``: query vectors, legs, fusion and the recheck
+``_drift``          the audit's ``index_drift`` of a loaded bundle
+``_reembed``        re-embedding an owner's records after the embedder changed
+``_context``        context assembly and context manifests
+==================  ===========================================================
+
+May import: the floor (``server.errors``, ``server._logs``, ``server._metrics``),
+``server.store`` (its face), ``index`` and ``shredder`` (failpoints), ``lethe``;
+never ``server.edge``, ``server.lifecycle``, ``server.services`` or
+``server.cli``.
+"""
+
+from server.retrieval._build import BUILD_CHUNK
+from server.retrieval._context import (
+    DEFAULT_MAX_CHARS,
+    DEFAULT_RECENT,
+    DEFAULT_TOP_K,
+    ContextBundle,
+    assemble,
+)
+from server.retrieval._drift import index_drift
+from server.retrieval._indexed_text import (
+    TermMemo,
+    date_text,
+    indexed_text,
+    plain_text,
+    session_key,
+)
+from server.retrieval._query import (
+    MODE_DENSE,
+    MODE_HYBRID,
+    MODE_LEXICAL,
+    Retriever,
+    SearchHit,
+)
+from server.retrieval._reembed import check_embedder, reembed_owner
+
+__all__ = [
+    "BUILD_CHUNK",
+    "DEFAULT_MAX_CHARS",
+    "DEFAULT_RECENT",
+    "DEFAULT_TOP_K",
+    "MODE_DENSE",
+    "MODE_HYBRID",
+    "MODE_LEXICAL",
+    "ContextBundle",
+    "Retriever",
+    "SearchHit",
+    "TermMemo",
+    "assemble",
+    "check_embedder",
+    "date_text",
+    "index_drift",
+    "indexed_text",
+    "plain_text",
+    "reembed_owner",
+    "session_key",
+]

@@ -1,0 +1,110 @@
+"""The bundle of in-memory indexes one owner (or one thread's pending turns) has.
+
+Each owner has one bundle over its ``COMMITTED``, live, untainted turns and
+its memories, and each thread one bundle over its pending turns:
+
+- ``dense``: :class:`index.VectorIndex` (FAISS inner product) over the turn's
+  vector (the server embeds ``speaker: text``, or the client sent one);
+- ``plain``: :class:`index.LexicalIndex` (BM25) over ``speaker: text``;
+- ``ctx``: BM25 over the *contextual* text ``"{date}. {previous turn} {speaker:
+  text}"``, where date is the turn's time as "8 May 2023" (UTC) and the previous
+  turn is the nearest earlier live turn of the same thread that is visible in
+  the same index (committed for the owner bundle, so pending words never enter
+  the general index). That context is derived from another record: when the
+  previous turn is forgotten or committed, the next one is re-indexed;
+- ``sessions``: :class:`index.SessionIndex` over each *session* — the turns of
+  one thread said on one UTC calendar day — as one document (its date and the
+  terms of every member turn visible in the bundle); a forget, seal or taint
+  removes the turn's terms from its session's document at once;
+- ``times``: :class:`index.TimeIndex`, each turn's time and whether its text
+  carries a time expression (the time-expression prior and session-date window).
+
+Memories enter the dense and both plain legs only. A bundle also watches the
+times at which a member may stop being visible without any write (a pending
+turn's ``expire_time``, a turn's ``lineage_expiry``).
+
+Bundles live in memory only, in an LRU over owners (:class:`index.IndexCache`),
+under the keys :func:`owner_key` and :func:`pending_key`; nothing of them is
+ever written to disk.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from index import LexicalIndex, SessionIndex, TimeIndex, VectorIndex
+from server.retrieval._indexed_text import TermMemo, date_text, session_key
+from server.store import PENDING, TurnMeta
+
+Ranked = list[tuple[int, float]]
+"""One leg's or one fusion's result: ``(record number, score)``, best first."""
+
+
+@dataclass(slots=True)
+class Bundle:
+    """One owner's committed indexes, or one thread's pending indexes."""
+
+    dense: VectorIndex
+    plain: LexicalIndex
+    ctx: LexicalIndex
+    # rid -> rid of the turn its contextual text quotes (0: none). The context
+    # is derived from that record; the audit checks it is still the right one.
+    ctx_prev: dict[int, int] = field(default_factory=dict)
+    sessions: SessionIndex = field(default_factory=SessionIndex)
+    times: TimeIndex = field(default_factory=TimeIndex)
+    # rid -> when the turn may stop being visible without a write (its pending
+    # expiry or its lineage expiry); ``due`` is the earliest (inf: none).
+    watch: dict[int, float] = field(default_factory=dict)
+    due: float = math.inf
+
+    def __len__(self) -> int:
+        """Vectors held (``lethe_index_vectors``)."""
+        return len(self.dense)
+
+    def nbytes(self) -> int:
+        """Estimated bytes held by every leg and the context map (the index cache's
+        byte bound, ``lethe_index_bytes``); ~90 bytes per map entry."""
+        legs = self.dense.nbytes() + self.plain.nbytes() + self.ctx.nbytes()
+        return legs + self.sessions.nbytes() + self.times.nbytes() + 90 * len(self.ctx_prev)
+
+
+def owner_key(owner: str) -> str:
+    """The index cache key of ``owner``'s committed bundle."""
+    return f"o/{owner}"
+
+
+def pending_key(owner: str, thread: str) -> str:
+    """The index cache key of the pending bundle of ``owner``'s ``thread``."""
+    return f"p/{owner}/{thread}"
+
+
+def pending_prefix(owner: str) -> str:
+    """The prefix of the index cache keys of every pending bundle of ``owner``."""
+    return f"p/{owner}/"
+
+
+def add_time_legs(
+    bundle: Bundle, turns: Sequence[TurnMeta], texts: dict[int, str], memo: TermMemo
+) -> None:
+    """Index turns (whose plain texts are in ``texts``) in the session and time legs,
+    and watch the ones that may stop being visible without a write."""
+    held = [m for m in turns if m.rid in texts]
+    if not held:
+        return
+    ids = np.asarray([m.rid for m in held], np.int64)
+    bundle.sessions.add_terms(
+        ids,
+        [session_key(m) for m in held],
+        [memo.terms(texts[m.rid]) for m in held],
+        [date_text(m.time) for m in held],
+    )
+    bundle.times.add(ids, [m.time for m in held], [texts[m.rid] for m in held])
+    for m in held:
+        ends = [t for t in (m.expire_time if m.state == PENDING else 0.0, m.lineage_expiry) if t]
+        if ends:
+            bundle.watch[m.rid] = min(ends)
+            bundle.due = min(bundle.due, bundle.watch[m.rid])
