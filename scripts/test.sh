@@ -35,4 +35,4 @@ elif [ -n "${CI:-}" ]; then
     exit 1
 fi
 echo "== pytest"
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=25 "$@"

@@ -48,6 +48,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str
     return json.loads((out / "scale-smoke.json").read_text()), run.stdout, out
 
 
+@pytest.mark.slow
 def test_smoke_searches_every_size_and_kind(smoke: tuple[dict[str, Any], str, Path]) -> None:
     result, _, _ = smoke
     cfg = result["config"]

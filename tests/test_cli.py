@@ -187,6 +187,7 @@ def test_demo_on_sample_conversation_passes_its_checks(
     assert report["kek"] == "in memory"  # LETHE_KEK; a KEK file is named by its path
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not LOCOMO.exists(), reason="LoCoMo data not beside the repository")
 def test_demo_on_two_locomo_conversations(tmp_path: Path, kek_env: str) -> None:
     out = tmp_path / "demo.json"

@@ -293,6 +293,7 @@ STEPS = [
 ]
 
 
+@pytest.mark.slow
 def test_a_kill_at_every_step_of_a_move_converges(
     pair: dict[str, ShardProc], token: str, tmp_path: Path
 ) -> None:
@@ -330,6 +331,7 @@ def _one_command_move(src: ShardProc, dst: ShardProc, owner: str, fail: str = ""
     return _owner(src, *args, fail=fail)
 
 
+@pytest.mark.slow
 def test_one_command_moves_an_owner_and_resumes_after_a_kill_at_any_step(
     filed_pair: dict[str, ShardProc],
 ) -> None:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from random_kills import run
 
 
+@pytest.mark.slow
 def test_ten_random_kills_under_load_lose_nothing_acknowledged(tmp_path: Path) -> None:
     lines: list[str] = []
     report = run(tmp_path, kills=10, seed=1, out=lines.append)

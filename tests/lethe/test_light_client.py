@@ -41,6 +41,7 @@ def _script() -> ModuleType:
     return module
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_wheel_installs_alone_and_its_client_passes_against_a_real_server(
     lethe: Lethe, tmp_path: Path

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import pytest
 from _helpers import expect_error
 from conftest import Client, Lethe
 from google.protobuf import field_mask_pb2
@@ -702,4 +703,4 @@ StoreMachine.TestCase.settings = settings(
 )
 # Found by this machine: the owner's slot-digest key was counted as a key
 # without a record by the audit (fixed in server/_audit.py).
-TestStoreStateful = StoreMachine.TestCase
+TestStoreStateful = pytest.mark.slow(StoreMachine.TestCase)

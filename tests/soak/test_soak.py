@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 
 
+@pytest.mark.slow
 def test_short_soak_loses_nothing_and_stays_bounded(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     result = subprocess.run(
