@@ -1,4 +1,4 @@
-"""The ``lethe`` command line as a script sees it (README, "The command line
+"""The ``lethe`` command line as a script sees it (docs/operating.md, "The command line
 for scripts"): settings from the command line, the environment and a TOML
 config file in that order; refusals that name the variable, key, path or
 address; ``--json`` documents alone on stdout; progress bars only on a

@@ -157,7 +157,7 @@ def test_a_bad_import_is_refused_and_leaves_nothing_on_the_destination(
 def test_an_import_where_the_owner_token_is_already_stored(
     pair: dict[str, ShardProc], token: str, tmp_path: Path
 ) -> None:
-    """The README's way to use a token on every shard: stored on the destination
+    """docs/sharding.md's way to use a token on every shard: stored on the destination
     too before the move (``lethe shard token-import --owner``)."""
     a, c = pair["a"], pair["c"]
     _make_owner(a, token, "dan")

@@ -2,7 +2,7 @@
 
 Safe while a server serves the directory. The copy holds ciphertext and
 non-content metadata only; the keystore and the KEK are never included, so a
-backup cannot overrule a deletion (README, "Backups and rotation").
+backup cannot overrule a deletion (docs/operating.md, "Backups and rotation").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where the ``lethe`` command line's settings come from: the command line, the
 environment, a config file, the built-in defaults — in that order of
-precedence (README, "The command line for scripts").
+precedence (docs/operating.md, "The command line for scripts").
 
 One naming rule ties the three together. A long flag ``--kek-file`` is
 

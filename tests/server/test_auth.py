@@ -226,7 +226,7 @@ def test_reflection_lists_lethe_services_with_token(lethe: Lethe) -> None:
 
 def test_reflection_needs_no_token(lethe: Lethe) -> None:
     # Was: reflection needed a token although it reveals only the public
-    # schema, so `grpcurl list` failed as the README told it.
+    # schema, so `grpcurl list` failed as docs/other-languages.md tells it.
     channel = grpc.insecure_channel(f"127.0.0.1:{lethe.port}")
     lethe.channels.append(channel)
     names = _reflect(channel, None)

@@ -1,5 +1,5 @@
 """The soak's short form (``bench/soak.py``; the full form is one command in
-the README): client processes with mixed traffic, Watch streams and a hot
+docs/benchmarks.md): client processes with mixed traffic, Watch streams and a hot
 backup, then SIGTERM under load, a restart and a restore, all checked."""
 
 from __future__ import annotations

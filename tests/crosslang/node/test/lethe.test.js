@@ -8,7 +8,7 @@
 //   LETHE_CA      PEM file of the CA of a TLS server; then the token goes as
 //                 call credentials, as gRPC means it to
 //
-// What a Node developer has to know (README, "Other languages"):
+// What a Node developer has to know (docs/other-languages.md):
 // - proto-loader renames fields to camelCase unless `keepCase: true`, and
 //   silently drops request keys it does not know (query_text vs queryText).
 // - int64 fields (seq, version, counts) arrive as Long objects unless
