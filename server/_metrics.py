@@ -156,6 +156,13 @@ class Metrics:
             "Reader slots of the data environment in use (read transactions open now).",
             registry=self.registry,
         )
+        self.stray_key_files = Gauge(
+            "lethe_stray_key_files",
+            "Temporary KEK files a crash left beside the KEK file; they may hold KEK versions a "
+            "rotation destroyed (must stay 0: the server removes them at start and after each "
+            "KEK write).",
+            registry=self.registry,
+        )
         self.records_without_key = Gauge(
             "lethe_records_without_key",
             "Live records whose key is missing with no decided deletion: kept, unreadable, "

@@ -13,6 +13,20 @@ string of an integer in ``[1, 2**32)``) to its 32-byte key.
 
 Environment value (`KekRing.from_env`, for tests): URL-safe base64 of 32 bytes, used as version 1.
 
+Every write of the KEK file goes through a temporary file beside it,
+``.{name}.{16 hex}.tmp`` (mode 0600), synced, then renamed or linked into
+place. A crash between the two leaves that temporary file behind, holding KEK
+versions a later rotation destroys in the KEK file: with it, a keystore copy
+from before a forget would open the forgotten record again. So no temporary
+file outlives the next write or the next exclusive open of the store: each
+write removes every stray one (`KekRing.remove_stray_files`: overwritten with
+zeros, synced, unlinked, the directory synced) once its own file is in place,
+and the server removes them at start-up before it serves. A rotation (phase 2
+of a shred) ends with such a write, so after a completed rotation no file in
+the KEK's directory holds a version it destroyed. `KekRing.stray_files` lists
+them (``lethe audit`` counts them). Failpoints ``kek.write.after_temp`` and
+``kek.write.after_replace`` mark the two moments a crash can cut a write at.
+
 Thread rules: a `KekRing` is immutable after construction and safe to use from any thread.
 """
 
@@ -32,11 +46,24 @@ import nacl.utils
 import platformdirs
 
 from shredder._aead import KEY_SIZE, _Key, _unwrap_key, _wrap_key, _wrapped_version
+from shredder._failpoints import declare, failpoint
 from shredder.errors import EnvironmentConfigError, KeyNotFoundError
 
 _FORMAT = "lethe-kek/1"
 _U32_MAX = 2**32 - 1
 _STORE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+
+_TEMP_SUFFIX = re.compile(r"\.[0-9a-f]{16}\.tmp")
+"""What follows ``.{KEK file name}`` in the name of a temporary KEK file."""
+
+FP_KEK_AFTER_TEMP = declare(
+    "kek.write.after_temp",
+    "the new KEK file is written and synced under its temporary name; the old one is in place",
+)
+FP_KEK_AFTER_REPLACE = declare(
+    "kek.write.after_replace",
+    "the new KEK file is in place; stray temporary KEK files are not removed yet",
+)
 
 _AdBuilder = Callable[[int], bytes]
 """Builds the encoded associated data of a wrapped ring key for a given KEK version."""
@@ -250,19 +277,50 @@ class KekRing:
     def _persist(self, keys: Mapping[int, _Key], current: int) -> None:
         """Replace the KEK file atomically (temp file 0600, fsync, rename, fsync dir).
 
+        Then every stray temporary KEK file is removed (see the module docstring).
         An in-memory ring (``from_env``) only changes in memory.
         """
         if self._path is None:
             return
-        tmp = self._path.parent / f".{self._path.name}.{nacl.utils.random(8).hex()}.tmp"
+        tmp = _temp_path(self._path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.write(fd, _dump(keys, current))
+            _write_all(fd, _dump(keys, current))
             os.fsync(fd)
         finally:
             os.close(fd)
+        failpoint(FP_KEK_AFTER_TEMP)
         os.replace(tmp, self._path)
         _fsync_dir(self._path.parent)
+        failpoint(FP_KEK_AFTER_REPLACE)
+        self.remove_stray_files()
+
+    def stray_files(self) -> list[Path]:
+        """Temporary KEK files a write cut short by a crash left beside the KEK file.
+
+        Returns:
+            Their paths, sorted; empty for an in-memory ring or a missing directory.
+        """
+        return [] if self._path is None else _stray_files(self._path)
+
+    def remove_stray_files(self) -> int:
+        """Remove every stray temporary KEK file (overwritten with zeros, synced, unlinked).
+
+        Only the process that writes the KEK file may call it (the one holding the
+        store's lock): another process's write in flight would lose its file.
+
+        Returns:
+            How many were removed.
+
+        Raises:
+            OSError: a stray file cannot be overwritten or removed.
+        """
+        strays = self.stray_files()
+        for stray in strays:
+            _shred_file(stray)
+        if strays and self._path is not None:
+            _fsync_dir(self._path.parent)
+        return len(strays)
 
     def __reduce__(self) -> NoReturn:
         raise TypeError("KekRing cannot be pickled")
@@ -378,13 +436,11 @@ def _write_new_file(path: Path, data: bytes) -> None:
         parent.mkdir(mode=0o700, parents=True)
         os.chmod(parent, 0o700)  # mkdir's mode is reduced by the umask
         _fsync_dir(parent.parent)
-    tmp = parent / f".{path.name}.{nacl.utils.random(8).hex()}.tmp"
+    tmp = _temp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -392,3 +448,48 @@ def _write_new_file(path: Path, data: bytes) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(parent)
+
+
+def _temp_path(path: Path) -> Path:
+    """A new temporary name beside the KEK file ``path``: ``.{name}.{16 hex}.tmp``."""
+    return path.parent / f".{path.name}.{nacl.utils.random(8).hex()}.tmp"
+
+
+def _stray_files(path: Path) -> list[Path]:
+    """The temporary files of KEK writes of ``path`` present in its directory."""
+    prefix = f".{path.name}"
+    try:
+        names = os.listdir(path.parent)
+    except FileNotFoundError:
+        return []
+    return sorted(
+        path.parent / name
+        for name in names
+        if name.startswith(prefix) and _TEMP_SUFFIX.fullmatch(name[len(prefix) :])
+    )
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _shred_file(path: Path) -> None:
+    """Overwrite ``path`` with zeros (synced), then unlink it; a file already gone is fine.
+
+    The overwrite keeps a copy of the bytes out of the file's blocks on file
+    systems that rewrite in place; on copy-on-write or journalled data it is
+    best effort, and the rotation's destroyed KEK versions are what guarantees
+    that an old copy opens nothing.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        return
+    try:
+        _write_all(fd, bytes(os.fstat(fd).st_size))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    path.unlink(missing_ok=True)

@@ -390,6 +390,7 @@ def test_json_documents_of_token_backup_rotate_restore_audit(
     assert audit["not_measured"] == ["index_drift"]
     assert "index_drift" not in audit["totals"]
     assert audit["totals"]["orphans"] == 0
+    assert audit["stray_key_files"] == 0
 
 
 def test_offline_audit_prints_no_index_drift(tmp_path: Path, store: tuple[Path, Path]) -> None:

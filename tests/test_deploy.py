@@ -64,6 +64,7 @@ def test_alerts_and_dashboard_read_only_exported_metrics() -> None:
         "lethe_overdue_commitments",
         "lethe_unreadable_records",
         "lethe_refused_calls_total",
+        "lethe_stray_key_files",
     ):
         assert metric in _referenced(alerts), metric
 

@@ -2,6 +2,8 @@
 
 Safe beside a running server (it only reads). Index drift is not measured:
 only ``Lifecycle.Audit`` on the server, which holds the indexes, can count it.
+Besides the owners' counts it counts the stray temporary KEK files a crash left
+beside the KEK file (``stray_key_files``; they may hold destroyed KEK versions).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def add(sub: Subcommands) -> None:
         sub,
         "audit",
         "print the audit counts of every owner; exit 1 if any count is non-zero",
-        json_help="{healthy, totals, owners: {owner: counts}} (unhealthy owners only)",
+        json_help="{healthy, totals, owners: {owner: counts}, stray_key_files} "
+        "(unhealthy owners only)",
     ).set_defaults(run=run)
 
 
@@ -56,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     total = AuditCounts()
     unhealthy: dict[str, dict[str, int]] = {}
     try:
+        strays = store.stray_key_files()
         for owner in store.owners():
             counts = store.audit(owner)
             for key, value in asdict(counts).items():
@@ -64,12 +68,14 @@ def run(args: argparse.Namespace) -> int:
                 unhealthy[owner] = measured(counts)
     finally:
         store.close()
+    healthy = total.healthy() and not strays
     if args.json:
         emit(
             {
-                "healthy": total.healthy(),
+                "healthy": healthy,
                 "totals": measured(total),
                 "owners": unhealthy,
+                "stray_key_files": strays,
                 "not_measured": list(OFFLINE_UNMEASURED),
             }
         )
@@ -78,4 +84,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"owners/{owner}: {counts_of}")
         for key, value in measured(total).items():
             print(f"{key}: {value}")
-    return EXIT_OK if total.healthy() else EXIT_FAILED
+        print(f"stray_key_files: {strays}")
+    return EXIT_OK if healthy else EXIT_FAILED

@@ -75,6 +75,7 @@ class Lifecycle(Deletions):
         self.metrics.index_vectors.set(self.retriever.cache.total_vectors())
         self.metrics.index_bytes.set(self.retriever.cache.total_bytes())
         self.metrics.keystore_keys.set(self.store.key_count())
+        self.metrics.stray_key_files.set(self.store.stray_key_files())
         self.metrics.unreadable_records.set(self.store.unreadable_count())
         used = self.store.used_bytes()
         self.metrics.store_bytes.set(used)

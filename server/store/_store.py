@@ -16,6 +16,7 @@ running.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -44,6 +45,8 @@ from shredder import (
     default_kek_path,
     open_durable_env,
 )
+
+_log = logging.getLogger(__name__)
 
 KEK_ENV = "LETHE_KEK"
 DEFAULT_MAX_STORE_SIZE = 64 << 30
@@ -155,6 +158,14 @@ class Store(
         first_start = Keystore.read_store_id(ks_path) is None
         store_id = Keystore.init_store_id(ks_path)
         self.kek = load_kek(self.data_dir, store_id, kek_file, create=first_start)
+        if lock:  # the one process that may write the KEK file: leftovers of a crash go
+            removed = self.kek.remove_stray_files()
+            if removed:
+                _log.warning(
+                    "removed %d temporary KEK files a write cut short by a crash left beside %s",
+                    removed,
+                    self.kek.path,
+                )
         self.keystore = Keystore(ks_path, self.kek, map_size=KEYSTORE_MAP_SIZE)
         data_path.mkdir(parents=True, exist_ok=True)
         names = Tables.names()
@@ -200,6 +211,15 @@ class Store(
         page size (freed pages are reused before the file grows)."""
         info, stat = self.env.info(), self.env.stat()
         return (int(info["last_pgno"]) + 1) * int(stat["psize"])
+
+    def stray_key_files(self) -> int:
+        """Temporary KEK files a crash left beside the KEK file (0 in a healthy store).
+
+        The serving process removes them when it opens the store and after each
+        write of the KEK file; ``lethe audit`` and ``lethe_stray_key_files`` count
+        the ones a crash left since.
+        """
+        return len(self.kek.stray_files())
 
     @property
     def kek_rotatable(self) -> bool:

@@ -11,6 +11,8 @@ fails when a failpoint is declared without a case here.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -705,6 +707,109 @@ def test_crash_mid_rotation_converges(point: str, tmp_path: Path) -> None:
     assert _kek_versions(kek) == 1
 
 
+def _opens_forgotten(copy: Path, kek_file: Path, name: str) -> bool:
+    """Whether the data and keystore in ``copy``, with ``kek_file`` as the KEK,
+    open the turn ``name`` (``owners/{o}/threads/{t}/turns/{seq}``)."""
+    from server.store import Store
+
+    parts = name.split("/")
+    thread, seq = parts[3], int(parts[5])
+    try:
+        store = Store(copy, kek_file=kek_file, lock=False)
+    except Exception:  # not a KEK file, or one that opens nothing of this store
+        return False
+    try:
+        metas = [m for m in store.thread_turns(OWNER, thread) if m.seq == seq]
+        rows = store.fetch([m.rid for m in metas])
+        for meta, cts in rows.values():
+            with contextlib.suppress(Exception):  # a key that does not open: not this one
+                store.turn_view(meta, cts, with_embedding=False)  # type: ignore[arg-type]
+                return True
+        return False
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("point", "action"),
+    [
+        ("keystore.rotate.after_kek", "kill"),
+        ("keystore.rotate.after_rewrap", "kill"),
+        ("kek.write.after_temp", "kill"),  # adding the new KEK version
+        ("kek.write.after_temp", "kill@2"),  # destroying the old versions
+        ("kek.write.after_replace", "kill"),
+        ("kek.write.after_replace", "kill@2"),
+    ],
+)
+def test_no_file_left_by_a_killed_rotation_opens_a_pre_forget_copy(
+    point: str, action: str, tmp_path: Path
+) -> None:
+    """``lethe rotate`` killed at each step of the rotation and of each KEK file
+    write, then started and rotated again: no file in the KEK's directory, stray
+    temporary KEK files included, opens the forgotten turn in a copy of the data
+    and the keystore taken before the forget (as an old backup and a keystore
+    snapshot would hold it). A temporary KEK file a kill left once held the old
+    KEK version after the rotation that destroyed it."""
+    data = tmp_path / "d"
+    kek = tmp_path / "config" / "kek.json"
+    env = {k: v for k, v in base_env("").items() if k != "LETHE_KEK"}
+    env["TEST_KEK_FILE"] = str(kek)
+    token = make_token(data, env, OWNER)
+    with serving(data, env) as clean:
+        state = _with_turns(clean.stubs(token))
+    copy = tmp_path / "before-forget"
+    shutil.copytree(data, copy, ignore=shutil.ignore_patterns("lethe.lock"))
+    forgotten = state["turns"][0]
+    assert _opens_forgotten(copy, kek, forgotten)  # the copy is a real one
+    with serving(data, env) as again:
+        _forget_first(again.stubs(token), state)
+    done = _cli(
+        {**env, "LETHE_FAILPOINTS": f"{point}={action}"},
+        "rotate",
+        "--data",
+        str(data),
+        "--kek-file",
+        str(kek),
+    )
+    assert done.returncode == -9, done.stderr
+    with serving(data, env) as again:  # start-up removes what the kill left
+        _check_forgotten(again.stubs(token), state)
+    assert _cli(env, "rotate", "--data", str(data), "--kek-file", str(kek)).returncode == 0
+    left = sorted(p for p in kek.parent.iterdir() if p.is_file())
+    opening = [p.name for p in left if _opens_forgotten(copy, p, forgotten)]
+    assert opening == []
+    assert left == [kek]
+    assert audit(data, env)[0] == 0
+
+
+def test_the_audit_counts_a_stray_kek_file_and_the_next_start_removes_it(
+    tmp_path: Path,
+) -> None:
+    """A rotation killed with its temporary KEK file written: ``lethe audit`` (server
+    stopped) reports it and fails; the next start removes it."""
+    data = tmp_path / "d"
+    kek = tmp_path / "config" / "kek.json"
+    env = {k: v for k, v in base_env("").items() if k != "LETHE_KEK"}
+    env["TEST_KEK_FILE"] = str(kek)
+    token = make_token(data, env, OWNER)
+    with serving(data, env) as clean:
+        _forget_first(clean.stubs(token), _with_turns(clean.stubs(token)))
+    killed = _cli(
+        armed(env, "kek.write.after_temp"), "rotate", "--data", str(data), "--kek-file", str(kek)
+    )
+    assert killed.returncode == -9, killed.stderr
+    strays = [p for p in kek.parent.iterdir() if p.name.endswith(".tmp")]
+    assert len(strays) == 1
+    assert strays[0].stat().st_mode & 0o777 == 0o600
+    status, output = audit(data, env)
+    assert status == 1
+    assert "stray_key_files: 1" in output
+    with serving(data, env):
+        pass
+    assert [p for p in kek.parent.iterdir() if p.name.endswith(".tmp")] == []
+    assert audit(data, env)[0] == 0
+
+
 def test_crash_mid_backup_leaves_a_backup_that_restore_refuses(
     tmp_path: Path, kek_env: str
 ) -> None:
@@ -801,6 +906,8 @@ COVERED = (
         "rotation.after_commit",
         "keystore.rotate.after_kek",
         "keystore.rotate.after_rewrap",
+        "kek.write.after_temp",
+        "kek.write.after_replace",
         "backup.after_copy",
         "restore.after_replace",
     }
