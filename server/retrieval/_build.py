@@ -173,8 +173,8 @@ class IndexBuilds:
     def _texts(self, metas: Sequence[RecordMeta]) -> dict[int, str]:
         """What the plain legs index for each record whose content can be opened.
 
-        ``speaker: text`` of a turn; a memory's text (a graph edge's ``subject
-        predicate object`` when it has no text).
+        ``speaker: text`` of a turn; a memory's text (a graph edge's
+        ``subject predicate object`` when it has no text).
         """
         turns = [m for m in metas if isinstance(m, TurnMeta)]
         rows = [
