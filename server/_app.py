@@ -395,9 +395,11 @@ class LetheServer:
         self._stopped.wait()
 
     def stop(self, grace: float = 5.0) -> None:
-        """Drain (see the module docstring): health ``NOT_SERVING``, new calls
-        refused, streams ended, running calls given ``grace`` seconds; then stop
-        the sweeper and close the store. Idempotent."""
+        """Drain the server, then stop the sweeper and close the store; idempotent.
+
+        Draining (see the module docstring): health ``NOT_SERVING``, new calls
+        refused, streams ended, running calls given ``grace`` seconds.
+        """
         loop = self._loop
         if loop is not None:
             # Bounded from this thread too: grpc.aio's shutdown has blocked the

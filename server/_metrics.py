@@ -1,6 +1,7 @@
-"""Prometheus metrics (API.md, "Metrics"), on their own registry so a test
-can run several servers in one process, and the interceptor that times every
-RPC.
+"""Prometheus metrics (API.md, "Metrics") and the interceptor that times every RPC.
+
+The metrics live on their own registry, so a test can run several servers in
+one process.
 
 Besides Lethe's own metrics, :class:`RpcMetricsInterceptor` exports the
 standard gRPC server metrics under the names of go-grpc-prometheus (and
@@ -221,8 +222,11 @@ class Metrics:
 
 
 class _Series:
-    """The labelled children of one method's RPC metrics, looked up once: a
-    ``labels()`` lookup takes a lock and builds a key, and every call made five."""
+    """The labelled children of one method's RPC metrics, looked up once.
+
+    A ``labels()`` lookup takes a lock and builds a key, and every call made
+    five.
+    """
 
     __slots__ = (
         "_by_code",
@@ -298,8 +302,10 @@ def _code(context: Any, default: str) -> str:
 
 
 class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Counts and times every RPC of the asyncio server, unary and streaming,
-    into the standard gRPC server metrics and ``lethe_rpc_duration_seconds{method,code}``.
+    """Counts and times every RPC of the asyncio server, unary and streaming.
+
+    It records them in the standard gRPC server metrics and in
+    ``lethe_rpc_duration_seconds{method,code}``.
 
     The handlers it wraps may be coroutine functions or plain functions (unary
     responses), async or plain generators (streamed responses), as grpc.aio

@@ -1,5 +1,6 @@
-"""Request fields that hold resource names: :mod:`lethe.names` (the one grammar)
-with its :class:`~lethe.names.InvalidName` turned into ``INVALID_ARGUMENT``
+"""Request fields that hold resource names, parsed by :mod:`lethe.names` (the one grammar).
+
+Its :class:`~lethe.names.InvalidName` is turned into ``INVALID_ARGUMENT``
 naming the request field.
 """
 

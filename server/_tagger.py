@@ -93,9 +93,11 @@ COMMITMENT_PHRASE = re.compile(_PROMISE + _COMMIT_VERB, re.IGNORECASE)
 
 
 def _commitments(sentences: list[str], said_at: float) -> list[Proposal]:
-    """ASSISTANT promises to check, confirm, follow up, get back, look into, let you know,
-    remind or send (ARCHITECTURE.md "Shapes": "an assistant saying it will check or
-    get back to the person yields a commitment candidate").
+    """The ASSISTANT's promises to act later: commitment candidates.
+
+    A promise to check, confirm, follow up, get back, look into, let you know,
+    remind or send (ARCHITECTURE.md "Shapes": "an assistant saying it will
+    check or get back to the person yields a commitment candidate").
 
     Shapes: ``sentences`` is the turn's sentences in order; returns one COMMITMENT
     :class:`Proposal` per matching sentence, ``due_time`` from :func:`due_time` on that
@@ -136,10 +138,11 @@ RHETORICAL_QUESTION = re.compile(
 
 
 def _open_questions(sentences: list[str]) -> list[Proposal]:
-    """Questions the ASSISTANT asks the person: sentences ending in ``?``, minus greeting
-    pleasantries (``how are you?``) and tag/rhetorical questions (``..., right?``)
-    (ARCHITECTURE.md "Shapes": "a question the assistant asks yields an open
-    question").
+    """Questions the ASSISTANT asks the person: sentences ending in ``?``, minus two kinds.
+
+    Left out: greeting pleasantries (``how are you?``) and tag/rhetorical
+    questions (``..., right?``) (ARCHITECTURE.md "Shapes": "a question the
+    assistant asks yields an open question").
 
     Shapes: ``sentences`` is the turn's sentences in order; returns one OPEN_QUESTION
     :class:`Proposal` per matching sentence, ``due_time`` always ``None``.
@@ -198,9 +201,11 @@ def _may_pause(text: str) -> bool:
 
 
 def _pending_points(sentences: list[str]) -> list[Proposal]:
-    """The person (USER) breaks off mid-thought: "hold on", "one sec", "brb", "gotta go",
-    "I have a call", "let me get back to this", "I'll finish later", "to be continued".
-    "hold on to ..." is not a pause.
+    """The person (USER) breaks off mid-thought ("hold on", "brb", "I'll finish later", ...).
+
+    The phrases: "hold on", "one sec", "brb", "gotta go", "I have a call", "let
+    me get back to this", "I'll finish later", "to be continued". "hold on to
+    ..." is not a pause.
 
     Shapes: ``sentences`` is the turn's sentences in order; returns one PENDING_POINT
     :class:`Proposal` per matching sentence, ``due_time`` always ``None``.

@@ -84,11 +84,15 @@ class LetheError(Exception):
 
 
 class Unauthenticated(LetheError):
+    """The call has no bearer token (``MISSING_TOKEN``), or a malformed, unknown or repeated one."""
+
     code = grpc.StatusCode.UNAUTHENTICATED
     default_reason = Reason.INVALID_TOKEN
 
 
 class PermissionDenied(LetheError):
+    """The token may not act for the owner the request names."""
+
     code = grpc.StatusCode.PERMISSION_DENIED
     default_reason = Reason.OWNER_NOT_ALLOWED
 
@@ -111,6 +115,7 @@ class InvalidArgument(LetheError):
         self.description = description
 
     def details(self) -> list[any_pb2.Any]:
+        """One ``google.rpc.BadRequest`` naming :attr:`field` and its description."""
         bad = error_details_pb2.BadRequest(
             field_violations=[
                 error_details_pb2.BadRequest.FieldViolation(
@@ -124,6 +129,8 @@ class InvalidArgument(LetheError):
 
 
 class NotFound(LetheError):
+    """The named resource never existed (:class:`RecordDeleted`: it existed and is gone)."""
+
     code = grpc.StatusCode.NOT_FOUND
     default_reason = Reason.NOT_FOUND
 
@@ -146,6 +153,7 @@ class FailedPrecondition(LetheError):
         self.subject = subject
 
     def details(self) -> list[any_pb2.Any]:
+        """One ``google.rpc.PreconditionFailure`` naming :attr:`subject`; none without one."""
         if not self.subject:
             return []
         failure = error_details_pb2.PreconditionFailure(
@@ -181,6 +189,7 @@ class OwnerMoved(FailedPrecondition):
         self.target = target
 
     def info_metadata(self) -> dict[str, str]:
+        """``owner``, ``shard`` and, when recorded, ``target``."""
         meta = {"owner": self.owner, "shard": self.shard}
         if self.target:
             meta["target"] = self.target
@@ -188,16 +197,22 @@ class OwnerMoved(FailedPrecondition):
 
 
 class AlreadyExists(LetheError):
+    """The id is taken (``ALREADY_EXISTS``), or a slot already holds an active memory."""
+
     code = grpc.StatusCode.ALREADY_EXISTS
     default_reason = Reason.ALREADY_EXISTS
 
 
 class Aborted(LetheError):
+    """A version check failed: ``expected_version`` is stale, or records changed meanwhile."""
+
     code = grpc.StatusCode.ABORTED
     default_reason = Reason.VERSION_MISMATCH
 
 
 class StoreFull(LetheError):
+    """The store has reached ``--max-store-size``; the write is refused whole."""
+
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
     default_reason = Reason.STORE_FULL
 
@@ -226,6 +241,7 @@ class Overloaded(LetheError):
         self.retry_after = retry_after
 
     def details(self) -> list[any_pb2.Any]:
+        """One ``google.rpc.RetryInfo`` whose delay is :attr:`retry_after` seconds."""
         info = error_details_pb2.RetryInfo()
         info.retry_delay.FromNanoseconds(int(self.retry_after * 1e9))
         packed = any_pb2.Any()
@@ -241,8 +257,11 @@ class MalformedRequest(LetheError):
 
 
 class WrongOwnerHeader(LetheError):
-    """The ``x-lethe-owner`` routing header is missing (when required), malformed,
-    repeated, or names another owner than the request (a misrouted call)."""
+    """The ``x-lethe-owner`` routing header is missing, malformed, repeated, or names another owner.
+
+    Missing counts only when the header is required; another owner than the
+    request's is a misrouted call.
+    """
 
     code = grpc.StatusCode.INVALID_ARGUMENT
     default_reason = Reason.OWNER_HEADER_MISMATCH
@@ -263,8 +282,9 @@ class Unavailable(LetheError):
 
 
 class OwnerMoving(Unavailable):
-    """The owner is being moved between shards: retry (after the cut-over the
-    proxy routes it to its new shard); nothing was written.
+    """The owner is being moved between shards: retry; nothing was written.
+
+    After the cut-over the proxy routes the owner to its new shard.
 
     Args:
         owner: the owner's id.
@@ -282,15 +302,20 @@ class OwnerMoving(Unavailable):
         self.shard = shard
 
     def info_metadata(self) -> dict[str, str]:
+        """``owner`` and ``shard`` (the other side of the move)."""
         return {"owner": self.owner, "shard": self.shard}
 
 
 class DataLoss(LetheError):
+    """Stored ciphertext fails authentication, or a key is missing that no deletion explains."""
+
     code = grpc.StatusCode.DATA_LOSS
     default_reason = Reason.INTEGRITY
 
 
 class Unimplemented(LetheError):
+    """The method is not implemented; carries no reason (no ``ErrorInfo``)."""
+
     code = grpc.StatusCode.UNIMPLEMENTED
 
 

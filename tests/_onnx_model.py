@@ -1,6 +1,8 @@
-"""A tiny sentence encoder built at test time: a real ONNX graph and a real
-``tokenizers`` WordPiece tokenizer, for the tests of ``index.OnnxEmbedder`` and of
-``lethe serve --embedder onnx:DIR`` (nothing may be downloaded, so no real model).
+"""A tiny sentence encoder built at test time: a real ONNX graph and a real WordPiece tokenizer.
+
+The tokenizer is built with the ``tokenizers`` library. For the tests of
+``index.OnnxEmbedder`` and of ``lethe serve --embedder onnx:DIR`` (nothing may
+be downloaded, so no real model).
 
 The graph (``onnx.helper``): token embeddings ``E[input_ids]`` ``(batch, tokens, dim)``,
 a dense layer with ``tanh``, then the token states as ``last_hidden_state`` — what a
@@ -67,8 +69,10 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *dict.fromkeys(WORDS), "##s", "##in
 def build(
     directory: Path, dim: int = 16, seed: int = 0, config: dict[str, object] | None = None
 ) -> Path:
-    """Write ``model.onnx``, ``tokenizer.json`` (and ``lethe-embedder.json`` when
-    ``config`` is given) into ``directory``; returns it."""
+    """Write ``model.onnx`` and ``tokenizer.json`` into ``directory``; returns it.
+
+    ``lethe-embedder.json`` is written too when ``config`` is given.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     table = rng.standard_normal((len(VOCAB), dim)).astype(np.float32)

@@ -1,6 +1,9 @@
-"""Certificates made at test time (pyca/cryptography): a CA, a server
-certificate for 127.0.0.1 / localhost, a client certificate, and a second CA
-that signed nothing the server trusts. P-256 keys, valid for one day."""
+"""Certificates made at test time (pyca/cryptography): a CA, server and client certs, a rogue CA.
+
+In full: a CA, a server certificate for 127.0.0.1 / localhost, a client
+certificate, and a second CA that signed nothing the server trusts. P-256 keys,
+valid for one day.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Real ``lethe serve`` processes for the multi-shard tests, each with its own
-data directory and KEK (in its environment), and the ``lethe`` CLI beside them."""
+"""Real ``lethe serve`` processes for the multi-shard tests, and the ``lethe`` CLI beside them.
+
+Each has its own data directory and KEK (in its environment).
+"""
 
 from __future__ import annotations
 
@@ -33,8 +35,11 @@ class ShardProc:
         return f"127.0.0.1:{self.port}"
 
     def env(self) -> dict[str, str]:
-        """The environment of its server and of ``lethe`` beside it: the KEK in
-        ``LETHE_KEK``, or in a KEK file (``LETHE_KEK_FILE``) when ``kek_file`` is set."""
+        """The environment of its server and of ``lethe`` beside it.
+
+        The KEK is in ``LETHE_KEK``, or in a KEK file (``LETHE_KEK_FILE``) when
+        ``kek_file`` is set.
+        """
         env = {k: v for k, v in os.environ.items() if k not in ("LETHE_KEK", "LETHE_KEK_FILE")}
         if self.kek_file is not None:
             return env | {"LETHE_KEK_FILE": str(self.kek_file)}
@@ -92,8 +97,10 @@ def lethe_cli(shard: ShardProc, *args: str, stdin: str = "") -> subprocess.Compl
 
 
 def shared_token(shards: list[ShardProc]) -> str:
-    """An admin token made on the first shard and imported on the others, as an
-    operator does it (``lethe token create``, then ``lethe shard token-import``)."""
+    """An admin token made on the first shard and imported on the others, as an operator does it.
+
+    With ``lethe token create``, then ``lethe shard token-import``.
+    """
     made = lethe_cli(shards[0], "token", "create", "--data", str(shards[0].data), "--admin")
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
@@ -124,8 +131,10 @@ def stop_shard(shard: ShardProc) -> None:
 
 @contextlib.contextmanager
 def running_shards(shards: Iterable[ShardProc], work: Path) -> Iterator[None]:
-    """Start every shard's server (log ``work/NAME.log``), wait until each
-    serves, and stop them all on exit, whatever happened."""
+    """Start every shard's server, wait until each serves, stop them all on exit whatever happened.
+
+    Each logs to ``work/NAME.log``.
+    """
     started = list(shards)
     try:
         for shard in started:

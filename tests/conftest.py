@@ -27,11 +27,13 @@ from shredder import KekRing
 
 
 class Client(TypedClient):
-    """The typed client, plus shorthands for the raw stubs on its channel that
-    the wire-level tests call directly (``c.threads.CreateThread(req,
-    metadata=c.md)``): ``.channel``, ``.token``, ``.md`` and ``.threads``,
-    ``.memories``, ``.retrieval``, ``.lifecycle``, ``.repairs``, ``.events``,
-    ``.health``."""
+    """The typed client, plus shorthands for the raw stubs on its channel.
+
+    The wire-level tests call the stubs directly
+    (``c.threads.CreateThread(req, metadata=c.md)``): ``.channel``, ``.token``,
+    ``.md`` and ``.threads``, ``.memories``, ``.retrieval``, ``.lifecycle``,
+    ``.repairs``, ``.events``, ``.health``.
+    """
 
     def __init__(self, target: str, token: str, **kwargs: Any) -> None:
         super().__init__(target, token, **kwargs)
@@ -82,8 +84,11 @@ class Lethe:
             self.server = None
 
     def restart(self, *, same_port: bool = False) -> None:
-        """Stop and start again on the same data directory; with ``same_port``
-        on the same port, and clients made before stay open (they reconnect)."""
+        """Stop and start again on the same data directory.
+
+        With ``same_port`` on the same port, and clients made before stay open
+        (they reconnect).
+        """
         self.stop(keep_clients=same_port)
         self.start(same_port=same_port)
 
@@ -96,8 +101,10 @@ class Lethe:
     def client(
         self, *owners: str, admin: bool = False, token: str | None = None, **kwargs: Any
     ) -> Client:
-        """A typed client on a new channel, with a new token for ``owners`` (or
-        ``token``); ``kwargs`` go to :class:`lethe.client.Client`. Closed at stop."""
+        """A typed client on a new channel, with a new token for ``owners`` (or ``token``).
+
+        ``kwargs`` go to :class:`lethe.client.Client`. Closed at stop.
+        """
         client = Client(
             f"127.0.0.1:{self.port}", token or self.token(*owners, admin=admin), **kwargs
         )
@@ -107,9 +114,11 @@ class Lethe:
 
 @pytest.fixture
 def locomo_path() -> Path:
-    """``../shared/data/locomo/locomo10.json``; a test that needs it skips on a
-    developer machine without it and fails under ``CI`` (which has it beside the
-    clone)."""
+    """``../shared/data/locomo/locomo10.json``, the LoCoMo data set.
+
+    A test that needs it skips on a developer machine without it and fails
+    under ``CI`` (which has it beside the clone).
+    """
     path = find_locomo()
     if path is None:
         why = "../shared/data/locomo/locomo10.json is not beside this checkout"

@@ -121,8 +121,11 @@ def test_smoke_reports_the_optional_peers_or_says_they_are_skipped(
 
 
 def test_the_move_benchmark_runs_and_loses_no_write(tmp_path: Path) -> None:
-    """``bench/bench_move.py`` on a small owner: it moves it under write load and
-    every acknowledged write is on the destination (its figures are not checked)."""
+    """``bench/bench_move.py`` on a small owner moves it under write load and loses no write.
+
+    Every acknowledged write is on the destination (its figures are not
+    checked).
+    """
     out = tmp_path / "move.json"
     run = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_move.py"), "--turns", "300", "--others", "1",

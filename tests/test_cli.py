@@ -1,5 +1,8 @@
-"""The ``lethe`` command line, run as a user would: subprocesses for ``serve``
-(graceful SIGTERM), ``token create`` and refusals; ``demo`` in-process."""
+"""The ``lethe`` command line, run as a user would.
+
+Subprocesses for ``serve`` (graceful SIGTERM), ``token create`` and refusals;
+``demo`` in-process.
+"""
 
 from __future__ import annotations
 
@@ -136,9 +139,12 @@ def test_serve_refuses_kek_inside_data_directory(tmp_path: Path) -> None:
 def test_sigterm_the_moment_serve_says_it_is_ready_stops_it_cleanly(
     tmp_path: Path, kek_env: str
 ) -> None:
-    """A supervisor may signal as soon as it reads the ready line: the handler is
-    installed before that line is printed (it once came after, and a SIGTERM in
-    between killed the server instead of draining it: exit -15)."""
+    """A supervisor may signal as soon as it reads the ready line: the handler is already installed.
+
+    The handler is installed before that line is printed (it once came after,
+    and a SIGTERM in between killed the server instead of draining it:
+    exit -15).
+    """
     env = {**os.environ, "LETHE_KEK": kek_env}
     codes = []
     for i in range(5):
@@ -170,8 +176,11 @@ def test_demo_on_sample_conversation_passes_its_checks(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``LETHE_JSON`` makes the report the demo's stdout; its ``lethe``
-    children (token create, serve, backup, restore) do not inherit it."""
+    """``LETHE_JSON`` makes the report the demo's stdout.
+
+    Its ``lethe`` children (token create, serve, backup, restore) do not
+    inherit it.
+    """
     monkeypatch.setenv("LETHE_JSON", "1")
     out = tmp_path / "demo.json"
     rc = main(["demo", "--data", str(tmp_path / "d"), "--sample", "--out", str(out)])

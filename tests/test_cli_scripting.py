@@ -1,9 +1,12 @@
-"""The ``lethe`` command line as a script sees it (docs/operating.md, "The command line
-for scripts"): settings from the command line, the environment and a TOML
-config file in that order; refusals that name the variable, key, path or
-address; ``--json`` documents alone on stdout; progress bars only on a
-terminal; ``--help`` showing every option's default. Every command runs as a
-subprocess, as a script would run it, on a real store."""
+"""The ``lethe`` command line as a script sees it.
+
+As docs/operating.md, "The command line for scripts", describes it. Settings
+from the command line, the environment and a TOML config file in that order;
+refusals that name the variable, key, path or address; ``--json`` documents
+alone on stdout; progress bars only on a terminal; ``--help`` showing every
+option's default. Every command runs as a subprocess, as a script would run it,
+on a real store.
+"""
 
 from __future__ import annotations
 

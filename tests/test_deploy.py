@@ -1,9 +1,11 @@
-"""The operations kit in ``deploy/`` fits the server it watches: every metric
-the alert rules and the dashboard read is one ``lethe serve`` exports (or one
-announced for a coming release), the unit and the backup script agree on
-where things live, and the backup script backs up data and nothing else.
-(promtool and systemd-analyze check the files themselves:
-``scripts/check_deploy.sh``.)"""
+"""The operations kit in ``deploy/`` fits the server it watches.
+
+Every metric the alert rules and the dashboard read is one ``lethe serve``
+exports (or one announced for a coming release), the unit and the backup script
+agree on where things live, and the backup script backs up data and nothing
+else. (promtool and systemd-analyze check the files themselves:
+``scripts/check_deploy.sh``.)
+"""
 
 from __future__ import annotations
 

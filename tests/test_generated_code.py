@@ -1,6 +1,9 @@
-"""The committed generated packages ``lethe/v1`` and ``lethe/errors`` must be exactly
-what ``scripts/gen_protos.py`` produces from ``proto/``: a stale generated file (or a
-stale copy of a ``.proto`` beside them) fails here."""
+"""The committed generated packages are exactly what ``scripts/gen_protos.py`` produces.
+
+``lethe/v1`` and ``lethe/errors`` must be exactly what it produces from
+``proto/``: a stale generated file (or a stale copy of a ``.proto`` beside
+them) fails here.
+"""
 
 from __future__ import annotations
 

@@ -55,8 +55,11 @@ def _module(path: Path) -> str:
 
 
 def _imports(path: Path) -> set[str]:
-    """Every module ``path`` imports, by absolute name. ``from a import b`` is
-    ``a.b`` when that is a module of the project (``b`` is a submodule), else ``a``."""
+    """Every module ``path`` imports, by absolute name.
+
+    ``from a import b`` is ``a.b`` when that is a module of the project (``b``
+    is a submodule), else ``a``.
+    """
     tree = ast.parse(path.read_text(), str(path))
     out: set[str] = set()
     for node in ast.walk(tree):

@@ -1,5 +1,7 @@
-"""Moving an owner between two real ``lethe serve`` processes, each with its own
-data directory and KEK, with the ``lethe owner`` commands run beside them.
+"""Moving an owner between two real ``lethe serve`` processes, with the ``lethe owner`` commands.
+
+Each process has its own data directory and KEK; the ``lethe owner`` commands
+run beside them.
 
 What is checked: the moved owner reads back the same on the destination (turns,
 a pending turn, a memory with its lineage, vectors found by DENSE search, its
@@ -75,8 +77,11 @@ def _client(shard: ShardProc, token: str) -> lc.Client:
 
 
 def _write_owner(client: lc.Client, owner: str) -> dict[str, Any]:
-    """An owner with committed and pending turns, vectors, a memory with lineage,
-    a forgotten turn and a forgotten thread; returns the names to check."""
+    """An owner with pending and committed turns, vectors, lineage and forgotten records.
+
+    Committed and pending turns, vectors, a memory with lineage, a forgotten
+    turn and a forgotten thread; returns the names to check.
+    """
     thread = client.create_thread(f"owners/{owner}", thread_id="t1").name
     turns = [
         {"role": "USER", "text": f"{owner} turn {i} heron", "embedding": _unit(i), "commit": True}
@@ -102,8 +107,11 @@ def _write_owner(client: lc.Client, owner: str) -> dict[str, Any]:
 
 
 def _snapshot(client: lc.Client, owner: str) -> dict[str, Any]:
-    """What the owner reads back: every thread's turns, its memories and their
-    sources, a DENSE search (vectors) and a LEXICAL one."""
+    """What the owner reads back: turns, memories and their sources, a DENSE and a LEXICAL search.
+
+    Every thread's turns, its memories and their sources, a DENSE search
+    (vectors) and a LEXICAL one.
+    """
     threads = sorted(t.name for t in client.iter_threads(f"owners/{owner}"))
     turns = {
         t: [
@@ -162,8 +170,11 @@ def _store_rows_and_keys(shard: ShardProc, owner: str) -> tuple[dict[str, int], 
 def _move(
     src: ShardProc, dst: ShardProc, work: Path, owner: str, *, crash: str = "", step: str = ""
 ) -> dict[str, Any]:
-    """The whole move, src → dst; with ``crash``, the command of ``step`` is
-    killed at that failpoint first, then run again (as an operator would)."""
+    """The whole move, src → dst, optionally killed at one step's failpoint and run again.
+
+    With ``crash``, the command of ``step`` is killed at that failpoint first,
+    then run again (as an operator would).
+    """
     key = work / f"{owner}-{dst.name}-{os.urandom(4).hex()}.key"
     public = _ok(lethe_cli(dst, "owner", "receive-key", "--out", str(key), "--json"))["public"]
     out = work / f"{owner}.lethe-owner"
@@ -313,8 +324,11 @@ def test_a_kill_at_every_step_of_a_move_converges(
 
 @pytest.fixture(scope="module")
 def filed_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ShardProc]]:
-    """Two servers whose KEKs are files (``lethe owner move`` opens both stores
-    in one process, so their KEKs cannot both come from ``LETHE_KEK``)."""
+    """Two servers whose KEKs are files.
+
+    ``lethe owner move`` opens both stores in one process, so their KEKs cannot
+    both come from ``LETHE_KEK``.
+    """
     work = tmp_path_factory.mktemp("move-files")
     shards = {
         name: ShardProc(name, work / f"data-{name}", "", free_port(), kek_file=work / f"kek-{name}")
@@ -429,10 +443,13 @@ def test_writes_during_a_one_command_move_are_refused_briefly_and_none_is_lost(
 def test_old_backups_of_the_source_do_not_bring_a_moved_owner_back(
     filed_pair: dict[str, ShardProc], tmp_path: Path
 ) -> None:
-    """Runs last (it stops and restores shard a). A data backup of a taken before
-    the move, restored beside a's keystore after it, yields a's other owners and
-    nothing readable of the moved one; a copy of a's keystore from before the
-    move opens nothing once a has rotated."""
+    """Old backups of the source bring nothing readable of a moved owner back.
+
+    Runs last (it stops and restores shard a). A data backup of a taken before
+    the move, restored beside a's keystore after it, yields a's other owners
+    and nothing readable of the moved one; a copy of a's keystore from before
+    the move opens nothing once a has rotated.
+    """
     a, c = filed_pair["a"], filed_pair["c"]
     made = lethe_cli(a, "token", "create", "--data", str(a.data), "--admin")
     assert made.returncode == 0, made.stderr

@@ -1,8 +1,9 @@
-"""Careless and bad input to the ``lethe owner`` commands, against two real
-``lethe serve`` processes (KEK files): each refused step exits 1 or 2 with a
-message and no traceback, and leaves nothing half-done — no marker that
-refuses the owner's writes on the source, no copy on the destination, no
-store created where the operator mistyped one.
+"""Careless and bad input to the ``lethe owner`` commands: refused cleanly, nothing left half-done.
+
+Against two real ``lethe serve`` processes (KEK files): each refused step exits
+1 or 2 with a message and no traceback, and leaves nothing half-done — no
+marker that refuses the owner's writes on the source, no copy on the
+destination, no store created where the operator mistyped one.
 """
 
 from __future__ import annotations
@@ -157,8 +158,11 @@ def test_a_bad_import_is_refused_and_leaves_nothing_on_the_destination(
 def test_an_import_where_the_owner_token_is_already_stored(
     pair: dict[str, ShardProc], token: str, tmp_path: Path
 ) -> None:
-    """docs/sharding.md's way to use a token on every shard: stored on the destination
-    too before the move (``lethe shard token-import --owner``)."""
+    """docs/sharding.md's way to use a token on every shard: store it on the destination first.
+
+    The token is stored on the destination too before the move
+    (``lethe shard token-import --owner``).
+    """
     a, c = pair["a"], pair["c"]
     _make_owner(a, token, "dan")
     made = lethe_cli(a, "token", "create", "--data", str(a.data), "--owner", "dan")

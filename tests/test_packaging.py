@@ -1,8 +1,10 @@
-"""The distributions carry what a user of the API needs: the wheel holds
-every module of the four packages (the package list once left out
-``server.store`` and ``server.services``), the ``.proto`` files beside the
+"""The distributions carry what a user of the API needs.
+
+The wheel holds every module of the four packages (the package list once left
+out ``server.store`` and ``server.services``), the ``.proto`` files beside the
 generated code (an installed Lethe is an include root for ``protoc``) and the
-LICENSE; the sdist holds ``proto/`` and the LICENSE too."""
+LICENSE; the sdist holds ``proto/`` and the LICENSE too.
+"""
 
 from __future__ import annotations
 

@@ -180,8 +180,10 @@ def test_server_public_names_resolve() -> None:
 
 
 def test_every_rpc_of_the_api_is_served_by_our_servicers() -> None:
-    """The generated ``*Servicer`` base classes answer NotImplementedError; every
-    method of every lethe.v1 service must be overridden by the class we register."""
+    """Every method of every lethe.v1 service is overridden by the servicer class we register.
+
+    The generated ``*Servicer`` base classes answer NotImplementedError.
+    """
     from lethe.v1 import (
         events_pb2,
         lifecycle_pb2,

@@ -1,7 +1,9 @@
-"""The shell scripts of the README set up what they promise: ``scripts/_venv.sh``
-(sourced by ``scripts/test.sh`` and ``scripts/demo.sh``) makes ``.venv`` again
-when it holds a Python that is too old, broken, or not the ``PYTHON`` asked for,
-instead of reusing it forever."""
+"""The shell scripts of the README set up what they promise.
+
+``scripts/_venv.sh`` (sourced by ``scripts/test.sh`` and ``scripts/demo.sh``)
+makes ``.venv`` again when it holds a Python that is too old, broken, or not
+the ``PYTHON`` asked for, instead of reusing it forever.
+"""
 
 from __future__ import annotations
 
@@ -28,8 +30,10 @@ def _source_venv(cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def _fake_python(path: Path, version: str, *, new_enough: bool) -> None:
-    """A stand-in interpreter that answers _venv.sh's two questions (its
-    version, and whether it is at least 3.11)."""
+    """A stand-in interpreter that answers _venv.sh's two questions.
+
+    The questions: its version, and whether it is at least 3.11.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     ok = 0 if new_enough else 1
     path.write_text(f'#!/bin/sh\ncase "$2" in *print*) echo {version};; *) exit {ok};; esac\n')

@@ -1,5 +1,6 @@
-"""Owners sharded across three real ``lethe serve`` processes behind a real nginx
-on loopback, with the config ``lethe shard nginx-config`` writes.
+"""Owners sharded across three real ``lethe serve`` processes behind a real nginx on loopback.
+
+nginx runs the config ``lethe shard nginx-config`` writes.
 
 nginx comes from Debian (``nginx-light``; ``scripts/install_nginx.sh``, run by
 ``scripts/test.sh``, installs it as root). Without it the tests skip, saying
@@ -97,8 +98,10 @@ def _put_token(shard: ShardProc, token: str, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def nginx_main_config(work: Path, include: Path) -> Path:
-    """A minimal nginx.conf around the generated ``http {}`` part, everything
-    under ``work`` (pid, logs, temp files)."""
+    """A minimal nginx.conf around the generated ``http {}`` part.
+
+    Everything lives under ``work`` (pid, logs, temp files).
+    """
     for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (work / sub).mkdir(exist_ok=True)
     user = "user root;\n" if os.geteuid() == 0 else ""
@@ -117,8 +120,10 @@ def nginx_main_config(work: Path, include: Path) -> Path:
 
 @contextlib.contextmanager
 def running_nginx(nginx: str, conf: Path, work: Path, port: int) -> Iterator[subprocess.Popen[str]]:
-    """Check ``conf`` (``nginx -t``), start nginx in the foreground, wait for its
-    port, and stop it (SIGQUIT, then SIGKILL) on exit."""
+    """Check ``conf`` (``nginx -t``), start nginx in the foreground and wait for its port.
+
+    On exit, stop it (SIGQUIT, then SIGKILL).
+    """
     checked = subprocess.run(
         [nginx, "-t", "-q", "-p", str(work), "-c", str(conf), "-e", str(work / "error.log")],
         capture_output=True,
@@ -194,8 +199,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def _holds(client: lc.Client, owner: str) -> bool:
-    """Whether the shard ``client`` calls directly holds ``owner``: it lists its
-    threads; a shard that does not answers NOT_FOUND, never an empty list."""
+    """Whether the shard ``client`` calls directly holds ``owner``; it lists the owner's threads.
+
+    A shard that does not hold it answers NOT_FOUND, never an empty list.
+    """
     try:
         return bool([t.name for t in client.iter_threads(f"owners/{owner}")])
     except lc.NotFound:
@@ -204,8 +211,10 @@ def _holds(client: lc.Client, owner: str) -> bool:
 
 @pytest.fixture(scope="module")
 def homes(cluster: Cluster) -> dict[str, str]:
-    """Write 50 owners through nginx; return owner → the shard holding it (asked
-    directly: exactly one shard has its thread)."""
+    """Write 50 owners through nginx; return owner → the shard holding it.
+
+    The shard is asked directly: exactly one shard has the owner's thread.
+    """
     proxy = cluster.client()
     for owner in OWNERS:
         thread = proxy.create_thread(f"owners/{owner}", thread_id="t1")
@@ -331,8 +340,11 @@ def test_a_marker_written_beside_the_server_answers_owner_moved(
 
 
 def test_a_watch_stream_through_nginx(cluster: Cluster) -> None:
-    """Server streaming over nginx's HTTP/2 upstream: the event of a forget made
-    through nginx arrives on a ``Watch`` opened through nginx."""
+    """Server streaming over nginx's HTTP/2 upstream.
+
+    The event of a forget made through nginx arrives on a ``Watch`` opened
+    through nginx.
+    """
     proxy = cluster.client()
     owner = OWNERS[5]
     thread = f"owners/{owner}/threads/t1"
@@ -366,8 +378,11 @@ def test_one_command_audits_every_shard(cluster: Cluster, homes: dict[str, str])
 
 
 def test_an_owner_a_shard_never_held_is_not_found_not_empty(cluster: Cluster) -> None:
-    """Sharded servers answer reads of an owner they hold no row of NOT_FOUND
-    (an empty success would hide data placed elsewhere); CreateThread creates it."""
+    """Sharded servers answer reads of an owner they hold no row of NOT_FOUND, not empty.
+
+    An empty success would hide data placed elsewhere. CreateThread creates the
+    owner.
+    """
     proxy = cluster.client()
     with pytest.raises(lc.NotFound) as info:
         list(proxy.iter_threads("owners/newcomer"))
@@ -379,8 +394,10 @@ def test_an_owner_a_shard_never_held_is_not_found_not_empty(cluster: Cluster) ->
 
 
 def _place(cluster: Cluster, placements: dict[str, str]) -> None:
-    """Rewrite the nginx config with ``placements`` (owner → shard) and reload
-    nginx (SIGHUP: new workers take the new map, old ones finish their calls)."""
+    """Rewrite the nginx config with ``placements`` (owner → shard) and reload nginx.
+
+    SIGHUP: new workers take the new map, old ones finish their calls.
+    """
     shards = ",".join(f"{s.name}={s.address}" for s in cluster.shards.values())
     pins = [f"--placement={owner}={shard}" for owner, shard in placements.items()]
     listen = ["--listen", f"127.0.0.1:{cluster.nginx_port}"]
@@ -395,8 +412,10 @@ def _place(cluster: Cluster, placements: dict[str, str]) -> None:
 
 @dataclass
 class _Load:
-    """Appends to one owner's thread through nginx until stopped, retrying
-    ``UNAVAILABLE`` (the move's refusals, nginx's reload) with a short backoff."""
+    """Appends to one owner's thread through nginx until stopped, retrying ``UNAVAILABLE``.
+
+    The retries (the move's refusals, nginx's reload) have a short backoff.
+    """
 
     client: lc.Client
     thread: str
@@ -430,9 +449,12 @@ class _Load:
 def test_an_owner_moves_between_shards_under_write_load(
     cluster: Cluster, homes: dict[str, str]
 ) -> None:
-    """Owner moved a → c through the ``lethe owner`` commands while a client
-    writes to it through nginx: every acknowledged write is on c, what was
-    forgotten before stays forgotten, and a holds nothing of it."""
+    """An owner moved a → c under write load through nginx loses no write and leaves nothing on a.
+
+    Moved through the ``lethe owner`` commands while a client writes to it
+    through nginx: every acknowledged write is on c, what was forgotten before
+    stays forgotten, and a holds nothing of it.
+    """
     owner = next(o for o in OWNERS if homes[o] == "a")
     a, c = cluster.shards["a"], cluster.shards["c"]
     thread = f"owners/{owner}/threads/t1"
@@ -537,8 +559,11 @@ def test_killing_a_shard_fails_only_its_owners(cluster: Cluster, homes: dict[str
 
 
 def test_tls_on_both_sides_of_nginx(tmp_path: Path) -> None:
-    """A shard serving mutual TLS, nginx verifying it (``--upstream-ca``) and
-    presenting a client certificate, and TLS from the client to nginx."""
+    """TLS on both sides of nginx: mutual TLS to a shard, TLS from the client.
+
+    A shard serving mutual TLS, nginx verifying it (``--upstream-ca``) and
+    presenting a client certificate, and TLS from the client to nginx.
+    """
     nginx = nginx_binary()
     pki = make_pki(tmp_path / "pki")
     shard = ShardProc("a", tmp_path / "data-a", KekRing.generate_env_value(), free_port())

@@ -1,5 +1,7 @@
-"""The ``lethe`` command line (API.md, "Command line"; docs/operating.md, "The
-command line for scripts").
+"""The ``lethe`` command line.
+
+Documented in API.md, "Command line", and docs/operating.md, "The command line
+for scripts".
 
 One module per command group, each owning its flags (``add``) and its
 handler (``run``); :func:`main` builds the parser from them and dispatches on

@@ -29,8 +29,10 @@ def add(sub: Subcommands) -> None:
 
 
 def kek_path(data: Path, kek_file: Path | None) -> Path | None:
-    """The KEK file of ``data``'s store: ``kek_file`` if given, else the default
-    path for its store id (None when ``data`` holds no store)."""
+    """The KEK file of ``data``'s store: ``kek_file`` if given, else its store id's default path.
+
+    None when ``data`` holds no store.
+    """
     from server.store import data_paths
     from shredder import Keystore, default_kek_path
 

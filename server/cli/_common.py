@@ -1,6 +1,7 @@
-"""What every ``lethe`` command shares: exit statuses, the help format, the
-common flags, the argparse types of flag values, ``--json`` output and
-progress bars.
+"""What every ``lethe`` command shares: exit statuses, flags, ``--json`` output, progress bars.
+
+In full: the exit statuses, the help format, the common flags, the argparse
+types of flag values, ``--json`` output and progress bars.
 
 Nothing here imports a room of the server: a command's module imports what
 its handler needs, heavy rooms (the app, retrieval, FAISS) only inside the
@@ -258,8 +259,9 @@ def has_store(data: Path) -> bool:
 
 
 def open_beside(args: argparse.Namespace) -> Any:
-    """Open ``args.data``'s store beside a running server (no lock), as the token,
-    shard-marker and owner commands do.
+    """Open ``args.data``'s store beside a running server (no lock).
+
+    The token, shard-marker and owner commands open their store this way.
 
     Returns:
         The :class:`server.store.Store` (the caller closes it).

@@ -175,8 +175,13 @@ class NginxPlan:
     connect_timeout: int = 2
 
     def check(self) -> None:
-        """Raises ValueError: no ring shard, a name given twice, a placement on an
-        unknown shard, or TLS options that do not go together."""
+        """Refuse a config nginx could not serve as meant.
+
+        Raises:
+            ValueError: no ring shard, a name given twice, a placement on an unknown
+                shard, TLS options that do not go together, or a message limit that
+                is not positive or is 2 GiB or more.
+        """
         names = [s.name for s in self.shards]
         if len(set(names)) != len(names):
             raise ValueError("a shard name is given twice")
@@ -198,8 +203,10 @@ class NginxPlan:
 
 
 def _grpc_error(code: int, message: str, reason: int, metadata: dict[str, str]) -> str:
-    """The base64 ``grpc-status-details-bin`` value of a ``google.rpc.Status``
-    with one ``ErrorInfo`` (domain ``lethe``)."""
+    """The base64 ``grpc-status-details-bin`` value of a ``google.rpc.Status``.
+
+    The status carries one ``ErrorInfo`` (domain ``lethe``).
+    """
     info = any_pb2.Any()
     info.Pack(
         error_details_pb2.ErrorInfo(

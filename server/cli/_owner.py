@@ -1,4 +1,4 @@
-"""``lethe owner …``: move an owner from one shard to another.
+r"""``lethe owner …``: move an owner from one shard to another.
 
 Each command runs beside the running server of its ``--data`` directory (LMDB
 lets several processes share an environment; the server sees each marker on
@@ -8,7 +8,7 @@ the next call) and is safe to repeat after a crash (see
     # on the destination's machine: a receive key (its private half stays there)
     lethe owner receive-key --out c.receive-key          # prints the public half
     # on the source's: refuse alice's writes, copy her, sealed to that key
-    lethe owner export --data A --owner alice --to c --target 10.0.0.3:50051 \\
+    lethe owner export --data A --owner alice --to c --target 10.0.0.3:50051 \
         --recipient PUBLIC_HEX --out alice.lethe-owner
     # on the destination's: hold her, refused to calls until activated
     lethe owner import --data C --in alice.lethe-owner --receive-key c.receive-key --from a
@@ -287,8 +287,10 @@ def _move(args: argparse.Namespace) -> int:
 
 
 def _move_steps(args: argparse.Namespace, source: Any, dest: Any) -> dict[str, Any]:
-    """The steps of a move that have not happened yet (see :mod:`server.store._moves`);
-    returns the receipt with the times of the cut-over."""
+    """Run the steps of a move that have not happened yet (see :mod:`server.store._moves`).
+
+    Returns the receipt with the times of the cut-over.
+    """
     owner = args.owner
     started = time.monotonic()
     steps: dict[str, float] = {}
@@ -332,8 +334,10 @@ def _report(args: argparse.Namespace, doc: dict[str, Any], text: str) -> int:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a synced temporary file and a rename:
-    a crash leaves the old file or the whole new one."""
+    """Write ``data`` to ``path`` through a synced temporary file and a rename.
+
+    A crash leaves the old file or the whole new one.
+    """
     tmp = path.with_name(path.name + ".tmp")
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
         out.write(data)

@@ -1,6 +1,7 @@
-"""Where the ``lethe`` command line's settings come from: the command line, the
-environment, a config file, the built-in defaults — in that order of
-precedence (docs/operating.md, "The command line for scripts").
+"""Where the ``lethe`` command line's settings come from, in order of precedence.
+
+The command line, the environment, a config file, the built-in defaults — in
+that order (docs/operating.md, "The command line for scripts").
 
 One naming rule ties the three together. A long flag ``--kek-file`` is
 
@@ -54,8 +55,10 @@ _SKIP = frozenset({"--help", "--config"})
 
 
 class SettingsError(Exception):
-    """A bad environment variable, config file or config key (exit status 2);
-    the message names the variable, or the file and the key."""
+    """A bad environment variable, config file or config key (exit status 2).
+
+    The message names the variable, or the file and the key.
+    """
 
 
 def env_name(flag: str) -> str:
@@ -168,8 +171,9 @@ def _check_keys(
 
 
 def _text(action: argparse.Action, value: Any, source: str) -> str | bool:
-    """A config or environment value as argparse would take it: a string for a
-    flag with a value, a bool for a switch.
+    """A config or environment value as argparse would take it.
+
+    Returns a string for a flag with a value, a bool for a switch.
 
     Raises:
         SettingsError: the wrong kind of value, or one the flag's check refuses.
@@ -243,10 +247,12 @@ def apply_settings(
 
 
 def _invoked(argv: Sequence[str], commands: Mapping[str, object]) -> str | None:
-    """The command ``argv`` runs (``serve``, ``token create``, …), or None when
-    it names none (argparse then reports the usage error). The top-level
-    parser and ``token`` take no option but ``--help`` before the command word,
-    so the command is the first word, or the first two."""
+    """The command ``argv`` runs (``serve``, ``token create``, …), or None when it names none.
+
+    When it names none, argparse reports the usage error. The top-level parser and
+    ``token`` take no option but ``--help`` before the command word, so the
+    command is the first word, or the first two.
+    """
     for length in (2, 1):
         name = " ".join(argv[:length])
         if len(argv) >= length and name in commands:

@@ -45,8 +45,9 @@ AUDIT_GAUGES = (
 
 
 def shard_audit(shards: Sequence[Shard], *, timeout: float = 5.0) -> dict[str, dict[str, float]]:
-    """Read the audit gauges of every shard's ``/metrics`` (``Shard.address`` is
-    its ``--metrics-listen``).
+    """Read the audit gauges of every shard's ``/metrics``.
+
+    ``Shard.address`` is its ``--metrics-listen``.
 
     Args:
         shards: the shards, with their metrics addresses.
@@ -79,8 +80,10 @@ def shard_audit(shards: Sequence[Shard], *, timeout: float = 5.0) -> dict[str, d
 
 
 def _print_audit(found: dict[str, dict[str, float]]) -> int:
-    """Print one line per shard and the totals; 0 when every shard answered
-    with every gauge at zero, else 1."""
+    """Print one line per shard and the totals.
+
+    Returns 0 when every shard answered with every gauge at zero, else 1.
+    """
     healthy = True
     totals = dict.fromkeys(AUDIT_GAUGES, 0.0)
     for name, values in found.items():
@@ -102,8 +105,11 @@ _TOKEN_RE = re.compile(r"lethe_[A-Za-z0-9_-]{43}")
 
 
 def _import_token(store: Any, args: argparse.Namespace) -> int:
-    """``lethe shard token-import``: the token on stdin (as ``lethe token create``
-    printed it on another shard) stored here by its digest; 1 if malformed."""
+    """``lethe shard token-import``: store the token on stdin here by its digest.
+
+    The token is read as ``lethe token create`` printed it on another shard.
+    Returns 1 if it is malformed.
+    """
     from server.edge import LABEL_RE, token_digest
 
     token = sys.stdin.readline().strip()

@@ -1,5 +1,6 @@
-"""Bounded concurrency: who may start a call or a stream now, and the worker
-pool that runs blocking work fairly between principals.
+"""Bounded concurrency: who may start a call or a stream now, and a fair worker pool.
+
+The pool runs blocking work fairly between principals.
 
 The model (ARCHITECTURE.md, "Process model"): the gRPC server runs on one
 asyncio event loop; a unary call's blocking work (LMDB reads, FAISS, crypto,
@@ -180,8 +181,9 @@ class Admission:
 
 
 class FairExecutor:
-    """A pool of worker threads that serves principals in turn (round robin),
-    running at most ``per_key`` items of one principal at once.
+    """A pool of worker threads that serves principals in turn (round robin).
+
+    It runs at most ``per_key`` items of one principal at once.
 
     Each ``submit`` names a key (the principal); a worker takes the next item
     of the next key that has work and fewer than ``per_key`` items running,
@@ -302,9 +304,11 @@ class FairExecutor:
             pass
 
     def _run_next(self) -> bool:
-        """Run one item; False once the pool is shut down and drained. A method
-        of its own so that nothing of the item (its future, result or error)
-        stays referenced by the worker while it waits for the next one."""
+        """Run one item; False once the pool is shut down and drained.
+
+        A method of its own so that nothing of the item (its future, result or
+        error) stays referenced by the worker while it waits for the next one.
+        """
         item = self._take()
         if item is None:
             return False
@@ -324,8 +328,9 @@ class FairExecutor:
 
 
 def release_frames(exc: BaseException) -> None:
-    """Drop the local variables of the finished frames in the tracebacks of
-    ``exc`` and of its cause and context (the tracebacks stay, for the log).
+    """Drop the locals of the finished frames in the tracebacks of ``exc``, its cause and context.
+
+    The tracebacks stay, for the log.
 
     The error goes on to the event loop as a value, where asyncio's and
     grpc.aio's futures and the abort chain keep it in reference cycles that

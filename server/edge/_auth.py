@@ -100,8 +100,9 @@ def principal_record(
 
 
 def authorize(owner: str) -> None:
-    """Check that the caller may act for ``owner``, and that the call was routed
-    to the shard that holds it (:func:`server.edge._routing.check_route`).
+    """Check that the caller may act for ``owner``, and that the call was routed to its shard.
+
+    The route is checked by :func:`server.edge._routing.check_route`.
 
     Raises:
         PermissionDenied: reason ``OWNER_NOT_ALLOWED``.

@@ -86,8 +86,10 @@ class SyncContext:
 
 
 class StreamContext:
-    """What a streaming handler gets: blocking work under its principal, a
-    wake-up flag for the notifier, and the reason it must end, if any.
+    """What a streaming handler gets: work under its principal, a wake-up flag, why it must end.
+
+    In full: blocking work under its principal, a wake-up flag for the
+    notifier, and the reason it must end, if any.
 
     Attributes:
         principal: who opened the stream.
@@ -237,8 +239,11 @@ class Edge:
         request_type: type[message.Message],
         raw: bytes,
     ) -> Any:
-        """Queue the call's work; the admission slot is freed when the work has
-        finished or was skipped, not when the caller stops waiting."""
+        """Queue the call's work.
+
+        The admission slot is freed when the work has finished or was skipped,
+        not when the caller stops waiting.
+        """
         bind_principal(principal)
         ctx = contextvars.copy_context()
         loop = asyncio.get_running_loop()
@@ -339,8 +344,10 @@ class Edge:
             stream.end(Draining("the server is stopping; resume with after"))
 
     async def wait_idle(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for every admitted call and stream to
-        finish; returns whether they did."""
+        """Wait up to ``timeout`` seconds for every admitted call and stream to finish.
+
+        Returns whether they did.
+        """
         deadline = time.monotonic() + timeout
         while self.admission.inflight or self.admission.streams:
             if time.monotonic() >= deadline:
@@ -349,8 +356,10 @@ class Edge:
         return True
 
     async def watch_tokens(self) -> None:
-        """Forever: end open streams whose token was revoked or has expired
-        (checked every :data:`TOKEN_RECHECK_SECONDS`)."""
+        """Forever: end open streams whose token was revoked or has expired.
+
+        Tokens are checked every :data:`TOKEN_RECHECK_SECONDS`.
+        """
         while True:
             await asyncio.sleep(TOKEN_RECHECK_SECONDS)
             valid: dict[bytes, bool] = {}

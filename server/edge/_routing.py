@@ -84,8 +84,10 @@ class Router:
         self._seen: dict[str, tuple[str, str]] = {}
 
     def route(self, metadata: Sequence[tuple[str, Any]], method: str = "") -> Route:
-        """The routing facts of a call: its owner header's values and its method
-        (``/lethe.v1.Threads/CreateThread``)."""
+        """The routing facts of a call: its owner header's values and its method.
+
+        The method as gRPC names it: ``/lethe.v1.Threads/CreateThread``.
+        """
         values = tuple(
             v if isinstance(v, str) else bytes(v).decode(errors="replace")
             for k, v in metadata
@@ -154,14 +156,17 @@ _route: contextvars.ContextVar[Route | None] = contextvars.ContextVar("lethe_rou
 
 
 def bind_route(route: Route) -> None:
-    """Bind a call's route to the current context (the call pipeline does, beside
-    the principal)."""
+    """Bind a call's route to the current context.
+
+    The call pipeline binds it, beside the principal.
+    """
     _route.set(route)
 
 
 def check_route(owner: str) -> None:
-    """Apply the bound route's checks for ``owner``; no-op outside the call
-    pipeline (a servicer called directly, in tests).
+    """Apply the bound route's checks for ``owner``.
+
+    A no-op outside the call pipeline (a servicer called directly, in tests).
 
     Raises:
         WrongOwnerHeader, OwnerMoved: as :meth:`Router.check`.

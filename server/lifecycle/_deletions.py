@@ -1,5 +1,4 @@
-"""Deletions end to end: the four steps of every forget, and the one path that
-completes them.
+"""Deletions end to end: the four steps of every forget, and the one path that completes them.
 
 A deletion is planned in one transaction (step 1, :meth:`server.store.Store.plan_forget`,
 or inside a seal or a repair's conclusion), then :meth:`Deletions.complete`

@@ -34,23 +34,30 @@ class Lifecycle(Deletions):
         return recover(self)
 
     def audit(self, owner: str, *, integrity: bool = True) -> AuditCounts:
-        """The owner's AuditReport: the store's counts plus the loaded index's
-        drift (``integrity``: open every live record, see
-        :meth:`server.store.Store.audit`)."""
+        """The owner's AuditReport: the store's counts plus the loaded index's drift.
+
+        ``integrity``: open every live record (see
+        :meth:`server.store.Store.audit`).
+        """
         counts = self.store.audit(owner, integrity=integrity)
         counts.index_drift = self.retriever.index_drift(owner)
         return counts
 
     def drop_owner(self, owner: str) -> None:
-        """Drop what this process holds of ``owner`` in memory: its loaded indexes
-        (with their decrypted text) and its cached unwrapped keys. Called when
-        another process changed the owner's placement (an owner move)."""
+        """Drop what this process holds of ``owner`` in memory: its loaded indexes and cached keys.
+
+        The indexes hold decrypted text, the keys are unwrapped. Called when
+        another process changed the owner's placement (an owner move).
+        """
         self.retriever.drop_owner(owner)
         self.store.keystore.evict_owner(owner)
 
     def periodic_audit(self) -> None:
-        """Audit every owner into the orphan, stale-summary and keyless-record
-        gauges; prune old events; drop from memory the owners that moved away."""
+        """Audit every owner into the gauges, prune old events, drop owners that moved away.
+
+        The gauges: orphans, stale summaries and keyless records. The owners
+        that moved away are dropped from memory.
+        """
         for row in self.store.moved_owners():
             if row.state == "moved":
                 self.drop_owner(row.owner)

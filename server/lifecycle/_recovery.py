@@ -61,8 +61,9 @@ class Recovery:
 
 
 def recover(deletions: Deletions) -> Recovery:
-    """Bring the store to a consistent state after a crash or a restore, at
-    start-up (no call is being served; the indexes are empty).
+    """Bring the store to a consistent state after a crash or a restore, at start-up.
+
+    No call is being served then, and the indexes are empty.
 
     In order: finish a rotation cut short (destroy KEK versions that wrap
     nothing); move keys an interrupted seal left in another ring back to

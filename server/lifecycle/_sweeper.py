@@ -24,9 +24,12 @@ running back to back with the searches."""
 
 
 class Sweeper:
-    """Background thread: expiry sweep and gauges every ``interval`` seconds, the
-    audit gauges and event pruning every ``audit_interval`` seconds, or less
-    often on a store whose audit takes longer (:data:`AUDIT_DUTY`)."""
+    """Background thread: the expiry sweep, the gauges, the audit and event pruning, on a schedule.
+
+    The expiry sweep and gauges run every ``interval`` seconds; the audit
+    gauges and event pruning every ``audit_interval`` seconds, or less often on
+    a store whose audit takes longer (:data:`AUDIT_DUTY`).
+    """
 
     def __init__(
         self,

@@ -107,12 +107,13 @@ class IndexBuilds:
     # ------------------------------------------------------------------ embedding
 
     def ensure_vectors(self, owner: str) -> None:
-        """Make sure ``owner``'s stored vectors are this server's embedder's: on the
-        owner's first use since start, re-embed them all if another embedder made
-        them (:func:`server.retrieval._reembed.reembed_owner`; one transaction swaps them) and
-        drop its loaded bundles. Callers: every path that reads or writes the
-        owner's vectors, before it does. Other calls for the owner wait for the
-        re-embed (they need its lock).
+        """Make sure ``owner``'s stored vectors are this server's embedder's.
+
+        On the owner's first use since start, re-embed them all if another
+        embedder made them (:func:`server.retrieval._reembed.reembed_owner`;
+        one transaction swaps them) and drop its loaded bundles. Callers: every
+        path that reads or writes the owner's vectors, before it does. Other
+        calls for the owner wait for the re-embed (they need its lock).
 
         Raises:
             Aborted, StoreFull, Unavailable: the swap could not be written
@@ -131,10 +132,12 @@ class IndexBuilds:
             self._current.add(owner)
 
     def drop_owner(self, owner: str) -> None:
-        """Forget everything held in memory for ``owner`` (its loaded indexes and
-        whether its vectors are current): another process changed the owner's
-        data (an owner move imported or removed it), so the next use rebuilds
-        from the store."""
+        """Forget what is held in memory for ``owner``: its next use rebuilds from the store.
+
+        What is dropped: its loaded indexes and whether its vectors are current.
+        Another process changed the owner's data (an owner move imported or
+        removed it).
+        """
         with self._lock(owner):
             self._removals[owner] = self._removals.get(owner, 0) + 1
             self.cache.evict(owner_key(owner))
@@ -142,19 +145,23 @@ class IndexBuilds:
             self._current.discard(owner)
 
     def removals(self, owner: str) -> int:
-        """How many times records left ``owner``'s indexes so far (each
-        :meth:`on_forget` and :meth:`drop_owner` counts one). A writer reads it
-        before its write and hands it to :meth:`on_write`."""
+        """How many times records left ``owner``'s indexes so far.
+
+        Each :meth:`on_forget` and :meth:`drop_owner` counts one. A writer
+        reads it before its write and hands it to :meth:`on_write`.
+        """
         with self._lock(owner):
             return self._removals.get(owner, 0)
 
     def embed_texts(
         self, texts: Sequence[str], *, owner: str
     ) -> list[npt.NDArray[np.float32] | None]:
-        """Server-side embeddings of ``texts`` for records of ``owner`` (whose vectors
-        are made current first, :meth:`ensure_vectors`): ``(d,) float32`` unit rows,
-        or None for a text with no tokens (it has no direction to index) or without
-        embedder."""
+        """Server-side embeddings of ``texts`` for records of ``owner``: ``(d,) float32`` unit rows.
+
+        The owner's vectors are made current first (:meth:`ensure_vectors`). A
+        text with no tokens (it has no direction to index) gets None; without
+        embedder every text does.
+        """
         self.ensure_vectors(owner)
         if self.embedder is None or not texts:
             return [None] * len(texts)
@@ -164,9 +171,11 @@ class IndexBuilds:
     # ------------------------------------------------------------------ bundle builds
 
     def _texts(self, metas: Sequence[RecordMeta]) -> dict[int, str]:
-        """What the plain legs index for each record whose content can be opened:
+        """What the plain legs index for each record whose content can be opened.
+
         ``speaker: text`` of a turn; a memory's text (a graph edge's
-        ``subject predicate object`` when it has no text)."""
+        ``subject predicate object`` when it has no text).
+        """
         turns = [m for m in metas if isinstance(m, TurnMeta)]
         rows = [
             *self.store.contents(turns),
@@ -182,8 +191,10 @@ class IndexBuilds:
         metas: Sequence[TurnMeta],
         written: Mapping[int, tuple[str, npt.NDArray[np.float32] | None]] | None,
     ) -> tuple[list[int], npt.NDArray[np.float32]]:
-        """The vectors of ``metas``: from ``written`` where the caller holds them
-        (see :meth:`on_write`), the others decrypted from LMDB.
+        """The vectors of ``metas``: from ``written`` where the caller holds them, else from LMDB.
+
+        ``written`` is what :meth:`on_write` was handed; the others are
+        decrypted from LMDB.
 
         Returns:
             (rids, ``(n, d) float32``), as ``Store.embeddings``.
@@ -228,9 +239,12 @@ class IndexBuilds:
         prev_of: dict[int, int],
         memo: TermMemo,
     ) -> dict[int, list[str]]:
-        """Terms of the contextual texts of ``targets`` (rids) within ``ordered``
-        (one thread's visible turns in seq order); ``texts`` must hold each target
-        and its predecessor. Records in ``prev_of`` which turn each text quotes."""
+        """Terms of the contextual texts of ``targets`` (rids) within ``ordered``.
+
+        ``ordered`` is one thread's visible turns in seq order; ``texts`` must
+        hold each target and its predecessor. Records in ``prev_of`` which turn
+        each text quotes.
+        """
         position = {m.rid: i for i, m in enumerate(ordered)}
         out: dict[int, list[str]] = {}
         for rid in targets:
@@ -320,9 +334,12 @@ class IndexBuilds:
         return bundle
 
     def owner_bundle(self, owner: str) -> Bundle:
-        """The owner's committed bundle, built on first use (a build of
-        :data:`SLOW_BUILD_SECONDS` or more is logged, rate-limited); the turns
-        whose lineage expiry passed are rechecked first (see the module docstring)."""
+        """The owner's committed bundle, built on first use.
+
+        A build of :data:`SLOW_BUILD_SECONDS` or more is logged, rate-limited.
+        The turns whose lineage expiry passed are rechecked first (see the
+        module docstring).
+        """
         self.ensure_vectors(owner)
         with self._lock(owner):
             bundle = self.cache.get_or_build(owner_key(owner), lambda: self._timed_build(owner))
@@ -348,8 +365,10 @@ class IndexBuilds:
         return bundle
 
     def pending_bundle(self, owner: str, thread: str) -> Bundle:
-        """A thread's pending bundle, built on first use, and again once one of its
-        turns may have expired (it is small)."""
+        """A thread's pending bundle, built on first use and again once a turn may have expired.
+
+        It is small, so a rebuild is cheap.
+        """
         key = pending_key(owner, thread)
         self.ensure_vectors(owner)
         with self._lock(owner):
@@ -360,9 +379,12 @@ class IndexBuilds:
             return bundle
 
     def _expire(self, owner: str, bundle: Bundle) -> None:
-        """Recheck the owner bundle's turns whose watch time passed; remove from every
-        leg those no longer visible (a pending source of their lineage expired) and
-        re-index the contexts that quoted them. The caller holds the owner's lock."""
+        """Recheck the owner bundle's turns whose watch time passed.
+
+        Removes from every leg those no longer visible (a pending source of
+        their lineage expired) and re-indexes the contexts that quoted them.
+        The caller holds the owner's lock.
+        """
         now = time.time()
         due = [rid for rid, when in bundle.watch.items() if when <= now]
         for rid in due:
@@ -393,11 +415,13 @@ class IndexBuilds:
         seqs: Iterable[int],
         gone: Collection[int] = frozenset(),
     ) -> None:
-        """Give the turn after each of ``seqs`` (the nearest later turn visible in
-        the general index) a new contextual text: its predecessor entered or
-        left the index. ``gone``: record numbers known to be invisible (a
-        forget's own turns), stepped over unread. Reads a few rows per seq,
-        never the whole thread."""
+        """Give the turn after each of ``seqs`` a new contextual text: its predecessor came or went.
+
+        The turn after is the nearest later turn visible in the general index.
+        ``gone``: record numbers known to be invisible (a forget's own turns),
+        stepped over unread.
+        Reads a few rows per seq, never the whole thread.
+        """
         found = self.store.visible_neighbours(
             owner, thread, seqs, general_visible, gone=gone, earlier=False
         )
@@ -415,11 +439,13 @@ class IndexBuilds:
         gone: Collection[int] = frozenset(),
         memo: TermMemo | None = None,
     ) -> None:
-        """(Re)index the contextual text of ``targets`` (visible turns of one
-        thread); ``known`` holds texts already decrypted (rid -> plain text),
-        ``prevs`` the nearest earlier visible turn of some targets (seq -> turn
-        or None; the others are read from LMDB), ``gone`` record numbers known
-        to be invisible (stepped over unread), ``memo`` the update's analysed texts."""
+        """(Re)index the contextual text of ``targets`` (visible turns of one thread).
+
+        ``known`` holds texts already decrypted (rid -> plain text), ``prevs``
+        the nearest earlier visible turn of some targets (seq -> turn or None;
+        the others are read from LMDB), ``gone`` record numbers known to be
+        invisible (stepped over unread), ``memo`` the update's analysed texts.
+        """
         if not targets:
             return
         memo = memo or TermMemo()

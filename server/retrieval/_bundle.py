@@ -66,8 +66,10 @@ class Bundle:
         return len(self.dense)
 
     def nbytes(self) -> int:
-        """Estimated bytes held by every leg and the context map (the index cache's
-        byte bound, ``lethe_index_bytes``); ~90 bytes per map entry."""
+        """Estimated bytes held by every leg and the context map; ~90 bytes per map entry.
+
+        The index cache bounds this figure (``lethe_index_bytes``).
+        """
         legs = self.dense.nbytes() + self.plain.nbytes() + self.ctx.nbytes()
         return legs + self.sessions.nbytes() + self.times.nbytes() + 90 * len(self.ctx_prev)
 
@@ -90,8 +92,11 @@ def pending_prefix(owner: str) -> str:
 def add_time_legs(
     bundle: Bundle, turns: Sequence[TurnMeta], texts: dict[int, str], memo: TermMemo
 ) -> None:
-    """Index turns (whose plain texts are in ``texts``) in the session and time legs,
-    and watch the ones that may stop being visible without a write."""
+    """Index turns in the session and time legs, and watch those that may stop being visible.
+
+    Their plain texts are in ``texts``. The turns watched are those that may
+    stop being visible without a write.
+    """
     held = [m for m in turns if m.rid in texts]
     if not held:
         return

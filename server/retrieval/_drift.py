@@ -18,8 +18,9 @@ from server.store import MemMeta, RecordMeta, TurnMeta, general_visible, indexab
 def index_drift(
     bundle: Bundle | None, turns: Sequence[TurnMeta], memories: Sequence[MemMeta], now: float
 ) -> int:
-    """The audit's ``index_drift`` of one owner's loaded bundle (0 when none is
-    loaded: an index built from LMDB when needed cannot drift).
+    """The audit's ``index_drift`` of one owner's loaded bundle.
+
+    0 when none is loaded: an index built from LMDB when needed cannot drift.
 
     Counts ids held that should not be, visible records missing from the
     plain leg, contextual texts that quote a turn other than the nearest

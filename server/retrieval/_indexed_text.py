@@ -1,6 +1,8 @@
-"""What each record is indexed under: the plain text of a turn or a memory, a
-turn's contextual date and session key (UTC days, cached per day), and the BM25
-terms of its texts, each text analysed once (:class:`TermMemo`).
+"""What each record is indexed under: plain texts, contextual dates, session keys, BM25 terms.
+
+In full: the plain text of a turn or a memory, a turn's contextual date and
+session key (UTC days, cached per day), and the BM25 terms of its texts, each
+text analysed once (:class:`TermMemo`).
 
 Shared by the index upkeep and search (:mod:`server.retrieval`) and the writers that
 hand what they sealed to it (``AppendTurns``).
@@ -43,8 +45,10 @@ def session_key(meta: TurnMeta) -> str:
 
 
 def _utc_day(seconds: float) -> int:
-    """The UTC day (days since the epoch) ``datetime.fromtimestamp`` puts ``seconds``
-    in: within a microsecond of midnight it rounds, so those ask it."""
+    """The UTC day (days since the epoch) ``datetime.fromtimestamp`` puts ``seconds`` in.
+
+    Within a microsecond of midnight it rounds, so those ask it.
+    """
     day = math.floor(seconds / 86400.0)
     into = seconds - day * 86400.0
     if 1e-6 < into < 86400.0 - 1e-6:
@@ -57,8 +61,10 @@ _EPOCH_ORDINAL = datetime(1970, 1, 1, tzinfo=UTC).toordinal()
 
 @functools.lru_cache(maxsize=4096)
 def _day_texts(day: int) -> tuple[str, str]:
-    """``("8 May 2023", "2023-05-08")`` of a UTC day (days since the epoch): every
-    indexed turn needs both, and turns come in runs of the same day."""
+    """``("8 May 2023", "2023-05-08")`` of a UTC day (days since the epoch).
+
+    Every indexed turn needs both, and turns come in runs of the same day.
+    """
     when = datetime.fromtimestamp(day * 86400.0, tz=UTC)
     return f"{when.day} {when.strftime('%B %Y')}", f"{when:%Y-%m-%d}"
 
@@ -70,8 +76,9 @@ def _day_terms(day: int) -> tuple[str, ...]:
 
 
 class TermMemo:
-    """The BM25 terms (:func:`index.analyze`) of the texts one index update
-    handles, each text analysed once however many legs and contexts hold it.
+    """The BM25 terms (:func:`index.analyze`) of the texts one index update handles.
+
+    Each text is analysed once however many legs and contexts hold it.
 
     A turn's plain text is indexed in the plain leg, in the session leg, in its
     own contextual text and in its successor's; :meth:`contextual` gives the

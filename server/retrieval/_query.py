@@ -73,8 +73,10 @@ class Retriever(IndexUpkeep):
         query_text: str,
         query_embedding: npt.NDArray[np.float32] | Sequence[float] | None,
     ) -> npt.NDArray[np.float32] | None:
-        """The ``(d,) float32`` unit query vector, or None when none can be made
-        (no embedder and no client vector, or a text without tokens).
+        """The ``(d,) float32`` unit query vector, or None when none can be made.
+
+        None when there is no embedder and no client vector, or for a text
+        without tokens.
 
         ``query_embedding`` is the client's vector (``(d,)``, as an array from
         ``check_vector`` or a sequence of floats), or None / empty for none.
@@ -120,6 +122,7 @@ class Retriever(IndexUpkeep):
         """Search with recheck.
 
         Args:
+            owner: the owner whose records are searched.
             query_text: the query for the lexical legs ("" = none).
             query: ``(d,) float32`` unit vector for the dense leg, or None.
             top_k: hits wanted, 1..1000.
@@ -179,9 +182,12 @@ class Retriever(IndexUpkeep):
         kinds: frozenset[str],
         include_turns: bool,
     ) -> list[SearchHit]:
-        """Dense leg only. The recheck happens once, in :meth:`_materialise`; only
-        when it drops so many candidates that fewer than ``top_k`` survive does
-        the fetch from FAISS grow (4x per round) and the recheck run again."""
+        """Dense leg only: one recheck; the FAISS fetch grows only when too few candidates survive.
+
+        The recheck happens once, in :meth:`_materialise`; only when it drops
+        so many candidates that fewer than ``top_k`` survive does the fetch
+        from FAISS grow (4x per round) and the recheck run again.
+        """
         indexes = [b.dense for b in bundles if len(b.dense) and b.dense.dim == query.shape[0]]
         k = top_k + OVERFETCH
         while True:
@@ -202,9 +208,10 @@ class Retriever(IndexUpkeep):
         kinds: frozenset[str] = frozenset(),
         include_turns: bool = True,
     ) -> list[SearchHit]:
-        """Recheck candidates in rank order (one read transaction per chunk) and
-        decrypt the survivors until ``top_k`` are found (one keystore snapshot
-        for them all: ``Store.key_batch``).
+        """Recheck candidates in rank order and decrypt the survivors until ``top_k`` are found.
+
+        One read transaction per chunk; one keystore snapshot for them all
+        (``Store.key_batch``).
 
         The first chunk is the ``top_k`` best candidates: usually every one
         survives and no other candidate's row is read or decoded. Once the
@@ -251,10 +258,12 @@ class Retriever(IndexUpkeep):
 def _time_legs(
     bundles: Sequence[Bundle], query_text: str, terms: Sequence[str], found: Sequence[Ranked]
 ) -> tuple[Ranked, Ranked, Ranked]:
-    """The session leg (of ``terms``, the analysed ``query_text``), the
-    time-expression prior (over the ids ``found`` by the other legs) and the
-    session-date window of ``query_text``; a heuristic that does not apply gives
-    ``[]``."""
+    """The session leg, the time-expression prior and the session-date window of ``query_text``.
+
+    The session leg is of ``terms`` (the analysed ``query_text``); the
+    time-expression prior is over the ids ``found`` by the other legs. A
+    heuristic that does not apply gives ``[]``.
+    """
     sessions = _merge(
         [b.sessions.search_terms(terms, HYBRID_SESSIONS) for b in bundles if len(b.sessions)]
     )

@@ -110,9 +110,13 @@ TextOf = Callable[[TurnView | MemoryView], str]
 def _embed_batch(
     store: Store, embedder: Embedder, rids: list[int], text_of: TextOf
 ) -> tuple[dict[int, Vector], dict[int, tuple[int, Vector]]]:
-    """Decrypt and embed the records ``rids``: (turns rid -> vector, memories rid ->
-    (version, vector)); a record that cannot be read gets None (its old vector is
-    removed, never kept), a forgotten one is left out."""
+    """Decrypt and embed the records ``rids``, turns and memories apart.
+
+    Returns (turns rid -> vector, memories rid -> (version, vector)).
+
+    A record that cannot be read gets None (its old vector is removed, never
+    kept); a forgotten one is left out.
+    """
     texts: dict[int, str] = {}
     versions: dict[int, int] = {}
     unreadable: list[TurnMeta | MemMeta] = []

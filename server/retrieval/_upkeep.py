@@ -101,10 +101,11 @@ class IndexUpkeep(IndexBuilds):
         vecs: npt.NDArray[np.float32],
         known: Mapping[int, str],
     ) -> None:
-        """Index newly visible turns in every leg: their texts, their contexts and
-        the contexts of the turns after them (whose predecessor they now are).
-        ``known`` holds plain texts already in hand (rid -> text); the others are
-        decrypted."""
+        """Index newly visible turns in every leg, with their contexts and their successors'.
+
+        They are now the predecessors of the turns after them. ``known`` holds
+        plain texts already in hand (rid -> text); the others are decrypted.
+        """
         texts = {m.rid: known[m.rid] for m in turns if m.rid in known}
         texts.update(self._texts([m for m in turns if m.rid not in known]))
         memo = TermMemo()
@@ -149,6 +150,7 @@ class IndexUpkeep(IndexBuilds):
         """Remove forgotten records from every loaded bundle (step 2 of a forget).
 
         Args:
+            owner: the owner whose records are forgotten.
             rids: record numbers leaving the indexes.
             threads: thread ids forgotten whole.
             whole_owner: the owner is forgotten (its bundles are dropped).

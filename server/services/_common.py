@@ -101,14 +101,24 @@ PAGE_POLICY = f"{DEFAULT_PAGE}/{MAX_PAGE}"
 
 
 def page_tokens() -> PageTokens:
-    """A new :class:`~server.services._pages.PageTokens` under :data:`PAGE_POLICY`
-    (one per servicer, made when the server starts)."""
+    """A new :class:`~server.services._pages.PageTokens` under :data:`PAGE_POLICY`.
+
+    One per servicer, made when the server starts.
+    """
     return PageTokens(PAGE_POLICY)
 
 
 def owner_page(request: Any, tokens: PageTokens) -> tuple[str, int, str]:
-    """The authorised owner of a list request's ``parent``, its page size and the
-    position its ``page_token`` resumes after (the shared head of every List method).
+    """The authorised owner of a list request's ``parent``, its page size and its resume position.
+
+    The position is the one its ``page_token`` resumes after. The shared head
+    of every List method.
+
+    Raises:
+        InvalidArgument: a malformed ``parent``, a negative page size, or a page
+            token this server process did not issue for the request.
+        PermissionDenied: the caller may not act for the owner (or another
+            error of :func:`server.edge.authorize`).
 
     Raises:
         InvalidArgument: bad parent, page size or token. PermissionDenied: owner.

@@ -1,6 +1,9 @@
-"""Store objects to protobuf messages: threads, turns, memories, hits, receipts,
-events and context bundles. The servicers build their own small responses
-(lists, lineage edges, SourceRefs) around these."""
+"""Store objects to protobuf messages: threads, turns, memories, hits, receipts and more.
+
+The kinds: threads, turns, memories, hits, receipts, events and context
+bundles. The servicers build their own small responses (lists, lineage edges,
+SourceRefs) around these.
+"""
 
 from __future__ import annotations
 
@@ -26,8 +29,10 @@ STATE_NAMES = {v: k for k, v in _STATES.items()}
 
 
 def set_time(ts: timestamp_pb2.Timestamp, seconds: float) -> None:
-    """Set ``ts`` (marked present, even at the epoch) to float seconds since the
-    epoch, at microsecond precision."""
+    """Set ``ts`` to float seconds since the epoch, at microsecond precision.
+
+    ``ts`` is marked present, even at the epoch.
+    """
     ts.SetInParent()
     micros = round(seconds * 1_000_000)
     ts.seconds, rem = divmod(micros, 1_000_000)
@@ -66,17 +71,21 @@ def thread_proto(view: ThreadView) -> threads_pb2.Thread:
 
 
 def turn_proto(view: TurnView, *, text: bool = True) -> threads_pb2.Turn:
-    """A Turn message; without ``text`` its text and speaker are left out (the
-    reply of an append that did not ask for ``echo_text``)."""
+    """A Turn message; without ``text`` its text and speaker are left out.
+
+    That is the reply of an append that did not ask for ``echo_text``.
+    """
     turn = threads_pb2.Turn()
     fill_turn(turn, view, text=text)
     return turn
 
 
 def fill_turn(turn: threads_pb2.Turn, view: TurnView, *, text: bool = True) -> None:
-    """Write ``view`` into the empty ``turn`` (:func:`turn_proto`), in place: a
-    message built inside its reply (``reply.hits.add().turn``) is not copied
-    into it afterwards, which costs more than building it."""
+    """Write ``view`` into the empty ``turn`` (:func:`turn_proto`), in place.
+
+    A message built inside its reply (``reply.hits.add().turn``) is not copied
+    into it afterwards, which costs more than building it.
+    """
     meta = view.meta
     turn.name = meta.name
     turn.seq = meta.seq
@@ -129,8 +138,10 @@ def memory_proto(view: MemoryView) -> memories_pb2.Memory:
 
 
 def fill_memory(memory: memories_pb2.Memory, view: MemoryView) -> None:
-    """Write ``view`` into the empty ``memory`` (:func:`memory_proto`), in place
-    (see :func:`fill_turn`)."""
+    """Write ``view`` into the empty ``memory`` (:func:`memory_proto`), in place.
+
+    In place for the same reason as :func:`fill_turn`.
+    """
     meta = view.meta
     memory.name = meta.name
     memory.kind = memories_pb2.Memory.Kind.Value(meta.kind)
@@ -173,8 +184,10 @@ def hit_proto(view: TurnView | MemoryView, score: float) -> retrieval_pb2.Hit:
 
 
 def fill_hit(hit: retrieval_pb2.Hit, view: TurnView | MemoryView, score: float) -> None:
-    """Write a hit into the empty ``hit`` in place (``reply.hits.add()``; see
-    :func:`fill_turn`)."""
+    """Write a hit into the empty ``hit`` in place (``reply.hits.add()``).
+
+    In place for the same reason as :func:`fill_turn`.
+    """
     hit.score = score
     if isinstance(view, TurnView):
         fill_turn(hit.turn, view)

@@ -1,5 +1,6 @@
-"""The ``lethe.v1.Events`` servicer: a server stream of the owner's events,
-resumable with ``after`` (an event id).
+"""The ``lethe.v1.Events`` servicer: a server stream of the owner's events.
+
+The stream is resumable with ``after`` (an event id).
 
 ``Watch`` is an async generator on the event loop (:mod:`server.edge._edge`): it
 holds no worker thread while it waits. It subscribes to the owner's events on
@@ -28,8 +29,10 @@ BATCH = 1000
 
 
 class EventsService(events_pb2_grpc.EventsServicer):
-    """``lethe.v1.Events``: a server stream of the owner's events, resumable
-    with ``after`` (an event id). Events are kept for 7 days."""
+    """``lethe.v1.Events``: a server stream of the owner's events, resumable with ``after``.
+
+    ``after`` is an event id. Events are kept for 7 days.
+    """
 
     def __init__(self, store: Store, hub: EventHub) -> None:
         self.store = store
@@ -38,6 +41,7 @@ class EventsService(events_pb2_grpc.EventsServicer):
     async def Watch(  # type: ignore[override]  # noqa: N802
         self, request: events_pb2.WatchRequest, context: StreamContext
     ) -> AsyncIterator[events_pb2.Event]:
+        """``Events.Watch``: stream the owner's events after ``after``, then new ones."""
         owner = parse_owner(request.parent, "parent")
         authorize(owner)
         if request.after and not re.fullmatch(r"[0-9]{1,18}", request.after):

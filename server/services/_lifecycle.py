@@ -58,6 +58,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     def ExtendPending(  # noqa: N802
         self, request: lifecycle_pb2.ExtendPendingRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.ExtendPendingResponse:
+        """``Lifecycle.ExtendPending``: give pending records ``ttl`` from now."""
         authorize(_record_names_owner(request.names))
         if not request.HasField("ttl"):
             raise InvalidArgument("ttl", "required")
@@ -78,6 +79,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     def Commit(  # noqa: N802
         self, request: lifecycle_pb2.CommitRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.CommitResponse:
+        """``Lifecycle.Commit``: commit pending turns and memories in one transaction."""
         owner = _record_names_owner(request.names)
         authorize(owner)
         names = list(dict.fromkeys(request.names))  # a name given twice is committed once
@@ -90,6 +92,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     def GetLineage(  # noqa: N802
         self, request: lifecycle_pb2.GetLineageRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.GetLineageResponse:
+        """``Lifecycle.GetLineage``: the lineage edges around a live turn or memory."""
         target = parse_target(request.name, "name")
         if not isinstance(target, TurnName | MemoryName):
             raise InvalidArgument("name", "must be a turn or memory name")
@@ -117,6 +120,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     def ListDeletions(  # noqa: N802
         self, request: lifecycle_pb2.ListDeletionsRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.ListDeletionsResponse:
+        """``Lifecycle.ListDeletions``: one page of the owner's deletion receipts, oldest first."""
         owner, size, after = owner_page(request, self.page_tokens)
         entries, nxt = self.store.list_deletions(owner, after, size)
         receipts, nxt = fit(
@@ -130,6 +134,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     def Audit(  # noqa: N802
         self, request: lifecycle_pb2.AuditRequest, context: grpc.ServicerContext
     ) -> lifecycle_pb2.AuditReport:
+        """``Lifecycle.Audit``: audit an owner now (integrity, lineage, keys, loaded indexes)."""
         owner = parse_owner(request.parent, "parent")
         authorize(owner)
         counts = self.lifecycle.audit(owner)
@@ -138,6 +143,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
     def Forget(  # noqa: N802
         self, request: lifecycle_pb2.ForgetRequest, context: grpc.ServicerContext
     ) -> common_pb2.DeletionReceipt:
+        """``Lifecycle.Forget``: forget turns, ranges, memories, threads or a whole owner."""
         if len(request.names) > MAX_BATCH:
             raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
         parsed: list[tuple[str, OwnerName | ThreadName | TurnName | MemoryName]] = []

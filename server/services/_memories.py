@@ -162,8 +162,11 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         )
 
     def _embed(self, draft: MemoryDraft, owner: str) -> None:
-        """Embed a draft without a client vector; either way the owner's vectors are
-        made the embedder's first (a change of embedder re-embeds them)."""
+        """Embed a draft that has no client vector, once the owner's vectors are current.
+
+        Either way, with a client vector too, the owner's vectors are made the
+        embedder's first (a change of embedder re-embeds them).
+        """
         self.retriever.ensure_vectors(owner)
         if draft.embedding is None:
             content = draft.content
@@ -175,10 +178,11 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def candidates(
         self, owner: str, request: threads_pb2.AppendTurnsRequest, drafts: list[TurnDraft]
     ) -> list[list[MemoryDraft]]:
-        """The candidate memories of each turn of an append, validated and embedded
-        before anything is stored: the client's own ``tags`` where it ``tagged``
-        the turn, otherwise the write-time rules of :mod:`server._tagger`. The
-        store writes them with the turns, in one transaction.
+        """The candidate memories of each turn of an append, validated and embedded before storing.
+
+        They are the client's own ``tags`` where it ``tagged`` the turn,
+        otherwise what the write-time rules of :mod:`server._tagger` propose.
+        The store writes them with the turns, in one transaction.
 
         Raises:
             InvalidArgument: more than ``MAX_TAGS`` tags on a turn, or a malformed
@@ -219,6 +223,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def CreateMemory(  # noqa: N802
         self, request: memories_pb2.CreateMemoryRequest, context: grpc.ServicerContext
     ) -> memories_pb2.Memory:
+        """``Memories.CreateMemory``: publish a memory with its lineage, in one transaction."""
         owner = parse_owner(request.parent, "parent")
         authorize(owner)
         memory_id = check_id(request.memory_id, "memory_id") if request.memory_id else new_id()
@@ -243,6 +248,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def GetMemory(  # noqa: N802
         self, request: memories_pb2.GetMemoryRequest, context: grpc.ServicerContext
     ) -> memories_pb2.Memory:
+        """``Memories.GetMemory``: read a memory's current version or an explicit one."""
         name = parse_memory(request.name, "name")
         authorize(name.owner)
         if request.version < 0:
@@ -252,6 +258,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def ListMemories(  # noqa: N802
         self, request: memories_pb2.ListMemoriesRequest, context: grpc.ServicerContext
     ) -> memories_pb2.ListMemoriesResponse:
+        """``Memories.ListMemories``: one page of the owner's current memories, filtered."""
         owner, size, after = owner_page(request, self.page_tokens)
         kinds = {enum_name(memories_pb2.Memory.Kind, k, "kinds") for k in request.kinds}
         statuses = {enum_name(memories_pb2.Memory.Status, k, "statuses") for k in request.statuses}
@@ -274,6 +281,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def UpdateMemory(  # noqa: N802
         self, request: memories_pb2.UpdateMemoryRequest, context: grpc.ServicerContext
     ) -> memories_pb2.Memory:
+        """``Memories.UpdateMemory``: write a new version of a memory (a correction)."""
         name = parse_memory(request.memory.name, "memory.name")
         authorize(name.owner)
         if request.expected_version < 0:
@@ -327,6 +335,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def TransitionMemory(  # noqa: N802
         self, request: memories_pb2.TransitionMemoryRequest, context: grpc.ServicerContext
     ) -> memories_pb2.Memory:
+        """``Memories.TransitionMemory``: move a memory along its kind's state machine."""
         name = parse_memory(request.name, "name")
         authorize(name.owner)
         status = enum_name(memories_pb2.Memory.Status, request.status, "status")
@@ -350,6 +359,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def ResolvePreference(  # noqa: N802
         self, request: memories_pb2.ResolvePreferenceRequest, context: grpc.ServicerContext
     ) -> memories_pb2.ResolvePreferenceResponse:
+        """``Memories.ResolvePreference``: the preference that applies to a slot in a scope."""
         owner = parse_owner(request.parent, "parent")
         authorize(owner)
         slot = check_text(request.slot, "slot", limit=MAX_FIELD_BYTES, required=True)

@@ -62,8 +62,9 @@ _UNBOUND_FIELDS = ("page_token", "page_size")
 
 
 class PageTokens:
-    """Issues and checks the page tokens of one server process (layout and key
-    policy in the module docstring).
+    """Issues and checks the page tokens of one server process.
+
+    Layout and key policy are in the module docstring.
 
     Args:
         policy: the page-size policy bound into every token (default size and

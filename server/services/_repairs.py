@@ -58,6 +58,7 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
     def SealRepair(  # noqa: N802
         self, request: repairs_pb2.SealRepairRequest, context: grpc.ServicerContext
     ) -> threads_pb2.Thread:
+        """``Repairs.SealRepair``: seal a turn and every later one into a new repair thread."""
         name = parse_thread(request.thread, "thread")
         authorize(name.owner)
         if request.from_seq < 1:
@@ -67,6 +68,7 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
     def ReopenRepair(  # noqa: N802
         self, request: repairs_pb2.ReopenRepairRequest, context: grpc.ServicerContext
     ) -> repairs_pb2.ReopenRepairResponse:
+        """``Repairs.ReopenRepair``: reopen a repair and return what it holds."""
         name = parse_thread(request.name, "name")
         authorize(name.owner)
         meta = self.store.repair(name.owner, name.thread).meta
@@ -90,6 +92,7 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
     def PauseRepair(  # noqa: N802
         self, request: repairs_pb2.PauseRepairRequest, context: grpc.ServicerContext
     ) -> threads_pb2.Thread:
+        """``Repairs.PauseRepair``: pause a ``CONTINUED`` repair."""
         name = parse_thread(request.name, "name")
         authorize(name.owner)
         repair = self.store.set_repair_state(
@@ -100,6 +103,7 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
     def ConcludeRepair(  # noqa: N802
         self, request: repairs_pb2.ConcludeRepairRequest, context: grpc.ServicerContext
     ) -> repairs_pb2.ConcludeRepairResponse:
+        """``Repairs.ConcludeRepair``: conclude a repair with one outcome."""
         name = parse_thread(request.name, "name")
         authorize(name.owner)
         if request.outcome not in _OUTCOMES:

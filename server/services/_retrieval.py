@@ -40,6 +40,7 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
     def AssembleContext(  # noqa: N802
         self, request: retrieval_pb2.AssembleContextRequest, context: grpc.ServicerContext
     ) -> retrieval_pb2.ContextBundle:
+        """``Retrieval.AssembleContext``: what a model should see next in a thread."""
         thread = parse_thread(request.thread, "thread")
         authorize(thread.owner)
         if request.max_chars > MAX_CONTEXT_CHARS:
@@ -74,6 +75,7 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
     def GetContextManifest(  # noqa: N802
         self, request: retrieval_pb2.GetContextManifestRequest, context: grpc.ServicerContext
     ) -> retrieval_pb2.ContextManifest:
+        """``Retrieval.GetContextManifest``: read a stored context manifest."""
         name = parse_manifest(request.name, "name")
         authorize(name.owner)
         row = self.retriever.store.get_manifest(name.owner, name.manifest)
@@ -89,6 +91,7 @@ class RetrievalService(retrieval_pb2_grpc.RetrievalServicer):
     def Search(  # noqa: N802
         self, request: retrieval_pb2.SearchRequest, context: grpc.ServicerContext
     ) -> retrieval_pb2.SearchResponse:
+        """``Retrieval.Search``: the owner's best visible turns and memories for a query."""
         owner = parse_owner(request.parent, "parent")
         authorize(owner)
         top_k = request.top_k or DEFAULT_TOP_K

@@ -57,6 +57,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     def CreateThread(  # noqa: N802
         self, request: threads_pb2.CreateThreadRequest, context: grpc.ServicerContext
     ) -> threads_pb2.Thread:
+        """``Threads.CreateThread``: create a conversation thread and its own encryption ring."""
         owner = parse_owner(request.parent, "parent")
         authorize(owner)
         thread = check_id(request.thread_id, "thread_id") if request.thread_id else new_id()
@@ -66,6 +67,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     def GetThread(  # noqa: N802
         self, request: threads_pb2.GetThreadRequest, context: grpc.ServicerContext
     ) -> threads_pb2.Thread:
+        """``Threads.GetThread``: read a thread (conversation or repair)."""
         name = parse_thread(request.name, "name")
         authorize(name.owner)
         return thread_proto(self.store.get_thread(name.owner, name.thread))
@@ -73,6 +75,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     def ListThreads(  # noqa: N802
         self, request: threads_pb2.ListThreadsRequest, context: grpc.ServicerContext
     ) -> threads_pb2.ListThreadsResponse:
+        """``Threads.ListThreads``: one page of the owner's live threads, in id order."""
         owner, size, after = owner_page(request, self.page_tokens)
         views, nxt = self.store.list_threads(owner, after, size, request.include_repairs)
         threads, nxt = fit(
@@ -139,6 +142,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     def AppendTurns(  # noqa: N802
         self, request: threads_pb2.AppendTurnsRequest, context: grpc.ServicerContext
     ) -> threads_pb2.AppendTurnsResponse:
+        """``Threads.AppendTurns``: append 1..1000 turns to a thread in one transaction."""
         name = parse_thread(request.parent, "parent")
         authorize(name.owner)
         if request.request_id and not REQUEST_ID_RE.fullmatch(request.request_id):
@@ -195,8 +199,10 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         )
 
     def _replay(self, rids: list[int], echo_text: bool) -> threads_pb2.AppendTurnsResponse:
-        """The first result of a retried append, through the visibility rules:
-        a turn since deleted, expired, sealed or tainted is left out."""
+        """The first result of a retried append, through the visibility rules.
+
+        A turn since deleted, expired, sealed or tainted is left out.
+        """
         return threads_pb2.AppendTurnsResponse(
             turns=[turn_proto(v, text=echo_text) for v in self.store.replay_turns(rids)]
         )
@@ -204,6 +210,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     def ListTurns(  # noqa: N802
         self, request: threads_pb2.ListTurnsRequest, context: grpc.ServicerContext
     ) -> threads_pb2.ListTurnsResponse:
+        """``Threads.ListTurns``: one page of a thread's visible turns, in seq order."""
         name = parse_thread(request.parent, "parent")
         authorize(name.owner)
         size = page_size(request.page_size)
@@ -228,6 +235,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
     def GetTurn(  # noqa: N802
         self, request: threads_pb2.GetTurnRequest, context: grpc.ServicerContext
     ) -> threads_pb2.Turn:
+        """``Threads.GetTurn``: read one turn."""
         name = parse_turn(request.name, "name")
         authorize(name.owner)
         full = view_full(request.view)
@@ -235,6 +243,9 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
 
 
 def _indexed_text(speaker: str, text: str) -> str:
-    """What the server embeds for a turn: ``speaker: text`` (the speaker's name
-    carries meaning in questions such as "When did Caroline ...")."""
+    """What the server embeds for a turn: ``speaker: text``.
+
+    The speaker's name carries meaning in questions such as
+    "When did Caroline ...".
+    """
     return f"{speaker}: {text}" if speaker else text

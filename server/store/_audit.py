@@ -1,5 +1,6 @@
-"""The store's half of the audit, and the key/record reconciliation queries
-(API.md, ``Lifecycle.Audit``; ``lethe audit``).
+"""The store's half of the audit, and the key/record reconciliation queries.
+
+See API.md, ``Lifecycle.Audit``, and ``lethe audit``.
 
 Counts of broken invariants, all zero in a healthy store (``lethe audit``
 exits 1 on any of them):
@@ -102,6 +103,7 @@ class AuditPart(StoreBase):
         """Audit one owner's records and keys (``index_drift`` left at 0).
 
         Args:
+            owner: the owner audited.
             integrity: open every live record's ciphertext (content and vector)
                 to count the unreadable ones; without it, count those bulk
                 reads found unreadable since start (the cheap periodic audit).
@@ -167,8 +169,10 @@ class AuditPart(StoreBase):
         return bad
 
     def _stale(self, txn: lmdb.Transaction, mem: MemMeta, threads: dict[str, ThreadMeta]) -> bool:
-        """Whether a turn inside the summary's own lineage range was forgotten or
-        expired after the summary was built (see the module docstring)."""
+        """Whether a turn in the summary's own lineage range went away after the summary was built.
+
+        Gone means forgotten or expired (see the module docstring).
+        """
         ranges: dict[str, tuple[int, int]] = {}
         for name, _ in mem.sources:
             try:
@@ -223,12 +227,14 @@ class AuditPart(StoreBase):
         return self._unused(owner, self._used_keys(owner, threads, turns, memories))
 
     def destroy_unreferenced_keys(self, check: KeyCheck | None = None) -> int:
-        """Destroy record keys no record uses: keys made for writes a crash cut
-        short, or the keys of records a restored backup does not hold. Only at
-        start-up and restore, when no write is in flight. ``check``: a
-        :meth:`check_keys` made since the last change (start-up has one; its
-        pass already found them), else the keys are looked up owner by owner.
-        Returns how many."""
+        """Destroy record keys no record uses; returns how many.
+
+        They are keys made for writes a crash cut short, or the keys of records
+        a restored backup does not hold. Only at start-up and restore, when no
+        write is in flight. ``check``: a :meth:`check_keys` made since the last
+        change (start-up has one; its pass already found them), else the keys
+        are looked up owner by owner.
+        """
         if check is not None:
             stray = list(check.unreferenced)
         else:
@@ -241,10 +247,12 @@ class AuditPart(StoreBase):
     def _record_keys_named(
         self, txn: lmdb.Transaction
     ) -> Iterator[tuple[RecordMeta | ThreadMeta, RingRef, str, bool]]:
-        """(record or thread, the ring its data names, key id, whether the data
-        needs the key) of every key a stored row names: a turn's, every
-        version's of a memory, a thread's title key; needed when the row is
-        live (a repair concluded with DESTROY keeps no title key, by design)."""
+        """Every key a stored row names: a turn's, each memory version's, a thread's title key.
+
+        Yields (record or thread, the ring its data names, key id, whether the
+        data needs the key); the key is needed when the row is live (a repair
+        concluded with DESTROY keeps no title key, by design).
+        """
         for _, raw in sk.scan(txn, self.t.turns, b""):
             turn = TurnMeta.decode(raw)
             yield turn, RingRef(turn.owner, turn.ring_thread), turn.key_id, not turn.deleted
@@ -258,8 +266,10 @@ class AuditPart(StoreBase):
             yield thread, ring, thread.title_key, bool(thread.title_key) and not thread.deleted
 
     def check_keys(self) -> KeyCheck:
-        """Where the key of every live record is, in one pass over the data and
-        one listing of the keystore (start-up recovery; the audit)."""
+        """Where the key of every live record is: one pass over the data, one keystore listing.
+
+        Used by start-up recovery and by the audit.
+        """
         inventory = set(self.keystore.list_record_keys())
         by_id: dict[tuple[str, str], list[RingRef]] = {}
         for ring, key_id in inventory:
@@ -284,9 +294,11 @@ class AuditPart(StoreBase):
         return check
 
     def relocate_keys(self, misplaced: Sequence[tuple[RingRef, str, RingRef]]) -> int:
-        """Move each key back to the ring its record names: this completes or
-        undoes a move (a seal) that a crash cut between the keystore and the
-        data commit, as the data decided. Returns how many keys moved."""
+        """Move each key back to the ring its record names; returns how many keys moved.
+
+        This completes or undoes a move (a seal) that a crash cut between the
+        keystore and the data commit, as the data decided.
+        """
         by_target: dict[RingRef, list[tuple[RingRef, str]]] = {}
         for found, key_id, wanted in misplaced:
             by_target.setdefault(wanted, []).append((found, key_id))
@@ -296,16 +308,21 @@ class AuditPart(StoreBase):
         return len(misplaced)
 
     def shred_decided(self, record: RecordMeta | ThreadMeta, ring: RingRef, key_id: str) -> bool:
-        """Whether a missing key was destroyed on purpose after ``record`` was
-        made (the shred log names the key, its ring or its owner): the
-        record's deletion was decided, and forgetting it is only the rest of
-        that decision."""
+        """Whether a missing key was destroyed on purpose after ``record`` was made.
+
+        The shred log names the key, its ring or its owner: the record's
+        deletion was decided, and forgetting it is only the rest of that
+        decision.
+        """
         when = self.keystore.shredded_at(ring, key_id)
         return when is not None and when >= record.create_time - 1.0
 
     def records_without_key(self, check: KeyCheck | None = None) -> list[TurnMeta | MemMeta]:
-        """Live turns and memories whose current record key is in no ring (from
-        ``check`` when the caller has a current one, else a new :meth:`check_keys`)."""
+        """Live turns and memories whose current record key is in no ring.
+
+        From ``check`` when the caller has a current one, else from a new
+        :meth:`check_keys`.
+        """
         out: list[TurnMeta | MemMeta] = []
         for record in (check or self.check_keys()).missing:
             if isinstance(record, TurnMeta):
@@ -317,13 +334,17 @@ class AuditPart(StoreBase):
         return out
 
     def threads_without_key(self, check: KeyCheck | None = None) -> list[ThreadMeta]:
-        """Live threads whose title key is in no ring (their ring was destroyed);
-        ``check`` as for :meth:`records_without_key`."""
+        """Live threads whose title key is in no ring (their ring was destroyed).
+
+        ``check`` as for :meth:`records_without_key`.
+        """
         return [r for r in (check or self.check_keys()).missing if isinstance(r, ThreadMeta)]
 
     def retire_unused_kek_versions(self) -> list[int]:
-        """Finish a rotation a crash cut short (see
-        :meth:`shredder.Keystore.retire_unused_kek_versions`); returns the versions destroyed."""
+        """Finish a rotation a crash cut short; returns the KEK versions destroyed.
+
+        See :meth:`shredder.Keystore.retire_unused_kek_versions`.
+        """
         return self.keystore.retire_unused_kek_versions()
 
     def key_count(self) -> int:
@@ -335,8 +356,9 @@ class AuditPart(StoreBase):
         return self.keystore.unrotated_since()
 
     def rotate(self) -> tuple[int, int, list[int]]:
-        """Complete pending shreds now (:meth:`shredder.Keystore.rotate`), on the
-        writer thread like every keystore write.
+        """Complete pending shreds now (:meth:`shredder.Keystore.rotate`).
+
+        On the writer thread, like every keystore write.
 
         Returns:
             (rings renewed, ring keys moved to a new KEK version, KEK versions destroyed).

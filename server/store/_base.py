@@ -102,12 +102,14 @@ class StoreBase:
 
     @contextlib.contextmanager
     def key_batch(self) -> Iterator[None]:
-        """Within the block, every payload this thread opens shares one keystore
-        snapshot and each record key is unwrapped once (``shredder.KeyReader``):
-        for bulk reads — a search's hits, an index build, a listing. Nested
-        blocks share the outer one. Visibility is decided by the caller's data
-        read as always; a key destroyed after the block began may still open a
-        ciphertext the caller already fetched, as one ``open`` begun earlier would.
+        """In the block, this thread's payloads share a keystore snapshot and unwrap each key once.
+
+        For bulk reads — a search's hits, an index build, a listing — every
+        payload this thread opens shares one keystore snapshot and each record
+        key is unwrapped once (``shredder.KeyReader``). Nested blocks share the
+        outer one. Visibility is decided by the caller's data read as always; a
+        key destroyed after the block began may still open a ciphertext the
+        caller already fetched, as one ``open`` begun earlier would.
         """
         if getattr(self._key_batch, "reader", None) is not None:
             yield
@@ -123,9 +125,11 @@ class StoreBase:
     # ------------------------------------------------------------------ bad rows
 
     def note_unreadable(self, meta: RecordMeta) -> None:
-        """Count a record whose ciphertext failed to open (``DataLoss``) once, and
-        log it by id (never content). Bulk reads skip such a record; it stays
-        ``DATA_LOSS`` by name until an operator forgets or restores it."""
+        """Count a record whose ciphertext failed to open (``DataLoss``) once, and log it by id.
+
+        Never its content. Bulk reads skip such a record; it stays
+        ``DATA_LOSS`` by name until an operator forgets or restores it.
+        """
         with self._unreadable_guard:
             if meta.name in self.unreadable:
                 return
@@ -140,11 +144,13 @@ class StoreBase:
     def open_each(
         self, rows: Iterable[tuple[_M, _C]], open_one: Callable[[_M, _C], _V]
     ) -> list[_V]:
-        """``open_one(meta, ciphertexts)`` for each fetched row, in order, under one
-        :meth:`key_batch`. A row whose key was destroyed since it was read
-        (``RecordDeleted``) is gone and skipped; one whose ciphertext fails to
-        open (``DataLoss``) is counted by :meth:`note_unreadable` and skipped, so
-        one bad record never fails a bulk read."""
+        """``open_one(meta, ciphertexts)`` for each fetched row, in order, skipping bad ones.
+
+        All under one :meth:`key_batch`. A row whose key was destroyed since it
+        was read (``RecordDeleted``) is gone and skipped; one whose ciphertext
+        fails to open (``DataLoss``) is counted by :meth:`note_unreadable` and
+        skipped, so one bad record never fails a bulk read.
+        """
         out: list[_V] = []
         with self.key_batch():
             for meta, cts in rows:
@@ -159,8 +165,11 @@ class StoreBase:
     # ------------------------------------------------------------------ crypto
 
     def _seal(self, ring: RingRef, key_id: str, ad: AssociatedData, plaintext: bytes) -> bytes:
-        """Seal a payload under a record key (writer thread: a key the running
-        group just created is used as created, not unwrapped again)."""
+        """Seal a payload under a record key.
+
+        On the writer thread, a key the running group just created is used as
+        created, not unwrapped again.
+        """
         fresh = self.writer.fresh
         if fresh is not None:
             sealed = fresh.seal(ring, key_id, ad, plaintext)
@@ -365,8 +374,11 @@ class StoreBase:
         lo: int = 1,
         hi: int | None = None,
     ) -> list[TurnMeta]:
-        """A thread's stored turns in seq order (tombstoned ones only ``with_deleted``),
-        of seqs ``lo..hi`` (inclusive; ``hi`` None: to the end). Reads only those rows."""
+        """A thread's stored turns of seqs ``lo..hi``, in seq order; reads only those rows.
+
+        ``lo..hi`` is inclusive; ``hi`` None: to the end. Tombstoned turns only
+        ``with_deleted``.
+        """
         out = []
         start = sk.seq_key(owner, thread, lo) if lo > 1 else None
         for key, rk in sk.scan(txn, self.t.seqs, sk.thread_prefix(owner, thread), start=start):
@@ -420,10 +432,12 @@ class StoreBase:
         now: float,
         seen: dict[str, bool] | None = None,
     ) -> bool:
-        """Whether a record built on pending material has lost it: a source (or a
-        source's source) expired, was deleted or tainted. Checked only once the
-        earliest pending expiry of its lineage (``lineage_expiry``) has passed,
-        so the hot path pays one comparison."""
+        """Whether a record built on pending material has lost it.
+
+        Lost means a source (or a source's source) expired, was deleted or
+        tainted. Checked only once the earliest pending expiry of its lineage
+        (``lineage_expiry``) has passed, so the hot path pays one comparison.
+        """
         if not meta.lineage_expiry or now < meta.lineage_expiry:
             return False
         seen = {} if seen is None else seen
@@ -445,10 +459,12 @@ class StoreBase:
         return gone
 
     def _as_read(self, txn: lmdb.Transaction, meta: RecordMeta, now: float) -> RecordMeta:
-        """``meta`` as every read path must see it now: when its lineage lost a
-        pending source that expired (before the sweeper forgot it), a turn is
-        tainted and a memory is gone, exactly as after the forget. A copy; the
-        row is unchanged."""
+        """``meta`` as every read path must see it now; a copy, the row is unchanged.
+
+        When its lineage lost a pending source that expired (before the sweeper
+        forgot it), a turn is tainted and a memory is gone, exactly as after
+        the forget.
+        """
         if not self._lineage_gone(txn, meta, now):
             return meta
         if isinstance(meta, MemMeta):
@@ -537,10 +553,12 @@ class StoreBase:
         now: float,
         receipt: str = "",
     ) -> None:
-        """Append ``(type, subject, sources)`` events of one owner (ids only) in the
-        caller's transaction, numbered consecutively in that order: the one event
-        writer. The counter is read and written once for the whole batch (a
-        1,000-turn forget announces 1,000 events)."""
+        """Append ``(type, subject, sources)`` events of one owner (ids only): the one event writer.
+
+        In the caller's transaction, numbered consecutively in that order. The
+        counter is read and written once for the whole batch (a 1,000-turn
+        forget announces 1,000 events).
+        """
         if not events:
             return
         number = sk.take_numbers(txn, self.t.meta, sk.NEXT_EVENT, len(events))
@@ -576,9 +594,11 @@ class StoreBase:
 
 
 def lineage_expiry_of(sources: Sequence[RecordMeta]) -> float:
-    """The earliest pending expiry in the lineage of a record built on ``sources``
-    (seconds; 0 when none is pending and none carries one): when a record's
-    ``lineage_expiry`` passes, reads recheck its lineage."""
+    """The earliest pending expiry in the lineage of a record built on ``sources``, in seconds.
+
+    0 when none is pending and none carries one. When a record's
+    ``lineage_expiry`` passes, reads recheck its lineage.
+    """
     times = [s.expire_time for s in sources if s.state == PENDING and s.expire_time]
     times += [s.lineage_expiry for s in sources if s.lineage_expiry]
     return min(times) if times else 0.0

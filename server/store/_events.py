@@ -1,12 +1,13 @@
-"""Events (API.md, ``Events.Watch``): reading an owner's events after an id,
-appending one outside any other write, pruning the retention window, and
-telling listeners which owners got events once they are committed.
-Every event is written by :meth:`~server.store._base.StoreBase._append_event`,
-which notes its owner; after each data commit the writer calls
-:meth:`EventsPart._announce_events`, which hands the noted owners to every
-listener (:meth:`EventsPart.on_events`). An owner noted by a write that was
-rolled back is announced with the next commit: a listener may be woken for
-nothing, never left asleep after a commit.
+"""Events (API.md, ``Events.Watch``): reading, appending, pruning, and telling listeners.
+
+Reading an owner's events after an id, appending one outside any other write,
+pruning the retention window, and telling listeners which owners got events
+once they are committed. Every event is written by
+:meth:`~server.store._base.StoreBase._append_event`, which notes its owner;
+after each data commit the writer calls :meth:`EventsPart._announce_events`,
+which hands the noted owners to every listener (:meth:`EventsPart.on_events`).
+An owner noted by a write that was rolled back is announced with the next
+commit: a listener may be woken for nothing, never left asleep after a commit.
 
 Thread rules: as every part of :class:`server.store.Store`; listeners run on
 the writer thread and must only hand the owners on (never block, never raise).
@@ -37,9 +38,11 @@ class EventsPart(StoreBase):
     _event_listeners: list[Callable[[frozenset[str]], None]]
 
     def on_events(self, listener: Callable[[frozenset[str]], None]) -> None:
-        """Call ``listener(owners)`` on the writer thread after every data commit
-        that appended events, with the owners they belong to (see the module
-        docstring). Register before serving; listeners are never removed."""
+        """Call ``listener(owners)`` on the writer thread after each data commit that adds events.
+
+        ``owners`` are the owners the events belong to (see the module
+        docstring). Register before serving; listeners are never removed.
+        """
         self._event_listeners.append(listener)
 
     def _announce_events(self) -> None:

@@ -50,9 +50,10 @@ DESTINATIONS = ("lmdb", "index", "lexical", "keystore", "cache")
 
 @dataclass(frozen=True, slots=True)
 class ForgetTargets:
-    """What one forget deletes: the targets a ``Forget`` names, and the extras a
-    repair's conclusion adds. The one value every layer passes along (the
-    servicer, :class:`server.lifecycle.Lifecycle` and :meth:`ForgetPart.plan_forget`).
+    """What one forget deletes: the targets a ``Forget`` names, and a repair conclusion's extras.
+
+    The one value every layer passes along (the servicer,
+    :class:`server.lifecycle.Lifecycle` and :meth:`ForgetPart.plan_forget`).
 
     Attributes:
         turns: ``(thread id, seq)`` of single turns.
@@ -581,11 +582,14 @@ class ForgetPart(StoreBase):
     def _purge_turn_rows(
         self, txn: lmdb.Transaction, owner: str, rid: int, thread: str, seq: int
     ) -> None:
-        """Delete a tombstoned turn's rows: lineage edges both ways, payloads
-        (ciphertext), the row, its seq and owner index entries. Rows already gone
-        are skipped. Its expiry-queue entry left in step 1 (``Planner``), in the
-        transaction that tombstoned it; :meth:`_purge_turn` also takes it off for
-        an entry read back from the log."""
+        """Delete a tombstoned turn's rows: lineage edges, payloads, the row and its index entries.
+
+        In full: lineage edges both ways, payloads (ciphertext), the row, its
+        seq and owner index entries. Rows already gone are skipped. Its
+        expiry-queue entry left in step 1 (``Planner``), in the transaction
+        that tombstoned it; :meth:`_purge_turn` also takes it off for an entry
+        read back from the log.
+        """
         name = f"{thread_name(owner, thread)}/turns/{seq}"
         remove_edges_of(txn, self.t, name)
         remove_edges_from(txn, self.t, name)

@@ -1,6 +1,8 @@
-"""Context manifests (API.md, ``Retrieval.GetContextManifest``): the (name,
-version) refs one context assembly returned, stored by id so that an assistant
-turn naming the manifest has those records as its lineage. Ids only.
+"""Context manifests (API.md, ``Retrieval.GetContextManifest``), ids only.
+
+A manifest is the (name, version) refs one context assembly returned, stored by
+id so that an assistant turn naming the manifest has those records as its
+lineage.
 
 Thread rules: as every part of :class:`server.store.Store`.
 """

@@ -1,6 +1,6 @@
-"""Memories: typed entries and derivatives, their versions, lineage and
-conditional publication (API.md, ``Memories``; ARCHITECTURE.md, "Lineage and
-deletion").
+"""Memories: typed entries and derivatives, their versions, lineage and conditional publication.
+
+See API.md, ``Memories``, and ARCHITECTURE.md, "Lineage and deletion".
 
 A memory's content (text, slot, scope, graph edge) is one JSON payload per
 version, sealed under that version's record key; its vector is a second
@@ -174,8 +174,10 @@ class MemoriesPart(StoreBase):
         sources: Sequence[tuple[str, int]],
         now: float,
     ) -> tuple[str, float]:
-        """(COMMITTED or PENDING, earliest expire_time of a pending source or 0):
-        a derivative never outlives a pending source."""
+        """(COMMITTED or PENDING, earliest expire_time of a pending source or 0).
+
+        A derivative never outlives a pending source.
+        """
         state, earliest = COMMITTED, 0.0
         for name, version in sources:
             parsed = _record_name(name)
@@ -189,8 +191,10 @@ class MemoriesPart(StoreBase):
         return state, earliest
 
     def _sources_lineage(self, txn: lmdb.Transaction, sources: Sequence[tuple[str, int]]) -> float:
-        """The ``lineage_expiry`` of a derivative of ``sources`` (see
-        :func:`~server.store._base.lineage_expiry_of`)."""
+        """The ``lineage_expiry`` of a derivative of ``sources``.
+
+        See :func:`~server.store._base.lineage_expiry_of`.
+        """
         found = [m for m in (self.resolve(txn, name) for name, _ in sources) if m is not None]
         return lineage_expiry_of(found)
 
@@ -247,8 +251,10 @@ class MemoriesPart(StoreBase):
         pending_ttl: float,
         now: float,
     ) -> MemoryView:
-        """Write a new memory in the caller's transaction; its record key
-        ``key_id`` in ``ring_thread``'s ring ("" for the owner's) must exist.
+        """Write a new memory in the caller's transaction.
+
+        Its record key ``key_id`` in ``ring_thread``'s ring ("" for the
+        owner's) must exist.
 
         Raises:
             AlreadyExists: the id is taken, or ``SLOT_CONFLICT``.
@@ -428,10 +434,12 @@ class MemoriesPart(StoreBase):
     # ------------------------------------------------------------------ commitments
 
     def announce_due_commitments(self, now: float) -> int:
-        """Emit ``COMMITMENT_DUE`` once for each committed ``OPEN`` commitment whose
-        ``due_time`` has passed; returns how many are overdue now (announced or
-        not): the ``lethe_overdue_commitments`` gauge. They stay at the top of
-        every context assembly until closed (see :mod:`server.retrieval._context`)."""
+        """Emit ``COMMITMENT_DUE`` once per committed ``OPEN`` commitment past its ``due_time``.
+
+        Returns how many are overdue now (announced or not): the
+        ``lethe_overdue_commitments`` gauge. They stay at the top of every
+        context assembly until closed (see :mod:`server.retrieval._context`).
+        """
 
         def apply(txn: lmdb.Transaction) -> int:
             overdue = 0
@@ -696,8 +704,10 @@ class MemoriesPart(StoreBase):
             return self._memories_read(txn, self._owner_memory_metas(txn, owner), now)
 
     def committed_memories(self, owner: str) -> list[MemoryView]:
-        """The current versions of the owner's committed, live, untainted
-        memories (what context assembly may offer), by id."""
+        """The current versions of the owner's committed, live, untainted memories, by id.
+
+        That is what context assembly may offer.
+        """
         now = time.time()
         with self.env.begin() as txn:
             rows = [
@@ -713,8 +723,11 @@ class MemoriesPart(StoreBase):
     def lineage(
         self, name: str, ancestors: bool, max_depth: int
     ) -> list[tuple[tuple[str, int], tuple[str, int]]]:
-        """Edges reachable from ``name`` up (ancestors) or down (descendants),
-        breadth first to ``max_depth``: ``((source, v), (derivative, v))``."""
+        """Edges reachable from ``name`` up (ancestors) or down (descendants), breadth first.
+
+        Up to ``max_depth`` hops; each edge is
+        ``((source, v), (derivative, v))``.
+        """
         edges: list[tuple[tuple[str, int], tuple[str, int]]] = []
         seen = {name}
         frontier = [name]

@@ -108,8 +108,10 @@ _WAIT_DELETIONS = 30.0
 
 
 class MoveRefused(LetheError):
-    """A move step does not apply to the owner's state on this shard (says why;
-    raised to the ``lethe owner`` commands, never to a client)."""
+    """A move step does not apply to the owner's state on this shard; the message says why.
+
+    Raised to the ``lethe owner`` commands, never to a client.
+    """
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 
@@ -214,8 +216,10 @@ class MovesPart(PlacementPart, StoreBase):
     # ------------------------------------------------------------------ rows
 
     def _owner_rows(self, txn: lmdb.Transaction, owner: str) -> Iterator[tuple[str, bytes, bytes]]:
-        """``(database, key, value)`` of every row of ``owner`` except its marker:
-        the one place that knows where an owner's rows are."""
+        """``(database, key, value)`` of every row of ``owner`` except its marker.
+
+        The one place that knows where an owner's rows are.
+        """
         prefix = sk.owner_prefix(owner)
         row = sk.get(txn, self.t.owners, sk.owner_key(owner))
         if row is not None:
@@ -262,7 +266,8 @@ class MovesPart(PlacementPart, StoreBase):
 
         Args:
             owner: the owner's id.
-            shard, target: the destination's name and ``HOST:PORT``.
+            shard: the destination's name.
+            target: the destination's ``HOST:PORT``.
             recipient_hex: the destination's receive key (public half).
             move_id: continue this move (a repeated export after a crash);
                 "" starts one.
@@ -487,7 +492,9 @@ class MovesPart(PlacementPart, StoreBase):
 
         Args:
             owner: the owner's id.
-            shard, target: where it went (for the marker and the receipt).
+            shard: the name of the shard it went to (for the marker and the
+                receipt).
+            target: that shard's ``HOST:PORT`` (for the marker and the receipt).
 
         Raises:
             MoveRefused: the owner is not moving from here (nor released already).
@@ -516,8 +523,9 @@ class MovesPart(PlacementPart, StoreBase):
         )
 
     def abort_move(self, owner: str) -> str:
-        """Undo a move before its release: the source serves writes again, or the
-        destination drops its copy. Returns what was done.
+        """Undo a move before its release; returns what was done.
+
+        The source serves writes again, or the destination drops its copy.
 
         Raises:
             MoveRefused: the owner is not mid-move here (``moved`` and
@@ -535,17 +543,21 @@ class MovesPart(PlacementPart, StoreBase):
         return f"owners/{owner}: served here again, its writes too"
 
     def _remove_copy(self, owner: str) -> None:
-        """Destroy an interrupted import's keys (unlogged: no record used them
-        here) and rows; the marker stays."""
+        """Destroy an interrupted import's keys and rows; the marker stays.
+
+        The keys go unlogged: no record used them here.
+        """
         self.keystore.destroy(owners=[owner], logged=False)
         self.writer.run(
             WriteOp(lambda txn: self._delete_rows(txn, owner, tokens=False), name="owner.purge")
         )
 
     def _delete_rows(self, txn: lmdb.Transaction, owner: str, *, tokens: bool) -> dict[str, int]:
-        """Delete every row of ``owner`` but its marker (and its tokens unless
-        ``tokens``: an interrupted import keeps the ones the operator stored);
-        returns rows per database."""
+        """Delete every row of ``owner`` but its marker; returns rows per database.
+
+        Its tokens go too unless ``tokens`` is False: an interrupted import
+        keeps the ones the operator stored.
+        """
         doomed = [(name, key) for name, key, _ in self._owner_rows(txn, owner)]
         counts: dict[str, int] = {}
         for name, key in doomed:

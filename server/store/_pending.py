@@ -1,5 +1,7 @@
-"""The pending window: committing, extending, announcing and finding expiry
-(API.md, ``Lifecycle.Commit`` and ``ExtendPending``; ``PENDING_EXPIRING``).
+"""The pending window: committing, extending, announcing and finding expiry.
+
+See API.md, ``Lifecycle.Commit`` and ``ExtendPending``, and
+``PENDING_EXPIRING``.
 
 Pending records sit on the ``expiry`` queue keyed by their ``expire_time``;
 expiry itself is decided on every read by :mod:`server.store._visibility`, and
@@ -92,8 +94,7 @@ class PendingPart(StoreBase):
         return self.writer.run(WriteOp(apply, owner=_owner_of(names), name="commit"))
 
     def extend_pending(self, names: Sequence[str], ttl: float) -> list[RecordMeta]:
-        """Give pending records ``ttl`` seconds from now; committed ones are returned
-        unchanged.
+        """Give pending records ``ttl`` seconds from now; committed ones are returned unchanged.
 
         Raises:
             NotFound / RecordDeleted: a record never existed / is gone or expired.
@@ -138,8 +139,10 @@ class PendingPart(StoreBase):
         return rids
 
     def warn_expiring(self, now: float, window: float, limit: int = 1000) -> int:
-        """Emit ``PENDING_EXPIRING`` once for each pending record expiring within
-        ``window`` seconds; returns how many were announced."""
+        """Emit ``PENDING_EXPIRING`` once per pending record expiring within ``window`` seconds.
+
+        Returns how many were announced.
+        """
 
         def apply(txn: lmdb.Transaction) -> int:
             announced = 0
@@ -167,8 +170,9 @@ class PendingPart(StoreBase):
             return found
 
     def pending_stats(self, now: float) -> tuple[int, float]:
-        """(number of pending records, age in seconds of the oldest one), turns and
-        memories alike; (0, 0.0) when nothing is pending.
+        """(number of pending records, age in seconds of the oldest one), turns and memories alike.
+
+        (0, 0.0) when nothing is pending.
 
         The oldest is the pending record stored longest ago (its ``create_time``),
         whatever its kind and whenever it expires. Record numbers are taken in

@@ -141,29 +141,30 @@ class PlacementPart(StoreBase):
         return self.writer.run(WriteOp(apply))
 
     def moved(self, owner: str) -> MovedRow | None:
-        """``owner``'s marker, or None when the owner is served here (one read
-        transaction)."""
+        """``owner``'s marker, or None when the owner is served here (one read transaction)."""
         with self.env.begin() as txn:
             raw = sk.get(txn, self.t.moved, sk.owner_key(owner))
         return None if raw is None else MovedRow.decode(owner, raw)
 
     def placement(self, owner: str) -> tuple[MovedRow | None, bool]:
-        """``(owner's marker or None, whether this store has a row of it)`` from
-        one read transaction: what routing checks on every authorised call."""
+        """``(owner's marker or None, whether this store has a row of it)``, one read transaction.
+
+        What routing checks on every authorised call.
+        """
         with self.env.begin() as txn:
             raw = sk.get(txn, self.t.moved, sk.owner_key(owner))
             held = sk.get(txn, self.t.owners, sk.owner_key(owner)) is not None
         return (None if raw is None else MovedRow.decode(owner, raw)), held
 
     def holds_owner(self, owner: str) -> bool:
-        """Whether this store has a row of ``owner`` (it was written here, or
-        imported by a move)."""
+        """Whether this store has a row of ``owner`` (written here, or imported by a move)."""
         with self.env.begin() as txn:
             return sk.get(txn, self.t.owners, sk.owner_key(owner)) is not None
 
     def refuse_moved(self, txn: lmdb.Transaction, owner: str) -> None:
-        """The writer's guard: inside a write transaction, refuse a client's write
-        for an owner marked moved away.
+        """The writer's guard: refuse a client's write for an owner marked moved away.
+
+        Called inside a write transaction.
 
         Raises:
             OwnerMoved: ``owner`` is marked moved away (read in ``txn``).

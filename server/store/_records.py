@@ -1,5 +1,6 @@
-"""Rows of the data environment: non-content metadata of records, and the
-small JSON rows beside them (owners, tombstones, manifests, events).
+"""Rows of the data environment: non-content metadata of records, and small JSON rows beside them.
+
+The small rows are owners, tombstones, manifests and events.
 
 Only ids, states, versions, times, key references and lineage names live
 here, JSON-encoded; every client-supplied string except ids (text, speaker,
@@ -43,8 +44,11 @@ PAYLOAD_MEMORY = "memory"  # JSON {text, slot, scope, edge: [s, p, o]} of one me
 
 
 def _encode(row: Any) -> bytes:
-    """Compact JSON of a slotted dataclass row, field by field (``asdict`` deep-copies
-    every list and dict first: it was a measurable part of every append)."""
+    """Compact JSON of a slotted dataclass row, field by field.
+
+    ``asdict`` deep-copies every list and dict first: it was a measurable part
+    of every append.
+    """
     names = _FIELD_NAMES.get(type(row))
     if names is None:
         names = _FIELD_NAMES[type(row)] = tuple(f.name for f in fields(row))
@@ -75,8 +79,9 @@ def unpack_content(raw: bytes) -> tuple[str, str]:
 def stack_vectors(
     opened: Sequence[tuple[int, bytes]],
 ) -> tuple[list[int], npt.NDArray[np.float32]]:
-    """``(rids, (n, d) float32)`` from decrypted embedding payloads (``<f4``
-    little-endian, ``d`` floats each); ``([], (0, 0))`` for none.
+    """``(rids, (n, d) float32)`` from decrypted embedding payloads; ``([], (0, 0))`` for none.
+
+    Each payload is ``d`` ``<f4`` (little-endian float32) values.
 
     Raises:
         ValueError: the payloads differ in length (two dimensions in one owner).
@@ -252,9 +257,11 @@ RecordMeta = TurnMeta | MemMeta
 
 @dataclass(slots=True)
 class OwnerRow:
-    """An owner's row: its fixed vector dimension (0 before its first vector) and
-    the embedder whose vectors it holds ("": the one the store last recorded at
-    start, see :mod:`server.store._vectors`)."""
+    """An owner's row: its fixed vector dimension and the embedder whose vectors it holds.
+
+    The dimension is 0 before its first vector; the embedder "" is the one the
+    store last recorded at start (see :mod:`server.store._vectors`).
+    """
 
     dim: int = 0
     create_time: float = 0.0
@@ -278,9 +285,12 @@ class OwnerRow:
 
 @dataclass(slots=True)
 class Tombstone:
-    """What remains of a deleted record: time, reason, deletion id, and for
-    threads and memories the last seq / version, so that an id used again
-    continues the numbering and no (name, version) ever names two contents."""
+    """What remains of a deleted record: time, reason, deletion id, and the last seq / version.
+
+    The last seq / version is kept for threads and memories, so that an id used
+    again continues the numbering and no (name, version) ever names two
+    contents.
+    """
 
     time: float
     reason: str
@@ -329,8 +339,11 @@ class ManifestRow:
 
 @dataclass(slots=True)
 class EventRow:
-    """One event (ids only): ``id`` is its decimal number within the store;
-    ``receipt`` names the deletion receipt it belongs to, or is ""."""
+    """One event (ids only).
+
+    ``id`` is its decimal number within the store; ``receipt`` names the
+    deletion receipt it belongs to, or is "".
+    """
 
     id: str
     owner: str

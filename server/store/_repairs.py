@@ -1,6 +1,8 @@
-"""Repair threads: sealing a stretch of conversation after the fact, reopening,
-pausing and the state of a repair (ARCHITECTURE.md, "Repair threads"; API.md,
-``Repairs``). Concluding one is a forget (:mod:`server.store._forget`).
+"""Repair threads: sealing a stretch after the fact, reopening, pausing, and a repair's state.
+
+Sealing a stretch of conversation after the fact, reopening, pausing and the
+state of a repair (ARCHITECTURE.md, "Repair threads"; API.md, ``Repairs``).
+Concluding one is a forget (:mod:`server.store._forget`).
 
 ``seal_repair`` moves turn ``from_seq`` and every later live turn of a
 conversation into a new ``REPAIR`` thread (state ``PAUSED``) in one keystore
@@ -51,8 +53,10 @@ from shredder import AssociatedData, RingRef
 
 
 class RepairsPart(ForgetPart, MemoriesPart):
-    """Repair operations of :class:`server.store.Store` (over the forget and
-    memories parts: concluding writes a lesson and forgets in one transaction)."""
+    """Repair operations of :class:`server.store.Store`, over the forget and memories parts.
+
+    Concluding writes a lesson and forgets in one transaction.
+    """
 
     # ------------------------------------------------------------------ sealing
 
@@ -253,9 +257,12 @@ class RepairsPart(ForgetPart, MemoriesPart):
     def repair_contents(
         self, owner: str, repair_id: str
     ) -> tuple[list[TurnView], list[TurnView], list[MemoryView]]:
-        """Decrypt what a repair holds: (sealed stretch of the source thread, the
-        repair thread's own turns, sealed memories). The one read path that
-        opens sealed records; only ``ReopenRepair`` calls it."""
+        """Decrypt what a repair holds: its sealed stretch, its own turns, its sealed memories.
+
+        Returns (sealed stretch of the source thread, the repair thread's own
+        turns, sealed memories). The one read path that opens sealed records;
+        only ``ReopenRepair`` calls it.
+        """
         rows: list[tuple[TurnMeta, dict[str, bytes]]] = []
         own: list[tuple[TurnMeta, dict[str, bytes]]] = []
         mem_rows: list[tuple[MemMeta, bytes | None]] = []
@@ -311,11 +318,13 @@ class RepairsPart(ForgetPart, MemoriesPart):
         outcome: str,
         lesson: MemoryDraft | None = None,
     ) -> tuple[ThreadView, DeletionEntry, MemoryView | None]:
-        """Conclude a repair with ``DESTROY`` or ``DISTILL``, in one transaction:
-        the lesson (for ``DISTILL``: a committed root ``LESSON`` whose only link
-        is the repair's name), the repair marked ``CONCLUDED``, and step 1 of
-        forgetting everything it holds (its ring is destroyed in step 3). After
-        a crash, either all of it happened or none.
+        """Conclude a repair with ``DESTROY`` or ``DISTILL``, in one transaction.
+
+        The transaction writes the lesson (for ``DISTILL``: a committed root
+        ``LESSON`` whose only link is the repair's name), marks the repair
+        ``CONCLUDED``, and takes step 1 of forgetting everything it holds (its
+        ring is destroyed in step 3). After a crash, either all of it happened
+        or none.
 
         Returns:
             (the concluded repair, the deletion-log entry to finish, the lesson or None).

@@ -216,9 +216,11 @@ def get(txn: lmdb.Transaction, db: Any, key: bytes) -> bytes | None:
 def scan(
     txn: lmdb.Transaction, db: Any, prefix: bytes, *, start: bytes | None = None
 ) -> Iterator[tuple[bytes, bytes]]:
-    """``(key, value)`` of every row whose key starts with ``prefix``, in key
-    order, from ``start`` (a key ≥ ``prefix``) when given. The one prefix scan
-    of the store."""
+    """``(key, value)`` of every row whose key starts with ``prefix``, in key order.
+
+    From ``start`` (a key ≥ ``prefix``) when given. The one prefix scan of the
+    store.
+    """
     cur = txn.cursor(db=db)
     if not cur.set_range(start if start is not None else prefix):
         return
@@ -252,8 +254,10 @@ def delete_prefix(txn: lmdb.Transaction, db: Any, prefix: bytes) -> None:
 
 
 def take_numbers(txn: lmdb.Transaction, db: Any, key: bytes, count: int = 1) -> int:
-    """Reserve ``count`` consecutive numbers of the counter ``key`` (starting at
-    1) and return the first one."""
+    """Reserve ``count`` consecutive numbers of the counter ``key`` and return the first one.
+
+    Numbers start at 1.
+    """
     first = int(get(txn, db, key) or b"1")
     txn.put(key, str(first + count).encode(), db=db)
     return first

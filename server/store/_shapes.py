@@ -1,5 +1,7 @@
-"""Shapes of memories (ARCHITECTURE.md, "Shapes"): each kind's defaults, its
-state machine, the kinds a correction supersedes, slots, and preference scopes.
+"""Shapes of memories (ARCHITECTURE.md, "Shapes"): defaults, state machines, slots and scopes.
+
+In full: each kind's defaults, its state machine, the kinds a correction
+supersedes, slots, and preference scopes.
 
 Pure rules; the store applies them in :mod:`server.store._memories`.
 """

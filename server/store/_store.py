@@ -60,8 +60,11 @@ _OPEN_GUARD = threading.Lock()
 
 
 def open_store_for(data_dir: Path) -> Store | None:
-    """The Store this process has open on ``data_dir``, if any (LMDB allows one
-    handle per environment and process, so an in-process backup must reuse it)."""
+    """The Store this process has open on ``data_dir``, if any.
+
+    LMDB allows one handle per environment and process, so an in-process backup
+    must reuse it.
+    """
     with _OPEN_GUARD:
         return _OPEN.get(data_dir.resolve())
 
@@ -94,8 +97,9 @@ def load_kek(data_dir: Path, store_id: str, kek_file: Path | None, *, create: bo
 
 
 def acquire_lock(data_dir: Path) -> int:
-    """Take the exclusive lock of a data directory; returns its file descriptor
-    (close it to release).
+    """Take the exclusive lock of a data directory; returns its file descriptor.
+
+    Close the descriptor to release the lock.
 
     Raises:
         StoreLockedError: another process holds it.
@@ -207,8 +211,10 @@ class Store(
             self._lock_fd = None
 
     def used_bytes(self) -> int:
-        """Bytes of the data environment in use: its highest page in use times the
-        page size (freed pages are reused before the file grows)."""
+        """Bytes of the data environment in use: its highest page in use times the page size.
+
+        Freed pages are reused before the file grows.
+        """
         info, stat = self.env.info(), self.env.stat()
         return (int(info["last_pgno"]) + 1) * int(stat["psize"])
 
@@ -223,13 +229,18 @@ class Store(
 
     @property
     def kek_rotatable(self) -> bool:
-        """Whether the KEK lives in a file that rotation can rewrite (an in-memory
-        ``LETHE_KEK`` could not survive a restart, so it is never rotated)."""
+        """Whether the KEK lives in a file that rotation can rewrite.
+
+        An in-memory ``LETHE_KEK`` could not survive a restart, so it is never
+        rotated.
+        """
         return self.kek.path is not None
 
     def reader_slots(self) -> int:
-        """Reader slots of the data environment's lock table in use now (one per
-        open read transaction of any process; a number that keeps growing means
-        leaked read transactions)."""
+        """Reader slots of the data environment's lock table in use now.
+
+        One per open read transaction of any process; a number that keeps
+        growing means leaked read transactions.
+        """
         table = self.env.readers()
         return max(0, len([line for line in table.splitlines() if line.strip()]) - 1)

@@ -1,6 +1,8 @@
-"""Threads and turns: creating threads, appending turns (with a response's
-lineage), reading them through the visibility rules, and the bulk reads the
-index builds and context assembly need (API.md, ``Threads``).
+"""Threads and turns: creating, appending, reading through the visibility rules, bulk reads.
+
+Creating threads, appending turns (with a response's lineage), reading them
+through the visibility rules, and the bulk reads the index builds and context
+assembly need (API.md, ``Threads``).
 
 Thread rules: writes run on the writer thread through ``WriteOp``; reads open
 their own read transactions and are safe from any thread.
@@ -62,8 +64,10 @@ def _noop(txn: lmdb.Transaction) -> None:
 
 
 class ThreadsPart(MemoriesPart):
-    """Thread and turn operations of :class:`~server.store.Store` (over the
-    memories part: an append writes its tagger candidates in its own transaction)."""
+    """Thread and turn operations of :class:`~server.store.Store`, over the memories part.
+
+    An append writes its tagger candidates in its own transaction.
+    """
 
     # ------------------------------------------------------------------ threads
 
@@ -161,13 +165,20 @@ class ThreadsPart(MemoriesPart):
         candidates: Sequence[Sequence[MemoryDraft]] = (),
         pending_ttl: float = 0.0,
     ) -> tuple[list[TurnMeta], bool, list[MemoryView]]:
-        """Append turns at the end of a thread, with their tagger candidates, in
-        one transaction: after a crash either all of it is stored or none.
+        """Append turns at the end of a thread, with their tagger candidates, in one transaction.
+
+        After a crash either all of it is stored or none.
 
         Drafts must already carry their embeddings (or None when the owner has
         no embedder and the client sent none).
 
         Args:
+            owner: the thread's owner.
+            thread: the thread's id.
+            drafts: the validated turns, in the order they are appended.
+            request_id: the client's idempotency key, or "" for none: a retry
+                with the same key appends nothing and returns the turns the
+                first attempt stored.
             candidates: per draft, the memories proposed for it (client tags or
                 the write-time rules); each is stored ``PENDING`` with the turn
                 as its source and announced with ``CANDIDATE_PROPOSED``. None is
@@ -262,8 +273,10 @@ class ThreadsPart(MemoriesPart):
         now: float,
         op: WriteOp[Any],
     ) -> list[MemoryView]:
-        """Store each turn's candidates (see :meth:`append_turns`); the keys of
-        those not stored go on ``op.unused``."""
+        """Store each turn's candidates (see :meth:`append_turns`).
+
+        The keys of those not stored go on ``op.unused``.
+        """
         stored: list[MemoryView] = []
         for meta, drafts, key_ids in zip(metas, proposals, keys, strict=True):
             ring = RingRef(meta.owner, meta.thread)
@@ -296,9 +309,11 @@ class ThreadsPart(MemoriesPart):
     def _response_lineage(
         self, txn: lmdb.Transaction, meta: TurnMeta, now: float
     ) -> list[tuple[str, int]]:
-        """Write a response's lineage (its ``context_refs`` plus its
-        ``context_manifest``'s refs) and taint it at once if any of them is
-        already gone: it was produced from deleted material.
+        """Write a response's lineage, and taint it at once if any of it is already gone.
+
+        The lineage is its ``context_refs`` plus its ``context_manifest``'s
+        refs; a response built on a ref already gone was produced from deleted
+        material.
 
         Returns:
             The refs with version 0 replaced by the record's current version.
@@ -367,18 +382,21 @@ class ThreadsPart(MemoriesPart):
         return row.dim if row is not None and row.dim else None
 
     def metas(self, rids: Sequence[int]) -> list[TurnMeta]:
-        """Current metadata of the turns ``rids`` in one read transaction (missing
-        ones skipped), as reads see them."""
+        """Current metadata of the turns ``rids``, as reads see them, in one read transaction.
+
+        Missing ones are skipped.
+        """
         now = time.time()
         with self.env.begin() as txn:
             return self._turns_read(txn, self._turns(txn, rids), now)
 
     def contents(self, metas: Sequence[TurnMeta]) -> list[tuple[TurnMeta, dict[str, bytes]]]:
-        """``(meta, {"content": ciphertext})`` of turns the caller has just read, in
-        ONE read transaction that reads only their content payloads (an index
-        build has every row already; :meth:`fetch` would decode each again). A
-        turn's key id and version never change, so its meta opens its payload;
-        turns whose payload is gone (purged by a forget) are left out.
+        """``(meta, {"content": ciphertext})`` of turns just read, in ONE read transaction.
+
+        The transaction reads only their content payloads (an index build has
+        every row already; :meth:`fetch` would decode each again). A turn's key
+        id and version never change, so its meta opens its payload; turns whose
+        payload is gone (purged by a forget) are left out.
         """
         out: list[tuple[TurnMeta, dict[str, bytes]]] = []
         with self.env.begin() as txn:
@@ -389,8 +407,9 @@ class ThreadsPart(MemoriesPart):
         return out
 
     def fetch(self, rids: Sequence[int]) -> dict[int, tuple[RecordMeta, dict[str, bytes]]]:
-        """Metadata and content ciphertexts of ``rids`` in ONE read transaction
-        (the recheck of search hits); rids without a row are absent.
+        """Metadata and content ciphertexts of ``rids`` in ONE read transaction.
+
+        For the recheck of search hits; rids without a row are absent.
 
         A turn's entry maps ``content`` to its ciphertext; a memory's maps
         ``memory`` to its current version's content ciphertext.
@@ -481,8 +500,10 @@ class ThreadsPart(MemoriesPart):
         return views, (rows[-1][0].seq if more and rows else 0)
 
     def replay_turns(self, rids: Sequence[int]) -> list[TurnView]:
-        """The turns of a retried append, through the visibility rules: a turn
-        since deleted, expired, sealed or tainted is left out."""
+        """The turns of a retried append, through the visibility rules.
+
+        A turn since deleted, expired, sealed or tainted is left out.
+        """
         rows = self.fetch(rids)
         now = time.time()
         kept: list[tuple[TurnMeta, dict[str, bytes]]] = []
@@ -498,8 +519,9 @@ class ThreadsPart(MemoriesPart):
         return self.open_each(kept, lambda m, cts: self.turn_view(m, cts, with_embedding=False))
 
     def recent_turns(self, owner: str, thread: str, count: int) -> list[TurnView]:
-        """The last ``count`` turns of a thread that serve its immediate context
-        (pending or committed, live, untainted), oldest first.
+        """The last ``count`` turns of a thread that serve its immediate context, oldest first.
+
+        Those are its pending or committed, live, untainted turns.
 
         Raises:
             NotFound / RecordDeleted: the thread.
@@ -528,8 +550,10 @@ class ThreadsPart(MemoriesPart):
         earlier: bool = True,
         later: bool = True,
     ) -> dict[int, tuple[TurnMeta | None, TurnMeta | None]]:
-        """For each seq of a thread: the nearest earlier and the nearest later turn
-        for which ``visible(meta, now)`` holds (as reads see it), or None.
+        """For each seq of a thread: its nearest earlier and later turns that ``visible`` accepts.
+
+        A neighbour is a turn for which ``visible(meta, now)`` holds (as reads
+        see it), or None.
 
         One read transaction. Each walk stops at the first such turn, and a walk's
         answer is shared by every asked seq it passed over (a forgotten range of
@@ -538,14 +562,16 @@ class ThreadsPart(MemoriesPart):
         ``t`` is also the next visible turn of any seq between ``s`` and ``t``.
 
         Args:
-            owner, thread: the thread.
+            owner: the thread's owner.
+            thread: the thread's id.
             seqs: the asked seqs (need not exist).
             visible: whether a turn counts as a neighbour.
             gone: record numbers the caller knows are not visible (a forget's
                 own turns): walks step over them without reading their rows, so
                 re-contexting after forgetting a 1,000-turn range reads the two
                 turns around it, not the 1,000 rows of the range (twice).
-            earlier, later: which neighbour to look for; the other is None.
+            earlier: look for the earlier neighbour; when False it is None.
+            later: look for the later neighbour; when False it is None.
         """
         now = time.time()
         prefix = sk.thread_prefix(owner, thread)
@@ -588,8 +614,7 @@ class ThreadsPart(MemoriesPart):
             return self._turns_read(txn, self._owner_turn_metas(txn, owner), now)
 
     def thread_turns(self, owner: str, thread: str) -> list[TurnMeta]:
-        """Every stored turn of a thread in seq order (deleted rows included), as
-        reads see them."""
+        """Every stored turn of a thread in seq order (deleted rows included), as reads see them."""
         now = time.time()
         with self.env.begin() as txn:
             metas = self._thread_metas(txn, owner, thread, with_deleted=True)

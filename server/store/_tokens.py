@@ -1,5 +1,6 @@
-"""Bearer tokens (API.md, "Authentication"): creating, listing, revoking and
-reading them, in the ``tokens`` table.
+"""Bearer tokens (API.md, "Authentication"): creating, listing, revoking and reading them.
+
+They are kept in the ``tokens`` table.
 
 A token is stored only as its 32-byte SHA-256 digest (the key) with a
 :class:`TokenRow` (the value, JSON). A token's id is the hex of the first 8
@@ -59,8 +60,11 @@ class TokenRow:
     revoke_time: float = 0.0
 
     def active(self, now: float) -> bool:
-        """Whether the token authenticates at ``now`` (seconds since the epoch):
-        neither revoked nor expired. The one place that decides it."""
+        """Whether the token authenticates at ``now`` (seconds since the epoch).
+
+        It does when neither revoked nor expired. The one place that decides
+        it.
+        """
         if self.revoke_time:
             return False
         return not (self.expire_time and now >= self.expire_time)
@@ -143,8 +147,11 @@ class TokensPart(StoreBase):
         return self.writer.run(WriteOp(apply))
 
     def put_token(self, digest: bytes, principal: dict[str, Any]) -> None:
-        """Store a token digest with a principal record ``{"owners", "admin"}``
-        (as :func:`server.principal_record` makes it); see :meth:`create_token`."""
+        """Store a token digest with a principal record ``{"owners", "admin"}``.
+
+        The record as :func:`server.principal_record` makes it; see
+        :meth:`create_token`.
+        """
         self.create_token(
             digest,
             principal.get("owners", []),
@@ -154,8 +161,10 @@ class TokensPart(StoreBase):
         )
 
     def get_token(self, digest: bytes) -> TokenRow | None:
-        """The row stored under a token digest, or None (revoked and expired
-        rows included: ask :meth:`TokenRow.active`)."""
+        """The row stored under a token digest, or None.
+
+        Revoked and expired rows are included: ask :meth:`TokenRow.active`.
+        """
         with self.env.begin() as txn:
             raw = sk.get(txn, self.t.tokens, digest)
         return None if raw is None else TokenRow.decode(digest, raw)

@@ -139,8 +139,10 @@ class VectorsPart(StoreBase):
         return self.writer.run(WriteOp(apply, name="embedder.record"))
 
     def owner_embedder(self, owner: str) -> str:
-        """The embedder whose vectors ``owner`` holds (the recorded one when its row
-        says none, or when it has no row yet)."""
+        """The embedder whose vectors ``owner`` holds.
+
+        The recorded one when its row says none, or when it has no row yet.
+        """
         with self.env.begin() as txn:
             row = self._owner_row(txn, owner)
             if row is not None and row.embedder:
@@ -156,8 +158,10 @@ class VectorsPart(StoreBase):
         turns: Mapping[int, npt.NDArray[np.float32] | None],
         memories: Mapping[int, tuple[int, npt.NDArray[np.float32] | None]],
     ) -> VectorSwap:
-        """Swap every given vector of ``owner`` and its row's embedder in ONE write
-        transaction (module docstring), or nothing.
+        """Swap ``owner``'s given vectors and its embedder in ONE write transaction, or nothing.
+
+        Every given vector and the owner row's embedder change together (see
+        the module docstring).
 
         Records forgotten meanwhile are skipped. A memory whose current version is
         no longer the one embedded (a transition or commit made a new version,

@@ -1,5 +1,6 @@
-"""What the store hands out and takes in: decrypted views of records and the
-validated drafts of writes. Plain dataclasses; no storage code.
+"""What the store hands out and takes in: decrypted views of records, validated drafts of writes.
+
+Plain dataclasses; no storage code.
 
 Times are float seconds since the Unix epoch; vectors are ``(d,) float32``.
 """

@@ -43,9 +43,11 @@ def check_readable(meta: RecordMeta, now: float) -> None:
 
 
 def source_alive(meta: RecordMeta, now: float) -> bool:
-    """Whether a record still counts as a source: live (not deleted or expired)
-    and not tainted. A sealed source is alive here; publication refuses it
-    separately (``SOURCE_SEALED``)."""
+    """Whether a record still counts as a source: live (not deleted or expired) and not tainted.
+
+    A sealed source is alive here; publication refuses it separately
+    (``SOURCE_SEALED``).
+    """
     return not meta.tainted and effective_state(meta, now) is not None
 
 
@@ -84,8 +86,11 @@ def general_visible(meta: RecordMeta, now: float) -> bool:
 
 
 def pending_visible(meta: TurnMeta, now: float) -> bool:
-    """Whether the record may serve its own thread's immediate context (pending or
-    committed, live, untainted): what a pending turn's contextual text may quote."""
+    """Whether the record may serve its own thread's immediate context.
+
+    That is pending or committed, live and untainted: what a pending turn's
+    contextual text may quote.
+    """
     return not meta.tainted and effective_state(meta, now) in (PENDING, COMMITTED)
 
 

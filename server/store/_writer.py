@@ -312,8 +312,11 @@ class Writer:
             _log.error("moving keys back failed: %s", type(exc).__name__)
 
     def _discard_keys(self, refs: Sequence[tuple[RingRef, str]]) -> None:
-        """Destroy record keys made for ops whose data never committed (no record
-        refers to them, so they would only show up as ``keys_without_record``)."""
+        """Destroy record keys made for ops whose data never committed.
+
+        No record refers to them, so they would only show up as
+        ``keys_without_record``.
+        """
         if not refs:
             return
         try:
@@ -323,9 +326,11 @@ class Writer:
 
 
 def _storage_error(exc: Exception) -> Exception:
-    """The error a caller sees for a failed storage write: ``STORE_FULL`` when the
-    map (``--max-store-size``) is full, ``UNAVAILABLE`` for a disk error; an
-    op's own error (a LetheError) is passed through."""
+    """The error a caller sees for a failed storage write.
+
+    ``STORE_FULL`` when the map (``--max-store-size``) is full, ``UNAVAILABLE``
+    for a disk error; an op's own error (a LetheError) is passed through.
+    """
     if isinstance(exc, lmdb.MapFullError):
         return StoreFull("the store is full: it has reached --max-store-size")
     if isinstance(exc, lmdb.DiskError) or (

@@ -1,6 +1,8 @@
-"""Real ``lethe serve`` processes for crash tests: started on a data directory
-with a chosen environment (``LETHE_FAILPOINTS`` to arm a crash point), waited
-for, SIGTERMed or found SIGKILLed, and the offline ``lethe audit``.
+"""Real ``lethe serve`` processes for crash tests, and the offline ``lethe audit``.
+
+Each is started on a data directory with a chosen environment
+(``LETHE_FAILPOINTS`` to arm a crash point), waited for, SIGTERMed or found
+SIGKILLed.
 
 Nothing here mocks anything: each server is a child process of the test
 running the real CLI on a real data directory.
@@ -31,9 +33,11 @@ def free_port() -> int:
 
 
 def make_token(data: Path, env: dict[str, str], *owners: str) -> str:
-    """Create a store at ``data`` if needed and return a bearer token for
-    ``owners`` (admin when none). In this process, as ``lethe token create``
-    would (the server is not running yet)."""
+    """Create a store at ``data`` if needed and return a bearer token for ``owners``.
+
+    The token is admin when ``owners`` is empty. Made in this process, as
+    ``lethe token create`` would (the server is not running yet).
+    """
     from server import Store, new_token, principal_record, token_digest
 
     saved = {k: os.environ.get(k) for k in ("LETHE_KEK",)}

@@ -1,5 +1,6 @@
-"""The crash harness: a mixed load of every mutating RPC against the real
-server, SIGKILLed at random moments, restarted, and checked after every kill.
+"""The crash harness: every mutating RPC against the real server, SIGKILLed at random moments.
+
+A mixed load; after every kill the server is restarted and checked.
 
 Each round starts ``lethe serve`` (with rotation running every second against a
 KEK file), runs a client *process* that drives appends (committed and
@@ -63,8 +64,10 @@ WORDS = ["harbour", "violin", "orchard", "glacier", "lantern", "meadow", "compas
 
 
 class Log:
-    """The client's JSON-lines log: one ``intent`` before each call, one ``ack``
-    (naming its intent) after its reply, flushed per line."""
+    """The client's JSON-lines log: one ``intent`` before each call, one ``ack`` after its reply.
+
+    The ``ack`` names its intent. Flushed per line.
+    """
 
     def __init__(self, path: Path) -> None:
         self.n = len(path.read_text().splitlines()) if path.exists() else 0
@@ -361,8 +364,10 @@ def _seq(name: str) -> int:
 
 
 def replay(path: Path) -> State:
-    """The model of everything the log acknowledges; what a call without an ack
-    touched is marked uncertain."""
+    """The model of everything the log acknowledges.
+
+    What a call without an ack touched is marked uncertain.
+    """
     state = State()
     if not path.exists():
         return state
@@ -393,8 +398,9 @@ def unsettled(path: Path) -> list[dict[str, Any]]:
 
 
 def settle(s: Stubs, path: Path) -> int:
-    """Observe what each call the kill cut did — all of it, or none of it — and
-    record it in the log as an observed ack or a void, so nothing stays
+    """Observe what each call the kill cut did — all of it, or none of it — and log it.
+
+    It is recorded in the log as an observed ack or a void, so nothing stays
     undecided. Returns how many calls were settled.
 
     Raises:

@@ -1,8 +1,10 @@
-"""Every failpoint, on the real server process: arm it, run the operation that
-reaches it, see the process die of SIGKILL, restart on the same data
-directory, and check that the store converged — the operation is wholly
-applied or wholly not (as the point's place decides), every acknowledged
-write is readable, nothing forgotten comes back, and ``lethe audit`` is clean.
+"""Every failpoint, on the real server process: arm it, reach it, die of SIGKILL, restart, converge.
+
+Arm it, run the operation that reaches it, see the process die of SIGKILL,
+restart on the same data directory, and check that the store converged — the
+operation is wholly applied or wholly not (as the point's place decides), every
+acknowledged write is readable, nothing forgotten comes back, and
+``lethe audit`` is clean.
 
 Each case runs three servers: a clean one for the set-up, an armed one that
 dies, and a clean one for the checks. ``test_every_failpoint_has_a_case``
@@ -456,8 +458,11 @@ def _applied_and_not(
     not_applied: Callable[[Stubs, State], None],
     setup: Callable[[Stubs], State] = lambda s: {},
 ) -> list[Case]:
-    """The op's two points: after the keystore commit nothing of the data is
-    applied; after the data commit all of it is."""
+    """The op's two points: the keystore commit (no data applied) and the data commit (all applied).
+
+    After the keystore commit nothing of the data is applied; after the data
+    commit all of it is.
+    """
     return [
         Case(f"{point}.after_keystore", act, not_applied, setup),
         Case(f"{point}.after_commit", act, applied, setup),
@@ -611,9 +616,12 @@ def test_crash_in_a_sweeper_write_converges(
 def test_crash_while_relocating_keys_at_start_converges(
     moment: str, tmp_path: Path, kek_env: str
 ) -> None:
-    """A seal cut after its keystore commit leaves keys in the repair's ring; the
-    start-up that moves them back is itself killed; the next start finishes
-    the job and the stretch is intact."""
+    """A seal cut after its keystore commit, then a killed start-up: the next start finishes it.
+
+    The cut seal leaves keys in the repair's ring; the start-up that moves them
+    back is itself killed; the next start finishes the job and the stretch is
+    intact.
+    """
     data = tmp_path / "d"
     env = base_env(kek_env)
     token = make_token(data, env, OWNER)
@@ -639,8 +647,11 @@ def test_crash_while_relocating_keys_at_start_converges(
 def test_crash_while_destroying_stray_keys_at_start_converges(
     moment: str, tmp_path: Path, kek_env: str
 ) -> None:
-    """CreateThread cut after its keystore commit leaves a key no record uses;
-    the start-up that destroys it is killed; the next start destroys it."""
+    """A key no record uses, then a killed start-up: the next start destroys it.
+
+    CreateThread cut after its keystore commit leaves a key no record uses;
+    the start-up that destroys it is killed.
+    """
     data = tmp_path / "d"
     env = base_env(kek_env)
     token = make_token(data, env, OWNER)
@@ -683,9 +694,11 @@ def _kek_versions(path: Path) -> int:
     ],
 )
 def test_crash_mid_rotation_converges(point: str, tmp_path: Path) -> None:
-    """``lethe rotate`` killed at each step: the store opens, everything kept is
-    readable, nothing forgotten comes back, and the next start leaves at most
-    the KEK versions that still wrap a ring key."""
+    """``lethe rotate`` killed at each step: the store opens and nothing kept or forgotten changes.
+
+    Everything kept is readable, nothing forgotten comes back, and the next
+    start leaves at most the KEK versions that still wrap a ring key.
+    """
     data = tmp_path / "d"
     kek = tmp_path / "config" / "kek.json"
     env = {k: v for k, v in base_env("").items() if k != "LETHE_KEK"}
@@ -857,9 +870,11 @@ def test_crash_mid_restore_is_finished_by_the_next_start(tmp_path: Path, kek_env
 def test_an_injected_disk_error_is_unavailable_and_applies_nothing(
     tmp_path: Path, kek_env: str
 ) -> None:
-    """``writer.before_commit=eio``: every write fails UNAVAILABLE before its data
-    commit, never INTERNAL; the process keeps serving reads; a restart without
-    the fault finds exactly what was acknowledged."""
+    """``writer.before_commit=eio``: every write fails UNAVAILABLE before its data commit.
+
+    Never INTERNAL; the process keeps serving reads; a restart without the
+    fault finds exactly what was acknowledged.
+    """
     data = tmp_path / "d"
     env = base_env(kek_env)
     token = make_token(data, env, OWNER)

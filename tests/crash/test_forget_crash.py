@@ -1,5 +1,7 @@
-"""Crash (SIGKILL) between the tombstone transaction and key destruction: after a
-restart the deletion completes and the audit is clean."""
+"""Crash (SIGKILL) between the tombstone transaction and key destruction.
+
+After a restart the deletion completes and the audit is clean.
+"""
 
 from __future__ import annotations
 

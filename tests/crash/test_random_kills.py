@@ -1,8 +1,10 @@
-"""The crash harness's short form (see ``tests/crash/random_kills.py``): 10
-SIGKILLs of the real server under a mixed load of every mutating RPC, with
+"""The crash harness's short form (see ``tests/crash/random_kills.py``): 10 SIGKILLs under load.
+
+10 SIGKILLs of the real server under a mixed load of every mutating RPC, with
 rotation running; after each restart every acknowledged operation is checked
 against the store and the audit is clean. The full run (100 kills) is
-``.venv/bin/python tests/crash/random_kills.py --kills 100``."""
+``.venv/bin/python tests/crash/random_kills.py --kills 100``.
+"""
 
 from __future__ import annotations
 

@@ -73,8 +73,10 @@ def _search(s: Stubs) -> list[str]:
 
 
 def _on_disk(data: Path) -> tuple[str, dict[str, np.ndarray]]:
-    """The owner's recorded embedder and every current vector (turns by text, the
-    memory by its text), read from the data directory in this process."""
+    """The owner's recorded embedder and every current vector, read from the data directory here.
+
+    Turns are keyed by their text, and so is the memory.
+    """
     store = Store(data, lock=False)
     try:
         turns = store.owner_turns(OWNER)

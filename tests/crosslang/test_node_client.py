@@ -1,7 +1,9 @@
-"""The Node.js client in ``tests/crosslang/node/`` (``npm test``) against the
-real server, in plaintext with explicit metadata and over TLS with gRPC's
-call credentials. ``scripts/test.sh`` runs ``npm ci`` first; without Node or
-``node_modules`` the test is skipped, except under CI, where it fails."""
+"""The Node.js client in ``tests/crosslang/node/`` (``npm test``) against the real server.
+
+In plaintext with explicit metadata and over TLS with gRPC's call credentials.
+``scripts/test.sh`` runs ``npm ci`` first; without Node or ``node_modules`` the
+test is skipped, except under CI, where it fails.
+"""
 
 from __future__ import annotations
 

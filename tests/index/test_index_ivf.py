@@ -1,8 +1,11 @@
-"""VectorIndex past its IVF threshold (a small ``ivf_min`` here; 50,000 in the
-server): vectors with cluster structure move to an inverted file whose recall@10
-against exact search is at least 0.99, forgetting stays exact (a removed id is
-never returned, by any k), the layout is chosen again at each doubling, and
-vectors without structure (random) stay exact."""
+"""VectorIndex past its IVF threshold: recall, exact forgetting, re-layout, random data stays exact.
+
+The threshold is a small ``ivf_min`` here (50,000 in the server). Vectors with
+cluster structure move to an inverted file whose recall@10 against exact search
+is at least 0.99, forgetting stays exact (a removed id is never returned, by
+any k), the layout is chosen again at each doubling, and vectors without
+structure (random) stay exact.
+"""
 
 from __future__ import annotations
 
@@ -118,8 +121,11 @@ def _rows_in(view: npt.NDArray[np.float32], vec: npt.NDArray[np.float32]) -> int
 
 @pytest.mark.parametrize("layout", ["flat", "ivf"])
 def test_a_removed_vector_leaves_no_copy_in_faiss_memory(layout: str) -> None:
-    """Views taken before the removal still see the whole buffers (a shrinking
-    std::vector keeps its allocation): none of them holds the removed rows after."""
+    """Views taken before a removal see the whole buffers, yet hold none of the removed rows.
+
+    A shrinking std::vector keeps its allocation, so the views still see the
+    whole buffers: none of them holds the removed rows after.
+    """
     import faiss
 
     x = _clustered(4000, 8)

@@ -146,9 +146,11 @@ def test_pickling_is_refused() -> None:
 
 
 def test_a_small_change_after_the_build_rebuilds_nothing() -> None:
-    """The first search builds the main segment; a write after it lands in the
-    delta, found by the next search without a rebuild (the first search after a
-    write costs what any search costs)."""
+    """A write after the first search lands in the delta and is found without a rebuild.
+
+    The first search builds the main segment; the first search after a write
+    costs what any search costs.
+    """
     ix = _index()
     ix.search("lake", k=1)
     ix.search("lake", k=1)
@@ -172,8 +174,10 @@ def test_many_changes_rebuild_the_main_segment_once_past_the_threshold() -> None
 
 
 def test_delta_scores_equal_a_fresh_build() -> None:
-    """Documents in the delta are scored with the current collection statistics:
-    exactly what a full rebuild over the same documents gives them."""
+    """Documents in the delta are scored with the current collection statistics.
+
+    That is exactly what a full rebuild over the same documents gives them.
+    """
     base = [f"common words {i} here" for i in range(50)]
     extra = ["apple apple common", "apple banana"]
     grown = LexicalIndex(k1=1.2, b=0.75)
@@ -230,8 +234,10 @@ def test_concurrent_add_remove_and_search_stay_consistent() -> None:
 
 
 def test_nbytes_estimates_what_the_index_holds() -> None:
-    """The estimate the index cache bounds by stays within 30 % of what
-    tracemalloc sees the index allocate, with a main segment and a delta."""
+    """The estimate the index cache bounds by stays within 30 % of what tracemalloc sees allocated.
+
+    Measured with a main segment and a delta.
+    """
     import random
     import tracemalloc
 

@@ -1,5 +1,8 @@
-"""index.OnnxEmbedder on a real ONNX graph run by onnxruntime (built at test time
-by tests/_onnx_model.py: nothing is downloaded, nothing is mocked)."""
+"""index.OnnxEmbedder on a real ONNX graph run by onnxruntime.
+
+The graph is built at test time by tests/_onnx_model.py: nothing is downloaded,
+nothing is mocked.
+"""
 
 from __future__ import annotations
 

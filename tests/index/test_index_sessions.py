@@ -120,9 +120,11 @@ def test_refuses_pickling() -> None:
 
 
 def test_nbytes_estimates_what_the_session_and_time_indexes_hold() -> None:
-    """The estimates the index cache bounds by stay within 30 % of what
-    tracemalloc sees the two indexes allocate (texts analysed beforehand, so the
-    analyser's own caches are not counted)."""
+    """The cache's estimates stay within 30 % of what tracemalloc sees the two indexes allocate.
+
+    The texts are analysed beforehand, so the analyser's own caches are not
+    counted.
+    """
     import random
     import tracemalloc
 

@@ -1,5 +1,7 @@
-"""Tests for the English-only time rules (index.asks_when, named_periods,
-time_expression_score) and index.TimeIndex."""
+"""Tests for the English-only time rules and index.TimeIndex.
+
+The rules: index.asks_when, named_periods, time_expression_score.
+"""
 
 from __future__ import annotations
 
@@ -170,8 +172,10 @@ def test_removal_and_years() -> None:
 
 
 def _any_rule(text: str) -> float:
-    """The rules one by one, as ``time_expression_score`` applied them before they
-    were joined into one pattern."""
+    """The rules one by one, as ``time_expression_score`` applied them before they were joined.
+
+    They were later joined into one pattern.
+    """
     return 1.0 if any(rx.search(text) for rx in _TIME_EXPRESSIONS) else 0.0
 
 

@@ -22,10 +22,14 @@ def _unit_rows(n: int, d: int, seed: int = 0) -> npt.NDArray[np.float32]:
 
 
 def test_removals_anywhere_keep_every_survivor_exact() -> None:
-    """Removing one vector moves the last row into its slot: after removing
-    firsts, lasts, runs, repeats and absent ids in any order, and re-adding some,
-    every survivor is found under its own id with its own vector (exact search
-    against a brute-force scan of the survivors), and no removed id is held."""
+    """Removals anywhere, in any order, keep every survivor exact under its own id.
+
+    Removing one vector moves the last row into its slot: after removing
+    firsts, lasts, runs, repeats and absent ids in any order, and re-adding
+    some, every survivor is found under its own id with its own vector (exact
+    search against a brute-force scan of the survivors), and no removed id is
+    held.
+    """
     n, d = 2000, 32
     vecs = _unit_rows(n, d, seed=3)
     ids = np.arange(10_000, 10_000 + n, dtype=np.int64)
@@ -282,9 +286,12 @@ def test_concurrent_searches_during_adds_and_removes() -> None:
 
 
 def test_a_search_from_a_fresh_thread_uses_one_openmp_thread() -> None:
-    """libgomp keeps the thread count per thread: setting it on the main thread
+    """A search on a fresh thread (as a gRPC worker is) runs with one OpenMP thread.
+
+    libgomp keeps the thread count per thread: setting it on the main thread
     did not reach the gRPC workers, where each search forked one OpenMP thread
-    per core and contended with the other requests."""
+    per core and contended with the other requests.
+    """
     import os
     import threading
 

@@ -1,8 +1,10 @@
-"""``conftest.py`` of the client tests when they run in the light client's own
-virtual environment (``test_light_client.py`` copies it there): the ``api``
-fixture from ``LETHE_TEST_TARGET``, ``LETHE_TEST_ADMIN`` and
-``LETHE_TEST_LIMITED`` (a token for owner ``limited-owner``), set by the test
-that started the server. Imports nothing of the server."""
+"""``conftest.py`` of the client tests when they run in the light client's own virtual environment.
+
+``test_light_client.py`` copies it there. It makes the ``api`` fixture from
+``LETHE_TEST_TARGET``, ``LETHE_TEST_ADMIN`` and ``LETHE_TEST_LIMITED`` (a token
+for owner ``limited-owner``), set by the test that started the server. Imports
+nothing of the server.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""``lethe.client.Client`` against a real server: one method per RPC, fields as
-keyword arguments (dicts for nested messages, enum names, datetimes), typed
-errors by code and reason, page iterators and the event stream.
+"""``lethe.client.Client`` against a real server: every RPC, typed errors, pages, the event stream.
+
+One method per RPC, fields as keyword arguments (dicts for nested messages,
+enum names, datetimes), typed errors by code and reason, page iterators and the
+event stream.
 
 Portable: it needs only the ``api`` fixture, ``lethe`` and ``grpc``, so
 ``test_light_client.py`` runs it again in the light client's own venv.

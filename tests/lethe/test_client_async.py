@@ -1,6 +1,8 @@
-"""``lethe.client.AsyncClient`` (grpc.aio) against a real server: the same
-methods as coroutines, async page iterators, the async event stream, typed
-errors. Portable, like ``test_client.py`` (run again in the light client's venv).
+"""``lethe.client.AsyncClient`` (grpc.aio) against a real server.
+
+The same methods as coroutines, async page iterators, the async event stream,
+typed errors. Portable, like ``test_client.py`` (run again in the light
+client's venv).
 """
 
 from __future__ import annotations

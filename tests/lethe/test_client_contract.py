@@ -1,9 +1,10 @@
-"""What the typed client promises beyond the round trips of ``test_client.py``:
-its pinned public names, a method per RPC in both clients with the same
-signatures, the error classes for every reason the API documents, the
-decoding of hand-built statuses, retries only where they are safe (against a
-real gRPC server that fails on purpose), TLS with the token as a call
-credential, and a watch that resumes across a server restart.
+"""What the typed client promises beyond the round trips of ``test_client.py``.
+
+Its pinned public names, a method per RPC in both clients with the same
+signatures, the error classes for every reason the API documents, the decoding
+of hand-built statuses, retries only where they are safe (against a real gRPC
+server that fails on purpose), TLS with the token as a call credential, and a
+watch that resumes across a server restart.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""``lethe.langgraph.LetheStore`` against a real server, differentially against
-LangGraph's ``InMemoryStore``: the same randomised sequence of operations runs
-on both and their observable results must agree wherever the documented
-mapping says so (``lethe/langgraph.py``, "The mapping"); each documented
-difference is tested as a difference below.
+"""``lethe.langgraph.LetheStore`` against a real server, differentially against ``InMemoryStore``.
+
+LangGraph's ``InMemoryStore`` runs the same randomised sequence of operations
+and their observable results must agree wherever the documented mapping says so
+(``lethe/langgraph.py``, "The mapping"); each documented difference is tested
+as a difference below.
 
 What is compared, step by step:
 

@@ -1,6 +1,8 @@
-"""The client side stays apart from the server (ARCHITECTURE.md, "Top-level
-layout": ``lethe`` never imports ``server``, ``shredder`` or ``index``), and
-the public names of each ``lethe`` module are pinned (STYLE.md)."""
+"""The client side stays apart from the server, and each ``lethe`` module's public names are pinned.
+
+ARCHITECTURE.md, "Top-level layout": ``lethe`` never imports ``server``,
+``shredder`` or ``index``; the public names are pinned as STYLE.md asks.
+"""
 
 from __future__ import annotations
 

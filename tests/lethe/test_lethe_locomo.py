@@ -1,5 +1,7 @@
-"""``lethe.locomo``: reading LoCoMo's file layout (on a small file written here,
-never a copy of the data), evidence normalisation and finding the file."""
+"""``lethe.locomo``: reading LoCoMo's file layout, evidence normalisation and finding the file.
+
+The layout is read from a small file written here, never a copy of the data.
+"""
 
 from __future__ import annotations
 
@@ -95,8 +97,10 @@ def test_find_locomo_takes_a_given_path_that_exists(tmp_path: Path) -> None:
 
 
 def test_find_locomo_with_a_missing_path_yields_none(tmp_path: Path) -> None:
-    """The library answers None; ``lethe demo`` refuses such a ``--locomo``
-    path before it looks (exit status 2, tests/test_cli_scripting.py)."""
+    """The library answers None; ``lethe demo`` refuses such a ``--locomo`` path before it looks.
+
+    The demo exits with status 2 (tests/test_cli_scripting.py).
+    """
     assert find_locomo(tmp_path / "absent.json") is None
 
 

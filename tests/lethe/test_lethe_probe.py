@@ -1,5 +1,7 @@
-"""``lethe probe`` (:mod:`lethe.probe`) against the real server over a real
-channel, run in-process through ``server.cli.main`` as a user would run it."""
+"""``lethe probe`` (:mod:`lethe.probe`) against the real server over a real channel.
+
+Run in-process through ``server.cli.main`` as a user would run it.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""``lethe._rpc``: the stubs holder against the real server, and the decoders of
-``google.rpc.Status`` details on real and hand-built errors."""
+"""``lethe._rpc``: the stubs holder against the real server, and the ``google.rpc.Status`` decoders.
+
+The decoders of ``google.rpc.Status`` details run on real and hand-built
+errors.
+"""
 
 from __future__ import annotations
 

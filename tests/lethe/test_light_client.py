@@ -1,9 +1,10 @@
-"""The light client distribution end to end: build the ``lethe-store-client`` wheel,
-install it into a fresh venv at the lowest versions it claims (grpcio,
-grpcio-status, protobuf floors from ``clients/python/pyproject.toml``), check
-that venv holds only those and nothing of the server, and run the portable
-client tests (``test_client.py``, ``test_client_async.py``) there against a
-real server on loopback.
+"""The light client distribution end to end, in a fresh venv at its lowest versions.
+
+Build the ``lethe-store-client`` wheel, install it into a fresh venv at the
+lowest versions it claims (grpcio, grpcio-status, protobuf floors from
+``clients/python/pyproject.toml``), check that venv holds only those and
+nothing of the server, and run the portable client tests (``test_client.py``,
+``test_client_async.py``) there against a real server on loopback.
 
 ``LETHE_LIGHT_DEPS=latest`` installs the newest allowed versions instead.
 One venv per run: the build and the install take about 30 s here.

@@ -29,7 +29,9 @@ DOMAIN = _rpc.DOMAIN
 
 def error_reason(err: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
     """``(code, ErrorInfo.reason)``; reason is "" when the error carries none.
-    An ``ErrorInfo`` of another domain than ``lethe`` fails the test."""
+
+    An ``ErrorInfo`` of another domain than ``lethe`` fails the test.
+    """
     info = _rpc.error_info(err)
     if info is not None:
         assert info.domain == DOMAIN, info.domain
@@ -37,8 +39,10 @@ def error_reason(err: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
 
 
 def bad_fields(err: grpc.RpcError) -> list[str]:
-    """Every ``BadRequest.field_violations[].field`` of the error (which must
-    carry a ``google.rpc.Status``)."""
+    """Every ``BadRequest.field_violations[].field`` of the error.
+
+    The error must carry a ``google.rpc.Status``.
+    """
     status = rpc_status.from_call(err)  # type: ignore[arg-type]
     assert status is not None, f"no google.rpc.Status details on {err!r}"
     return _rpc.bad_fields(err)
@@ -216,8 +220,10 @@ def rid_of(env: lmdb.Environment, owner: str, thread_id: str, seq: int) -> bytes
 
 
 def files_containing(root: Path, needles: Iterable[str]) -> list[tuple[str, str]]:
-    """(file, needle) for every regular file under ``root`` holding a needle
-    in UTF-8 or UTF-16 (LE/BE) encoding."""
+    """(file, needle) for every regular file under ``root`` holding a needle.
+
+    A needle counts in UTF-8 or UTF-16 (LE/BE) encoding.
+    """
     patterns = []
     for needle in needles:
         for enc in ("utf-8", "utf-16-le", "utf-16-be"):
@@ -263,8 +269,10 @@ def summary(
 
 
 def visible_anywhere(c: Client, thread: str, needle: str) -> bool:
-    """Whether ``needle`` appears in alice's search results in any mode or in
-    the context assembled for ``thread``."""
+    """Whether ``needle`` appears in alice's search results in any mode or in ``thread``'s context.
+
+    That is the context assembled for ``thread``.
+    """
     found = ""
     for mode in ("HYBRID", "DENSE", "LEXICAL"):
         found += str(c.search("owners/alice", query_text=needle, top_k=50, mode=mode))

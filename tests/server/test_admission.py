@@ -1,5 +1,8 @@
-"""The pieces of bounded concurrency on their own: the fair worker pool, the
-bounds' validation, and the rate-limited log."""
+"""The pieces of bounded concurrency on their own: fair pool, bounds' validation, rate-limited log.
+
+That is the fair worker pool, the validation of the bounds, and the
+rate-limited log.
+"""
 
 from __future__ import annotations
 
@@ -100,10 +103,13 @@ class _Held:
 
 
 def test_fair_executor_frees_the_locals_of_a_failed_call() -> None:
-    """A failed call's error reaches its caller with its traceback, but the
-    locals of its frames (an LMDB read transaction keeps a reader slot until
-    freed) are gone at once, not when the cyclic GC frees the error, and the
-    worker keeps nothing of the call either."""
+    """A failed call's error keeps its traceback, but the locals of its frames are freed at once.
+
+    The error reaches its caller with its traceback, but the locals of its
+    frames (an LMDB read transaction keeps a reader slot until freed) are gone
+    at once, not when the cyclic GC frees the error, and the worker keeps
+    nothing of the call either.
+    """
     held: list[weakref.ref[_Held]] = []
 
     def inner() -> None:

@@ -1,5 +1,8 @@
-"""Authentication and authorisation over gRPC: bearer tokens, owner checks
-before anything is read or written, admin tokens, health and reflection."""
+"""Authentication and authorisation over gRPC: tokens, owner checks, admin, health, reflection.
+
+Bearer tokens, owner checks before anything is read or written, admin tokens,
+health and reflection.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Backup → forget → restore beside the keystore: the forgotten thread stays
-forgotten, the rest comes back intact."""
+"""Backup → forget → restore beside the keystore: the forgotten thread stays forgotten.
+
+The rest comes back intact.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
-"""One bad record stays one bad record: a row whose ciphertext fails to open
-answers DATA_LOSS / INTEGRITY by name and is skipped — counted and logged by
-id — by every call that returns many records; it never fails a whole call,
-and never shifts which id a vector maps to (white-box: the stopped data
-environment is edited directly, then the real server is started on it)."""
+"""One bad record stays one bad record: named DATA_LOSS, skipped by bulk reads, never fatal.
+
+A row whose ciphertext fails to open answers DATA_LOSS / INTEGRITY by name and
+is skipped — counted and logged by id — by every call that returns many
+records; it never fails a whole call, and never shifts which id a vector maps
+to (white-box: the stopped data environment is edited directly, then the real
+server is started on it).
+"""
 
 from __future__ import annotations
 

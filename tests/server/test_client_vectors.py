@@ -1,5 +1,7 @@
-"""``--embedder none``: clients send vectors; the owner's dimension is fixed by
-the first one and mismatches are refused (API.md, DIMENSION_MISMATCH)."""
+"""``--embedder none``: clients send vectors, and the owner's first one fixes the dimension.
+
+Mismatches are refused (API.md, DIMENSION_MISMATCH).
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,13 @@
-"""Bounded concurrency over gRPC: streams that hold no worker, per-token and
-global bounds on calls and streams refused at once with a reason, fairness
-between tokens, and the metrics that show them.
+"""Bounded concurrency over gRPC: idle streams, bounds refused at once, fairness, metrics.
+
+Streams that hold no worker, per-token and global bounds on calls and streams
+refused at once with a reason, fairness between tokens, and the metrics that
+show them.
 
 Workers are held busy on purpose (a task submitted straight to the server's
 worker pool) so that "refused at once, never queued" is shown by what the
-server answers while nothing can run, not by timing."""
+server answers while nothing can run, not by timing.
+"""
 
 from __future__ import annotations
 

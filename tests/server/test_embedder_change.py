@@ -1,10 +1,13 @@
-"""``--embedder onnx:DIR`` end to end, and what a change of embedder does: the
-start check records it, and each owner's vectors are re-embedded on its first
-use — every vector then the new model's, never two models in one owner.
+"""``--embedder onnx:DIR`` end to end, and what a change of embedder does.
+
+The start check records the change, and each owner's vectors are re-embedded on
+its first use — every vector then the new model's, never two models in one
+owner.
 
 The models are tiny real ONNX encoders built at test time (tests/_onnx_model.py);
 two seeds of the same shape are two models whose vectors have the same dimension,
-so only the check by name can tell them apart."""
+so only the check by name can tell them apart.
+"""
 
 from __future__ import annotations
 
@@ -41,8 +44,11 @@ def _pending_vectors(c: Client, thread: str) -> dict[str, np.ndarray]:
 
 
 def _memory_vectors(lethe: Lethe) -> dict[str, np.ndarray]:
-    """Every current memory vector of alice, read from the server's own store (the
-    API takes memory vectors as input only), by the memory's version name."""
+    """Every current memory vector of alice, by the memory's version name, from the server's store.
+
+    Read from the server's own store: the API takes memory vectors as input
+    only.
+    """
     assert lethe.server is not None
     store = lethe.server.store
     metas = [m for m in store.owner_memories("alice") if not m.deleted]
@@ -196,9 +202,12 @@ def test_a_change_to_no_embedder_keeps_the_vectors(
 def test_a_swap_with_a_memory_changed_meanwhile_writes_nothing(
     lethe_at: Callable[..., Lethe], tmp_path: Path, models: tuple[Path, Path]
 ) -> None:
-    """The all-or-nothing swap: a memory whose version moved since it was embedded
-    makes :meth:`Store.replace_vectors` write no vector and keep the owner's
-    embedder, so the re-embed retries rather than leave the old model's vector."""
+    """The swap is all or nothing: a memory changed since it was embedded makes it write nothing.
+
+    A memory whose version moved since it was embedded makes
+    :meth:`Store.replace_vectors` write no vector and keep the owner's
+    embedder, so the re-embed retries rather than leave the old model's vector.
+    """
     lethe, thread, _ = _setup(lethe_at, tmp_path / "d", models[0])
     c = lethe.client("alice")
     fact = c.create_memory(

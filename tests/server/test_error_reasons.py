@@ -1,6 +1,8 @@
-"""Every reason the server can raise is a value of ``lethe.errors.v1.ErrorReason``:
-reasons are enum constants in the code, never strings, and a number outside
-the enum is refused when the error is made."""
+"""Every reason the server can raise is a value of ``lethe.errors.v1.ErrorReason``.
+
+Reasons are enum constants in the code, never strings, and a number outside the
+enum is refused when the error is made.
+"""
 
 from __future__ import annotations
 
@@ -35,8 +37,10 @@ def test_every_default_reason_is_in_the_enum() -> None:
 
 
 def test_every_reason_in_the_server_source_is_an_enum_constant() -> None:
-    """Each ``reason=`` of a LetheError raised in ``server/`` is ``Reason.<NAME>``
-    with NAME in the enum (or a reason passed through from another error)."""
+    """Each ``reason=`` of a LetheError raised in ``server/`` is ``Reason.<NAME>`` of the enum.
+
+    A reason passed through from another error counts too.
+    """
     import server.store  # noqa: F401  (loads every LetheError subclass)
 
     names = set(errors_pb2.ErrorReason.keys())

@@ -1,9 +1,12 @@
-"""Every RPC of every ``lethe.v1`` service, from the service descriptors: each
-refuses a missing, malformed, unknown or revoked token and a token of another
-owner before reading anything (no existence oracle), answers undecodable
-request bytes with ``INVALID_ARGUMENT`` / ``MALFORMED_REQUEST`` once the
-token is good (and ``UNAUTHENTICATED`` before that), and leaves the owner's
-data as it was; 200 hostile requests of each kind add only a few log lines."""
+"""Every RPC of every ``lethe.v1`` service, from the descriptors: bad tokens and bad bytes refused.
+
+Each refuses a missing, malformed, unknown or revoked token and a token of
+another owner before reading anything (no existence oracle), answers
+undecodable request bytes with ``INVALID_ARGUMENT`` / ``MALFORMED_REQUEST``
+once the token is good (and ``UNAUTHENTICATED`` before that), and leaves the
+owner's data as it was; 200 hostile requests of each kind add only a few log
+lines.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""Expiry follows lineage at read time: the instant a pending source expires —
-before the sweeper forgets it — an assistant turn whose context named it is
-tainted in every read path, and what was derived from that turn is gone,
-exactly as after a forget; then the sweeper makes it permanent."""
+"""Expiry follows lineage at read time, the instant a pending source expires.
+
+Before the sweeper forgets the source, an assistant turn whose context named it
+is tainted in every read path, and what was derived from that turn is gone,
+exactly as after a forget; then the sweeper makes it permanent.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +25,10 @@ TTL = 1.5  # seconds the pending source lives
 
 
 def _setup(c: Client) -> tuple[str, threads_pb2.Turn, str]:
-    """(the pending source, the committed response that used it, a committed
-    fact derived from the response)."""
+    """(the pending source, the committed response that used it, a fact derived from it).
+
+    The fact is committed and derived from the response.
+    """
     t1 = create_thread(c, "alice", "t1")
     t2 = create_thread(c, "alice", "t2")
     pending = c.threads.AppendTurns(

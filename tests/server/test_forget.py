@@ -1,5 +1,4 @@
-"""Forget over gRPC: turns, ranges, threads and owners; tombstones, receipts
-and what stays untouched."""
+"""Forget over gRPC: turns, ranges, threads, owners; tombstones, receipts, what stays untouched."""
 
 from __future__ import annotations
 
@@ -259,10 +258,13 @@ def test_forget_turn_range_past_the_end_stops_at_last_seq(lethe: Lethe) -> None:
 
 
 def test_a_full_batch_of_names_given_twice_forgets_each_once_in_order(lethe: Lethe) -> None:
-    """1,000 names (the batch limit): 500 turns, each named twice, interleaved.
-    The receipt lists the 500 once each in first-seen order and deletes 500; the
-    turns after them keep their text (the dedup used to rebuild a set of the names
-    seen so far for every name)."""
+    """1,000 names (the batch limit), 500 turns each named twice: each is forgotten once, in order.
+
+    The 500 turns are each named twice, interleaved. The receipt lists the 500
+    once each in first-seen order and deletes 500; the turns after them keep
+    their text (the dedup used to rebuild a set of the names seen so far for
+    every name).
+    """
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     texts = [f"turn {i} {unique()}" for i in range(510)]

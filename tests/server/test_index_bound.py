@@ -1,6 +1,8 @@
-"""The index cache is bounded by bytes (``--index-cache-size``): past the bound
-the least recently searched owner's indexes are dropped and rebuilt from the
-store on its next search, which answers as before."""
+"""The index cache is bounded by bytes (``--index-cache-size``).
+
+Past the bound the least recently searched owner's indexes are dropped and
+rebuilt from the store on its next search, which answers as before.
+"""
 
 from __future__ import annotations
 
@@ -53,8 +55,11 @@ def server_cache(srv: Lethe) -> list[str]:
 def test_a_slow_owner_index_build_is_logged_with_its_size(
     lethe: Lethe, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Indexes are built on an owner's first search, not at start; a build of
-    ``SLOW_BUILD_SECONDS`` or more says so in the log (here every build is slow)."""
+    """Indexes are built on an owner's first search, not at start, and a slow build is logged.
+
+    A build of ``SLOW_BUILD_SECONDS`` or more says so in the log (here every
+    build is slow).
+    """
     c = lethe.client("alice")
     append(c, create_thread(c, "alice"), ["alice adopted a puppy", "it likes walks"], commit=True)
     monkeypatch.setattr(_build, "SLOW_BUILD_SECONDS", 0.0)

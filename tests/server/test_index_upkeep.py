@@ -1,10 +1,12 @@
-"""Index upkeep after an append, in process on a real store and keystore: an
-append hands what it sealed to ``Retriever.on_write`` instead of reading it
+"""Index upkeep after an append, in process on a real store and keystore.
+
+An append hands what it sealed to ``Retriever.on_write`` instead of reading it
 back, and the loaded bundle ends up equal to one built from LMDB — the same
 contextual texts quoting the same turns, the same vectors — while a turn
 forgotten between its write and the upkeep never enters the index, and an
-append of n turns into a long thread reads O(1) rows to find the neighbours
-(it read every new turn's row twice and decrypted every new turn again)."""
+append of n turns into a long thread reads O(1) rows to find the neighbours (it
+read every new turn's row twice and decrypted every new turn again).
+"""
 
 from __future__ import annotations
 
@@ -52,8 +54,7 @@ def _drafts(start: int, n: int, rng: np.random.Generator, commit: bool = True) -
 def _append(
     store: Store, retriever: Retriever, drafts: list[TurnDraft], *, upkeep: bool = True
 ) -> list[TurnMeta]:
-    """What ``AppendTurns`` does: count the removals, store the turns, then hand
-    them to the index."""
+    """What ``AppendTurns`` does: count the removals, store the turns, hand them to the index."""
     removals = retriever.removals(OWNER)
     metas, _, _ = store.append_turns(OWNER, THREAD, drafts, "")
     if upkeep:
@@ -72,8 +73,11 @@ def _upkeep(
 
 
 def _legs(retriever: Retriever) -> Legs:
-    """What the owner's loaded bundle answers: contextual-text quotes, lexical
-    scores of both BM25 legs, held vectors, session and time legs' sizes."""
+    """What the owner's loaded bundle answers, leg by leg.
+
+    Contextual-text quotes, lexical scores of both BM25 legs, held vectors,
+    session and time legs' sizes.
+    """
     b = retriever.owner_bundle(OWNER)
     lex = tuple(
         tuple(sorted((r, round(s, 5)) for r, s in leg.search_terms(analyze(q), 500)))

@@ -1,6 +1,7 @@
-"""Stored ciphertext that fails authentication while its key exists answers
-DATA_LOSS / INTEGRITY (white-box: the data environment is edited directly
-while the server is stopped)."""
+"""Stored ciphertext that fails authentication while its key exists answers DATA_LOSS / INTEGRITY.
+
+White-box: the data environment is edited directly while the server is stopped.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Lineage and deletion that holds: bulk forgets, edges, cascades with rebuild
-requests, late and stale publications, tainted responses, Watch, over gRPC
-against the real server."""
+"""Lineage and deletion that holds, over gRPC against the real server.
+
+Bulk forgets, edges, cascades with rebuild requests, late and stale
+publications, tainted responses, Watch.
+"""
 
 from __future__ import annotations
 
@@ -172,8 +174,10 @@ def test_deleting_a_memory_removes_only_the_edges_it_alone_supports(lethe: Lethe
 
 
 def test_summary_over_two_conversations_goes_when_one_is_deleted(lethe: Lethe) -> None:
-    """The summary is gone, a rebuild is requested from the survivor, and the
-    survivor's own derivatives stay."""
+    """The summary is gone and a rebuild is requested from the survivor.
+
+    The survivor's own derivatives stay.
+    """
     c = lethe.client("alice")
     t1 = create_thread(c, "alice", "t1")
     t2 = create_thread(c, "alice", "t2")

@@ -1,5 +1,7 @@
-"""``Memory.metadata``: a client's JSON object kept with a memory, encrypted
-like its text, returned on every read, changed only when an update names it."""
+"""``Memory.metadata``: a client's JSON object kept with a memory, encrypted like its text.
+
+It is returned on every read, and changed only when an update names it.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""The metrics an operator alerts on report what they say (API.md, "Metrics"):
+"""The metrics an operator alerts on report what they say (API.md, "Metrics").
+
 ``lethe_pending_records`` / ``lethe_oldest_pending_age_seconds`` cover pending
 records of every kind, the oldest by when it was stored; the standard gRPC
-server metrics count and time every call, streams included."""
+server metrics count and time every call, streams included.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +31,10 @@ def _gauge(lethe: Lethe, name: str) -> float:
 
 
 def test_oldest_pending_age_counts_pending_memories(lethe: Lethe) -> None:
-    """It read 0 while pending memories were minutes old: only a turn at the
-    head of the expiry queue was looked at."""
+    """It read 0 while pending memories were minutes old.
+
+    Only a turn at the head of the expiry queue was looked at.
+    """
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     append(c, thread, ["committed turn"], commit=True)
@@ -51,8 +55,11 @@ def test_oldest_pending_age_counts_pending_memories(lethe: Lethe) -> None:
 
 
 def test_oldest_pending_age_is_the_oldest_not_the_soonest_to_expire(lethe: Lethe) -> None:
-    """A long-lived pending turn stored first, a short-lived one a second later:
-    the age is the first one's, although the second expires sooner."""
+    """A long-lived pending turn stored first, a short-lived one later: the age is the first one's.
+
+    The short-lived one is stored a second later; the age is the first one's,
+    although the second expires sooner.
+    """
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
     (old,) = append(c, thread, ["stored first, kept 72 h"])

@@ -1,7 +1,10 @@
-"""Page tokens are opaque (AIP-158): bound to the method and to every request
-field but ``page_size``, authenticated under a key of the server process, so a
-forged, altered or reused-elsewhere token answers INVALID_ARGUMENT / BAD_FIELD
-naming ``page_token``; a client may change ``page_size`` between pages."""
+"""Page tokens are opaque (AIP-158): bound to the request, authenticated, or refused by name.
+
+Tokens are bound to the method and to every request field but ``page_size``,
+authenticated under a key of the server process, so a forged, altered or
+reused-elsewhere token answers INVALID_ARGUMENT / BAD_FIELD naming
+``page_token``; a client may change ``page_size`` between pages.
+"""
 
 from __future__ import annotations
 
@@ -110,8 +113,10 @@ def test_a_token_of_another_method_with_the_same_parent_is_bad_field(lethe: Leth
 
 
 def test_a_token_built_by_the_client_is_bad_field(alice: tuple[Client, str]) -> None:
-    """The tokens were base64 JSON ``{"p": parent, "a": after}``: a client could
-    build one for any position of a listing; now it cannot."""
+    """The tokens were base64 JSON ``{"p": parent, "a": after}``; a client cannot build one now.
+
+    A client could build one for any position of a listing; now it cannot.
+    """
     c, thread = alice
     forged = base64.urlsafe_b64encode(json.dumps({"p": thread, "a": "1"}).encode()).decode()
     for token in (forged, forged.rstrip("=")):

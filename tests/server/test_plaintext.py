@@ -1,5 +1,7 @@
-"""No plaintext on disk: planted text, speakers and titles never appear in any
-file under the data directory, nor in a backup."""
+"""No plaintext on disk: planted text, speakers and titles never appear in a file or a backup.
+
+Not in any file under the data directory, nor in a backup.
+"""
 
 from __future__ import annotations
 

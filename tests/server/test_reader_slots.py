@@ -63,9 +63,12 @@ def _thread(c: Client, tid: str) -> list[str]:
 
 
 def _failing_reads(c: Client) -> dict[str, tuple[Callable[..., Any], Any, grpc.StatusCode]]:
-    """Reads of a deleted turn, a sealed turn, a turn that never existed, a
-    turn of a forgotten thread, the forgotten thread, a forgotten memory and a
-    listing of the forgotten thread: what the crash harness checks."""
+    """The reads of what is gone, sealed or never existed that the crash harness checks.
+
+    Reads of a deleted turn, a sealed turn, a turn that never existed, a turn
+    of a forgotten thread, the forgotten thread, a forgotten memory and a
+    listing of the forgotten thread.
+    """
     kept, sealed, gone = _thread(c, "kept"), _thread(c, "sealed"), _thread(c, "gone")
     m = memories_pb2.Memory
     c.memories.CreateMemory(

@@ -1,9 +1,11 @@
-"""Start-up recovery in process on a real store: one pass over the data and the
-keystore (``check_keys``) answers every step of a clean start, stray keys are
+"""Start-up recovery in process on a real store: one pass over the data and the keystore.
+
+That pass (``check_keys``) answers every step of a clean start, stray keys are
 still destroyed from it, and a key a stored row names — a forgotten turn's
 tombstone included — is never taken for a stray one. Recovery made two more
 passes before: the fallback of its last step was evaluated eagerly, and stray
-keys were looked up owner by owner."""
+keys were looked up owner by owner.
+"""
 
 from __future__ import annotations
 

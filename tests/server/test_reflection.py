@@ -1,6 +1,8 @@
-"""Server reflection serves what a client in another language needs (grpcurl,
-generated stubs): every service of ``lethe.v1`` and the error enum
-``lethe.errors.v1.ErrorReason``, with the documentation comments' file."""
+"""Server reflection serves what a client in another language needs (grpcurl, generated stubs).
+
+Every service of ``lethe.v1`` and the error enum
+``lethe.errors.v1.ErrorReason``, with the documentation comments' file.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Repairs and the pending window: sealing a stretch after the fact, reopening,
-pausing, concluding with each outcome, ExtendPending and PENDING_EXPIRING, over
-gRPC against the real server."""
+"""Repairs and the pending window, over gRPC against the real server.
+
+Sealing a stretch after the fact, reopening, pausing, concluding with each
+outcome, ExtendPending and PENDING_EXPIRING.
+"""
 
 from __future__ import annotations
 
@@ -94,8 +96,11 @@ def seal(c: Client, thread: str, from_seq: int) -> threads_pb2.Thread:
 
 
 def test_seal_from_turn_six_seals_the_fact_and_rebuilds_the_summary(lethe: Lethe) -> None:
-    """Sealing from turn 6 seals a fact built from turns 6-8 with them and deletes
-    a summary of turns 1-10, asking for a rebuild from turns 1-5."""
+    """Sealing from turn 6 seals a fact built from turns 6-8 and rebuilds a summary of turns 1-10.
+
+    The fact is sealed with the turns; the summary is deleted, and a rebuild
+    from turns 1-5 is requested.
+    """
     c = lethe.client("alice")
     thread, turns = ten_turns(c)
     fact = memory(
@@ -138,8 +143,10 @@ def test_seal_from_turn_six_seals_the_fact_and_rebuilds_the_summary(lethe: Lethe
 def test_reopen_append_pause_reopen_then_destroy_with_a_backup_from_before(
     lethe: Lethe, tmp_path: Path
 ) -> None:
-    """A repair reopened, appended to, paused and reopened keeps its stretch;
-    DESTROY then shreds it, and a backup taken before brings none of it back."""
+    """A repair reopened, appended to, paused and reopened keeps its stretch; DESTROY shreds it.
+
+    A backup taken before brings none of it back.
+    """
     c = lethe.client("alice")
     thread, turns = ten_turns(c)
     backup = tmp_path / "before-seal"

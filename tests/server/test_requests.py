@@ -1,5 +1,4 @@
-"""AppendTurns idempotency (request_id) and pagination of ListTurns and
-ListThreads."""
+"""AppendTurns idempotency (request_id) and pagination of ListTurns and ListThreads."""
 
 from __future__ import annotations
 
@@ -242,9 +241,12 @@ def test_an_append_retry_does_not_return_what_was_sealed_since(lethe: Lethe) -> 
 def test_a_big_append_is_acknowledged_to_a_client_with_default_limits(
     lethe_at: Callable[..., Lethe], tmp_path: Path
 ) -> None:
-    """1000 turns of 14 KiB (over 13 MiB, under the server's 16 MiB receive limit):
-    the reply carries names, states and versions only, and every page of the
-    listing fits gRPC's default 4 MiB receive limit of the client."""
+    """1000 turns of 14 KiB: the reply and every listing page fit a client's default limits.
+
+    Over 13 MiB, under the server's 16 MiB receive limit: the reply carries
+    names, states and versions only, and every page of the listing fits gRPC's
+    default 4 MiB receive limit of the client.
+    """
     lethe = lethe_at(tmp_path / "d", embedder="none")
     token = lethe.token("alice")
     channel = grpc.insecure_channel(f"127.0.0.1:{lethe.port}")  # default limits

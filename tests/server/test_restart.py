@@ -1,6 +1,9 @@
-"""Restart and expiry: committed data survive a restart and are searchable
-(indexes rebuilt from LMDB); pending expiry holds on every read, with or
-without the sweeper, across restarts."""
+"""Restart and expiry: committed data survive a restart; pending expiry holds on every read.
+
+Committed data are searchable after a restart (indexes rebuilt from LMDB);
+pending expiry holds on every read, with or without the sweeper, across
+restarts.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Rotation completes a shred against forensic reads: a copy of the keystore
-taken before a forget (as a free page or a snapshot would keep it) opens the
-forgotten turn before rotation, and nothing after it."""
+"""Rotation completes a shred against forensic reads.
+
+A copy of the keystore taken before a forget (as a free page or a snapshot
+would keep it) opens the forgotten turn before rotation, and nothing after it.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""Routing checks of a sharded deployment, on a real server through real channels:
-the typed client's ``x-lethe-owner`` header, refusal of a header that
-disagrees with the request (a misrouted call), the optional requirement of
-the header, and the moved-away marker's ``OWNER_MOVED`` answer."""
+"""Routing checks of a sharded deployment, on a real server through real channels.
+
+The typed client's ``x-lethe-owner`` header, refusal of a header that disagrees
+with the request (a misrouted call), the optional requirement of the header,
+and the moved-away marker's ``OWNER_MOVED`` answer.
+"""
 
 from __future__ import annotations
 
@@ -53,8 +55,11 @@ def _expect(
 def test_a_server_that_requires_the_header_serves_the_typed_client(
     lethe_at: Callable[..., Lethe], tmp_path: pytest.TempPathFactory
 ) -> None:
-    """Every kind of call the typed client makes carries the header: a server
-    that requires it serves them all, and refuses the same call without it."""
+    """Every kind of call the typed client makes carries the header.
+
+    A server that requires it serves them all, and refuses the same call
+    without it.
+    """
     server = lethe_at(tmp_path / "data", embedder="none", require_owner_header=True)  # type: ignore[operator]
     client = server.client("alice")
     thread = client.create_thread("owners/alice", thread_id="t1")
@@ -93,8 +98,10 @@ def _raw_create(client: lc.Client, parent: str, thread_id: str, header: list[str
 
 
 def test_a_misrouted_call_is_refused_before_it_writes(lethe: Lethe) -> None:
-    """Header of owner bob, resource of owner alice: refused, and nothing of
-    alice's is written (the token may act for both)."""
+    """Header of owner bob, resource of owner alice: refused, and nothing of alice's is written.
+
+    The token may act for both.
+    """
     client = lethe.client("alice", "bob")
     for header in (["bob"], ["alice", "alice"], ["Alice"], ["owners/alice"]):
         err = _expect(

@@ -1,8 +1,10 @@
-"""The session and time legs of Search: what they add, and that they obey every
-visibility rule — a forgotten, pending, expired, sealed or tainted turn never
-contributes to a session's document (so it never lifts another turn), a forget
-re-indexes its session, and the audit checks it. The time heuristics add an
-empty leg, never a filter, to a question they do not apply to."""
+"""The session and time legs of Search: what they add, and that they obey every visibility rule.
+
+A forgotten, pending, expired, sealed or tainted turn never contributes to a
+session's document (so it never lifts another turn), a forget re-indexes its
+session, and the audit checks it. The time heuristics add an empty leg, never a
+filter, to a question they do not apply to.
+"""
 
 from __future__ import annotations
 
@@ -30,9 +32,11 @@ MATE = "we packed the tent"
 def _texts(
     c: Client, query: str, mode: str = "HYBRID", *, thread: str = "", pending: bool = False
 ) -> list[str]:
-    """The texts of the hits a leg other than the dense one contributed to: in
-    LEXICAL every hit; in HYBRID those scoring above the dense leg's weight (the
-    most a turn gets from dense similarity alone, which finds every turn)."""
+    """The texts of the hits a leg other than the dense one contributed to.
+
+    In LEXICAL every hit; in HYBRID those scoring above the dense leg's weight
+    (the most a turn gets from dense similarity alone, which finds every turn).
+    """
     floor = 0.0 if mode == "LEXICAL" else HYBRID_WEIGHTS[0] + 1e-6
     resp = c.retrieval.Search(
         retrieval_pb2.SearchRequest(

@@ -1,6 +1,8 @@
-"""Visibility holds in every search mode, and contextual indexing follows the
-records it quotes (nothing forgotten, expired or pending leaks through
-any leg, and forgetting the previous turn re-indexes the next without it)."""
+"""Visibility holds in every search mode, and contextual indexing follows the records it quotes.
+
+Nothing forgotten, expired or pending leaks through any leg, and forgetting the
+previous turn re-indexes the next without it.
+"""
 
 from __future__ import annotations
 

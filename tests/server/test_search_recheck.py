@@ -1,6 +1,9 @@
-"""The recheck of search candidates on a real store: candidates the recheck drops
-(no row, pending, another owner's) are replaced by the next ones in rank order,
-and when the best ``top_k`` all survive no other candidate's row is read."""
+"""The recheck of search candidates on a real store.
+
+Candidates the recheck drops (no row, pending, another owner's) are replaced by
+the next ones in rank order, and when the best ``top_k`` all survive no other
+candidate's row is read.
+"""
 
 from __future__ import annotations
 

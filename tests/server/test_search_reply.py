@@ -1,6 +1,8 @@
-"""The Search reply on the wire: hits carry every field of their turn (built in
-place inside the reply), and a reply over the byte budget keeps the best hits
-and leaves out the rest."""
+"""The Search reply on the wire: full hits built in place, and a byte budget that keeps the best.
+
+Hits carry every field of their turn (built in place inside the reply), and a
+reply over the byte budget keeps the best hits and leaves out the rest.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Memory with shape: the transition matrix, corrections,
-slots and preferences, over gRPC against the real server."""
+"""Memory with shape, over gRPC against the real server.
+
+The transition matrix, corrections, slots and preferences.
+"""
 
 from __future__ import annotations
 

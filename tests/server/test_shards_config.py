@@ -1,6 +1,8 @@
-"""The nginx config ``lethe shard nginx-config`` writes, as text: the ring, the
-placements, never re-routing, the error answers, TLS and limits. (Real nginx
-runs it in ``tests/test_shards.py``.)"""
+"""The nginx config ``lethe shard nginx-config`` writes, as text.
+
+The ring, the placements, never re-routing, the error answers, TLS and limits.
+(Real nginx runs it in ``tests/test_shards.py``.)
+"""
 
 from __future__ import annotations
 
@@ -112,8 +114,11 @@ def test_the_command_writes_the_file(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_the_shard_audit_fails_on_a_non_zero_count(capsys: pytest.CaptureFixture[str]) -> None:
-    """Two shards' /metrics (real Prometheus endpoints of the server's
-    registry): one healthy, one with orphans; the totals add up and exit 1."""
+    """Two shards' /metrics, one with orphans: the totals add up and the shard audit exits 1.
+
+    Real Prometheus endpoints of the server's registry: one healthy, one with
+    orphans.
+    """
     from prometheus_client import start_http_server
 
     from server._metrics import Metrics

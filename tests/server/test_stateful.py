@@ -1,6 +1,8 @@
-"""Random sequences of writes, derivations, updates and forgets against one real
-server, checked after every step against a small model of lineage and state
-(ARCHITECTURE.md, "Lineage and deletion" and "Storage state and visibility").
+"""Random writes, derivations, updates and forgets against one real server, checked every step.
+
+After every step the server is checked against a small model of lineage and
+state (ARCHITECTURE.md, "Lineage and deletion" and "Storage state and
+visibility").
 
 The machine appends turns (pending or committed) to two threads of owner
 ``alice``, commits pending turns and memories (with and without
@@ -455,8 +457,10 @@ class StoreMachine(RuleBasedStateMachine):
         self._forget(list(dict.fromkeys(live[p % len(live)].name for p in picks)), "MANY")
 
     def _forget(self, names: list[str], what: str) -> None:
-        """Forget ``names`` (turns, memories or one thread); check the receipt against
-        the model's cascade: every transitive memory descendant goes too."""
+        """Forget ``names`` (turns, memories or one thread) and check the receipt against the model.
+
+        The model's cascade: every transitive memory descendant goes too.
+        """
         now = self._tick()
         deleted: set[str] = set()
         for name in names:
@@ -628,8 +632,11 @@ class StoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def invisible_tokens_match_nothing(self) -> None:
-        """Lexical search for the tokens a reader may not see finds nothing at all:
-        no record quotes them, not even in its contextual text (the previous turn)."""
+        """Lexical search for the tokens a reader may not see finds nothing at all.
+
+        No record quotes them, not even in its contextual text (the previous
+        turn).
+        """
         variants: list[str | None] = [None, *(t.thread_id for t in self._live_threads())]
         for thread in variants:
             hidden = self._dead_tokens() | {
@@ -670,8 +677,10 @@ class StoreMachine(RuleBasedStateMachine):
             event("audit: stale summaries present")
 
     def _stale_summaries(self) -> int:
-        """Live summaries with a turn forgotten since they were written between the
-        first and the last turn they name in one thread (their own lineage range)."""
+        """Live summaries with a turn of their own lineage range forgotten since they were written.
+
+        The range runs from the first to the last turn they name in one thread.
+        """
         count = 0
         for r in self._live(SUMMARY):
             ranges: dict[str, list[int]] = {}

@@ -1,8 +1,11 @@
-"""Storage faults fail closed and whole: a write that does not fit under
-``--max-store-size`` is refused with RESOURCE_EXHAUSTED / STORE_FULL, leaving
-no partial batch and no stray keys; a disk error (a real full filesystem, or
-an injected EIO, in ``tests/crash/test_failpoints.py``) answers UNAVAILABLE,
-never INTERNAL; reads keep working and the store reopens consistent."""
+"""Storage faults fail closed and whole.
+
+A write that does not fit under ``--max-store-size`` is refused with
+RESOURCE_EXHAUSTED / STORE_FULL, leaving no partial batch and no stray keys; a
+disk error (a real full filesystem, or an injected EIO, in
+``tests/crash/test_failpoints.py``) answers UNAVAILABLE, never INTERNAL; reads
+keep working and the store reopens consistent.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ THREAD = "owners/alice/threads/t1"
 
 
 def _fill(c: Client, batches: int = 400) -> tuple[int, grpc.RpcError]:
-    """Append batches of 20 turns of ~2 KiB until one is refused; returns
-    (batches acknowledged, the refusal)."""
+    """Append batches of 20 turns of ~2 KiB until one is refused.
+
+    Returns (batches acknowledged, the refusal).
+    """
     for i in range(batches):
         texts = [f"batch {i} turn {j} " + "payload words to fill pages " * 70 for j in range(20)]
         try:

@@ -1,8 +1,11 @@
-"""The sweeper's schedule, on a real store: the periodic audit reads every
-owner's records, so on a large store it must not run back to back with the
-searches. At a million turns an audit took about 20 s of the server's CPU every
-60 s interval (a third of the samples of the benchmark's search rounds); the
-next audit now starts ``duration / AUDIT_DUTY`` after the last one began."""
+"""The sweeper's schedule, on a real store: the audit must not run back to back with searches.
+
+The periodic audit reads every owner's records, so on a large store it must not
+run back to back with the searches. At a million turns an audit took about 20 s
+of the server's CPU every 60 s interval (a third of the samples of the
+benchmark's search rounds); the next audit now starts ``duration / AUDIT_DUTY``
+after the last one began.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +37,10 @@ def _audits_in(
     *,
     real: bool,
 ) -> list[float]:
-    """Start times of the audits a sweeper runs in one second, each audit taking
-    ``audit_seconds`` (after the real audit, when ``real``)."""
+    """Start times of the audits a sweeper runs in one second, each taking ``audit_seconds``.
+
+    When ``real``, the real audit runs first and ``audit_seconds`` follow it.
+    """
     starts: list[float] = []
     periodic_audit = lifecycle.periodic_audit
 

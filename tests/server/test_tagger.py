@@ -1,5 +1,7 @@
-"""The write-time tagger: each rule, its near-misses, due times, and the LoCoMo
-evaluation against hand labels (``tests/data/tagger_labels.jsonl``; skipped without LoCoMo).
+"""The write-time tagger: each rule, its near-misses, due times, and the LoCoMo evaluation.
+
+The evaluation is against hand labels (``tests/data/tagger_labels.jsonl``;
+skipped without LoCoMo).
 """
 
 from __future__ import annotations
@@ -255,9 +257,11 @@ def test_the_word_prefilter_agrees_on_every_locomo_turn(locomo_path: Path) -> No
 
 @pytest.mark.skipif(not LOCOMO.exists(), reason="LoCoMo not present")
 def test_locomo_labels_precision_recall_floors() -> None:
-    """Runs ``bench/eval_tagger.py --json``. Floors are the values measured on the 310
-    labelled turns, rounded down (see tests/data/README.md); PENDING_POINT has support 3,
-    too small for a floor."""
+    """Runs ``bench/eval_tagger.py --json`` and holds each kind to its precision and recall floors.
+
+    Floors are the values measured on the 310 labelled turns, rounded down (see
+    tests/data/README.md); PENDING_POINT has support 3, too small for a floor.
+    """
     run = subprocess.run(
         [sys.executable, str(REPO / "bench/eval_tagger.py"), "--json", "--locomo", str(LOCOMO)],
         capture_output=True,

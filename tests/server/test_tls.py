@@ -1,7 +1,9 @@
-"""TLS and mutual TLS with certificates made at test time: the token is still
-required over TLS; gRPC's own call credentials carry it; a plaintext client,
-a client without a certificate (mTLS) or with one from another CA cannot
-connect; bad TLS flags are refused before anything is served."""
+"""TLS and mutual TLS with certificates made at test time.
+
+The token is still required over TLS; gRPC's own call credentials carry it; a
+plaintext client, a client without a certificate (mTLS) or with one from
+another CA cannot connect; bad TLS flags are refused before anything is served.
+"""
 
 from __future__ import annotations
 

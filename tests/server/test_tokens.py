@@ -1,7 +1,9 @@
-"""The token lifecycle against a running server: ``lethe token create`` with a
-label and an expiry, ``list`` (ids, never secrets), ``revoke``; revocation
-and expiry take effect within a second without a restart, open streams
-included; tokens are stored as digests only."""
+"""The token lifecycle against a running server: create, list, revoke, expire; digests only.
+
+``lethe token create`` with a label and an expiry, ``list`` (ids, never
+secrets), ``revoke``; revocation and expiry take effect within a second without
+a restart, open streams included; tokens are stored as digests only.
+"""
 
 from __future__ import annotations
 

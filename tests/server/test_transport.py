@@ -1,7 +1,9 @@
-"""Transport settings: the keepalive enforcement policy, message-size limits
-as settings, and draining — health ``NOT_SERVING`` as soon as it starts, new
-calls refused with ``DRAINING``, streams ended with it, calls in flight
-finished and acknowledged."""
+"""Transport settings: keepalive enforcement, message-size limits, and draining.
+
+The keepalive enforcement policy, message-size limits as settings, and draining
+— health ``NOT_SERVING`` as soon as it starts, new calls refused with
+``DRAINING``, streams ended with it, calls in flight finished and acknowledged.
+"""
 
 from __future__ import annotations
 
@@ -160,9 +162,12 @@ def test_drain_turns_health_not_serving_refuses_new_calls_ends_streams_and_finis
 def test_a_grpc_shutdown_that_never_ends_does_not_hold_the_stop(
     lethe: Lethe, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """grpc.aio's stop waits for every handler to end; one that never did held a
+    """A handler that never ends cannot hold the stop: it is bounded by grace + STOP_SLACK_SECONDS.
+
+    grpc.aio's stop waits for every handler to end; one that never did held a
     test's teardown for over ten minutes. The drain bounds it: grace plus
-    STOP_SLACK_SECONDS, then the store closes anyway, with an error log."""
+    STOP_SLACK_SECONDS, then the store closes anyway, with an error log.
+    """
     import asyncio
 
     import server._app as app
@@ -190,10 +195,13 @@ def test_a_grpc_shutdown_that_never_ends_does_not_hold_the_stop(
 def test_a_grpc_shutdown_that_blocks_the_event_loop_does_not_hold_the_stop(
     lethe: Lethe, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """grpc.aio's Cython shutdown once blocked the event loop's thread itself (a
+    """A grpc.aio shutdown that blocks the event loop's thread cannot hold the stop either.
+
+    grpc.aio's Cython shutdown once blocked the event loop's thread itself (a
     fresh-clone CI run hung in a teardown, the loop thread inside
     ``Server.stop``), so no timeout on the loop could fire. ``stop`` bounds the
-    wait from the calling thread too, then closes the store anyway."""
+    wait from the calling thread too, then closes the store anyway.
+    """
     import server._app as app
 
     server = lethe.server

@@ -1,5 +1,7 @@
-"""Bad input answers INVALID_ARGUMENT with a BadRequest naming the field, and
-the server keeps serving; random names never produce INTERNAL or UNKNOWN."""
+"""Bad input answers INVALID_ARGUMENT with a BadRequest naming the field; the server keeps serving.
+
+Random names never produce INTERNAL or UNKNOWN.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Visibility over gRPC: pending turns serve their own thread only; committed
-turns enter the owner's general retrieval; no search crosses owners."""
+"""Visibility over gRPC: pending turns serve their own thread only.
+
+Committed turns enter the owner's general retrieval; no search crosses owners.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""The stored byte layouts do not change when the AEAD calls do: a payload and a
-wrapped key sealed by the code before it called libsodium's bindings directly (it
-went through `nacl.secret.Aead`) still open, and new ones have the same layout
-(the module docstring of `shredder._aead`)."""
+"""The stored byte layouts do not change when the AEAD calls do.
+
+A payload and a wrapped key sealed by the code before it called libsodium's
+bindings directly (it went through `nacl.secret.Aead`) still open, and new ones
+have the same layout (the module docstring of `shredder._aead`).
+"""
 
 from __future__ import annotations
 

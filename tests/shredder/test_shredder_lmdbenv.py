@@ -65,10 +65,12 @@ time.sleep(600)
 
 
 def test_open_frees_reader_slots_of_a_process_killed_mid_read(tmp_path: Path) -> None:
-    """While another process keeps the environment open, LMDB does not reset its
+    """Opening frees the reader slots of a process killed mid-read (mdb_reader_check).
+
+    While another process keeps the environment open, LMDB does not reset its
     reader table, so a reader killed by SIGKILL leaves its slot behind; slots
-    left by crashes add up until reads fail with MDB_READERS_FULL. Opening frees
-    them (mdb_reader_check)."""
+    left by crashes add up until reads fail with MDB_READERS_FULL.
+    """
     import subprocess
     import sys
 

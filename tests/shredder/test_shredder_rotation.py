@@ -1,6 +1,8 @@
-"""Rotation: the cryptographic completion of a shred. A destroyed wrapped key
-that lingers (here: saved before the destroy, as a free page or a keystore
-snapshot would hold it) opens nothing after a rotation."""
+"""Rotation: the cryptographic completion of a shred.
+
+A destroyed wrapped key that lingers (here: saved before the destroy, as a free
+page or a keystore snapshot would hold it) opens nothing after a rotation.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""The soak's short form (``bench/soak.py``; the full form is one command in
-docs/benchmarks.md): client processes with mixed traffic, Watch streams and a hot
-backup, then SIGTERM under load, a restart and a restore, all checked."""
+"""The soak's short form (``bench/soak.py``): mixed traffic, SIGTERM, restart and restore, checked.
+
+The full form is one command in docs/benchmarks.md. Client processes with mixed
+traffic, Watch streams and a hot backup, then SIGTERM under load, a restart and
+a restore, all checked.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""Steps 1 and 4 of a forget on a real store: the events it announces (one
-RECORD_DELETED per forgotten turn of a range, numbered consecutively in one
-batch, the counter moved past all of them), and the purge of every row of the
-forgotten turns, from the plan's own positions and from an entry read back
-from the log alike."""
+"""Steps 1 and 4 of a forget on a real store: the events it announces, and the purge of every row.
+
+The events: one RECORD_DELETED per forgotten turn of a range, numbered
+consecutively in one batch, the counter moved past all of them. The purge:
+every row of the forgotten turns, from the plan's own positions and from an
+entry read back from the log alike.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
-"""Store.visible_neighbours on a real store: the nearest visible turn before and
-after each asked seq, equal to a brute-force scan for any visibility, and a
-forgotten range of n turns costs O(n) row reads, not O(n^2) (the bug that made
-forgetting 1,000 turns of a 30k-turn owner take a minute)."""
+"""Store.visible_neighbours on a real store: nearest visible turns, exact, and in O(n) row reads.
+
+The nearest visible turn before and after each asked seq, equal to a
+brute-force scan for any visibility, and a forgotten range of n turns costs
+O(n) row reads, not O(n^2) (the bug that made forgetting 1,000 turns of a
+30k-turn owner take a minute).
+"""
 
 from __future__ import annotations
 
@@ -73,9 +76,12 @@ def test_a_forgotten_run_reads_each_row_a_bounded_number_of_times(
 def test_rows_named_gone_are_stepped_over_unread(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A forget's re-context passes its own turns as ``gone``: the walks around a
-    forgotten run of 200 turns read the few rows outside it, not the run twice
-    (which made forgetting a 1,000-turn range read 3,000 rows)."""
+    """A forget's re-context passes its own turns as ``gone``, and the walks step over them unread.
+
+    The walks around a forgotten run of 200 turns read the few rows outside it,
+    not the run twice (which made forgetting a 1,000-turn range read 3,000
+    rows).
+    """
     run = set(range(101, 301))
     rids = {m.seq: m.rid for m in store.thread_turns("alice", "t1")}
     gone = frozenset(rids[s] for s in run)

@@ -1,8 +1,10 @@
-"""Moved-away markers on a real store: written and read across processes'
-handles, and enforced by the writer inside the write transaction — a write
-for a marked owner fails whole (no row, no stray key) even when it never
-passed the server's authorisation check, while internal work and other
-owners go on."""
+"""Moved-away markers on a real store: written and read across processes, enforced by the writer.
+
+Markers are written and read across processes' handles, and enforced by the
+writer inside the write transaction — a write for a marked owner fails whole
+(no row, no stray key) even when it never passed the server's authorisation
+check, while internal work and other owners go on.
+"""
 
 from __future__ import annotations
 

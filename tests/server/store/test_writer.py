@@ -1,6 +1,8 @@
-"""The one writer's group commit (white-box on the real LMDB environment of a
-real store): ops queued together run as one group, and an op that raises is
-rolled back alone while the others commit."""
+"""The one writer's group commit, white-box on the real LMDB environment of a real store.
+
+Ops queued together run as one group, and an op that raises is rolled back
+alone while the others commit.
+"""
 
 from __future__ import annotations
 
