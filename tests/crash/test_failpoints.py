@@ -721,8 +721,10 @@ def test_crash_mid_rotation_converges(point: str, tmp_path: Path) -> None:
 
 
 def _opens_forgotten(copy: Path, kek_file: Path, name: str) -> bool:
-    """Whether the data and keystore in ``copy``, with ``kek_file`` as the KEK,
-    open the turn ``name`` (``owners/{o}/threads/{t}/turns/{seq}``)."""
+    """Whether ``copy``'s data and keystore, with ``kek_file`` as the KEK, open a turn.
+
+    ``name`` is the turn's name, ``owners/{o}/threads/{t}/turns/{seq}``.
+    """
     from server.store import Store
 
     parts = name.split("/")
@@ -757,12 +759,15 @@ def _opens_forgotten(copy: Path, kek_file: Path, name: str) -> bool:
 def test_no_file_left_by_a_killed_rotation_opens_a_pre_forget_copy(
     point: str, action: str, tmp_path: Path
 ) -> None:
-    """``lethe rotate`` killed at each step of the rotation and of each KEK file
-    write, then started and rotated again: no file in the KEK's directory, stray
-    temporary KEK files included, opens the forgotten turn in a copy of the data
-    and the keystore taken before the forget (as an old backup and a keystore
-    snapshot would hold it). A temporary KEK file a kill left once held the old
-    KEK version after the rotation that destroyed it."""
+    """No file a killed rotation leaves in the KEK's directory opens a pre-forget copy.
+
+    ``lethe rotate`` is killed at each step of the rotation and of each KEK file
+    write, then the store is started and rotated again: no file in the KEK's
+    directory, stray temporary KEK files included, opens the forgotten turn in a
+    copy of the data and the keystore taken before the forget (as an old backup
+    and a keystore snapshot would hold it). A temporary KEK file a kill left once
+    held the old KEK version after the rotation that destroyed it.
+    """
     data = tmp_path / "d"
     kek = tmp_path / "config" / "kek.json"
     env = {k: v for k, v in base_env("").items() if k != "LETHE_KEK"}
@@ -798,8 +803,11 @@ def test_no_file_left_by_a_killed_rotation_opens_a_pre_forget_copy(
 def test_the_audit_counts_a_stray_kek_file_and_the_next_start_removes_it(
     tmp_path: Path,
 ) -> None:
-    """A rotation killed with its temporary KEK file written: ``lethe audit`` (server
-    stopped) reports it and fails; the next start removes it."""
+    """A stray temporary KEK file fails ``lethe audit`` until the next start removes it.
+
+    The rotation is killed with its temporary KEK file written; ``lethe audit``
+    (server stopped) reports it and exits 1.
+    """
     data = tmp_path / "d"
     kek = tmp_path / "config" / "kek.json"
     env = {k: v for k, v in base_env("").items() if k != "LETHE_KEK"}
