@@ -206,19 +206,52 @@ class _Served:
             self._proc.stdout.close()
 
 
-def _admin_token(data_dir: Path, kek_file: Path | None) -> str:
-    """``lethe token create --admin`` beside the running server.
+DEMO_TOKEN_LIFETIME = "1h"  # noqa: S105 (a duration, not a secret)
+"""How long the demo's admin token may live (``lethe token create --expires-in``).
+
+It is revoked when the demo ends, and expires by itself if the demo is killed.
+"""
+
+
+def _admin_token(data_dir: Path, kek_file: Path | None) -> tuple[str, str]:
+    """``lethe token create --admin`` beside the running server, labelled and expiring.
+
+    Returns:
+        ``(token, token id)``; the demo revokes the id when it ends.
 
     Raises:
         _ServeError: the command failed.
     """
+    label = f"demo-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     done = _lethe(
-        ["token", "create", "--data", str(data_dir), "--admin", *_kek_args(kek_file)],
+        [
+            "token",
+            "create",
+            "--data",
+            str(data_dir),
+            "--admin",
+            "--label",
+            label,
+            "--expires-in",
+            DEMO_TOKEN_LIFETIME,
+            "--json",
+            *_kek_args(kek_file),
+        ],
         capture=True,
     )
     if done.returncode != 0:
         raise _ServeError(f"lethe token create exited with status {done.returncode}")
-    return done.stdout.strip()
+    created = json.loads(done.stdout)
+    return str(created["token"]), str(created["id"])
+
+
+def _revoke(data_dir: Path, kek_file: Path | None, token_id: str) -> bool:
+    """``lethe token revoke ID``: the demo leaves no credential behind. Whether it did."""
+    done = _lethe(
+        ["token", "revoke", token_id, "--data", str(data_dir), *_kek_args(kek_file)],
+        capture=True,
+    )
+    return done.returncode == 0
 
 
 def _ingest(api: Client, convs: list[Conversation]) -> dict[str, dict[str, str]]:
@@ -461,7 +494,7 @@ def _run(args: argparse.Namespace) -> int:
     data_dir: Path = args.data
     server = _Served(data_dir, args.kek_file)
     try:
-        token = _admin_token(data_dir, args.kek_file)
+        token, token_id = _admin_token(data_dir, args.kek_file)
     except BaseException:
         server.stop()
         raise
@@ -629,6 +662,18 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         api.close()
         server.stop()
+        revoked = _revoke(data_dir, args.kek_file, token_id)
+    report["token"] = {"id": token_id, "revoked": revoked, "expires_in": DEMO_TOKEN_LIFETIME}
+    print(
+        f"the demo's admin token {token_id} "
+        + (
+            "is revoked"
+            if revoked
+            else f"could not be revoked; it expires within {DEMO_TOKEN_LIFETIME}"
+        )
+    )
+    if not revoked:
+        failures.append("the demo's token was not revoked")
     report["failures"] = failures
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nfigures written to {args.out}")

@@ -194,6 +194,21 @@ def test_demo_on_sample_conversation_passes_its_checks(
     assert report["forget"]["leaked_after_forget"] == 0
     assert report["forget"]["get_forgotten_turn_after_restore"] == "NOT_FOUND/RECORD_DELETED"
     assert report["kek"] == "in memory"  # LETHE_KEK; a KEK file is named by its path
+    # The demo leaves no credential behind: its one token is labelled, expiring, revoked.
+    monkeypatch.delenv("LETHE_JSON")
+    listed = subprocess.run(
+        _lethe("token", "list", "--json", "--data", str(tmp_path / "d"), env={}),
+        env={**os.environ, "LETHE_KEK": kek_env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (token,) = json.loads(listed.stdout)["tokens"]
+    assert token["id"] == report["token"]["id"]
+    assert token["state"] == "revoked"
+    assert token["label"].startswith("demo-")
+    assert token["admin"] is True
+    assert token["expire_time"] is not None
 
 
 @pytest.mark.slow
