@@ -22,7 +22,11 @@ Storage faults fail closed and whole: a group whose data transaction does not
 fit in the map (``MapFullError``) is retried op by op, so each op either
 commits whole or fails alone with ``STORE_FULL``; a disk error (ENOSPC, EIO)
 fails the group with ``UNAVAILABLE``; in both cases the keys made for the
-failed ops are destroyed and moved keys are moved back.
+failed ops are destroyed and moved keys are moved back. When that clean-up
+cannot write either (the disk is still full), what it left undone is kept and
+tried again before each later group and whenever :meth:`Writer.tidy` asks (the
+sweeper does, every sweep), so once space returns the keys go without a
+restart (start-up would destroy them too, as keys no record uses).
 
 Failpoints (:mod:`shredder._failpoints`, for the crash tests): every op has a
 ``name``; ``<name>.after_keystore`` is reached after the group's keystore
@@ -160,7 +164,11 @@ class Writer:
         self._keystore = keystore
         self._max_batch = max_batch
         self._on_commit = on_commit
-        self._queue: queue.SimpleQueue[WriteOp[Any] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[WriteOp[Any] | _Tidy | None] = queue.SimpleQueue()
+        # Clean-up a storage fault left undone (writer thread only): record keys
+        # made for ops that never committed, and keys to move back to their rings.
+        self._undiscarded: list[tuple[RingRef, str]] = []
+        self._unmoved: list[tuple[RingRef, RingRef, list[str]]] = []
         self._thread = threading.Thread(target=self._run, name="lethe-writer", daemon=True)
         self._closed = False
         # The record keys the running group created (writer thread only): payloads
@@ -185,6 +193,18 @@ class Writer:
         """Submit ``op`` and wait for its result (re-raising its exception)."""
         return self.submit(op).result()
 
+    def tidy(self) -> None:
+        """Ask the writer thread to retry the clean-up a storage fault left undone.
+
+        Returns at once; the retry runs between groups. Does nothing once closed.
+        """
+        if not self._closed:
+            self._queue.put(_TIDY)
+
+    def leftovers(self) -> int:
+        """Record keys and moved-key sets whose clean-up a storage fault left undone."""
+        return len(self._undiscarded) + len(self._unmoved)
+
     def close(self) -> None:
         """Finish every queued op, then stop the thread."""
         if self._closed:
@@ -199,6 +219,9 @@ class Writer:
             first = self._queue.get()
             if first is None:
                 break
+            self._retry_cleanup()
+            if isinstance(first, _Tidy):
+                continue
             batch: list[WriteOp[Any]] = [first]
             while len(batch) < self._max_batch:
                 try:
@@ -208,8 +231,19 @@ class Writer:
                 if nxt is None:
                     stopping = True
                     break
+                if isinstance(nxt, _Tidy):
+                    continue
                 batch.append(nxt)
             self._run_batch(batch)
+
+    def _retry_cleanup(self) -> None:
+        """Try again what :meth:`_discard_keys` and :meth:`_unwrap_back` could not write."""
+        if self._unmoved:
+            moves, self._unmoved = self._unmoved, []
+            self._move_back(moves, retry=True)
+        if self._undiscarded:
+            refs, self._undiscarded = self._undiscarded, []
+            self._discard_keys(refs, retry=True)
 
     def _run_batch(self, batch: list[WriteOp[Any]]) -> None:
         live = [op for op in batch if op.future.set_running_or_notify_cancel()]
@@ -305,24 +339,47 @@ class Writer:
         by_ring: dict[RingRef, list[str]] = {}
         for ring, key_id in op.rewrap_keys:
             by_ring.setdefault(ring, []).append(key_id)
-        try:
-            for ring, key_ids in by_ring.items():
-                self._keystore.rewrap_record_keys([(op.rewrap_to, k) for k in key_ids], ring)
-        except Exception as exc:  # the audit reports records without key
-            _log.error("moving keys back failed: %s", type(exc).__name__)
+        self._move_back([(op.rewrap_to, ring, key_ids) for ring, key_ids in by_ring.items()])
 
-    def _discard_keys(self, refs: Sequence[tuple[RingRef, str]]) -> None:
+    def _move_back(
+        self, moves: Sequence[tuple[RingRef, RingRef, list[str]]], *, retry: bool = False
+    ) -> None:
+        """Move ``(from ring, to ring, key ids)`` back, one ring per keystore transaction.
+
+        A move that cannot be written is kept for :meth:`_retry_cleanup` (logged
+        at error level the first time, at debug level on a retry).
+        """
+        for source, ring, key_ids in moves:
+            try:
+                self._keystore.rewrap_record_keys([(source, k) for k in key_ids], ring)
+            except Exception as exc:  # kept; tried again by _retry_cleanup
+                level = logging.DEBUG if retry else logging.ERROR
+                _log.log(level, "moving keys back failed, will retry: %s", type(exc).__name__)
+                self._unmoved.append((source, ring, key_ids))
+
+    def _discard_keys(self, refs: Sequence[tuple[RingRef, str]], *, retry: bool = False) -> None:
         """Destroy record keys made for ops whose data never committed.
 
         No record refers to them, so they would only show up as
-        ``keys_without_record``.
+        ``keys_without_record``. Keys that cannot be destroyed now are kept for
+        :meth:`_retry_cleanup` (logged at error level the first time, at debug
+        level on a retry).
         """
         if not refs:
             return
         try:
             self._keystore.destroy(record_keys=refs, logged=False)
-        except Exception as exc:  # the audit reports what is left
-            _log.error("discarding unused keys failed: %s", type(exc).__name__)
+        except Exception as exc:  # kept; tried again by _retry_cleanup
+            level = logging.DEBUG if retry else logging.ERROR
+            _log.log(level, "discarding unused keys failed, will retry: %s", type(exc).__name__)
+            self._undiscarded.extend(refs)
+
+
+class _Tidy:
+    """The queue item of :meth:`Writer.tidy`: no op, only the clean-up retry."""
+
+
+_TIDY = _Tidy()
 
 
 def _storage_error(exc: Exception) -> Exception:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -142,3 +143,22 @@ def test_a_full_disk_is_unavailable_and_the_store_stays_consistent(
     c = lethe.client("alice")
     assert _count(c) == 20 * acked
     assert _audit(c) == (0, 0, 0)
+
+
+def test_cleanup_a_full_disk_left_undone_is_done_when_space_returns(
+    small_filesystem: Path, lethe_at: Callable[..., Lethe]
+) -> None:
+    """The record keys made for a batch refused on a full disk are discarded by the
+    scheduler once space returns: the audit is healthy again without a restart."""
+    lethe = lethe_at(small_filesystem / "d", embedder="none", sweep_interval=0.2)
+    c = lethe.client("alice")
+    create_thread(c, "alice", "t1")
+    acked, err = _fill(c)
+    assert error_reason(err)[1] == "STORAGE_UNAVAILABLE"
+    subprocess.run(["mount", "-o", "remount,size=16m", str(small_filesystem)], check=True)
+    deadline = time.monotonic() + 10.0
+    while _audit(c) != (0, 0, 0) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _audit(c) == (0, 0, 0)
+    assert _count(c) == 20 * acked
+    lethe.stop()
