@@ -57,7 +57,7 @@ from lethe.v1 import (
 from server._metrics import Metrics, RpcMetricsInterceptor
 from server.edge import Admission, Authenticator, Edge, EventHub, FairExecutor, Limits, Router
 from server.errors import LetheError
-from server.lifecycle import Lifecycle, Recovery, Sweeper
+from server.lifecycle import Lifecycle, Sweeper
 from server.retrieval import Retriever, check_embedder
 from server.services import (
     EventsService,
@@ -259,7 +259,7 @@ class LetheServer:
                 message names it), or the TLS files are unusable.
         """
         recovery = self.lifecycle.recover()
-        if recovery != Recovery([], 0, 0, 0, [], 0, []):
+        if recovery.changed():
             _log.info("recovered: %s", recovery.summary())
         try:
             check_embedder(self.store, self.retriever.embedder)

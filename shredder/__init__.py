@@ -25,6 +25,7 @@ module                   holds
 ``_keystore_shred``      destroying keys (the logical shred) and the shred log
 ``_keystore_rotation``   rotation (completing shreds cryptographically), KEK versions in use
 ``_keystore_moves``      an owner's keys moving between keystores: export, import, eviction
+``_keystore_ledger``     records a data restore must never roll back (the server's tokens)
 ``_keystore``            opening the keystore, its store id; ``Keystore`` composes the parts
 ``_bundle``              sealed bundles to a receive key (rows and keys between shards)
 ``_backup``              data backups and restores, their manifests

@@ -25,12 +25,14 @@ import lmdb
 
 from shredder._aead import _Key
 from shredder._kek import KekRing
+from shredder._keystore_ledger import LedgerPart
 from shredder._keystore_moves import MovesPart
 from shredder._keystore_records import RecordKeysPart
 from shredder._keystore_rotation import RotationPart
 from shredder._keystore_schema import (
     _DIRTY,
     _FORMAT,
+    _LEDGER,
     _MAX_DBS,
     _META,
     _RECORDS,
@@ -50,7 +52,7 @@ _open_lock = threading.Lock()
 _open_stores: dict[Path, str] = {}
 
 
-class Keystore(RecordKeysPart, SealingPart, ShredPart, RotationPart, MovesPart):
+class Keystore(RecordKeysPart, SealingPart, ShredPart, RotationPart, MovesPart, LedgerPart):
     """Wrapped keys in their own LMDB environment at `path` (a directory).
 
     Callers seal, open and destroy; they never see a raw key.
@@ -87,6 +89,7 @@ class Keystore(RecordKeysPart, SealingPart, ShredPart, RotationPart, MovesPart):
                     self._records = self._env.open_db(_RECORDS, txn=txn)
                     self._dirty = self._env.open_db(_DIRTY, txn=txn)
                     self._shredded = self._env.open_db(_SHREDDED, txn=txn)
+                    self._ledger = self._env.open_db(_LEDGER, txn=txn)
                     self._meta = self._env.open_db(_META, txn=txn)
             except BaseException:
                 self._env.close()

@@ -60,6 +60,7 @@ class KeystoreBase:
     _records: lmdb._Database
     _dirty: lmdb._Database
     _shredded: lmdb._Database
+    _ledger: lmdb._Database
     _meta: lmdb._Database
     _cache_lock: threading.Lock
     """Held for every change of `_cache`, `_record_cache`, `_record_cached` and `_epoch`."""

@@ -6,7 +6,7 @@ spelled by one function here, with the associated data of wrapped keys; the part
 typed constant, every key encoded in one place).
 
 The keystore is a separate environment (directory) from the data environment, so a copy of the
-data never carries keys and destroying a key never needs the data. It holds five named
+data never carries keys and destroying a key never needs the data. It holds six named
 databases:
 
 ``meta``
@@ -44,6 +44,12 @@ databases:
 ``dirty`` — rings that lost or gave away a record key since the last rotation: LMDB key a ring
   prefix, value empty. A rotation gives each a new ring key and empties the database.
 
+``ledger`` — records the keystore's user keeps here because a restore of the data
+  environment must never roll them back, as it never rolls back the shred log (the server
+  keeps its bearer tokens' rows here: a revoked token stays revoked after a restore). Opaque
+  to the keystore: LMDB key 1-511 bytes, value any bytes; the key ``b"!filled"`` (value
+  ``b"1"``) marks that the user has filled the database once.
+
 Owner and thread ids match ``[a-z0-9][a-z0-9-]{0,62}`` and never contain 0x00, so every ring
 prefix ends at its first 0x00 after the ring kind, owner ``a``'s prefix ``a\x00`` is never a
 prefix of owner ``ab``'s keys, and a thread ring's prefix is never a prefix of another
@@ -75,7 +81,8 @@ _RINGS = b"rings"
 _RECORDS = b"records"
 _DIRTY = b"dirty"  # rings that lost or gave away a record key since the last rotation
 _SHREDDED = b"shredded"  # the shred log (see the module docstring)
-_MAX_DBS = 5
+_LEDGER = b"ledger"  # records a data restore must never roll back
+_MAX_DBS = 6
 _UNROTATED = b"unrotated_since"  # meta: seconds of the oldest shred not yet rotated
 _SEP = b"\x00"
 _THREAD_RING = b"T"

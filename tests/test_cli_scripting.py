@@ -385,6 +385,7 @@ def test_json_documents_of_token_backup_rotate_restore_audit(
         "forgotten": 0,
         "deletions_resumed": 0,
         "kept_without_key": 0,
+        "tokens": {"migrated": 0, "removed": [], "restored": [], "revoked": []},
     }
 
     audit = _json(_run("audit", env=env))

@@ -62,6 +62,7 @@ def test_store_face_is_pinned() -> None:
             "StoreLockedError",
             "ThreadMeta",
             "ThreadView",
+            "TokenReconcile",
             "TokenRow",
             "TurnDraft",
             "TurnMeta",

@@ -3,7 +3,9 @@
 With the server stopped: the backup's data environment replaces the live one,
 then start-up recovery runs (:meth:`server.lifecycle.Lifecycle.recover`), which
 forgets every record whose key was destroyed since the backup was taken, so a
-restore never brings back what was forgotten.
+restore never brings back what was forgotten; and the tokens stay as the
+keystore's ledger has them (a token revoked since the backup stays revoked, one
+created since stays valid), which it reports.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def add(sub: Subcommands) -> None:
         sub,
         "restore",
         "restore a data backup beside the keystore (server stopped)",
-        json_help="{backup, data, forgotten, deletions_resumed, kept_without_key}",
+        json_help="{backup, data, forgotten, deletions_resumed, kept_without_key, tokens: "
+        "{restored, revoked, removed, migrated}}",
         progress=True,
     )
     restore.set_defaults(run=run)
@@ -74,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         stages.close()
     kept = len(recovery.kept_without_key)
+    tokens = recovery.tokens
     if args.json:
         emit(
             {
@@ -82,6 +86,14 @@ def run(args: argparse.Namespace) -> int:
                 "forgotten": recovery.forgotten,
                 "deletions_resumed": recovery.deletions_resumed,
                 "kept_without_key": kept,
+                "tokens": None
+                if tokens is None
+                else {
+                    "restored": tokens.restored,
+                    "revoked": tokens.revoked,
+                    "removed": tokens.removed,
+                    "migrated": tokens.migrated,
+                },
             }
         )
         return EXIT_OK
@@ -90,5 +102,12 @@ def run(args: argparse.Namespace) -> int:
         f"whose keys were destroyed since the backup are forgotten; "
         f"{recovery.deletions_resumed} deletions resumed"
         + (f"; {kept} records without a key kept (see the log, lethe audit)" if kept else "")
+        + (
+            "; tokens as the keystore's ledger has them: "
+            f"{len(tokens.revoked)} revoked since the backup revoked again, "
+            f"{len(tokens.restored)} created since the backup kept"
+            if tokens is not None
+            else "; tokens not reconciled (see the log)"
+        )
     )
     return EXIT_OK

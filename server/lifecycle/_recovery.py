@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from server.errors import StoreFull, Unavailable
 from server.lifecycle._deletions import REASON_KEY_DESTROYED, Deletions
-from server.store import ForgetTargets, KeyCheck, MemMeta, record_ring
+from server.store import ForgetTargets, KeyCheck, MemMeta, TokenReconcile, record_ring
 from shredder import RingRef
 
 _log = logging.getLogger(__name__)
@@ -37,6 +37,9 @@ class Recovery:
         kept_without_key: names of live records whose key is missing with no
             decided deletion: kept, unreadable (``DATA_LOSS``), reported.
         stray_keys_destroyed: keys no record uses.
+        tokens: what bringing the data's copy of the tokens in line with the
+            keystore's ledger changed (tokens revoked or created after a
+            restored backup); None when the step was deferred.
         deferred: steps that could not write (full disk or store) and wait for
             the next start.
     """
@@ -47,7 +50,21 @@ class Recovery:
     forgotten: int
     kept_without_key: list[str]
     stray_keys_destroyed: int
+    tokens: TokenReconcile | None = None
     deferred: list[str] = field(default_factory=list)
+
+    def changed(self) -> bool:
+        """Whether recovery changed anything or deferred a step (start-up logs it then)."""
+        return bool(
+            self.kek_versions_retired
+            or self.keys_relocated
+            or self.deletions_resumed
+            or self.forgotten
+            or self.kept_without_key
+            or self.stray_keys_destroyed
+            or (self.tokens is not None and self.tokens != TokenReconcile())
+            or self.deferred
+        )
 
     def summary(self) -> str:
         """One log line (ids and counts only)."""
@@ -56,6 +73,7 @@ class Recovery:
             f"were shredded forgotten, {len(self.kept_without_key)} records without a key kept, "
             f"{self.keys_relocated} keys relocated, {self.stray_keys_destroyed} stray keys "
             f"destroyed, KEK versions {self.kek_versions_retired} retired"
+            + (f"; {self.tokens.summary()}" if self.tokens is not None else "")
             + (f"; deferred: {', '.join(self.deferred)}" if self.deferred else "")
         )
 
@@ -72,8 +90,10 @@ def recover(deletions: Deletions) -> Recovery:
     keys were destroyed on purpose since the data was written (the shred
     log names them: a restored backup); keep and report loudly every live
     record whose key is missing with no decided deletion; destroy keys no
-    record uses (made for writes that never committed). Start-up never
-    forgets what nobody decided to forget.
+    record uses (made for writes that never committed); bring the data's copy
+    of the tokens in line with the keystore's ledger (a revocation or a token
+    newer than a restored backup). Start-up never forgets what nobody decided
+    to forget.
 
     A step that cannot write (a full disk, ``--max-store-size`` reached) is
     deferred to the next start, logged at error level: the store still
@@ -122,7 +142,8 @@ def recover(deletions: Deletions) -> Recovery:
             name,
         )
     deletions.metrics.records_without_key.set(len(kept))
-    return Recovery(retired, relocated, resumed, forgotten + more, kept, stray, deferred)
+    tokens = attempt("reconciling tokens", deletions.store.reconcile_tokens, lambda: None)
+    return Recovery(retired, relocated, resumed, forgotten + more, kept, stray, tokens, deferred)
 
 
 def _forget_decided_threads(deletions: Deletions, check: KeyCheck) -> int:

@@ -68,7 +68,7 @@ from server.store._store import (
     data_paths,
     open_store_for,
 )
-from server.store._tokens import TokenRow
+from server.store._tokens import TokenReconcile, TokenRow
 from server.store._vectors import NO_EMBEDDER, EmbedderChange
 from server.store._views import (
     MemoryContent,
@@ -123,6 +123,7 @@ __all__ = [
     "StoreLockedError",
     "ThreadMeta",
     "ThreadView",
+    "TokenReconcile",
     "TokenRow",
     "TurnDraft",
     "TurnMeta",

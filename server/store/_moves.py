@@ -56,6 +56,7 @@ from server.store._base import StoreBase
 from server.store._forget import DeletionEntry
 from server.store._placement import MovedRow, PlacementPart
 from server.store._records import MemMeta, OwnerRow, TurnMeta
+from server.store._tokens import owner_tokens
 from server.store._writer import WriteOp
 from shredder import (
     EnvironmentConfigError,
@@ -395,7 +396,14 @@ class MovesPart(PlacementPart, StoreBase):
         def apply(txn: lmdb.Transaction) -> dict[str, int]:
             return self._put_rows(txn, owner, rows, embedder)
 
-        written = self.writer.run(WriteOp(apply, name="owner.import"))
+        # The owner's tokens enter the ledger (the authority every read uses) with
+        # the rows; a token the operator stored here already stays as it is.
+        ledger = [
+            (key, value)
+            for name, key, value in rows
+            if name == b"tokens" and self.keystore.ledger_entry(key) is None
+        ]
+        written = self.writer.run(WriteOp(apply, ledger=ledger, name="owner.import"))
         if written != {str(k): int(v) for k, v in header["rows"].items()}:
             raise IntegrityError(f"the import wrote {written}, the export holds {header['rows']}")
         failpoint(FP_IMPORT_ROWS)
@@ -508,8 +516,16 @@ class MovesPart(PlacementPart, StoreBase):
         failpoint(FP_RELEASE_MARKED)
         destroyed = self.keystore.destroy(owners=[owner])
         failpoint(FP_RELEASE_KEYS)
+        # Its tokens leave the ledger with its rows: they act for it alone.
+        gone: list[tuple[bytes, bytes | None]] = [
+            (digest, None) for digest in owner_tokens(self.keystore.ledger(), owner)
+        ]
         removed = self.writer.run(
-            WriteOp(lambda txn: self._delete_rows(txn, owner, tokens=True), name="owner.purge")
+            WriteOp(
+                lambda txn: self._delete_rows(txn, owner, tokens=True),
+                ledger=gone,
+                name="owner.purge",
+            )
         )
         return MoveReceipt(
             owner,

@@ -6,8 +6,10 @@ and to the keystore runs on the one thread this module owns. Callers on any
 thread ``submit`` a :class:`WriteOp` and wait on its future; the writer takes
 every op already queued (up to ``max_batch``) and runs them as one group:
 
-1. one keystore transaction, synced, creating every record key the group
-   needs (keys exist before any ciphertext that refers to them);
+1. one keystore transaction, synced, writing the group's ledger records
+   (``WriteOp.ledger``: rows a restore must never roll back, such as tokens),
+   then one creating every record key the group needs (keys exist before any
+   ciphertext that refers to them);
 2. one keystore transaction, synced, destroying every key the group
    destroys (crypto-shredding);
 3. one data-environment write transaction in which each op's ``apply`` runs
@@ -89,6 +91,9 @@ OPERATIONS = {
     "rotation": "rotation (renew rings, move ring keys to a new KEK version)",
     "owner.import": "an owner move's import: every row of the owner, renumbered",
     "owner.purge": "an owner move's release (or a dropped import): the owner's rows removed",
+    "token.create": "lethe token create, shard token-import (the ledger, then the data's copy)",
+    "token.revoke": "lethe token revoke (the ledger, then the data's copy)",
+    "tokens.reconcile": "start-up: the data's copy of the tokens brought in line with the ledger",
 }
 """Every named write op; each has the failpoints ``<name>.after_keystore`` and
 ``<name>.after_commit``."""
@@ -118,6 +123,10 @@ class WriteOp(Generic[T]):
             purges, rotation), which is never refused.
         unused: record keys ``apply`` reports it made no record for (it may
             append to this list); destroyed once the group has committed.
+        ledger: ``(key, value or None to delete)`` records of the keystore's
+            ledger (:meth:`shredder.Keystore.put_ledger`), written before ``apply``
+            and kept even if ``apply`` fails: the ledger is the authority, and
+            start-up brings the data's copy in line with it.
     """
 
     apply: Callable[[lmdb.Transaction], T]
@@ -130,6 +139,7 @@ class WriteOp(Generic[T]):
     name: str = "write"
     owner: str = ""
     unused: list[tuple[RingRef, str]] = field(default_factory=list)
+    ledger: Sequence[tuple[bytes, bytes | None]] = ()
     future: Future[T] = field(default_factory=Future)
 
     def __post_init__(self) -> None:
@@ -293,7 +303,10 @@ class Writer:
                 op.future.set_exception(value)
 
     def _keystore_phase(self, live: list[WriteOp[Any]]) -> None:
-        """The group's keystore transactions (each synced): create, move, destroy."""
+        """The group's keystore transactions (each synced): ledger, create, move, destroy."""
+        ledger = [item for op in live for item in op.ledger]
+        if ledger:
+            self._keystore.put_ledger(ledger)
         creates = [ref for op in live for ref in op.create_keys]
         self.fresh = self._keystore.create_record_keys(creates) if creates else None
         for op in live:

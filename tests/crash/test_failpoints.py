@@ -14,6 +14,7 @@ fails when a failpoint is declared without a case here.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from lethe.v1 import (
     retrieval_pb2,
     threads_pb2,
 )
+from server import token_digest
 
 M = memories_pb2.Memory
 PARENT = f"owners/{OWNER}"
@@ -831,6 +833,93 @@ def test_the_audit_counts_a_stray_kek_file_and_the_next_start_removes_it(
     assert audit(data, env)[0] == 0
 
 
+def _token_cli(env: dict[str, str], data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return _cli(env, "token", *args, "--data", str(data))
+
+
+def _refused(s: Stubs) -> bool:
+    try:
+        _turns(s)
+    except grpc.RpcError as err:
+        return reason_of(err) == "INVALID_TOKEN"
+    return False
+
+
+@pytest.mark.parametrize("point", ["token.revoke.after_keystore", "token.revoke.after_commit"])
+def test_a_revocation_killed_midway_holds_at_once_and_after_a_restart(
+    point: str, tmp_path: Path, kek_env: str
+) -> None:
+    """``lethe token revoke`` killed after the keystore's ledger took the revocation.
+
+    The running server refuses the token at once (it reads the ledger), and after
+    a restart the data's copy agrees.
+    """
+    data = tmp_path / "d"
+    env = base_env(kek_env)
+    admin = make_token(data, env)
+    token = make_token(data, env, OWNER)
+    token_id = token_digest(token)[:8].hex()
+    with serving(data, env) as live:
+        _with_turns(live.stubs(token))
+        done = _token_cli(armed(env, point), data, "revoke", token_id)
+        assert done.returncode == -9, done.stderr
+        assert _refused(live.stubs(token))
+        assert not _refused(live.stubs(admin))
+    with serving(data, env) as again:
+        assert _refused(again.stubs(token))
+    listed = json.loads(_token_cli(env, data, "list", "--json").stdout)["tokens"]
+    assert {t["id"]: t["state"] for t in listed}[token_id] == "revoked"
+    assert audit(data, env)[0] == 0
+
+
+@pytest.mark.parametrize("point", ["token.create.after_keystore", "token.create.after_commit"])
+def test_a_token_creation_killed_midway_converges(point: str, tmp_path: Path, kek_env: str) -> None:
+    """``lethe token create`` killed before it printed the token converges.
+
+    The store opens and agrees with its ledger; the unprinted token is one nobody holds.
+    """
+    data = tmp_path / "d"
+    env = base_env(kek_env)
+    token = make_token(data, env, OWNER)
+    done = _token_cli(armed(env, point), data, "create", "--owner", OWNER)
+    assert done.returncode == -9, done.stderr
+    assert "lethe_" not in done.stdout  # never printed
+    with serving(data, env) as again:
+        assert not _refused(again.stubs(token))
+    listed = json.loads(_token_cli(env, data, "list", "--json").stdout)["tokens"]
+    assert len(listed) == 2  # the one made above, and the unprinted one the ledger took
+    assert audit(data, env)[0] == 0
+
+
+@pytest.mark.parametrize(
+    "point", ["tokens.reconcile.after_keystore", "tokens.reconcile.after_commit"]
+)
+def test_a_restore_killed_while_it_reconciles_tokens_converges(
+    point: str, tmp_path: Path, kek_env: str
+) -> None:
+    """``lethe restore`` killed while it reconciles the tokens: the next start finishes it.
+
+    The restored copy of the tokens is brought in line with the ledger; revoked
+    stays revoked.
+    """
+    data = tmp_path / "d"
+    env = base_env(kek_env)
+    token = make_token(data, env, OWNER)
+    with serving(data, env) as clean:
+        _with_turns(clean.stubs(token))
+    out = tmp_path / "backup"
+    assert _cli(env, "backup", "--data", str(data), "--out", str(out)).returncode == 0
+    token_id = token_digest(token)[:8].hex()
+    assert _token_cli(env, data, "revoke", token_id).returncode == 0
+    done = _cli(armed(env, point), "restore", "--backup", str(out), "--data", str(data))
+    assert done.returncode == -9, done.stderr
+    with serving(data, env) as again:
+        assert _refused(again.stubs(token))
+    listed = json.loads(_token_cli(env, data, "list", "--json").stdout)["tokens"]
+    assert {t["id"]: t["state"] for t in listed}[token_id] == "revoked"
+    assert audit(data, env)[0] == 0
+
+
 def test_crash_mid_backup_leaves_a_backup_that_restore_refuses(
     tmp_path: Path, kek_env: str
 ) -> None:
@@ -931,6 +1020,12 @@ COVERED = (
         "keystore.rotate.after_rewrap",
         "kek.write.after_temp",
         "kek.write.after_replace",
+        "token.create.after_keystore",
+        "token.create.after_commit",
+        "token.revoke.after_keystore",
+        "token.revoke.after_commit",
+        "tokens.reconcile.after_keystore",
+        "tokens.reconcile.after_commit",
         "backup.after_copy",
         "restore.after_replace",
     }

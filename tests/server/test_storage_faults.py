@@ -148,8 +148,10 @@ def test_a_full_disk_is_unavailable_and_the_store_stays_consistent(
 def test_cleanup_a_full_disk_left_undone_is_done_when_space_returns(
     small_filesystem: Path, lethe_at: Callable[..., Lethe]
 ) -> None:
-    """The record keys made for a batch refused on a full disk are discarded by the
-    scheduler once space returns: the audit is healthy again without a restart."""
+    """Keys made for a batch refused on a full disk go once space returns.
+
+    The scheduler retries their clean-up: the audit is healthy again without a restart.
+    """
     lethe = lethe_at(small_filesystem / "d", embedder="none", sweep_interval=0.2)
     c = lethe.client("alice")
     create_thread(c, "alice", "t1")

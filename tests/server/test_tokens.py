@@ -7,6 +7,7 @@ a restart, open streams included; tokens are stored as digests only.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from lethe.v1 import events_pb2, threads_pb2
 from server import token_digest
 
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
+LETHE = (sys.executable, "-m", "server.cli")
 
 
 def _cli(data: Path, kek: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -186,3 +188,59 @@ def test_tokens_are_stored_as_digests_only(
     raw = b"".join(bytes(k) + bytes(v) for k, v in rows)
     assert token.encode() not in raw
     assert token[6:].encode() not in raw
+
+
+def _token_of(created: subprocess.CompletedProcess[str]) -> tuple[str, str]:
+    assert created.returncode == 0, created.stderr
+    token = created.stdout.strip()
+    return token, token_digest(token)[:8].hex()
+
+
+def test_a_restore_neither_revives_a_revoked_token_nor_loses_a_new_one(
+    lethe: Lethe, kek_env: str, tmp_path: Path
+) -> None:
+    """Tokens live in the keystore's ledger, which a restore never rolls back.
+
+    A token revoked after the backup stays revoked, one created after it stays
+    valid, and ``lethe restore`` says which; both once came back as the backup
+    had them (the revoked one working again, the new one refused).
+    """
+    old, old_id = _token_of(_cli(lethe.data_dir, kek_env, "create", "--owner", "alice"))
+    c = _stubs(lethe, old)
+    thread = create_thread(c, "alice")
+    backup = tmp_path / "backup"
+    env = {**os.environ, "LETHE_KEK": kek_env}
+    done = subprocess.run(
+        [*LETHE, "backup", "--data", str(lethe.data_dir), "--out", str(backup)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert _cli(lethe.data_dir, kek_env, "revoke", old_id).returncode == 0
+    new, new_id = _token_of(_cli(lethe.data_dir, kek_env, "create", "--owner", "alice"))
+    lethe.stop()
+    restored = subprocess.run(
+        [*LETHE, "restore", "--data", str(lethe.data_dir), "--backup", str(backup), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert restored.returncode == 0, restored.stderr
+    lethe.start()
+    expect_error(
+        _stubs(lethe, old).threads.ListThreads,
+        threads_pb2.ListThreadsRequest(parent="owners/alice"),
+        (("authorization", f"Bearer {old}"),),
+        UNAUTH,
+        "INVALID_TOKEN",
+    )
+    assert _list_threads(_stubs(lethe, new)) == [thread]
+    rows = _list(lethe.data_dir, kek_env)
+    assert (rows[old_id][0], rows[new_id][0]) == ("revoked", "active")
+    report = json.loads(restored.stdout)["tokens"]
+    assert report["revoked"] == [old_id]
+    assert report["restored"] == [new_id]
+    assert report["removed"] == []
