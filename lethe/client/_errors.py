@@ -66,7 +66,10 @@ The reasons are the proto enum ``ErrorReason`` (:data:`ErrorReason`); the one
 import of its generated module is :data:`_REASONS` below, so moving the enum to
 another proto package changes one line.
 
-Imports only grpc, protobuf, googleapis-common-protos and ``lethe.errors.v1``.
+The details are decoded by :func:`lethe._status.status_details`, the one
+decoder (``lethe._rpc`` reads raw stub errors with it too), and :data:`DOMAIN`
+is defined there. Imports only grpc, protobuf, googleapis-common-protos,
+:mod:`lethe._status` and ``lethe.errors.v1``.
 """
 
 from __future__ import annotations
@@ -75,8 +78,9 @@ from collections.abc import Iterable
 from typing import Any, ClassVar, NamedTuple
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2
 
+from lethe._status import DOMAIN, status_details
 from lethe.errors.v1 import errors_pb2 as _REASONS  # noqa: N812 (the one place the enum is imported)
 
 __all__ = [
@@ -134,10 +138,6 @@ __all__ = [
 ErrorReason = _REASONS.ErrorReason
 """The proto enum of reasons: ``ErrorReason.RECORD_DELETED``, ``ErrorReason.Name(v)``, …"""
 
-DOMAIN = "lethe"
-"""The ``ErrorInfo.domain`` of every reason the Lethe server attaches."""
-
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
 Metadata = tuple[tuple[str, str | bytes], ...]
 
 
@@ -617,18 +617,6 @@ def _error_class(code: grpc.StatusCode, reason_name: str) -> type[LetheError]:
     return by_code
 
 
-def _status_of(metadata: Iterable[Any]) -> status_pb2.Status | None:
-    for key, value in metadata:
-        if key == _STATUS_DETAILS_KEY and isinstance(value, bytes):
-            status = status_pb2.Status()
-            try:
-                status.ParseFromString(value)
-            except Exception:  # a malformed detail is no detail
-                return None
-            return status
-    return None
-
-
 def error_from_rpc(err: grpc.RpcError) -> LetheError:
     """The typed error for a failed call (sync ``grpc.RpcError`` or ``grpc.aio.AioRpcError``).
 
@@ -654,33 +642,22 @@ def error_from_rpc(err: grpc.RpcError) -> LetheError:
     subject = ""
     retry_delay: float | None = None
     info_metadata: dict[str, str] = {}
-    status = _status_of(trailing)
-    for detail in status.details if status is not None else ():
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            if info.domain == DOMAIN and not reason:
-                reason = str(info.reason)
-                info_metadata = {str(k): str(v) for k, v in info.metadata.items()}
-        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
+    for detail in status_details(trailing):
+        if isinstance(detail, error_details_pb2.ErrorInfo):
+            if detail.domain == DOMAIN and not reason:
+                reason = str(detail.reason)
+                info_metadata = {str(k): str(v) for k, v in detail.metadata.items()}
+        elif isinstance(detail, error_details_pb2.BadRequest):
             violations.extend(
-                FieldViolation(str(v.field), str(v.description)) for v in bad.field_violations
+                FieldViolation(str(v.field), str(v.description)) for v in detail.field_violations
             )
-        elif detail.Is(error_details_pb2.PreconditionFailure.DESCRIPTOR):
-            failure = error_details_pb2.PreconditionFailure()
-            detail.Unpack(failure)
-            if failure.violations and not subject:
-                subject = str(failure.violations[0].subject)
-        elif detail.Is(error_details_pb2.ResourceInfo.DESCRIPTOR):
-            info_r = error_details_pb2.ResourceInfo()
-            detail.Unpack(info_r)
-            subject = subject or str(info_r.resource_name)
-        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            retry = error_details_pb2.RetryInfo()
-            detail.Unpack(retry)
-            retry_delay = retry.retry_delay.ToNanoseconds() / 1e9
+        elif isinstance(detail, error_details_pb2.PreconditionFailure):
+            if detail.violations and not subject:
+                subject = str(detail.violations[0].subject)
+        elif isinstance(detail, error_details_pb2.ResourceInfo):
+            subject = subject or str(detail.resource_name)
+        elif isinstance(detail, error_details_pb2.RetryInfo):
+            retry_delay = detail.retry_delay.ToNanoseconds() / 1e9
     cls = _error_class(code, reason)
     return cls(
         message or "",
