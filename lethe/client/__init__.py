@@ -32,6 +32,7 @@ the owner of its resource names, for a proxy that shards by owner
 """
 
 from lethe.client._async import AsyncClient, AsyncEventStream
+from lethe.client._build import new_request_id
 from lethe.client._config import (
     DEFAULT_TIMEOUT,
     MAX_MESSAGE_BYTES,
@@ -90,7 +91,7 @@ from lethe.client._errors import (
     VersionMismatch,
     error_from_rpc,
 )
-from lethe.client._sync import Client, EventStream, new_request_id
+from lethe.client._sync import Client, EventStream
 
 __all__ = [
     "DEFAULT_TIMEOUT",

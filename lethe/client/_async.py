@@ -19,11 +19,17 @@ import grpc.aio
 from google.protobuf import field_mask_pb2
 
 from lethe._rpc import Stubs
-from lethe.client._build import build
-from lethe.client._config import DEFAULT_TIMEOUT, RetryPolicy, TLSConfig, plan_channel
+from lethe.client._build import build, new_request_id
+from lethe.client._config import (
+    DEFAULT_TIMEOUT,
+    WATCH_RECONNECT_CODES,
+    RetryPolicy,
+    TLSConfig,
+    backoff,
+    plan_channel,
+)
 from lethe.client._errors import DeadlineExceeded, LetheError, Unavailable, error_from_rpc
 from lethe.client._routing import routed
-from lethe.client._sync import WATCH_RECONNECT_CODES, _backoff, new_request_id
 from lethe.client._types import DurationLike, EnumOr, MessageOr, Metadata
 from lethe.v1 import (
     common_pb2,
@@ -76,7 +82,7 @@ class AsyncEventStream(AsyncIterator[events_pb2.Event]):
         self._call = None
         if self._max_reconnects is not None and self._failures >= self._max_reconnects:
             raise err or Unavailable("the event stream ended and reconnects are exhausted")
-        delay = _backoff(self._policy, self._failures)
+        delay = backoff(self._policy, self._failures)
         self._failures += 1
         remaining = self._remaining()
         if remaining is not None and remaining <= delay:

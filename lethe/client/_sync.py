@@ -7,8 +7,6 @@ that iterates it, though any thread may :meth:`EventStream.close` it.
 
 from __future__ import annotations
 
-import random
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -19,11 +17,13 @@ import grpc
 from google.protobuf import field_mask_pb2
 
 from lethe._rpc import Stubs
-from lethe.client._build import build
+from lethe.client._build import build, new_request_id
 from lethe.client._config import (
     DEFAULT_TIMEOUT,
+    WATCH_RECONNECT_CODES,
     RetryPolicy,
     TLSConfig,
+    backoff,
     plan_channel,
 )
 from lethe.client._errors import DeadlineExceeded, LetheError, Unavailable, error_from_rpc
@@ -39,23 +39,9 @@ from lethe.v1 import (
     threads_pb2,
 )
 
-__all__ = ["Client", "EventStream", "new_request_id"]
+__all__ = ["Client", "EventStream"]
 
 _R = TypeVar("_R")
-
-WATCH_RECONNECT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
-"""Codes on which :class:`EventStream` reconnects (resuming ``after`` the last event)."""
-
-
-def new_request_id() -> str:
-    """A fresh ``AppendTurns.request_id``: ``py-`` and 32 hex digits (128 random bits)."""
-    return "py-" + secrets.token_hex(16)
-
-
-def _backoff(policy: RetryPolicy, failures: int) -> float:
-    """Seconds to wait after ``failures`` consecutive failures (full jitter)."""
-    cap = min(policy.max_backoff, policy.initial_backoff * policy.backoff_multiplier**failures)
-    return random.uniform(0, cap)  # noqa: S311 (jitter, not a secret)
 
 
 class EventStream(Iterator[events_pb2.Event]):
@@ -102,7 +88,7 @@ class EventStream(Iterator[events_pb2.Event]):
         self._call = None
         if self._max_reconnects is not None and self._failures >= self._max_reconnects:
             raise err or Unavailable("the event stream ended and reconnects are exhausted")
-        delay = _backoff(self._policy, self._failures)
+        delay = backoff(self._policy, self._failures)
         self._failures += 1
         remaining = self._remaining()
         if remaining is not None and remaining <= delay:
