@@ -1,5 +1,6 @@
-"""The wire of a Lethe client: one channel, its bearer metadata, the stubs, and
-the decoders of the error details the server attaches (API.md, "Errors").
+"""The wire of a Lethe client: one channel, its bearer metadata, the stubs, the error details.
+
+The error details are those the server attaches (API.md, "Errors").
 
 :class:`Stubs` holds a ``grpc.Channel``, the ``authorization: Bearer <token>``
 metadata every authenticated call carries, and one stub per service of

@@ -1,5 +1,6 @@
-"""Requests from keyword arguments: what the typed methods accept for each
-field kind, checked against the message descriptor.
+"""Requests from keyword arguments, checked against the message descriptor.
+
+What the typed methods accept for each field kind:
 
 - a message field takes the message, or a ``dict`` of its fields (nested
   freely); ``google.protobuf.Timestamp`` also takes an aware ``datetime`` or

@@ -1,4 +1,6 @@
-"""What a client is constructed with, shared by :class:`lethe.client.Client` and
+"""What a client is constructed with: TLS, retries, message sizes, deadlines, reconnects.
+
+Shared by :class:`lethe.client.Client` and
 :class:`lethe.client.AsyncClient`: TLS settings, the retry policy (as a gRPC
 service config, so gRPC itself retries within the call's deadline), message
 size limits, the default deadline, which methods may be retried, and when and
@@ -140,9 +142,12 @@ def backoff(policy: RetryPolicy, failures: int) -> float:
 
 
 def is_loopback(target: str) -> bool:
-    """Whether a gRPC target names this machine: ``127.0.0.0/8``, ``::1``,
-    ``localhost`` (with or without a port or a ``dns:``/``ipv4:``/``ipv6:``
-    scheme), or a Unix socket (``unix:``)."""
+    """Whether a gRPC target names this machine.
+
+    It does when it is ``127.0.0.0/8``, ``::1``, ``localhost`` (with or
+    without a port or a ``dns:``/``ipv4:``/``ipv6:`` scheme), or a Unix socket
+    (``unix:``).
+    """
     if target.startswith(("unix:", "unix-abstract:")):
         return True
     for scheme in ("dns:///", "dns:", "ipv4:", "ipv6:"):
@@ -164,8 +169,10 @@ def is_loopback(target: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ChannelPlan:
-    """How to open a channel: credentials (None for plaintext), options, and
-    the metadata each call carries (the bearer token on plaintext channels)."""
+    """How to open a channel: credentials, options, and the metadata each call carries.
+
+    Credentials are None for plaintext; the metadata then holds the bearer token.
+    """
 
     credentials: grpc.ChannelCredentials | None
     options: list[tuple[str, Any]]

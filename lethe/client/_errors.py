@@ -1,5 +1,7 @@
-"""The typed errors of the Lethe client: one class per gRPC status code, and
-below them one class per ``ErrorReason`` the API documents (API.md, "Errors").
+"""The typed errors of the Lethe client: a class per gRPC status code and per reason.
+
+Below the class of each status code, one class per ``ErrorReason`` the API
+documents (API.md, "Errors").
 
 A failed call raises the most specific class that fits both its code and the
 ``google.rpc.ErrorInfo`` reason (domain ``lethe``) the server attached, so
@@ -142,8 +144,12 @@ Metadata = tuple[tuple[str, str | bytes], ...]
 
 
 class FieldViolation(NamedTuple):
-    """One ``google.rpc.BadRequest.FieldViolation``: the field path
-    (``turns[0].text``) and what is wrong with it."""
+    """One ``google.rpc.BadRequest.FieldViolation``.
+
+    Attributes:
+        field: the field path (``turns[0].text``).
+        description: what is wrong with it.
+    """
 
     field: str
     description: str
@@ -401,8 +407,10 @@ class RecordDeleted(NotFound):
 
 
 class MalformedRequest(InvalidArgument):
-    """The request bytes did not decode as the method's request message (a
-    client bug, or bytes not meant for this method)."""
+    """The request bytes did not decode as the method's request message.
+
+    A client bug, or bytes not meant for this method.
+    """
 
     reason_value = ErrorReason.MALFORMED_REQUEST
 
@@ -420,8 +428,10 @@ class StoreFull(ResourceExhausted):
 
 
 class TooManyRequests(ResourceExhausted):
-    """A bound on calls in flight (the server's or the token's) was reached: the
-    call was refused at once, nothing of it ran. Retry after :attr:`retry_delay`."""
+    """A bound on calls in flight (the server's or the token's) was reached.
+
+    The call was refused at once, nothing of it ran. Retry after :attr:`retry_delay`.
+    """
 
     reason_value = ErrorReason.TOO_MANY_REQUESTS
 
@@ -473,32 +483,41 @@ class VersionMismatch(Aborted):
 
 
 class StorageUnavailable(Unavailable):
-    """The server's disk refused a write (EIO, ENOSPC): nothing of the call was
-    applied; reads keep working. Retrying helps only once an operator has
-    freed or repaired the disk."""
+    """The server's disk refused a write (EIO, ENOSPC).
+
+    Nothing of the call was applied; reads keep working. Retrying helps only
+    once an operator has freed or repaired the disk.
+    """
 
     reason_value = ErrorReason.STORAGE_UNAVAILABLE
 
 
 class Draining(Unavailable):
-    """The server is stopping: new calls are refused while running ones finish;
-    retry on this server once it is back, or on another (streams: resume with
-    ``after``)."""
+    """The server is stopping: new calls are refused while running ones finish.
+
+    Retry on this server once it is back, or on another (streams: resume with
+    ``after``).
+    """
 
     reason_value = ErrorReason.DRAINING
 
 
 class OwnerHeaderMismatch(InvalidArgument):
-    """The call's ``x-lethe-owner`` header names another owner than its resource
-    names (or is malformed or repeated): a misrouted call, refused before
-    anything was read or written."""
+    """The call's ``x-lethe-owner`` header names another owner than its resource names.
+
+    Or it is malformed or repeated: a misrouted call, refused before anything
+    was read or written.
+    """
 
     reason_value = ErrorReason.OWNER_HEADER_MISMATCH
 
 
 class OwnerHeaderMissing(InvalidArgument):
-    """The server is a shard (``--require-owner-header``) and the call has no
-    ``x-lethe-owner`` header (the typed clients always send it)."""
+    """The call has no ``x-lethe-owner`` header and the server is a shard.
+
+    A shard runs with ``--require-owner-header``; the typed clients always
+    send the header.
+    """
 
     reason_value = ErrorReason.OWNER_HEADER_MISSING
 
@@ -523,9 +542,11 @@ class OwnerMoved(FailedPrecondition):
 
 
 class ShardUnavailable(Unavailable):
-    """The sharding proxy cannot reach the server that holds the owner (the call
-    was not sent elsewhere); other owners' calls are unaffected. ``target``
-    names the unreachable shard's ``HOST:PORT``."""
+    """The sharding proxy cannot reach the server that holds the owner.
+
+    The call was not sent elsewhere; other owners' calls are unaffected.
+    ``target`` names the unreachable shard's ``HOST:PORT``.
+    """
 
     reason_value = ErrorReason.SHARD_UNAVAILABLE
 
@@ -535,10 +556,12 @@ class ShardUnavailable(Unavailable):
 
 
 class OwnerMoving(Unavailable):
-    """The owner is being moved between shards (``lethe owner export`` …
-    ``release``): nothing was written; retry with backoff, and after the
-    cut-over the proxy routes the owner to its new shard. ``shard`` names the
-    other side of the move."""
+    """The owner is being moved between shards (``lethe owner export`` … ``release``).
+
+    Nothing was written; retry with backoff, and after the cut-over the proxy
+    routes the owner to its new shard. ``shard`` names the other side of the
+    move.
+    """
 
     reason_value = ErrorReason.OWNER_MOVING
 
