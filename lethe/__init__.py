@@ -30,6 +30,9 @@ module                 what it holds (public names)
 ``lethe._rpc``         the wire under ``lethe.client``: ``Stubs`` (channel,
                        bearer metadata, a stub per service), ``reason_of``,
                        ``error_info``, ``bad_fields``, ``DOMAIN``, ``Metadata``
+``lethe._status``      the one decoder of a failed call's ``google.rpc.Status``
+                       details (``status_details``) and the ``ErrorInfo``
+                       domain ``DOMAIN`` (the server imports it from here)
 ``lethe.locomo``       the LoCoMo loader: ``Conversation``, ``load_locomo``,
                        ``find_locomo``, ``sample_conversation``,
                        ``normalise_evidence``, ``session_of``

@@ -1,5 +1,6 @@
-"""The wire of a Lethe client: one channel, its bearer metadata, the stubs, and
-the decoders of the error details the server attaches (API.md, "Errors").
+"""The wire of a Lethe client: one channel, its bearer metadata, the stubs, the error details.
+
+The error details are those the server attaches (API.md, "Errors").
 
 :class:`Stubs` holds a ``grpc.Channel``, the ``authorization: Bearer <token>``
 metadata every authenticated call carries, and one stub per service of
@@ -14,15 +15,17 @@ metadata in ``md``); over TLS the typed client (``lethe.client.Client`` with
 ``tls=``) makes the channel and gRPC attaches the token as call credentials,
 so its stubs are built with ``token=""`` and ``md`` is empty.
 
-:func:`reason_of` and :func:`bad_fields` read the ``google.rpc.Status`` that a
-failed call carries in its trailing metadata (``grpc-status-details-bin``):
-the ``google.rpc.ErrorInfo`` reason of domain ``lethe`` (a value name of
-``lethe.errors.v1.ErrorReason``, e.g. ``RECORD_DELETED``; the enum is
-``lethe.errors.v1.errors_pb2.ErrorReason``) and the fields of a ``google.rpc.BadRequest``.
-Clients compare those constants, never message text.
+:func:`reason_of`, :func:`error_info` and :func:`bad_fields` read the
+``google.rpc.Status`` that a failed call carries in its trailing metadata
+(``grpc-status-details-bin``), decoded by :func:`lethe._status.status_details`
+(the decoder :func:`lethe.client.error_from_rpc` uses too): the
+``google.rpc.ErrorInfo`` reason of domain ``lethe`` (:data:`DOMAIN`; a value
+name of ``lethe.errors.v1.ErrorReason``, e.g. ``RECORD_DELETED``; the enum is
+``lethe.errors.v1.errors_pb2.ErrorReason``) and the fields of a
+``google.rpc.BadRequest``. Clients compare those constants, never message text.
 
-Imports only grpc, protobuf, grpc-status (googleapis-common-protos) and
-``lethe.v1``; the grpc.health.v1 stubs when ``health`` is first used. A
+Imports only grpc, protobuf, googleapis-common-protos, :mod:`lethe._status`
+and ``lethe.v1``; the grpc.health.v1 stubs when ``health`` is first used. A
 :class:`Stubs` may be used from any number of threads at once, as a
 ``grpc.Channel`` may.
 """
@@ -33,9 +36,10 @@ from types import TracebackType
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
+from lethe._status import DOMAIN, status_details
 from lethe.v1 import (
     events_pb2_grpc,
     lifecycle_pb2_grpc,
@@ -46,9 +50,6 @@ from lethe.v1 import (
 )
 
 __all__ = ["DOMAIN", "Metadata", "Stubs", "bad_fields", "error_info", "reason_of"]
-
-DOMAIN = "lethe"
-"""The ``ErrorInfo.domain`` of every error the Lethe server attaches a reason to."""
 
 Metadata = tuple[tuple[str, str], ...]
 """Call metadata as gRPC takes it: ``(key, value)`` pairs."""
@@ -140,10 +141,10 @@ class Stubs:
         self.close()
 
 
-def _details(err: grpc.RpcError) -> list[Any]:
-    """The ``google.protobuf.Any`` details of the call's ``google.rpc.Status``, or []."""
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    return [] if status is None else list(status.details)
+def _details(err: grpc.RpcError) -> list[Message]:
+    """The unpacked ``google.rpc.Status`` details of a failed call, or []."""
+    call: Any = err
+    return status_details(call.trailing_metadata())
 
 
 def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
@@ -154,17 +155,11 @@ def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
 
     Returns:
         The decoded ``ErrorInfo``, or None when the error carries no
-        ``google.rpc.Status`` or no ``ErrorInfo`` in it.
-
-    Raises:
-        ValueError: the status in the trailing metadata disagrees with the
-            call's code or message (``grpc_status.rpc_status.from_call``).
+        ``google.rpc.Status`` (or a malformed one) or no ``ErrorInfo`` in it.
     """
     for detail in _details(err):
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return info
+        if isinstance(detail, error_details_pb2.ErrorInfo):
+            return detail
     return None
 
 
@@ -178,9 +173,6 @@ def reason_of(err: grpc.RpcError) -> str:
         The reason string (an ``ErrorReason`` value name such as
         ``RECORD_DELETED``), or "" when the error carries no ``ErrorInfo`` or
         its domain is not :data:`DOMAIN` (``lethe``).
-
-    Raises:
-        ValueError: as :func:`error_info`.
     """
     info = error_info(err)
     if info is None or info.domain != DOMAIN:
@@ -197,14 +189,10 @@ def bad_fields(err: grpc.RpcError) -> list[str]:
     Returns:
         The field paths in the order the server listed them (e.g.
         ``["turns[0].text"]``); [] when the error carries no ``BadRequest``.
-
-    Raises:
-        ValueError: as :func:`error_info`.
     """
-    out: list[str] = []
-    for detail in _details(err):
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            out.extend(str(v.field) for v in bad.field_violations)
-    return out
+    return [
+        str(v.field)
+        for detail in _details(err)
+        if isinstance(detail, error_details_pb2.BadRequest)
+        for v in detail.field_violations
+    ]

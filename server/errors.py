@@ -38,9 +38,9 @@ import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from lethe._status import DOMAIN as DOMAIN  # defined once in lethe; re-exported to server
 from lethe.errors.v1 import errors_pb2
 
-DOMAIN = "lethe"
 Reason = errors_pb2.ErrorReason
 """The reasons, as the proto enum: ``Reason.SEALED``, ``Reason.RECORD_DELETED``, …"""
 NO_REASON = Reason.ERROR_REASON_UNSPECIFIED

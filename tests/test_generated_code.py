@@ -1,13 +1,16 @@
-"""The committed generated packages are exactly what ``scripts/gen_protos.py`` produces.
+"""The committed generated code must be exactly what its script produces.
 
-``lethe/v1`` and ``lethe/errors`` must be exactly what it produces from
-``proto/``: a stale generated file (or a stale copy of a ``.proto`` beside
-them) fails here.
+The packages ``lethe/v1`` and ``lethe/errors`` come from ``proto/`` by
+``scripts/gen_protos.py``: a stale generated file (or a stale copy of a
+``.proto`` beside them) fails here. The blocking client (``lethe/client/_sync.py``,
+``_base_sync.py``, ``_threads_sync.py`` …) comes from the asyncio one by
+``scripts/gen_sync_client.py``: a stale module fails here too.
 """
 
 from __future__ import annotations
 
 import filecmp
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED_DIRS = ("lethe/v1", "lethe/errors")
 PROTO_PACKAGES = ("lethe/v1", "lethe/errors/v1")
+GEN_SYNC_CLIENT = ROOT / "scripts" / "gen_sync_client.py"
+CLIENT = Path("lethe") / "client"
+SYNC_HEADER = "# Generated from lethe/client/"
 
 
 def _files(root: Path) -> list[Path]:
@@ -54,3 +60,44 @@ def test_error_reason_lives_in_a_versioned_package() -> None:
     assert descriptor.package == "lethe.errors.v1"
     assert descriptor.name == "lethe/errors/v1/errors.proto"
     assert errors_pb2.ErrorReason.DESCRIPTOR.full_name == "lethe.errors.v1.ErrorReason"
+
+
+def _generated_client_modules(root: Path) -> list[str]:
+    """Names of the modules under ``root/lethe/client`` that carry the generated header."""
+    return sorted(
+        p.name for p in (root / CLIENT).glob("*.py") if p.read_text().startswith(SYNC_HEADER)
+    )
+
+
+def test_sync_client_is_current(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, str(GEN_SYNC_CLIENT), "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    fresh = _generated_client_modules(tmp_path)
+    assert "_sync.py" in fresh
+    assert fresh == _generated_client_modules(ROOT), (
+        "generated client module set differs; run scripts/gen_sync_client.py"
+    )
+    stale = [
+        name
+        for name in fresh
+        if (tmp_path / CLIENT / name).read_bytes() != (ROOT / CLIENT / name).read_bytes()
+    ]
+    assert stale == [], f"stale generated client modules (run scripts/gen_sync_client.py): {stale}"
+
+
+def test_sync_client_check_fails_on_a_hand_edit(tmp_path: Path) -> None:
+    """``--check`` compares without writing; an edited generated module fails it."""
+    (tmp_path / CLIENT).mkdir(parents=True)
+    for name in _generated_client_modules(ROOT):
+        shutil.copyfile(ROOT / CLIENT / name, tmp_path / CLIENT / name)
+    check = [sys.executable, str(GEN_SYNC_CLIENT), "--check", "--out", str(tmp_path)]
+    assert subprocess.run(check, capture_output=True, check=False).returncode == 0
+    edited = tmp_path / CLIENT / "_sync.py"
+    edited.write_text(edited.read_text() + "# a hand edit\n")
+    done = subprocess.run(check, capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert f"{edited} (committed)" in done.stdout
+    assert "\n-# a hand edit\n" in done.stdout  # the diff shows the hand edit

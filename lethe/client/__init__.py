@@ -1,7 +1,8 @@
-"""The typed Python client of Lethe: :class:`Client` (blocking) and
-:class:`AsyncClient` (asyncio), one method per RPC of ``lethe.v1``, with typed
-errors by code and reason, retries where they are safe, default deadlines,
-page iterators and a resuming event stream.
+"""The typed Python client of Lethe: :class:`Client` (blocking) and :class:`AsyncClient` (asyncio).
+
+One method per RPC of ``lethe.v1``, with typed errors by code and reason,
+retries where they are safe, default deadlines, page iterators and a
+resuming event stream.
 
 Example::
 
@@ -16,7 +17,7 @@ Example::
             ...
 
 Importable without the server: grpc, protobuf, googleapis-common-protos and
-``lethe.v1`` only. Public names (pinned by ``tests/lethe/test_client_exports.py``):
+``lethe.v1`` only. Public names (pinned by ``tests/lethe/test_client_contract.py``):
 
 - clients: :class:`Client`, :class:`AsyncClient`, :class:`EventStream`,
   :class:`AsyncEventStream`, :func:`new_request_id`;
@@ -29,9 +30,26 @@ Importable without the server: grpc, protobuf, googleapis-common-protos and
 Every call carries ``x-lethe-owner: {owner}`` (:data:`lethe.names.OWNER_HEADER`),
 the owner of its resource names, for a proxy that shards by owner
 (:mod:`lethe.client._routing`).
+
+Layout (private modules): the asyncio client is the source, written once.
+``_async`` holds :class:`AsyncClient` (it composes the method groups and adds
+the channel's lifecycle), ``_base_async`` their declared base (the channel
+and the unary call), and each service has its method group: ``_threads_async``,
+``_memories_async``, ``_retrieval_async``, ``_lifecycle_async``,
+``_repairs_async`` and ``_events_async`` (``watch`` and the resuming event
+stream). The blocking client is generated from them by
+``scripts/gen_sync_client.py`` into ``_sync``, ``_base_sync``,
+``_threads_sync`` … (never edit those: ``tests/test_generated_code.py``
+fails when they are stale). What the two flavours cannot share (the channel,
+the unary call, what an event stream waits on and reads with) is hand-written
+twice, in ``_transport_async`` and ``_transport_sync``, which also give the
+thread rules. Both flavours share ``_build`` (requests from keyword
+arguments), ``_config`` (TLS, retries, deadlines, reconnects), ``_errors``,
+``_routing`` and ``_types``.
 """
 
-from lethe.client._async import AsyncClient, AsyncEventStream
+from lethe.client._async import AsyncClient
+from lethe.client._build import new_request_id
 from lethe.client._config import (
     DEFAULT_TIMEOUT,
     MAX_MESSAGE_BYTES,
@@ -90,7 +108,9 @@ from lethe.client._errors import (
     VersionMismatch,
     error_from_rpc,
 )
-from lethe.client._sync import Client, EventStream, new_request_id
+from lethe.client._events_async import AsyncEventStream
+from lethe.client._events_sync import EventStream
+from lethe.client._sync import Client
 
 __all__ = [
     "DEFAULT_TIMEOUT",

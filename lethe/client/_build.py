@@ -1,5 +1,6 @@
-"""Requests from keyword arguments: what the typed methods accept for each
-field kind, checked against the message descriptor.
+"""Requests from keyword arguments, checked against the message descriptor.
+
+What the typed methods accept for each field kind:
 
 - a message field takes the message, or a ``dict`` of its fields (nested
   freely); ``google.protobuf.Timestamp`` also takes an aware ``datetime`` or
@@ -10,19 +11,23 @@ field kind, checked against the message descriptor.
 - ``None`` leaves a field unset.
 
 The same conversions on every supported protobuf runtime (the constructor's
-own coercions differ between versions). Imports only protobuf.
+own coercions differ between versions). :func:`new_request_id` makes the
+idempotency key every ``AppendTurns`` carries. Imports only protobuf.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import math
+import secrets
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from google.protobuf import duration_pb2, field_mask_pb2, struct_pb2, timestamp_pb2
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
+
+__all__ = ["build", "new_request_id"]
 
 _M = TypeVar("_M", bound=Message)
 
@@ -161,3 +166,8 @@ def build(cls: type[_M], fields: Mapping[str, Any], *, where: str = "") -> _M:
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"{path}: {exc}") from None
     return out
+
+
+def new_request_id() -> str:
+    """A fresh ``AppendTurns.request_id``: ``py-`` and 32 hex digits (128 random bits)."""
+    return "py-" + secrets.token_hex(16)

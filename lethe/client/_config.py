@@ -1,7 +1,11 @@
-"""What a client is constructed with, shared by :class:`lethe.client.Client` and
+"""What a client is constructed with: TLS, retries, message sizes, deadlines, reconnects.
+
+Shared by :class:`lethe.client.Client` and
 :class:`lethe.client.AsyncClient`: TLS settings, the retry policy (as a gRPC
 service config, so gRPC itself retries within the call's deadline), message
-size limits, the default deadline, and which methods may be retried.
+size limits, the default deadline, which methods may be retried, and when and
+after how long an event stream reconnects (:data:`WATCH_RECONNECT_CODES`,
+:func:`backoff`: ``Watch`` is resumed by the client, never retried by gRPC).
 
 Imports only grpc and the standard library.
 """
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +49,9 @@ RETRIED_METHODS: tuple[tuple[str, str], ...] = (
 ``CreateMemory``, ``UpdateMemory``, ``TransitionMemory``, ``AssembleContext``
 (it stores a manifest), ``Commit``, ``ExtendPending``, ``Forget`` and the
 repair methods; ``Watch`` resumes with ``after`` instead."""
+
+WATCH_RECONNECT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+"""Codes on which an event stream reconnects (resuming ``after`` the last event)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +126,28 @@ class RetryPolicy:
         )
 
 
+def backoff(policy: RetryPolicy, failures: int) -> float:
+    """Seconds an event stream waits before it reconnects (exponential, full jitter).
+
+    Args:
+        policy: the client's retry policy (its backoffs and multiplier).
+        failures: consecutive failed attempts so far (0 before the first reconnect).
+
+    Returns:
+        A uniformly random delay between 0 and
+        ``min(max_backoff, initial_backoff * backoff_multiplier ** failures)`` seconds.
+    """
+    cap = min(policy.max_backoff, policy.initial_backoff * policy.backoff_multiplier**failures)
+    return random.uniform(0, cap)  # noqa: S311 (jitter, not a secret)
+
+
 def is_loopback(target: str) -> bool:
-    """Whether a gRPC target names this machine: ``127.0.0.0/8``, ``::1``,
-    ``localhost`` (with or without a port or a ``dns:``/``ipv4:``/``ipv6:``
-    scheme), or a Unix socket (``unix:``)."""
+    """Whether a gRPC target names this machine.
+
+    It does when it is ``127.0.0.0/8``, ``::1``, ``localhost`` (with or
+    without a port or a ``dns:``/``ipv4:``/``ipv6:`` scheme), or a Unix socket
+    (``unix:``).
+    """
     if target.startswith(("unix:", "unix-abstract:")):
         return True
     for scheme in ("dns:///", "dns:", "ipv4:", "ipv6:"):
@@ -143,8 +169,10 @@ def is_loopback(target: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ChannelPlan:
-    """How to open a channel: credentials (None for plaintext), options, and
-    the metadata each call carries (the bearer token on plaintext channels)."""
+    """How to open a channel: credentials, options, and the metadata each call carries.
+
+    Credentials are None for plaintext; the metadata then holds the bearer token.
+    """
 
     credentials: grpc.ChannelCredentials | None
     options: list[tuple[str, Any]]

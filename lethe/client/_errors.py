@@ -1,5 +1,7 @@
-"""The typed errors of the Lethe client: one class per gRPC status code, and
-below them one class per ``ErrorReason`` the API documents (API.md, "Errors").
+"""The typed errors of the Lethe client: a class per gRPC status code and per reason.
+
+Below the class of each status code, one class per ``ErrorReason`` the API
+documents (API.md, "Errors").
 
 A failed call raises the most specific class that fits both its code and the
 ``google.rpc.ErrorInfo`` reason (domain ``lethe``) the server attached, so
@@ -66,7 +68,10 @@ The reasons are the proto enum ``ErrorReason`` (:data:`ErrorReason`); the one
 import of its generated module is :data:`_REASONS` below, so moving the enum to
 another proto package changes one line.
 
-Imports only grpc, protobuf, googleapis-common-protos and ``lethe.errors.v1``.
+The details are decoded by :func:`lethe._status.status_details`, the one
+decoder (``lethe._rpc`` reads raw stub errors with it too), and :data:`DOMAIN`
+is defined there. Imports only grpc, protobuf, googleapis-common-protos,
+:mod:`lethe._status` and ``lethe.errors.v1``.
 """
 
 from __future__ import annotations
@@ -75,8 +80,9 @@ from collections.abc import Iterable
 from typing import Any, ClassVar, NamedTuple
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2
 
+from lethe._status import DOMAIN, status_details
 from lethe.errors.v1 import errors_pb2 as _REASONS  # noqa: N812 (the one place the enum is imported)
 
 __all__ = [
@@ -134,16 +140,16 @@ __all__ = [
 ErrorReason = _REASONS.ErrorReason
 """The proto enum of reasons: ``ErrorReason.RECORD_DELETED``, ``ErrorReason.Name(v)``, …"""
 
-DOMAIN = "lethe"
-"""The ``ErrorInfo.domain`` of every reason the Lethe server attaches."""
-
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
 Metadata = tuple[tuple[str, str | bytes], ...]
 
 
 class FieldViolation(NamedTuple):
-    """One ``google.rpc.BadRequest.FieldViolation``: the field path
-    (``turns[0].text``) and what is wrong with it."""
+    """One ``google.rpc.BadRequest.FieldViolation``.
+
+    Attributes:
+        field: the field path (``turns[0].text``).
+        description: what is wrong with it.
+    """
 
     field: str
     description: str
@@ -401,8 +407,10 @@ class RecordDeleted(NotFound):
 
 
 class MalformedRequest(InvalidArgument):
-    """The request bytes did not decode as the method's request message (a
-    client bug, or bytes not meant for this method)."""
+    """The request bytes did not decode as the method's request message.
+
+    A client bug, or bytes not meant for this method.
+    """
 
     reason_value = ErrorReason.MALFORMED_REQUEST
 
@@ -420,8 +428,10 @@ class StoreFull(ResourceExhausted):
 
 
 class TooManyRequests(ResourceExhausted):
-    """A bound on calls in flight (the server's or the token's) was reached: the
-    call was refused at once, nothing of it ran. Retry after :attr:`retry_delay`."""
+    """A bound on calls in flight (the server's or the token's) was reached.
+
+    The call was refused at once, nothing of it ran. Retry after :attr:`retry_delay`.
+    """
 
     reason_value = ErrorReason.TOO_MANY_REQUESTS
 
@@ -473,32 +483,41 @@ class VersionMismatch(Aborted):
 
 
 class StorageUnavailable(Unavailable):
-    """The server's disk refused a write (EIO, ENOSPC): nothing of the call was
-    applied; reads keep working. Retrying helps only once an operator has
-    freed or repaired the disk."""
+    """The server's disk refused a write (EIO, ENOSPC).
+
+    Nothing of the call was applied; reads keep working. Retrying helps only
+    once an operator has freed or repaired the disk.
+    """
 
     reason_value = ErrorReason.STORAGE_UNAVAILABLE
 
 
 class Draining(Unavailable):
-    """The server is stopping: new calls are refused while running ones finish;
-    retry on this server once it is back, or on another (streams: resume with
-    ``after``)."""
+    """The server is stopping: new calls are refused while running ones finish.
+
+    Retry on this server once it is back, or on another (streams: resume with
+    ``after``).
+    """
 
     reason_value = ErrorReason.DRAINING
 
 
 class OwnerHeaderMismatch(InvalidArgument):
-    """The call's ``x-lethe-owner`` header names another owner than its resource
-    names (or is malformed or repeated): a misrouted call, refused before
-    anything was read or written."""
+    """The call's ``x-lethe-owner`` header names another owner than its resource names.
+
+    Or it is malformed or repeated: a misrouted call, refused before anything
+    was read or written.
+    """
 
     reason_value = ErrorReason.OWNER_HEADER_MISMATCH
 
 
 class OwnerHeaderMissing(InvalidArgument):
-    """The server is a shard (``--require-owner-header``) and the call has no
-    ``x-lethe-owner`` header (the typed clients always send it)."""
+    """The call has no ``x-lethe-owner`` header and the server is a shard.
+
+    A shard runs with ``--require-owner-header``; the typed clients always
+    send the header.
+    """
 
     reason_value = ErrorReason.OWNER_HEADER_MISSING
 
@@ -523,9 +542,11 @@ class OwnerMoved(FailedPrecondition):
 
 
 class ShardUnavailable(Unavailable):
-    """The sharding proxy cannot reach the server that holds the owner (the call
-    was not sent elsewhere); other owners' calls are unaffected. ``target``
-    names the unreachable shard's ``HOST:PORT``."""
+    """The sharding proxy cannot reach the server that holds the owner.
+
+    The call was not sent elsewhere; other owners' calls are unaffected.
+    ``target`` names the unreachable shard's ``HOST:PORT``.
+    """
 
     reason_value = ErrorReason.SHARD_UNAVAILABLE
 
@@ -535,10 +556,12 @@ class ShardUnavailable(Unavailable):
 
 
 class OwnerMoving(Unavailable):
-    """The owner is being moved between shards (``lethe owner export`` …
-    ``release``): nothing was written; retry with backoff, and after the
-    cut-over the proxy routes the owner to its new shard. ``shard`` names the
-    other side of the move."""
+    """The owner is being moved between shards (``lethe owner export`` … ``release``).
+
+    Nothing was written; retry with backoff, and after the cut-over the proxy
+    routes the owner to its new shard. ``shard`` names the other side of the
+    move.
+    """
 
     reason_value = ErrorReason.OWNER_MOVING
 
@@ -617,18 +640,6 @@ def _error_class(code: grpc.StatusCode, reason_name: str) -> type[LetheError]:
     return by_code
 
 
-def _status_of(metadata: Iterable[Any]) -> status_pb2.Status | None:
-    for key, value in metadata:
-        if key == _STATUS_DETAILS_KEY and isinstance(value, bytes):
-            status = status_pb2.Status()
-            try:
-                status.ParseFromString(value)
-            except Exception:  # a malformed detail is no detail
-                return None
-            return status
-    return None
-
-
 def error_from_rpc(err: grpc.RpcError) -> LetheError:
     """The typed error for a failed call (sync ``grpc.RpcError`` or ``grpc.aio.AioRpcError``).
 
@@ -654,33 +665,22 @@ def error_from_rpc(err: grpc.RpcError) -> LetheError:
     subject = ""
     retry_delay: float | None = None
     info_metadata: dict[str, str] = {}
-    status = _status_of(trailing)
-    for detail in status.details if status is not None else ():
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            if info.domain == DOMAIN and not reason:
-                reason = str(info.reason)
-                info_metadata = {str(k): str(v) for k, v in info.metadata.items()}
-        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
+    for detail in status_details(trailing):
+        if isinstance(detail, error_details_pb2.ErrorInfo):
+            if detail.domain == DOMAIN and not reason:
+                reason = str(detail.reason)
+                info_metadata = {str(k): str(v) for k, v in detail.metadata.items()}
+        elif isinstance(detail, error_details_pb2.BadRequest):
             violations.extend(
-                FieldViolation(str(v.field), str(v.description)) for v in bad.field_violations
+                FieldViolation(str(v.field), str(v.description)) for v in detail.field_violations
             )
-        elif detail.Is(error_details_pb2.PreconditionFailure.DESCRIPTOR):
-            failure = error_details_pb2.PreconditionFailure()
-            detail.Unpack(failure)
-            if failure.violations and not subject:
-                subject = str(failure.violations[0].subject)
-        elif detail.Is(error_details_pb2.ResourceInfo.DESCRIPTOR):
-            info_r = error_details_pb2.ResourceInfo()
-            detail.Unpack(info_r)
-            subject = subject or str(info_r.resource_name)
-        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            retry = error_details_pb2.RetryInfo()
-            detail.Unpack(retry)
-            retry_delay = retry.retry_delay.ToNanoseconds() / 1e9
+        elif isinstance(detail, error_details_pb2.PreconditionFailure):
+            if detail.violations and not subject:
+                subject = str(detail.violations[0].subject)
+        elif isinstance(detail, error_details_pb2.ResourceInfo):
+            subject = subject or str(detail.resource_name)
+        elif isinstance(detail, error_details_pb2.RetryInfo):
+            retry_delay = detail.retry_delay.ToNanoseconds() / 1e9
     cls = _error_class(code, reason)
     return cls(
         message or "",

@@ -32,8 +32,11 @@ def _has(request: Message, field: str) -> bool:
 
 
 def request_owner(request: Message) -> str | None:
-    """The owner id the request's resource names start with (see the module
-    docstring for the order), or None when no field names one."""
+    """The owner id the request's resource names start with.
+
+    The fields are read in the order the module docstring gives; None when no
+    field names an owner.
+    """
     for field in _NAME_FIELDS:
         if _has(request, field):
             value: Any = getattr(request, field)
@@ -55,7 +58,9 @@ def request_owner(request: Message) -> str | None:
 
 
 def routed(metadata: tuple[tuple[str, str], ...], request: Message) -> tuple[tuple[str, str], ...]:
-    """``metadata`` plus ``x-lethe-owner: {owner}`` for ``request`` (unchanged when
-    the request names no owner)."""
+    """``metadata`` plus ``x-lethe-owner: {owner}`` for ``request``.
+
+    Unchanged when the request names no owner.
+    """
     owner = request_owner(request)
     return metadata if owner is None else (*metadata, (OWNER_HEADER, owner))

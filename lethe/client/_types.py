@@ -1,5 +1,7 @@
-"""Type aliases of the typed client's arguments (see :mod:`lethe.client._build`
-for the conversions behind them)."""
+"""Type aliases of the typed client's arguments.
+
+:mod:`lethe.client._build` holds the conversions behind them.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
-"""The client side stays apart from the server, and each ``lethe`` module's public names are pinned.
+"""The client side stays apart from the server, its names are pinned, its modules stay short.
 
 ARCHITECTURE.md, "Top-level layout": ``lethe`` never imports ``server``,
-``shredder`` or ``index``; the public names are pinned as STYLE.md asks.
+``shredder`` or ``index``. STYLE.md: the public names of each ``lethe``
+module are pinned. No hand-written module of ``lethe`` is longer than 1,000
+lines (the generated ``lethe/v1``, ``lethe/errors`` and blocking client
+modules are not counted).
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from pathlib import Path
 import pytest
 
 import lethe
-from lethe import _rpc, client, demo, langgraph, locomo, names, probe
+from lethe import _rpc, _status, client, demo, langgraph, locomo, names, probe
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("server", "shredder", "index", "faiss", "lmdb", "nacl", "bm25s", "wordllama")
+MAX_LINES = 1000
 CLIENT_MODULES = (
     "lethe._rpc",
+    "lethe._status",
     "lethe.names",
     "lethe.locomo",
     "lethe.probe",
@@ -78,6 +83,12 @@ def test_lethe_module_public_names_are_pinned() -> None:
         "error_info",
         "reason_of",
     ]
+    assert sorted(_status.__all__) == [
+        "DETAIL_TYPES",
+        "DOMAIN",
+        "STATUS_DETAILS_KEY",
+        "status_details",
+    ]
     assert sorted(locomo.__all__) == [
         "Conversation",
         "find_locomo",
@@ -98,6 +109,18 @@ def test_lethe_module_public_names_are_pinned() -> None:
     ]
     assert demo.__all__ == ["run_demo"]
     assert langgraph.__all__ == ["LetheStore"]
-    for module in (_rpc, locomo, probe, demo, names, client, langgraph):
+    for module in (_rpc, _status, locomo, probe, demo, names, client, langgraph):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
+
+
+def test_no_hand_written_lethe_module_is_over_a_thousand_lines() -> None:
+    generated = (ROOT / "lethe" / "v1", ROOT / "lethe" / "errors")
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in sorted((ROOT / "lethe").rglob("*.py"))
+        if not any(path.is_relative_to(folder) for folder in generated)
+        and not path.read_text().startswith("# Generated from ")
+        and (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
