@@ -81,8 +81,10 @@ def _ts(seconds: float) -> timestamp_pb2.Timestamp:
 
 
 def _pct(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) with linear interpolation between closest
-    ranks (numpy's default ``linear`` method); 0.0 for no values."""
+    """The ``q``-th percentile (0-100) of ``values``; 0.0 for no values.
+
+    Linear interpolation between closest ranks (numpy's default ``linear`` method).
+    """
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -107,8 +109,11 @@ class _ServeError(Exception):
 
 
 def _lethe_command() -> list[str]:
-    """How to run ``lethe``: the console script beside ``sys.executable`` if it
-    exists, else ``python -m server.cli``."""
+    """How to run ``lethe``.
+
+    The console script beside ``sys.executable`` if it exists, else
+    ``python -m server.cli``.
+    """
     script = Path(sys.executable).parent / "lethe"
     return [str(script)] if script.is_file() else [sys.executable, "-m", "server.cli"]
 
@@ -129,9 +134,11 @@ def _child_env() -> dict[str, str]:
 
 
 def _lethe(argv: Sequence[str], *, capture: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run ``lethe ARGV`` to completion; stdout is captured when ``capture``,
-    else printed after it through the demo's own ``sys.stdout`` (stderr under
-    ``--json``); stderr is shared."""
+    """Run ``lethe ARGV`` to completion.
+
+    Its stdout is captured when ``capture``, else printed after it through the
+    demo's own ``sys.stdout`` (stderr under ``--json``); stderr is shared.
+    """
     sys.stdout.flush()  # keep the demo's lines and the child's in order
     done = subprocess.run(
         [*_lethe_command(), *argv],
@@ -191,8 +198,10 @@ class _Served:
         self._forwarder.start()
 
     def stop(self) -> None:
-        """SIGTERM, then wait for the graceful shutdown (SIGKILL after
-        ``STOP_TIMEOUT_SECONDS``). Idempotent."""
+        """SIGTERM, then wait for the graceful shutdown. Idempotent.
+
+        SIGKILL after ``STOP_TIMEOUT_SECONDS``.
+        """
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
             try:
@@ -355,8 +364,11 @@ def _score(items: list[_Item], results: list[list[str]]) -> dict[str, Any]:
 
 
 def _owner_vectors(api: Client, owner: str) -> list[list[float]]:
-    """The stored embedding of every listable turn of ``owner`` (``ListThreads``,
-    then ``ListTurns`` with ``view: FULL``, every page); turns without one are skipped."""
+    """The stored embedding of every listable turn of ``owner``.
+
+    ``ListThreads``, then ``ListTurns`` with ``view: FULL``, every page; turns
+    without one are skipped.
+    """
     threads = [t.name for t in api.iter_threads(f"owners/{owner}", page_size=1000)]
     return [
         list(t.embedding)
@@ -690,8 +702,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _repair_pass(api: Client, conv: Conversation, names: dict[str, str]) -> dict[str, Any]:
-    """Seal the second half of one session after the fact, reopen it, add a turn,
-    pause, reopen, and conclude with DESTROY; check what stays reachable."""
+    """Seal half a session after the fact, reopen, pause, conclude; check what stays reachable.
+
+    The second half of one session is sealed into a repair, reopened, given a
+    turn, paused, reopened, and concluded with DESTROY.
+    """
     session = next(iter(conv.sessions))
     thread = f"owners/{conv.owner}/threads/session-{session}"
     turns = conv.sessions[session]

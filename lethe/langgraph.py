@@ -1,5 +1,6 @@
-"""``LetheStore``: LangGraph's long-term memory interface
-(``langgraph.store.base.BaseStore``) on a Lethe server.
+"""``LetheStore``: LangGraph's long-term memory interface on a Lethe server.
+
+The interface is ``langgraph.store.base.BaseStore``.
 
 Install the extra: ``pip install 'lethe-store-client[langgraph]'`` (or
 ``lethe-store[langgraph]``); it brings ``langgraph-checkpoint``, where

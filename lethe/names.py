@@ -105,6 +105,8 @@ class InvalidName(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class OwnerName:
+    """A parsed ``owners/{owner}``."""
+
     owner: str
 
     def __str__(self) -> str:
@@ -113,6 +115,8 @@ class OwnerName:
 
 @dataclass(frozen=True, slots=True)
 class ThreadName:
+    """A parsed ``owners/{owner}/threads/{thread}``."""
+
     owner: str
     thread: str
 
@@ -122,6 +126,8 @@ class ThreadName:
 
 @dataclass(frozen=True, slots=True)
 class TurnName:
+    """A parsed ``owners/{owner}/threads/{thread}/turns/{seq}`` (``seq`` ≥ 1)."""
+
     owner: str
     thread: str
     seq: int
@@ -131,11 +137,14 @@ class TurnName:
 
     @property
     def thread_name(self) -> ThreadName:
+        """The name of the turn's thread."""
         return ThreadName(self.owner, self.thread)
 
 
 @dataclass(frozen=True, slots=True)
 class MemoryName:
+    """A parsed ``owners/{owner}/memories/{memory}``."""
+
     owner: str
     memory: str
 
@@ -145,6 +154,8 @@ class MemoryName:
 
 @dataclass(frozen=True, slots=True)
 class ManifestName:
+    """A parsed ``owners/{owner}/manifests/{manifest}``."""
+
     owner: str
     manifest: str
 
@@ -154,6 +165,8 @@ class ManifestName:
 
 @dataclass(frozen=True, slots=True)
 class DeletionName:
+    """A parsed ``owners/{owner}/deletions/{deletion}`` (a deletion receipt)."""
+
     owner: str
     deletion: str
 
@@ -178,8 +191,10 @@ def check_id(value: str) -> str:
 
 
 def owner_of(name: str) -> str | None:
-    """The owner id at the head of a resource name of any kind (``owners/{owner}``
-    or ``owners/{owner}/...``), or None when ``name`` does not start with one.
+    """The owner id at the head of a resource name of any kind, or None.
+
+    ``name`` is ``owners/{owner}`` or ``owners/{owner}/...``; None when it does
+    not start with one.
 
     Only the head is checked: a name that is malformed further on still has an
     owner to route on (the server then refuses it with ``BAD_FIELD``).

@@ -473,8 +473,10 @@ class _Cycle:
                 f.leak(f"ListMemories returns forgotten {memory.name}")
 
     def _check_context(self, f: _Findings) -> None:
-        """AssembleContext of the probe thread must not carry the value anywhere:
-        recent turns, open items, preferences, memories, summaries."""
+        """AssembleContext of the probe thread must not carry the value anywhere.
+
+        Not in recent turns, open items, preferences, memories or summaries.
+        """
         for query in (self.secret, "probe secret"):
             bundle = self.c.must(
                 "AssembleContext", self.c.api.assemble_context, self.thread, query_text=query

@@ -161,15 +161,16 @@ def test_the_store_is_reached_through_its_face_only() -> None:
     assert offenders == []
 
 
-GENERATED = ("lethe/client/_sync.py",)
-"""Generated modules (by a script, from a hand-written source the bound applies to)."""
+GENERATED_HEADER = "# Generated from "
+"""The first line of a module a script generates from a hand-written source (the blocking
+client, ``scripts/gen_sync_client.py``): the bound applies to its source."""
 
 
 def test_no_module_is_over_a_thousand_lines() -> None:
     long = {
         str(p.relative_to(ROOT)): n
         for p in _sources(*PACKAGES)
-        if str(p.relative_to(ROOT)) not in GENERATED
+        if not p.read_text().startswith(GENERATED_HEADER)
         and (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
