@@ -67,7 +67,7 @@ from server.services import (
     RetrievalService,
     ThreadsService,
 )
-from server.store import DEFAULT_MAX_STORE_SIZE, Store
+from server.store import DEFAULT_DISK_RESERVE, DEFAULT_MAX_STORE_SIZE, Store
 
 _log = logging.getLogger(__name__)
 
@@ -118,8 +118,11 @@ class ServerConfig:
             are accepted.
         keepalive_time, keepalive_timeout: seconds between the server's pings
             on an idle connection, and how long it waits for the answer.
-        max_store_size: bytes the data environment may grow to; a write that
-            does not fit is refused whole (``STORE_FULL``).
+        max_store_size: bytes of data the store may hold; past it a write that
+            adds data is refused whole (``STORE_FULL``) while deletions go on
+            (:mod:`server.store._reserve`).
+        disk_reserve: bytes of the ballast file a deletion may free on a full
+            filesystem; 0 for none.
         index_cache_size: bytes of in-memory indexes kept (estimates); past it
             the least recently used owners' indexes are dropped and rebuilt from
             the store when next searched.
@@ -141,6 +144,7 @@ class ServerConfig:
     rotation_interval: float = 3600.0
     max_workers: int = 16
     max_store_size: int = DEFAULT_MAX_STORE_SIZE
+    disk_reserve: int = DEFAULT_DISK_RESERVE
     index_cache_size: int = DEFAULT_INDEX_CACHE_SIZE
     max_inflight: int = 64
     max_inflight_per_principal: int = 16
@@ -230,7 +234,10 @@ class LetheServer:
         self._credentials = config.server_credentials()
         self.metrics = Metrics()
         self.store = Store(
-            config.data_dir, kek_file=config.kek_file, max_size=config.max_store_size
+            config.data_dir,
+            kek_file=config.kek_file,
+            max_size=config.max_store_size,
+            disk_reserve=config.disk_reserve,
         )
         self.retriever = Retriever(
             self.store, load_embedder(config.embedder), max_bytes=config.index_cache_size

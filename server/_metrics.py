@@ -181,10 +181,16 @@ class Metrics:
             "Bytes of the data environment in use (pages times the page size).",
             registry=self.registry,
         )
+        self.disk_reserve_bytes = Gauge(
+            "lethe_disk_reserve_bytes",
+            "Bytes of the ballast file a forget may free on a full filesystem (--disk-reserve); "
+            "0 after a forget spent it, until the filesystem has room again.",
+            registry=self.registry,
+        )
         self.store_fill_ratio = Gauge(
             "lethe_store_fill_ratio",
-            "Fraction of --max-store-size the data environment uses (writes fail with "
-            "STORE_FULL at 1).",
+            "Fraction of --max-store-size the store's data uses (writes that add data fail "
+            "with STORE_FULL at 1; deletions go on, on a reserve).",
             registry=self.registry,
         )
         self.grpc_started = Counter(

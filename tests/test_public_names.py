@@ -29,6 +29,7 @@ def test_store_face_is_pinned() -> None:
     assert sorted(server.store.__all__) == sorted(
         [
             "COMMITTED",
+            "DEFAULT_DISK_RESERVE",
             "DEFAULT_MAX_STORE_SIZE",
             "DESTINATIONS",
             "EVENT_RETENTION",

@@ -38,6 +38,11 @@ def _address_or_off(value: str) -> str:
     return value if value == "off" else address(value)
 
 
+def _reserve_size(value: str) -> int:
+    """``0`` (no disk reserve) or a size of at least 1 MiB (``16MiB``)."""
+    return 0 if value.strip() == "0" else parse_size(value)
+
+
 def _embedder(value: str) -> str:
     """``wordllama``, ``none`` or ``onnx:DIR`` with DIR an existing directory."""
     if value in ("wordllama", "none"):
@@ -105,8 +110,15 @@ def add(sub: Subcommands) -> None:
         "--max-store-size",
         type=parse_size,
         default="64GiB",
-        help="the data environment grows on demand up to this size; a write that does not "
-        "fit is refused whole with STORE_FULL (units B, KiB, MiB, GiB, TiB)",
+        help="the data the store may hold; past it a write that adds data is refused whole "
+        "with STORE_FULL while forgetting goes on, on a reserve (units B, KiB, MiB, GiB, TiB)",
+    )
+    serve.add_argument(
+        "--disk-reserve",
+        type=_reserve_size,
+        default="16MiB",
+        help="a ballast file of this size in the data directory that a forget may free when "
+        "the filesystem is full, allocated again when there is room (0: none)",
     )
     serve.add_argument(
         "--tagger",
@@ -253,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
         keepalive_time=args.keepalive_time,
         keepalive_timeout=args.keepalive_timeout,
         max_store_size=args.max_store_size,
+        disk_reserve=args.disk_reserve,
         index_cache_size=args.index_cache_size,
         require_owner_header=args.require_owner_header,
     )

@@ -60,6 +60,7 @@ class Sweeper:
         while not self._stop.wait(self._interval):
             try:
                 self._lifecycle.store.writer.tidy()  # what a storage fault left undone
+                self._lifecycle.store.disk_reserve.ensure()  # after a deletion spent it
                 self._lifecycle.sweep()
                 self._lifecycle.rotate_if_due(time.time())
                 self._lifecycle.store.warn_expiring(time.time(), self._expiry_warning)

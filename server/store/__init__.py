@@ -58,6 +58,7 @@ from server.store._records import (
     ThreadMeta,
     TurnMeta,
 )
+from server.store._reserve import DEFAULT_DISK_RESERVE
 from server.store._shapes import KIND_DEFAULTS, SlotConflict, scope_chain
 from server.store._store import (
     DEFAULT_MAX_STORE_SIZE,
@@ -90,6 +91,7 @@ from server.store._visibility import (
 
 __all__ = [
     "COMMITTED",
+    "DEFAULT_DISK_RESERVE",
     "DEFAULT_MAX_STORE_SIZE",
     "DESTINATIONS",
     "EVENT_RETENTION",

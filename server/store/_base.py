@@ -45,6 +45,7 @@ from server.store._records import (
     TurnMeta,
     unpack_content,
 )
+from server.store._reserve import DiskReserve
 from server.store._schema import Tables
 from server.store._views import MemoryContent, MemoryView, ThreadView, TurnView
 from server.store._visibility import effective_state
@@ -90,6 +91,8 @@ class StoreBase:
     keystore: Keystore
     kek: KekRing
     writer: Writer
+    disk_reserve: DiskReserve
+    """The ballast a deletion may free on a full filesystem (:mod:`server.store._reserve`)."""
     _event_owners: set[str]
     """Owners of events appended since the last commit (writer thread only)."""
     # name -> owner of every record whose ciphertext failed to open since start.

@@ -514,7 +514,12 @@ class MovesPart(PlacementPart, StoreBase):
         if marker.state == "moving":
             marker = self.mark_moved(owner, shard, target, state="moved", move_id=marker.move_id)
         failpoint(FP_RELEASE_MARKED)
-        destroyed = self.keystore.destroy(owners=[owner])
+        try:
+            destroyed = self.keystore.destroy(owners=[owner])
+        except (lmdb.Error, OSError):
+            if not self.disk_reserve.release():  # a full disk: a release frees space
+                raise
+            destroyed = self.keystore.destroy(owners=[owner])
         failpoint(FP_RELEASE_KEYS)
         # Its tokens leave the ledger with its rows: they act for it alone.
         gone: list[tuple[bytes, bytes | None]] = [

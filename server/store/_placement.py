@@ -130,7 +130,7 @@ class PlacementPart(StoreBase):
             txn.put(sk.owner_key(owner), row.encode(), db=self.t.moved)
             return row
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, essential=True))  # a marker: room at the ceiling
 
     def clear_moved(self, owner: str) -> bool:
         """Remove ``owner``'s marker (it is served here again); returns whether there was one."""
@@ -138,7 +138,7 @@ class PlacementPart(StoreBase):
         def apply(txn: lmdb.Transaction) -> bool:
             return bool(txn.delete(sk.owner_key(owner), db=self.t.moved))
 
-        return self.writer.run(WriteOp(apply))
+        return self.writer.run(WriteOp(apply, essential=True))  # a marker: room at the ceiling
 
     def moved(self, owner: str) -> MovedRow | None:
         """``owner``'s marker, or None when the owner is served here (one read transaction)."""

@@ -32,6 +32,7 @@ from server.store._memories import MemoriesPart
 from server.store._moves import MovesPart
 from server.store._pending import PendingPart
 from server.store._repairs import RepairsPart
+from server.store._reserve import RESERVE_FILE, DiskReserve, map_reserve
 from server.store._schema import Tables
 from server.store._threads import ThreadsPart
 from server.store._tokens import TokensPart
@@ -135,8 +136,12 @@ class Store(
         data_dir: The data directory (created if missing).
         kek_file: The KEK file; default in the user's config directory.
         lock: Take the exclusive directory lock (a serving process must).
-        max_size: Bytes the data environment may grow to (the LMDB map size);
-            at least 1 MiB.
+        max_size: Bytes the data environment may grow to (the ceiling,
+            ``--max-store-size``); at least 1 MiB. Deletions may use
+            :func:`~server.store._reserve.map_reserve` bytes more.
+        disk_reserve: Bytes of the ballast file a deletion may free on a full
+            filesystem (``--disk-reserve``); 0 for none. Only a locking (serving)
+            process holds it.
 
     Raises:
         ValueError: ``max_size`` is below 1 MiB.
@@ -152,6 +157,7 @@ class Store(
         kek_file: Path | None = None,
         lock: bool = True,
         max_size: int = DEFAULT_MAX_STORE_SIZE,
+        disk_reserve: int = 0,
     ) -> None:
         if max_size < MIN_STORE_SIZE:
             raise ValueError(f"the store's maximum size must be at least {MIN_STORE_SIZE} bytes")
@@ -173,8 +179,13 @@ class Store(
         self.keystore = Keystore(ks_path, self.kek, map_size=KEYSTORE_MAP_SIZE)
         data_path.mkdir(parents=True, exist_ok=True)
         names = Tables.names()
-        self.env = open_durable_env(data_path, map_size=max_size, max_dbs=len(names) + 2)
+        self.env = open_durable_env(
+            data_path, map_size=max_size + map_reserve(max_size), max_dbs=len(names) + 2
+        )
         self.max_size = max_size
+        self.disk_reserve = DiskReserve(self.data_dir / RESERVE_FILE, disk_reserve if lock else 0)
+        if lock:
+            self.disk_reserve.ensure()
         with self.env.begin(write=True) as txn:
             self.t = Tables.open(self.env, txn)
             stored = sk.get(txn, self.t.meta, sk.STORE_ID)
@@ -193,7 +204,12 @@ class Store(
         self._unreadable_guard = threading.Lock()
         self._key_batch = threading.local()
         self.writer = Writer(
-            self.env, self.keystore, on_commit=self._announce_events, guard=self.refuse_moved
+            self.env,
+            self.keystore,
+            on_commit=self._announce_events,
+            guard=self.refuse_moved,
+            ceiling_reached=self.ceiling_reached,
+            release_reserve=self.disk_reserve.release,
         )
         with _OPEN_GUARD:
             _OPEN[self.data_dir] = self
@@ -217,6 +233,29 @@ class Store(
         """
         info, stat = self.env.info(), self.env.stat()
         return (int(info["last_pgno"]) + 1) * int(stat["psize"])
+
+    def live_bytes(self) -> int:
+        """Bytes of the pages that hold data now: every database's, not the free ones.
+
+        Unlike :meth:`used_bytes` (the file's high-water mark, which never goes
+        down), this falls when a forget purges rows: their pages go to LMDB's
+        free list and are reused.
+        """
+        psize = int(self.env.stat()["psize"])
+        with self.env.begin() as txn:
+            stats = [self.env.stat()] + [txn.stat(getattr(self.t, n)) for n in Tables.names()]
+        return psize * sum(
+            int(st["branch_pages"]) + int(st["leaf_pages"]) + int(st["overflow_pages"])
+            for st in stats
+        )
+
+    def ceiling_reached(self) -> bool:
+        """Whether the data held reaches ``--max-store-size`` (:meth:`live_bytes`).
+
+        Then writes that add data are refused (``STORE_FULL``) before they run and
+        only deletions run, on the map's reserve (:mod:`server.store._reserve`).
+        """
+        return self.live_bytes() >= self.max_size
 
     def stray_key_files(self) -> int:
         """Temporary KEK files a crash left beside the KEK file (0 in a healthy store).

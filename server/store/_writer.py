@@ -22,7 +22,11 @@ every op already queued (up to ``max_batch``) and runs them as one group:
 
 Storage faults fail closed and whole: a group whose data transaction does not
 fit in the map (``MapFullError``) is retried op by op, so each op either
-commits whole or fails alone with ``STORE_FULL``; a disk error (ENOSPC, EIO)
+commits whole or fails alone with ``STORE_FULL``. Deletions have room the
+other ops do not (:mod:`server.store._reserve`): past ``--max-store-size`` the
+other ops are refused before they run while deletions use the map's reserve,
+and a deletion refused for want of disk space frees the disk reserve and runs
+again, alone; a disk error (ENOSPC, EIO)
 fails the group with ``UNAVAILABLE``; in both cases the keys made for the
 failed ops are destroyed and moved keys are moved back. When that clean-up
 cannot write either (the disk is still full), what it left undone is kept and
@@ -54,6 +58,7 @@ from typing import Any, Generic, TypeVar
 import lmdb
 
 from server.errors import StoreFull, Unavailable
+from server.store._reserve import ESSENTIAL
 from shredder import FreshKeys, Keystore, RingRef, declare, failpoint
 
 T = TypeVar("T")
@@ -127,6 +132,10 @@ class WriteOp(Generic[T]):
             ledger (:meth:`shredder.Keystore.put_ledger`), written before ``apply``
             and kept even if ``apply`` fails: the ledger is the authority, and
             start-up brings the data's copy in line with it.
+        essential: a write that must go on at the store's ceiling and on a full
+            disk: the steps of a deletion (every op named in :data:`ESSENTIAL`)
+            and what adds nothing but a marker (an owner's placement). It may
+            use the reserves (:mod:`server.store._reserve`).
     """
 
     apply: Callable[[lmdb.Transaction], T]
@@ -140,11 +149,14 @@ class WriteOp(Generic[T]):
     owner: str = ""
     unused: list[tuple[RingRef, str]] = field(default_factory=list)
     ledger: Sequence[tuple[bytes, bytes | None]] = ()
+    essential: bool = False
     future: Future[T] = field(default_factory=Future)
 
     def __post_init__(self) -> None:
         if self.name not in OPERATIONS:
             raise ValueError(f"undeclared write op {self.name!r}")
+        if self.name in ESSENTIAL:
+            self.essential = True
 
 
 class Writer:
@@ -158,6 +170,12 @@ class Writer:
             transaction (must not block or raise).
         guard: called in each op's nested transaction, before ``apply``, with
             the op's ``owner`` (when set); what it raises fails that op alone.
+        ceiling_reached: whether the store has reached ``--max-store-size``:
+            then the group's ops but the deletions (:data:`ESSENTIAL`) are
+            refused with ``STORE_FULL`` before they run.
+        release_reserve: frees the disk reserve; returns the bytes freed. A
+            deletion refused for want of disk space is run again, alone, once
+            it freed some (:mod:`server.store._reserve`).
     """
 
     def __init__(
@@ -168,7 +186,11 @@ class Writer:
         max_batch: int = 256,
         on_commit: Callable[[], None] | None = None,
         guard: Callable[[lmdb.Transaction, str], None] | None = None,
+        ceiling_reached: Callable[[], bool] | None = None,
+        release_reserve: Callable[[], int] | None = None,
     ) -> None:
+        self._ceiling_reached = ceiling_reached
+        self._release_reserve = release_reserve
         self._env = env
         self._guard = guard
         self._keystore = keystore
@@ -257,15 +279,80 @@ class Writer:
 
     def _run_batch(self, batch: list[WriteOp[Any]]) -> None:
         live = [op for op in batch if op.future.set_running_or_notify_cancel()]
+        if live and self._ceiling_reached is not None:
+            live = self._refuse_past_ceiling(live)
         if not live:
             return
+        results, keys_written = self._run_group(live)
+        retry = [
+            op
+            for op, ok, value in results
+            if not ok and op.essential and isinstance(value, Unavailable)
+        ]
+        if retry and self._release_reserve is not None and self._release_reserve():
+            # A deletion refused for want of disk space: with the reserve freed, undo
+            # what its first attempt did in the keystore, and run it again, alone.
+            if keys_written:
+                self._undo_keystore(retry)
+            again, keys_again = self._run_group(retry)
+            by_op = {id(op): (op, ok, value) for op, ok, value in again}
+            results = [by_op.get(id(op), (op, ok, value)) for op, ok, value in results]
+            keys_written = keys_written and keys_again
+        if keys_written:
+            committed = [op for op, ok, _ in results if ok]
+            self._discard_keys(
+                [ref for op, ok, _ in results if not ok for ref in op.create_keys]
+                + [ref for op in committed for ref in op.unused]
+            )
+            for op, ok, _ in results:
+                if not ok and op.rewrap_keys and op.rewrap_to is not None:
+                    self._unwrap_back(op)
+        for op, ok, value in results:
+            if ok:
+                op.future.set_result(value)
+            else:
+                op.future.set_exception(value)
+
+    def _refuse_past_ceiling(self, live: list[WriteOp[Any]]) -> list[WriteOp[Any]]:
+        """Fail the group's growth ops with ``STORE_FULL`` when the ceiling is reached.
+
+        Returns:
+            The ops that may run: all of them below the ceiling; the deletions
+            (:data:`ESSENTIAL`, which may use the map reserve) past it.
+        """
+        if all(op.essential for op in live):
+            return live
+        assert self._ceiling_reached is not None
+        if not self._ceiling_reached():
+            return live
+        for op in live:
+            if not op.essential:
+                op.future.set_exception(
+                    StoreFull("the store is full: it has reached --max-store-size")
+                )
+        return [op for op in live if op.essential]
+
+    def _undo_keystore(self, ops: list[WriteOp[Any]]) -> None:
+        """Take back what ``ops``' failed attempt created and moved in the keystore."""
+        self._discard_keys([ref for op in ops for ref in op.create_keys])
+        for op in ops:
+            if op.rewrap_keys and op.rewrap_to is not None:
+                self._unwrap_back(op)
+
+    def _run_group(
+        self, live: list[WriteOp[Any]]
+    ) -> tuple[list[tuple[WriteOp[Any], bool, Any]], bool]:
+        """Run ``live`` as one group: keystore transactions, then one data transaction.
+
+        Returns:
+            ``(op, committed, value or exception)`` per op, and whether the keystore
+            phase was written (when it was not, the whole group failed with it).
+        """
         try:
             self._keystore_phase(live)
         except Exception as exc:  # keystore failure fails the whole group
             _log.error("keystore write failed: %s", type(exc).__name__)
-            for op in live:
-                op.future.set_exception(_storage_error(exc))
-            return
+            return [(op, False, _storage_error(exc)) for op in live], False
         for name in dict.fromkeys(op.name for op in live):
             failpoint(f"{name}.after_keystore")
         try:
@@ -289,18 +376,7 @@ class Writer:
             failpoint(f"{name}.after_commit")
         if self._on_commit is not None:
             self._on_commit()
-        self._discard_keys(
-            [ref for op, ok, _ in results if not ok for ref in op.create_keys]
-            + [ref for op in committed for ref in op.unused]
-        )
-        for op, ok, _ in results:
-            if not ok and op.rewrap_keys and op.rewrap_to is not None:
-                self._unwrap_back(op)
-        for op, ok, value in results:
-            if ok:
-                op.future.set_result(value)
-            else:
-                op.future.set_exception(value)
+        return results, True
 
     def _keystore_phase(self, live: list[WriteOp[Any]]) -> None:
         """The group's keystore transactions (each synced): ledger, create, move, destroy."""

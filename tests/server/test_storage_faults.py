@@ -20,7 +20,7 @@ import pytest
 from _helpers import create_thread, error_reason, run_cli, turn_input
 from conftest import Client, Lethe
 
-from lethe.v1 import lifecycle_pb2, retrieval_pb2, threads_pb2
+from lethe.v1 import common_pb2, lifecycle_pb2, repairs_pb2, retrieval_pb2, threads_pb2
 
 THREAD = "owners/alice/threads/t1"
 
@@ -163,4 +163,101 @@ def test_cleanup_a_full_disk_left_undone_is_done_when_space_returns(
         time.sleep(0.2)
     assert _audit(c) == (0, 0, 0)
     assert _count(c) == 20 * acked
+    lethe.stop()
+
+
+def _fill_to_the_last_turn(c: Client) -> int:
+    """After :func:`_fill`: single turns until even one is refused; returns how many fit."""
+    for n in range(10_000):
+        try:
+            c.threads.AppendTurns(
+                threads_pb2.AppendTurnsRequest(
+                    parent=THREAD, turns=[turn_input(f"last {n} " + "words " * 300, commit=True)]
+                ),
+                metadata=c.md,
+            )
+        except grpc.RpcError:
+            return n
+    raise AssertionError("the store never filled")
+
+
+def _forget(c: Client, names: list[str]) -> common_pb2.DeletionReceipt:
+    receipt: common_pb2.DeletionReceipt = c.lifecycle.Forget(
+        lifecycle_pb2.ForgetRequest(names=names), metadata=c.md
+    )
+    return receipt
+
+
+def test_a_full_store_still_forgets_and_concludes_a_repair(
+    lethe_at: Callable[..., Lethe], tmp_path: Path
+) -> None:
+    """At ``--max-store-size`` writes that add data are refused; erasing goes on.
+
+    A forget and a repair concluded with DESTROY succeed. A forget at the ceiling
+    once answered STORE_FULL: the operation that frees space was the one refused.
+    """
+    lethe = lethe_at(tmp_path / "d", embedder="none", max_store_size=3 << 20)
+    c = lethe.client("alice")
+    create_thread(c, "alice", "sore")
+    sore = "owners/alice/threads/sore"
+    c.threads.AppendTurns(
+        threads_pb2.AppendTurnsRequest(
+            parent=sore, turns=[turn_input(f"painful {i}", commit=True) for i in range(6)]
+        ),
+        metadata=c.md,
+    )
+    repair = c.repairs.SealRepair(
+        repairs_pb2.SealRepairRequest(thread=sore, from_seq=3), metadata=c.md
+    )
+    create_thread(c, "alice", "t1")
+    acked, err = _fill(c)
+    assert error_reason(err) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "STORE_FULL")
+    _fill_to_the_last_turn(c)
+    receipt = _forget(c, [f"{THREAD}/turns/1", f"{THREAD}/turns/2"])
+    assert receipt.deleted == 2
+    done = c.repairs.ConcludeRepair(
+        repairs_pb2.ConcludeRepairRequest(name=repair.name, outcome=threads_pb2.RepairInfo.DESTROY),
+        metadata=c.md,
+    )
+    assert done.receipt.deleted == 4
+    assert _forget(c, [THREAD]).deleted >= 20 * acked - 2
+    # What the forgets freed is room for writes again.
+    create_thread(c, "alice", "t1-again")
+    c.threads.AppendTurns(
+        threads_pb2.AppendTurnsRequest(
+            parent="owners/alice/threads/t1-again", turns=[turn_input("fits again", commit=True)]
+        ),
+        metadata=c.md,
+    )
+    assert _audit(c) == (0, 0, 0)
+    lethe.stop()
+    assert run_cli(["audit", "--data", str(tmp_path / "d")]) == 0
+
+
+def test_a_full_disk_still_forgets_on_the_disk_reserve(
+    small_filesystem: Path, lethe_at: Callable[..., Lethe]
+) -> None:
+    """On a full filesystem a forget frees the disk reserve and goes on.
+
+    The sweeper allocates the reserve again once there is room. A forget on a full
+    disk once answered UNAVAILABLE.
+    """
+    data = small_filesystem / "d"
+    lethe = lethe_at(data, embedder="none", disk_reserve=1 << 20, sweep_interval=0.2)
+    reserve = data / "reserve.bin"
+    assert reserve.stat().st_size == 1 << 20
+    c = lethe.client("alice")
+    create_thread(c, "alice", "t1")
+    acked, err = _fill(c)
+    assert error_reason(err)[1] == "STORAGE_UNAVAILABLE"
+    _fill_to_the_last_turn(c)
+    receipt = _forget(c, [THREAD])
+    assert receipt.deleted >= 20 * acked
+    assert not reserve.exists()  # spent on the forget
+    assert _audit(c)[0] == 0
+    subprocess.run(["mount", "-o", "remount,size=16m", str(small_filesystem)], check=True)
+    deadline = time.monotonic() + 10.0
+    while not reserve.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert reserve.stat().st_size == 1 << 20
     lethe.stop()
