@@ -16,6 +16,13 @@ either way, but wholly: the parent observes which (``settle``), fails on a
 partial effect, and records the outcome, so nothing stays undecided. At the
 end the offline ``lethe audit`` must exit 0.
 
+Rotation is killed with the rest (it runs every second), so every round also
+copies the data directory — the data and the keystore, as an old backup and a
+keystore snapshot would hold them (the last :data:`COPIES` are kept). At the
+end one more ``lethe rotate`` completes every shred, and then no file in the
+KEK's directory may open, in any of those copies, a turn acknowledged as
+forgotten (a temporary KEK file a killed rotation left behind once did).
+
 Short form (CI): ``tests/crash/test_random_kills.py`` runs 10 kills. Full form::
 
     .venv/bin/python tests/crash/random_kills.py --kills 100
@@ -26,8 +33,10 @@ prints the figures (kills survived, acknowledged operations checked).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from _harness import OWNER, Server, audit, make_token  # noqa: E402
+from _harness import LETHE, OWNER, Server, audit, make_token  # noqa: E402
 
 from lethe._rpc import Stubs, reason_of  # noqa: E402
 from lethe.v1 import (  # noqa: E402
@@ -544,7 +553,36 @@ class Report:
     acknowledged: int = 0
     judged: int = 0
     settled: int = 0
+    forgotten_checked: int = 0
     seconds: float = 0.0
+
+
+COPIES = 3
+"""Copies of the data directory (data and keystore) kept for the final check."""
+
+
+def _forgotten_openers(copy: Path, kek_dir: Path, names: list[str]) -> list[str]:
+    """``file: turn`` for every file in ``kek_dir`` that opens a turn of ``names`` in ``copy``."""
+    from server.store import Store
+
+    found = []
+    for candidate in sorted(p for p in kek_dir.iterdir() if p.is_file()):
+        store = None
+        with contextlib.suppress(Exception):  # not a KEK file, or one of another store
+            store = Store(copy, kek_file=candidate, lock=False)
+        if store is None:
+            continue
+        try:
+            for name in names:
+                _, thread, _, seq = name.removeprefix(f"{PARENT}/").split("/")
+                metas = [m for m in store.thread_turns(OWNER, thread) if m.seq == int(seq)]
+                for meta, cts in store.fetch([m.rid for m in metas]).values():
+                    with contextlib.suppress(Exception):  # a key that does not open: right
+                        store.turn_view(meta, cts, with_embedding=False)  # type: ignore[arg-type]
+                        found.append(f"{candidate.name}: {name}")
+        finally:
+            store.close()
+    return found
 
 
 def run(root: Path, kills: int, seed: int = 0, out: Callable[[str], None] = print) -> Report:
@@ -610,6 +648,10 @@ def run(root: Path, kills: int, seed: int = 0, out: Callable[[str], None] = prin
                     raise AssertionError(f"{exc}\nserver log:\n{again.stderr()[-6000:]}") from None
         finally:
             again.stop()
+        copy = root / "copies" / f"after-kill-{k + 1}"
+        shutil.copytree(data, copy, ignore=shutil.ignore_patterns("lethe.lock", "reserve.bin"))
+        for old in sorted((root / "copies").iterdir(), key=lambda p: p.stat().st_mtime)[:-COPIES]:
+            shutil.rmtree(old)
         report.kills += 1
         report.acknowledged = state.acked
         report.judged += judged
@@ -619,6 +661,18 @@ def run(root: Path, kills: int, seed: int = 0, out: Callable[[str], None] = prin
         )
     rc, text = audit(data, env)
     assert rc == 0, text
+    rotated = subprocess.run(
+        [*LETHE, "rotate", "--data", str(data), "--kek-file", str(kek)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert rotated.returncode == 0, rotated.stderr
+    forgotten = sorted(n for n, t in state.turns.items() if t["status"] == "deleted")
+    for copy in sorted((root / "copies").iterdir()):
+        opened = _forgotten_openers(copy, kek.parent, forgotten)
+        assert opened == [], f"{copy.name}: {opened}"
+    report.forgotten_checked = len(forgotten)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -640,7 +694,9 @@ def main(argv: list[str] | None = None) -> int:
         r = run(Path(tmp), args.kills, args.seed)
     print(
         f"{r.kills} kills survived; {r.acknowledged} acknowledged operations; "
-        f"{r.judged} record checks; {r.seconds:.0f} s; lethe audit clean"
+        f"{r.judged} record checks; {r.seconds:.0f} s; lethe audit clean; "
+        f"{r.forgotten_checked} forgotten turns open in no copy taken before the last "
+        "rotation, with any file of the KEK's directory"
     )
     return 0
 

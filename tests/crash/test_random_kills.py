@@ -21,3 +21,4 @@ def test_ten_random_kills_under_load_lose_nothing_acknowledged(tmp_path: Path) -
     assert report.kills == 10
     assert report.acknowledged > 50, lines
     assert report.judged > 200, lines
+    assert report.forgotten_checked > 0, lines  # the keystore-copy check had turns to try
