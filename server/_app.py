@@ -81,6 +81,29 @@ stuck handler once held a test's teardown for over ten minutes)."""
 """Bytes of in-memory indexes kept by default (4 GiB: about 2.5 million 256-d turns)."""
 
 
+_GRPC_AIO_HELD = threading.Lock()
+_grpc_aio_held = False
+
+
+def _hold_grpc_aio() -> None:
+    """Initialise grpc's asyncio stack once per process, from the calling thread, for good.
+
+    grpc asks for ``init_grpc_aio`` before any asyncio object is made ("otherwise,
+    the application might deadlock": grpc's AsyncIO API docs) and counts references:
+    when the last asyncio object goes, it shuts its completion queue down and joins
+    its poller thread with the interpreter lock held, while the poller needs that
+    lock to finish (grpc/grpc#22365). A server stopped in a process that goes on —
+    the test suite, a restart in place — hung in ``Server.stop`` forever that way,
+    and no timeout could fire. Holding one reference for the life of the process
+    keeps that shutdown from ever running; the process's exit releases everything.
+    """
+    global _grpc_aio_held
+    with _GRPC_AIO_HELD:
+        if not _grpc_aio_held:
+            grpc.aio.init_grpc_aio()  # type: ignore[attr-defined]  # not in grpc-stubs
+            _grpc_aio_held = True
+
+
 @dataclass
 class ServerConfig:
     """Settings of ``lethe serve`` (API.md, "Command line").
@@ -279,6 +302,7 @@ class LetheServer:
             on_depth=self.metrics.queued_calls.set,
         )
         self.metrics.lmdb_readers.set_function(self.store.reader_slots)
+        _hold_grpc_aio()
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._loop_thread = threading.Thread(

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,51 @@ from lethe.client import Client as TypedClient
 from lethe.locomo import find_locomo
 from server import LetheServer, ServerConfig, new_token, principal_record, token_digest
 from shredder import KekRing
+
+WATCHDOG_SECONDS = 420
+"""A test still running after this long is a process stuck with the interpreter lock
+held, where pytest-timeout's 180 s cannot fire (its alarm handler needs the lock).
+pytest's ``faulthandler_timeout`` (300 s, ``pyproject.toml``) prints every thread's
+stack first; then a watchdog *process*, which needs no lock of ours, kills the run,
+so CI fails in minutes with the stacks instead of hanging until its own limit."""
+_WATCHDOG = """
+import os, signal, sys, time
+parent, beat, limit = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+while True:
+    time.sleep(5)
+    try:
+        os.kill(parent, 0)
+        age = time.time() - os.stat(beat).st_mtime
+    except OSError:
+        sys.exit(0)
+    if age > limit:
+        print(f"test watchdog: no test ended for {age:.0f} s; killing pytest", file=sys.stderr)
+        os.kill(parent, signal.SIGKILL)
+        sys.exit(1)
+"""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _watchdog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The watchdog process of :data:`WATCHDOG_SECONDS`; yields its heartbeat file."""
+    beat = tmp_path_factory.mktemp("watchdog") / "heartbeat"
+    beat.touch()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(beat), str(WATCHDOG_SECONDS)]
+    )
+    try:
+        yield beat
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(autouse=True)
+def _heartbeat(_watchdog: Path) -> Iterator[None]:
+    """Each test's setup and teardown tell the watchdog the run is alive."""
+    _watchdog.touch()
+    yield
+    _watchdog.touch()
 
 
 class Client(TypedClient):
