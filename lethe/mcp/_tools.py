@@ -168,6 +168,20 @@ async def _ensure_thread(session: Session, name: str) -> bool:
     return created
 
 
+async def _read_thread(session: Session, value: str | None, field: str = "thread") -> str | None:
+    """As :func:`_thread`, for a tool that reads; the session's thread is created if new.
+
+    A fresh session's default thread may not exist yet; reading it then answers
+    as an empty thread rather than ``NOT_FOUND``. A thread named in the
+    arguments is taken as it is (Lethe answers ``NOT_FOUND`` for one that never
+    existed).
+    """
+    name = _thread(session, value, field)
+    if name is not None and not value:
+        await _ensure_thread(session, name)
+    return name
+
+
 # ---------------------------------------------------------------------- the tools
 
 
@@ -224,7 +238,7 @@ async def store_memory(session: Session, args: JSON) -> JSON:
 
 async def search_memory(session: Session, args: JSON) -> JSON:
     """Search committed memory, and the thread's pending turns when a thread is in play."""
-    thread = _thread(session, args.get("thread"))
+    thread = await _read_thread(session, args.get("thread"))
     include_pending = bool(args.get("include_pending", thread is not None))
     if include_pending and thread is None:
         raise Refusal(
@@ -251,6 +265,8 @@ async def search_memory(session: Session, args: JSON) -> JSON:
 async def assemble_context(session: Session, args: JSON) -> JSON:
     """Assemble the context for the next reply in a thread; the manifest is stored."""
     thread = _need_thread(session, args.get("thread"))
+    if not args.get("thread"):
+        await _ensure_thread(session, thread)  # the session's thread, maybe not written yet
     bundle = await session.client.assemble_context(
         thread,
         query_text=args.get("query", ""),
@@ -265,7 +281,7 @@ async def assemble_context(session: Session, args: JSON) -> JSON:
 async def list_pending(session: Session, args: JSON) -> JSON:
     """The thread's pending turns and the owner's pending memories, one page of each."""
     limit = args.get("limit", 100)
-    thread = _thread(session, args.get("thread"))
+    thread = await _read_thread(session, args.get("thread"))
     out: JSON = {"thread": thread, "turns": [], "memories": []}
     if thread is not None:
         turns = await session.client.list_turns(thread, states=["PENDING"], page_size=limit)

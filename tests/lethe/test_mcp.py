@@ -554,6 +554,9 @@ def test_a_second_owners_token_reaches_nothing_of_the_first_owner(served: Served
 def test_repairs_context_manifests_and_due_commitments(served: Served) -> None:
     async def scenario() -> None:
         async with stdio_session(served, served.first, "--owner", "erin", "--thread", "trip") as s:
+            # a fresh session's thread reads as empty before anything is written to it
+            assert (await ok(s, "search_memory", {"query": "Lisbon"}))["hits"] == []
+            assert (await ok(s, "list_pending", {}))["turns"] == []
             turns = [
                 {"role": "USER", "text": "Let's plan the trip to Lisbon"},
                 {"role": "USER", "text": "My father is in hospital, I cannot think about it"},
