@@ -68,7 +68,7 @@ def add(sub: Subcommands) -> None:
         type=_thread,
         default=None,
         metavar="THREAD",
-        help="default thread: an id (created on first write) or a full thread name "
+        help="default thread: an id (created on first use) or a full thread name "
         "(default: none; tools then take a thread, or start one; over HTTP the "
         "X-Lethe-Thread header wins)",
     )
