@@ -6,10 +6,13 @@ import time); ``tests/lethe/test_lethe_imports.py`` checks it in a clean
 interpreter. Modules import only grpc, protobuf, grpc-status
 (googleapis-common-protos), the ``grpc.health.v1`` stubs, the standard
 library and this package, except ``lethe.langgraph`` (``langgraph-checkpoint``,
-the optional extra). The demo alone reaches further, inside the functions that
-need it: ``tqdm`` for its progress bars, and ``numpy``, ``faiss`` and
-``wordllama`` for its latency floors. ``clients/python/`` in the repository
-builds this package alone as the light client distribution ``lethe-store-client``.
+the optional extra) and ``lethe.mcp`` (the ``mcp`` SDK and what it brings:
+starlette, uvicorn, anyio, jsonschema; the ``mcp`` extra. Nothing else here
+imports it, and ``lethe mcp`` imports it only when it runs). The demo alone
+reaches further, inside the functions that need it: ``tqdm`` for its progress
+bars, and ``numpy``, ``faiss`` and ``wordllama`` for its latency floors.
+``clients/python/`` in the repository builds this package alone as the light
+client distribution ``lethe-store-client``.
 
 =====================  =====================================================
 module                 what it holds (public names)
@@ -27,6 +30,10 @@ module                 what it holds (public names)
 ``lethe.langgraph``    ``LetheStore``, LangGraph's ``BaseStore`` on Lethe
                        memories (needs the ``langgraph`` extra:
                        ``langgraph-checkpoint``)
+``lethe.mcp``          ``lethe mcp``, the MCP server over the typed client:
+                       ``build_server``, ``serve_stdio``, ``serve_http``,
+                       ``run_mcp``, the tools (``TOOLS``, ``HANDLERS``); needs
+                       the ``mcp`` extra
 ``lethe._rpc``         the wire under ``lethe.client``: ``Stubs`` (channel,
                        bearer metadata, a stub per service), ``reason_of``,
                        ``error_info``, ``bad_fields``, ``DOMAIN``, ``Metadata``

@@ -41,6 +41,7 @@ COMMANDS = [
     "restore",
     "demo",
     "probe",
+    "mcp",
 ]
 
 

@@ -14,7 +14,8 @@ each room's ``__init__`` docstring states its may-import line:
 - no module of ``server/``, ``lethe/``, ``index/`` or ``shredder/`` is longer
   than 1,000 lines (generated code excepted);
 - importing ``server`` or ``server.store``, and running ``lethe token list``,
-  load neither the app nor FAISS.
+  load neither the app nor FAISS (nor the MCP SDK, which ``lethe mcp`` alone
+  loads).
 """
 
 from __future__ import annotations
@@ -273,6 +274,7 @@ def _loaded_after(code: str, cwd: Path) -> set[str]:
 def test_importing_the_faces_loads_neither_the_app_nor_faiss(code: str) -> None:
     loaded = _loaded_after(code, ROOT)
     assert "faiss" not in loaded
+    assert "mcp" not in loaded  # the MCP SDK: only when `lethe mcp` runs
     assert "server._app" not in loaded
     assert "server.retrieval" not in loaded
 
@@ -297,5 +299,5 @@ def test_lethe_token_list_does_not_import_faiss(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
     assert "server.cli._token" in imported  # the trace works
-    assert not {m for m in imported if m.split(".")[0] == "faiss"}
+    assert not {m for m in imported if m.split(".")[0] in ("faiss", "mcp")}
     assert "server._app" not in imported

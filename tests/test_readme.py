@@ -62,6 +62,7 @@ TOKEN = "export T=$(.venv/bin/lethe token create --data ./lethe-data --owner ali
 PRELUDE = {
     "docs/sharding.md": (SERVE,),
     "docs/other-languages.md": (SERVE, TOKEN),
+    "docs/mcp.md": (SERVE, TOKEN),
 }
 """What a page assumes its reader has run: the README quickstart's commands."""
 
@@ -91,9 +92,19 @@ NOT_RUN = {
         "a tool of the shared workspace, outside a clone; tests/test_layout.py checks for cycles"
     ),
     "duplicates --change": "a tool of the shared workspace; a fresh clone has no change to read",
+    ".venv/bin/pip install -e '.[mcp]'": "the mcp extra, which scripts/test.sh installs (CI)",
+    'LETHE_TOKEN="$T" .venv/bin/lethe mcp': (
+        "MCP on stdin and stdout, for a host: the page's Python script starts it as one, and"
+        " tests/lethe/test_mcp.py runs it over stdio"
+    ),
+    ".venv/bin/lethe mcp --transport http": (
+        "serves until stopped: tests/lethe/test_mcp.py runs it with the mcp SDK's HTTP client"
+    ),
+    "claude mcp add": "needs Claude Code; tests/lethe/test_mcp.py drives both transports",
 }
 PYTHON_NOT_RUN = {
     "lethe.example:50051": "a TLS server named lethe.example; tests/server/test_tls.py",
+    "from agents.mcp import": "needs the openai-agents package and a model's API key",
 }
 """Python blocks (by a string they contain) that are not run, with the reason."""
 NEEDS_TOOL = {"grpcurl": "grpcurl", "protoc -I": "protoc"}
@@ -102,6 +113,7 @@ MUST_RUN = {
     "docs/operating.md": ("lethe serve", "lethe probe", "lethe rotate", "lethe restore"),
     "docs/sharding.md": ("shard nginx-config", "shard mark-moved", "shard unmark-moved"),
     "docs/other-languages.md": ("Threads/CreateThread", "Retrieval/Search"),
+    "docs/mcp.md": ("python quickstart.py",),
 }
 """What each document must have run: a check that nothing was skipped unseen."""
 _BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
@@ -387,6 +399,16 @@ def _check(command: str, stdout: str, clone: Path) -> None:
 
 def _check_python(document: str, stdout: str) -> None:
     """What the Python of a document (run as one script) must have printed."""
+    if document == "docs/mcp.md":
+        assert stdout.splitlines() == [
+            "15",
+            "owners/alice/threads/mcp-chat/turns/1 PENDING",
+            "0",
+            "1",
+            "1",
+            "True RECORD_DELETED",
+        ], stdout
+        return
     if document != "README.md":
         return
     lines = stdout.splitlines()

@@ -27,6 +27,8 @@ module           holds
 ``_restore``     ``lethe restore`` (server stopped)
 ``_demo``        ``lethe demo`` (its flags; the demo is :mod:`lethe.demo`)
 ``_probe``       ``lethe probe`` (its flags; the probe is :mod:`lethe.probe`)
+``_mcp``         ``lethe mcp`` (its flags; the MCP server is :mod:`lethe.mcp`,
+                 imported only when it runs)
 ===============  ===========================================================
 
 May import: everything of the project (``server`` rooms through their faces,
@@ -62,6 +64,7 @@ from server.cli import (
     _audit,
     _backup,
     _demo,
+    _mcp,
     _owner,
     _probe,
     _restore,
@@ -102,6 +105,7 @@ COMMANDS = (
     _restore,
     _demo,
     _probe,
+    _mcp,
 )
 """The command modules, in the order ``lethe --help`` lists them; each has
 ``add(sub)``, which registers its parser with ``run`` as its handler."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import lethe
-from lethe import _rpc, _status, client, demo, langgraph, locomo, names, probe
+from lethe import _rpc, _status, client, demo, langgraph, locomo, mcp, names, probe
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("server", "shredder", "index", "faiss", "lmdb", "nacl", "bm25s", "wordllama")
@@ -31,6 +31,7 @@ CLIENT_MODULES = (
     "lethe.demo",
     "lethe.client",
     "lethe.langgraph",
+    "lethe.mcp",
 )
 
 
@@ -63,6 +64,13 @@ def test_client_module_imports_nothing_of_the_server(module: str) -> None:
 def test_the_typed_client_loads_no_numpy_and_no_langgraph() -> None:
     loaded = _loaded_after_import("lethe.client")
     assert [m for m in ("numpy", "langgraph", "langchain_core") if m in loaded] == []
+
+
+def test_only_lethe_mcp_loads_the_mcp_sdk() -> None:
+    """The ``mcp`` extra is needed by ``lethe.mcp`` alone."""
+    for module in ("lethe.client", "lethe.langgraph", "lethe.probe", "lethe.demo"):
+        assert "mcp" not in _loaded_after_import(module), module
+    assert "mcp" in _loaded_after_import("lethe.mcp")
 
 
 def test_demo_defers_numpy_and_tqdm_to_the_functions_that_use_them() -> None:
@@ -109,7 +117,23 @@ def test_lethe_module_public_names_are_pinned() -> None:
     ]
     assert demo.__all__ == ["run_demo"]
     assert langgraph.__all__ == ["LetheStore"]
-    for module in (_rpc, _status, locomo, probe, demo, names, client, langgraph):
+    assert sorted(mcp.__all__) == [
+        "BearerGate",
+        "HANDLERS",
+        "Principals",
+        "RULES",
+        "Refusal",
+        "Session",
+        "TOOLS",
+        "ToolSpec",
+        "build_server",
+        "run_mcp",
+        "serve_http",
+        "serve_stdio",
+        "tls_config",
+        "tool_error",
+    ]
+    for module in (_rpc, _status, locomo, probe, demo, names, client, langgraph, mcp):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 
