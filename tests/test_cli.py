@@ -60,6 +60,32 @@ def _lethe(*args: str, env: dict[str, str]) -> list[str]:
     return [sys.executable, "-m", "server.cli", *args]
 
 
+LISTEN_ANY = ("--listen", "127.0.0.1:0", "--metrics-listen", "off")
+
+
+def test_a_fresh_serve_says_nothing_before_its_serving_line(tmp_path: Path, kek_env: str) -> None:
+    """Stdout and stderr together, as a supervisor reading one pipe sees them.
+
+    FAISS's INFO lines about the CPU build it loads once came first, since
+    FAISS is imported after logging is set up, and a script waiting for the
+    serving line read them instead.
+    """
+    env = {**os.environ, "LETHE_KEK": kek_env}
+    with subprocess.Popen(
+        [*_lethe("serve", "--data", str(tmp_path / "d"), env=env), *LISTEN_ANY],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith("lethe serving ")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
 def test_serve_answers_health_and_tokens_then_stops_on_sigterm(
     tmp_path: Path, kek_env: str
 ) -> None:

@@ -151,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # FAISS, imported only by the commands that search, logs which CPU build it
+    # loads at INFO: noise before a command's own first line.
+    logging.getLogger("faiss").setLevel(logging.WARNING)
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
