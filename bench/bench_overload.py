@@ -14,7 +14,13 @@ owner's calls on an idle server.
 4. a burst: ``--burst`` concurrent loops spread over 8 tokens (another
    process) while B's calls are measured, then 8 loops (one per token) for
    comparison: calls answered, refused (``TOO_MANY_REQUESTS``), p50/p99 of
-   the admitted and of the refusals, throughput.
+   the admitted and of the refusals, throughput;
+5. a flood: ``--flood`` closed ``Search`` loops of A's one token (another
+   process, no streams) while B's calls are measured; the fairness goal is
+   B's ``Search`` p99 at most 5x its floor;
+6. large writes: ``--appends`` concurrent loops of ``AppendTurns`` of A, each
+   request ``--append-mib`` MiB (turns of 16 KiB), while B's calls are
+   measured; the goal is B's ``Search`` p99 at most 50 ms.
 
 Usage::
 
@@ -191,8 +197,42 @@ class Bench:
                 if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     await asyncio.sleep(0.01)
 
+    async def append_loop(
+        self,
+        ch: grpc.aio.Channel,
+        token: str,
+        thread: str,
+        stop: asyncio.Event,
+        out: dict[str, list[Any]],
+    ) -> None:
+        """Append ``--append-mib`` MiB of committed 16 KiB turns to ``thread`` back to back.
+
+        Latencies (seconds) go to ``out`` as in :meth:`loop`.
+        """
+        threads = threads_pb2_grpc.ThreadsStub(ch)
+        n = max(1, int(self.args.append_mib * (1 << 20)) // (16 << 10))
+        body = "a large write " * ((16 << 10) // 14)
+        while not stop.is_set():
+            turns = [
+                threads_pb2.TurnInput(role=common_pb2.USER, text=f"{i} {body}", commit=True)
+                for i in range(n)
+            ]
+            t0 = time.perf_counter()
+            try:
+                await threads.AppendTurns(
+                    threads_pb2.AppendTurnsRequest(parent=thread, turns=turns),
+                    metadata=self.md(token),
+                    timeout=120,
+                )
+                out["ok"].append(time.perf_counter() - t0)
+            except grpc.aio.AioRpcError as err:
+                reason = reason_of(err) or err.code().name
+                out.setdefault(reason, []).append(time.perf_counter() - t0)
+                if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    await asyncio.sleep(0.01)
+
     async def load(self) -> None:
-        """The ``load`` role: ``--loops`` Search loops over ``--tokens``.
+        """The ``load`` role: ``--loops`` Search (or append) loops over ``--tokens``.
 
         The loops run until SIGTERM or ``--seconds``; counts and latencies go to ``--out``.
         """
@@ -200,16 +240,30 @@ class Bench:
         tokens = a.tokens.split(",")
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        opts = [("grpc.max_concurrent_streams", 1 << 20)]
+        opts = [
+            ("grpc.max_concurrent_streams", 1 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+        ]
         chans = [grpc.aio.insecure_channel(a.target, options=opts) for _ in tokens]
         out: dict[str, list[Any]] = {"ok": []}
         start = time.monotonic()
-        loops = [
-            asyncio.ensure_future(
-                self.loop(chans[i % len(tokens)], tokens[i % len(tokens)], a.owner, stop, out)
-            )
-            for i in range(a.loops)
-        ]
+        if a.kind == "append":
+            thread = await self.seed(chans[0], tokens[0], a.owner)
+            loops = [
+                asyncio.ensure_future(
+                    self.append_loop(
+                        chans[i % len(tokens)], tokens[i % len(tokens)], thread, stop, out
+                    )
+                )
+                for i in range(a.loops)
+            ]
+        else:
+            loops = [
+                asyncio.ensure_future(
+                    self.loop(chans[i % len(tokens)], tokens[i % len(tokens)], a.owner, stop, out)
+                )
+                for i in range(a.loops)
+            ]
         try:
             await asyncio.wait_for(stop.wait(), timeout=a.seconds)
         except TimeoutError:
@@ -236,7 +290,9 @@ class Bench:
             )
         )
 
-    def start_load(self, tokens: list[str], owner: str, loops: int, tag: str) -> Any:
+    def start_load(
+        self, tokens: list[str], owner: str, loops: int, tag: str, kind: str = "search"
+    ) -> Any:
         """Start the ``load`` role in another process (for 600 s at most).
 
         Returns:
@@ -259,6 +315,10 @@ class Bench:
             "600",
             "--out",
             str(out),
+            "--kind",
+            kind,
+            "--append-mib",
+            str(self.args.append_mib),
         ]
         return subprocess.Popen(cmd, env=self.env), out
 
@@ -379,6 +439,18 @@ class Bench:
             await asyncio.sleep(3.0)
             r[f"other_owner_during_{label}"] = await self.other_owner(b_ch, bob, b_thread)
             r[label] = self.stop_load(load)
+        # 5. a flood of one token's closed Search loops (no streams)
+        flood = self.start_load([alice], "alice", a.flood, "flood")
+        await asyncio.sleep(3.0)
+        r["other_owner_during_flood"] = await self.other_owner(b_ch, bob, b_thread)
+        r["flood"] = self.stop_load(flood)
+
+        # 6. large concurrent writes of A
+        if a.appends:
+            writes = self.start_load([alice], "alice", a.appends, "appends", kind="append")
+            await asyncio.sleep(3.0)
+            r["other_owner_during_appends"] = await self.other_owner(b_ch, bob, b_thread)
+            r["appends"] = self.stop_load(writes)
         for ch in (a_ch, b_ch, h_ch):
             await ch.close(None)
 
@@ -393,7 +465,14 @@ class Bench:
             ("with_streams_and_hot_token", f"+ those and {self.args.hot} call loops of A"),
             ("other_owner_during_burst", f"during a burst of {self.args.burst} loops"),
             ("other_owner_during_within_bounds", "during 8 loops (within bounds)"),
+            ("other_owner_during_flood", f"during {self.args.flood} Search loops of A"),
+            (
+                "other_owner_during_appends",
+                f"during {self.args.appends} appends of {self.args.append_mib} MiB of A",
+            ),
         ):
+            if key not in r:
+                continue
             g, s = r[key]["GetThread"], r[key]["Search"]
             row = f"{label:<44}{g['p50_ms']:>10.2f} / {g['p99_ms']:<9.2f}"
             print(f"{row}{s['p50_ms']:>9.2f} / {s['p99_ms']:<9.2f}")
@@ -416,6 +495,20 @@ class Bench:
             r["floor"]["GetThread"]["p99_ms"], 1e-9
         )
         print(f"B's GetThread p99 under load / floor: {ratio:.2f}x")
+        floor = max(r["floor"]["Search"]["p99_ms"], 1e-9)
+        flood = r["other_owner_during_flood"]["Search"]["p99_ms"]
+        print(
+            f"fairness: B's Search p99 during A's {self.args.flood} loops {flood:.1f} ms = "
+            f"{flood / floor:.2f}x its floor (goal <= 5x); A: {r['flood']['ok']} ok, "
+            f"{r['flood']['refused']} refused"
+        )
+        if "appends" in r:
+            during = r["other_owner_during_appends"]["Search"]["p99_ms"]
+            print(
+                f"large writes: B's Search p99 during A's {self.args.appends} appends of "
+                f"{self.args.append_mib} MiB {during:.1f} ms (goal <= 50 ms); A: "
+                f"{r['appends']['ok']} appends ({r['appends']['ok_latency']['p50_ms']} ms p50)"
+            )
 
 
 def main() -> int:
@@ -431,9 +524,14 @@ def main() -> int:
         load.add_argument(flag, required=True)
     load.add_argument("--loops", type=int, required=True)
     load.add_argument("--seconds", type=float, required=True)
+    load.add_argument("--kind", choices=["search", "append"], default="search")
+    load.add_argument("--append-mib", type=float, default=4.0)
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--hot", type=int, default=64)
     parser.add_argument("--burst", type=int, default=128)
+    parser.add_argument("--flood", type=int, default=128, help="A's closed Search loops")
+    parser.add_argument("--appends", type=int, default=4, help="A's concurrent large appends")
+    parser.add_argument("--append-mib", type=float, default=4.0, help="MiB per append")
     parser.add_argument("--calls", type=int, default=200, help="B's calls per phase")
     parser.add_argument("--serve-args", default="", help="more `lethe serve` flags")
     parser.add_argument("--out", default="bench-overload.json")
