@@ -6,10 +6,12 @@ import time); ``tests/lethe/test_lethe_imports.py`` checks it in a clean
 interpreter. Modules import only grpc, protobuf, grpc-status
 (googleapis-common-protos), the ``grpc.health.v1`` stubs, the standard
 library and this package, except ``lethe.langgraph`` (``langgraph-checkpoint``,
-the optional extra). The demo alone reaches further, inside the functions that
-need it: ``tqdm`` for its progress bars, and ``numpy``, ``faiss`` and
-``wordllama`` for its latency floors. ``clients/python/`` in the repository
-builds this package alone as the light client distribution ``lethe-store-client``.
+the optional extra) and ``lethe.receipts``, whose offline check of a receipt's
+signature imports PyNaCl when called (the ``verify`` extra). The demo alone
+reaches further, inside the functions that need it: ``tqdm`` for its progress
+bars, and ``numpy``, ``faiss`` and ``wordllama`` for its latency floors.
+``clients/python/`` in the repository builds this package alone as the light
+client distribution ``lethe-store-client``.
 
 =====================  =====================================================
 module                 what it holds (public names)
@@ -42,6 +44,13 @@ module                 what it holds (public names)
 ``lethe.demo``         ``lethe demo``: ``run_demo``; it runs ``lethe serve``,
                        ``token create``, ``backup`` and ``restore`` as child
                        processes
+``lethe.receipts``     signed deletion receipts: ``signed_bytes`` (what a store
+                       signs), ``verify_receipt``, ``read_receipts``,
+                       ``read_public_keys``, ``key_id``, ``InvalidReceipt``
+``lethe.remote``       the work of the command line run against a server
+                       (``lethe forget``, ``export``, ``audit --target``,
+                       ``receipt``): ``connect``, ``forget``, ``audit``,
+                       ``verify_files``, the ``--json`` documents
 =====================  =====================================================
 
 The package itself exports no names: import the module you need.

@@ -230,11 +230,12 @@ class SigningPart(KeystoreBase):
         txn.put(_SEED, key_id.encode("ascii") + wrapped, db=self._meta)
         return key_id
 
-    def sign(self, message: bytes) -> tuple[str, bytes]:
-        """Sign ``message`` with the current signing key.
+    def sign(self, message: Callable[[str], bytes]) -> tuple[str, bytes]:
+        """Sign with the current signing key what ``message`` builds for it.
 
         Args:
-            message: the bytes to sign, starting with the caller's domain prefix.
+            message: given the current key's id, returns the bytes to sign (so that what is
+                signed can name its key), starting with the caller's domain prefix.
 
         Returns:
             ``(key id, 64-byte Ed25519 signature)``.
@@ -256,7 +257,7 @@ class SigningPart(KeystoreBase):
             signer = _Signer(nacl.signing.SigningKey(seed._material), key_id, stored)
             with self._signer_lock:
                 self._signer = signer
-        return signer.key_id, signer.sign(message)
+        return signer.key_id, signer.sign(message(signer.key_id))
 
     def signing_keys(self) -> list[SigningKeyInfo]:
         """Every signing key's public half, oldest first (the current one has no retire time).

@@ -41,6 +41,10 @@ COMMANDS = [
     "restore",
     "demo",
     "probe",
+    "forget",
+    "receipt public-key",
+    "receipt verify",
+    "receipt rotate-key",
 ]
 
 

@@ -168,3 +168,15 @@ class LifecycleMethods(ClientBase):
         """
         request = lifecycle_pb2.AuditRequest(parent=parent)
         return self._call(self.stubs.lifecycle.Audit, request, timeout)
+
+    def get_server_info(self, *, timeout: float | None = None) -> lifecycle_pb2.ServerInfo:
+        """``Lifecycle.GetServerInfo``: the store's id and the public keys that sign its receipts.
+
+        Verify a receipt with them offline: :func:`lethe.receipts.verify_receipt`
+        (``[k.public_key for k in info.receipt_keys]``).
+
+        Args:
+            timeout: deadline in seconds (default: the client's).
+        """
+        request = lifecycle_pb2.GetServerInfoRequest()
+        return self._call(self.stubs.lifecycle.GetServerInfo, request, timeout)

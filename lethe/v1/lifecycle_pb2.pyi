@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from lethe.v1 import common_pb2 as _common_pb2
@@ -490,3 +491,95 @@ class AuditReport(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AuditReport: _TypeAlias = AuditReport  # noqa: Y015
+
+@_typing.final
+class GetServerInfoRequest(_message.Message):
+    """Request of `Lifecycle.GetServerInfo`: no fields."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetServerInfoRequest: _TypeAlias = GetServerInfoRequest  # noqa: Y015
+
+@_typing.final
+class ReceiptKey(_message.Message):
+    """One Ed25519 public key that signs (or signed) the store's deletion receipts."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    RETIRE_TIME_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    """The first 8 bytes of the SHA-256 of `public_key`, as 16 lowercase hex
+    characters: what `DeletionReceipt.signing_key_id` names.
+    """
+    public_key: _builtins.bytes
+    """The 32-byte Ed25519 public key."""
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the key was made."""
+
+    @_builtins.property
+    def retire_time(self) -> _timestamp_pb2.Timestamp:
+        """When a newer key replaced it (`lethe receipt rotate-key`) and its private
+        half was destroyed; unset for the current key. Receipts it signed before
+        then still verify.
+        """
+
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+        public_key: _builtins.bytes = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        retire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "retire_time", b"retire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "key_id", b"key_id", "public_key", b"public_key", "retire_time", b"retire_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReceiptKey: _TypeAlias = ReceiptKey  # noqa: Y015
+
+@_typing.final
+class ServerInfo(_message.Message):
+    """Response of `Lifecycle.GetServerInfo`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORE_ID_FIELD_NUMBER: _builtins.int
+    RECEIPT_KEYS_FIELD_NUMBER: _builtins.int
+    store_id: _builtins.str
+    """The store's id (its keystore's, 32 hex characters): what
+    `DeletionReceipt.store_id` names.
+    """
+    @_builtins.property
+    def receipt_keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReceiptKey]:
+        """Every key that signs or signed the store's receipts, oldest first; the
+        last one, without `retire_time`, signs now.
+        """
+
+    def __init__(
+        self,
+        *,
+        store_id: _builtins.str = ...,
+        receipt_keys: _abc.Iterable[Global___ReceiptKey] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt_keys", b"receipt_keys", "store_id", b"store_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerInfo: _TypeAlias = ServerInfo  # noqa: Y015

@@ -48,6 +48,11 @@ class LifecycleStub(object):
                 request_serializer=lethe_dot_v1_dot_lifecycle__pb2.AuditRequest.SerializeToString,
                 response_deserializer=lethe_dot_v1_dot_lifecycle__pb2.AuditReport.FromString,
                 )
+        self.GetServerInfo = channel.unary_unary(
+                '/lethe.v1.Lifecycle/GetServerInfo',
+                request_serializer=lethe_dot_v1_dot_lifecycle__pb2.GetServerInfoRequest.SerializeToString,
+                response_deserializer=lethe_dot_v1_dot_lifecycle__pb2.ServerInfo.FromString,
+                )
 
 
 class LifecycleServicer(object):
@@ -130,6 +135,17 @@ class LifecycleServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetServerInfo(self, request, context):
+        """Describes this server's store: its id and the public keys that sign its
+        deletion receipts (every key it ever signed with, retired ones included,
+        so that any receipt it issued can be verified offline). Any valid token
+        may call it; it names no owner. Behind a proxy that routes on
+        `x-lethe-owner`, ask each shard: each store signs with its own keys.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LifecycleServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +178,11 @@ def add_LifecycleServicer_to_server(servicer, server):
                     servicer.Audit,
                     request_deserializer=lethe_dot_v1_dot_lifecycle__pb2.AuditRequest.FromString,
                     response_serializer=lethe_dot_v1_dot_lifecycle__pb2.AuditReport.SerializeToString,
+            ),
+            'GetServerInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetServerInfo,
+                    request_deserializer=lethe_dot_v1_dot_lifecycle__pb2.GetServerInfoRequest.FromString,
+                    response_serializer=lethe_dot_v1_dot_lifecycle__pb2.ServerInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -275,5 +296,22 @@ class Lifecycle(object):
         return grpc.experimental.unary_unary(request, target, '/lethe.v1.Lifecycle/Audit',
             lethe_dot_v1_dot_lifecycle__pb2.AuditRequest.SerializeToString,
             lethe_dot_v1_dot_lifecycle__pb2.AuditReport.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetServerInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/lethe.v1.Lifecycle/GetServerInfo',
+            lethe_dot_v1_dot_lifecycle__pb2.GetServerInfoRequest.SerializeToString,
+            lethe_dot_v1_dot_lifecycle__pb2.ServerInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

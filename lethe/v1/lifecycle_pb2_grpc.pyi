@@ -87,6 +87,13 @@ class LifecycleStub:
     lineage, keys and the loaded indexes; every count of a healthy store but
     `stale_summaries` is zero.
     """
+    GetServerInfo: _grpc.UnaryUnaryMultiCallable[_lifecycle_pb2.GetServerInfoRequest, _lifecycle_pb2.ServerInfo]
+    """Describes this server's store: its id and the public keys that sign its
+    deletion receipts (every key it ever signed with, retired ones included,
+    so that any receipt it issued can be verified offline). Any valid token
+    may call it; it names no owner. Behind a proxy that routes on
+    `x-lethe-owner`, ask each shard: each store signs with its own keys.
+    """
 
 @_typing.type_check_only
 class LifecycleAsyncStub(LifecycleStub):
@@ -145,6 +152,13 @@ class LifecycleAsyncStub(LifecycleStub):
     """Audits an owner now: opens every live record (integrity) and checks
     lineage, keys and the loaded indexes; every count of a healthy store but
     `stale_summaries` is zero.
+    """
+    GetServerInfo: _aio.UnaryUnaryMultiCallable[_lifecycle_pb2.GetServerInfoRequest, _lifecycle_pb2.ServerInfo]  # type: ignore[assignment]
+    """Describes this server's store: its id and the public keys that sign its
+    deletion receipts (every key it ever signed with, retired ones included,
+    so that any receipt it issued can be verified offline). Any valid token
+    may call it; it names no owner. Behind a proxy that routes on
+    `x-lethe-owner`, ask each shard: each store signs with its own keys.
     """
 
 class LifecycleServicer(metaclass=_abc_1.ABCMeta):
@@ -237,6 +251,19 @@ class LifecycleServicer(metaclass=_abc_1.ABCMeta):
         """Audits an owner now: opens every live record (integrity) and checks
         lineage, keys and the loaded indexes; every count of a healthy store but
         `stale_summaries` is zero.
+        """
+
+    @_abc_1.abstractmethod
+    def GetServerInfo(
+        self,
+        request: _lifecycle_pb2.GetServerInfoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lifecycle_pb2.ServerInfo, _abc.Awaitable[_lifecycle_pb2.ServerInfo]]:
+        """Describes this server's store: its id and the public keys that sign its
+        deletion receipts (every key it ever signed with, retired ones included,
+        so that any receipt it issued can be verified offline). Any valid token
+        may call it; it names no owner. Behind a proxy that routes on
+        `x-lethe-owner`, ask each shard: each store signs with its own keys.
         """
 
 def add_LifecycleServicer_to_server(servicer: LifecycleServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -27,6 +27,10 @@ module           holds
 ``_restore``     ``lethe restore`` (server stopped)
 ``_demo``        ``lethe demo`` (its flags; the demo is :mod:`lethe.demo`)
 ``_probe``       ``lethe probe`` (its flags; the probe is :mod:`lethe.probe`)
+``_forget``      ``lethe forget`` against a running server (the work is
+                 :mod:`lethe.remote`)
+``_receipt``     ``lethe receipt public-key | verify | rotate-key``: the keys
+                 that sign deletion receipts
 ===============  ===========================================================
 
 May import: everything of the project (``server`` rooms through their faces,
@@ -44,9 +48,12 @@ schema in docs/operating.md) and nothing else there; logs, notes and progress
 bars go to stderr, bars only on a terminal and never with ``--quiet``.
 
 Exit status (:data:`EXIT_OK` …): 0 success; 1 a failed check (``audit``,
-``probe``, ``demo``) or no such token to revoke; 2 usage, configuration or
-resource error, as one line on stderr naming the flag, variable, config key,
-path or address; 130 interrupted.
+``probe``, ``demo``, ``receipt verify``), no such token to revoke, or a record
+a remote command names that the server does not have (``forget``,
+``export``); 2 usage, configuration or resource error, as one line on stderr
+naming the flag, variable, config key, path or address (for a remote command
+also: the server cannot be reached or refuses the token, the owner or the
+request); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -62,8 +69,10 @@ from server.cli import (
     _audit,
     _backup,
     _demo,
+    _forget,
     _owner,
     _probe,
+    _receipt,
     _restore,
     _rotate,
     _serve,
@@ -102,6 +111,8 @@ COMMANDS = (
     _restore,
     _demo,
     _probe,
+    _forget,
+    _receipt,
 )
 """The command modules, in the order ``lethe --help`` lists them; each has
 ``add(sub)``, which registers its parser with ``run`` as its handler."""

@@ -7,6 +7,7 @@ SourceRefs) around these.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import timestamp_pb2
@@ -107,8 +108,16 @@ def fill_turn(turn: threads_pb2.Turn, view: TurnView, *, text: bool = True) -> N
         turn.embedding.extend(view.embedding.tolist())
 
 
-def receipt_proto(entry: DeletionEntry) -> common_pb2.DeletionReceipt:
-    """A DeletionReceipt from a deletion-log entry (ids and counts only)."""
+def receipt_proto(
+    entry: DeletionEntry, sign: Callable[[common_pb2.DeletionReceipt], object]
+) -> common_pb2.DeletionReceipt:
+    """A signed DeletionReceipt from a deletion-log entry (ids and counts only).
+
+    Args:
+        entry: the log entry.
+        sign: names the store on the receipt and signs it in place
+            (:meth:`server.store.Store.sign_receipt`).
+    """
     receipt = common_pb2.DeletionReceipt(
         name=entry.name,
         targets=entry.targets,
@@ -127,6 +136,7 @@ def receipt_proto(entry: DeletionEntry) -> common_pb2.DeletionReceipt:
         receipt.complete_time.CopyFrom(timestamp(entry.complete_time))
     if entry.shred_horizon_time:
         receipt.shred_horizon_time.CopyFrom(timestamp(entry.shred_horizon_time))
+    sign(receipt)
     return receipt
 
 

@@ -124,7 +124,9 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         owner, size, after = owner_page(request, self.page_tokens)
         entries, nxt = self.store.list_deletions(owner, after, size)
         receipts, nxt = fit(
-            [receipt_proto(e) for e in entries], nxt, lambda r: r.name.rsplit("/", 1)[-1]
+            [receipt_proto(e, self.store.sign_receipt) for e in entries],
+            nxt,
+            lambda r: r.name.rsplit("/", 1)[-1],
         )
         return lifecycle_pb2.ListDeletionsResponse(
             receipts=receipts,
@@ -139,6 +141,15 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         authorize(owner)
         counts = self.lifecycle.audit(owner)
         return lifecycle_pb2.AuditReport(**asdict(counts))
+
+    def GetServerInfo(  # noqa: N802
+        self, request: lifecycle_pb2.GetServerInfoRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.ServerInfo:
+        """``Lifecycle.GetServerInfo``: the store's id and the public keys of its receipts.
+
+        Any authenticated caller may ask: it names no owner and holds nothing secret.
+        """
+        return self.store.server_info()
 
     def Forget(  # noqa: N802
         self, request: lifecycle_pb2.ForgetRequest, context: grpc.ServicerContext
@@ -180,4 +191,4 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
             delete_responses=request.responses == lifecycle_pb2.ForgetRequest.DELETE,
         )
         entry = self.lifecycle.forget(owner, targets, reason=reason or "FORGET")
-        return receipt_proto(entry)
+        return receipt_proto(entry, self.store.sign_receipt)

@@ -49,6 +49,7 @@ from typing import Any
 import grpc
 import lmdb
 
+from lethe.v1 import common_pb2
 from server.errors import LetheError
 from server.store import _json
 from server.store import _schema as sk
@@ -209,6 +210,28 @@ class MoveReceipt:
             "request_time": self.request_time,
             "complete_time": self.complete_time,
         }
+
+    def as_receipt(self) -> common_pb2.DeletionReceipt:
+        """The release as a :class:`~lethe.v1.common_pb2.DeletionReceipt`, for signing.
+
+        Named ``owners/{o}/deletions/move-{move_id}``, target the owner, reason
+        ``OWNER_MOVED``, the keystore and the data environment done at
+        ``complete_time``. It counts no records (rows are counted by database in
+        the release's own document) and names no shred horizon: the source's
+        next rotation (or ``lethe rotate``) completes the shred, whenever that
+        server runs it.
+        """
+        receipt = common_pb2.DeletionReceipt(
+            name=f"owners/{self.owner}/deletions/move-{self.move_id}",
+            targets=[f"owners/{self.owner}"],
+            reason="OWNER_MOVED",
+        )
+        receipt.request_time.FromNanoseconds(round(self.request_time * 1e9))
+        receipt.complete_time.FromNanoseconds(round(self.complete_time * 1e9))
+        for name in ("lmdb", "keystore"):
+            done = receipt.destinations.add(name=name, done=True)
+            done.complete_time.CopyFrom(receipt.complete_time)
+        return receipt
 
 
 class MovesPart(PlacementPart, StoreBase):

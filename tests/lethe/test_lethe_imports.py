@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import lethe
-from lethe import _rpc, _status, client, demo, langgraph, locomo, names, probe
+from lethe import _rpc, _status, client, demo, langgraph, locomo, names, probe, receipts, remote
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("server", "shredder", "index", "faiss", "lmdb", "nacl", "bm25s", "wordllama")
@@ -31,6 +31,8 @@ CLIENT_MODULES = (
     "lethe.demo",
     "lethe.client",
     "lethe.langgraph",
+    "lethe.receipts",
+    "lethe.remote",
 )
 
 
@@ -109,7 +111,29 @@ def test_lethe_module_public_names_are_pinned() -> None:
     ]
     assert demo.__all__ == ["run_demo"]
     assert langgraph.__all__ == ["LetheStore"]
-    for module in (_rpc, _status, locomo, probe, demo, names, client, langgraph):
+    assert sorted(receipts.__all__) == [
+        "InvalidReceipt",
+        "RECEIPT_DOMAIN",
+        "key_id",
+        "read_public_keys",
+        "read_receipts",
+        "sign_receipt",
+        "signed_bytes",
+        "verify_receipt",
+    ]
+    assert sorted(remote.__all__) == [
+        "AUDIT_FAILURES",
+        "CONNECT_TIMEOUT_SECONDS",
+        "RemoteError",
+        "audit",
+        "connect",
+        "forget",
+        "message_document",
+        "receipt_document",
+        "server_info_document",
+        "verify_files",
+    ]
+    for module in (_rpc, _status, locomo, probe, demo, names, client, langgraph, receipts, remote):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 

@@ -15,6 +15,11 @@ from shredder import CryptoError, KekRing, KeyNotFoundError, Keystore, signing_k
 MESSAGE = b"lethe-test/1\x00a statement"
 
 
+def _message(key_id: str) -> bytes:
+    assert len(key_id) == 16
+    return MESSAGE
+
+
 def _verify(public: bytes, message: bytes, signature: bytes) -> None:
     nacl.signing.VerifyKey(public).verify(message, signature)
 
@@ -24,7 +29,7 @@ def test_the_first_key_is_made_once_and_signs_what_its_public_key_verifies(
 ) -> None:
     with Keystore(tmp_path / "ks", KekRing.from_env(KekRing.generate_env_value())) as ks:
         with pytest.raises(KeyNotFoundError):
-            ks.sign(MESSAGE)
+            ks.sign(_message)
         assert ks.signing_keys() == []
         key_id = ks.ensure_signing_key()
         assert ks.ensure_signing_key() == key_id
@@ -32,7 +37,7 @@ def test_the_first_key_is_made_once_and_signs_what_its_public_key_verifies(
         assert (info.key_id, info.retire_time) == (key_id, 0.0)
         assert signing_key_id(info.public_key) == key_id
         assert len(key_id) == 16
-        signed_by, signature = ks.sign(MESSAGE)
+        signed_by, signature = ks.sign(_message)
         assert signed_by == key_id
         assert len(signature) == 64
         _verify(info.public_key, MESSAGE, signature)
@@ -43,7 +48,7 @@ def test_the_first_key_is_made_once_and_signs_what_its_public_key_verifies(
 def test_a_rotated_key_stays_published_and_its_old_signatures_verify(tmp_path: Path) -> None:
     with Keystore(tmp_path / "ks", KekRing.from_env(KekRing.generate_env_value())) as ks:
         first = ks.ensure_signing_key()
-        _, old_signature = ks.sign(MESSAGE)
+        _, old_signature = ks.sign(_message)
         assert ks.unrotated_since() is None
         new, retired = ks.rotate_signing_key()
         assert retired == first
@@ -54,7 +59,7 @@ def test_a_rotated_key_stays_published_and_its_old_signatures_verify(tmp_path: P
         assert keys[first].retire_time >= keys[first].create_time > 0
         assert keys[new].retire_time == 0.0
         _verify(keys[first].public_key, MESSAGE, old_signature)
-        signed_by, signature = ks.sign(MESSAGE)
+        signed_by, signature = ks.sign(_message)
         assert signed_by == new
         _verify(keys[new].public_key, MESSAGE, signature)
         with pytest.raises(nacl.exceptions.BadSignatureError):
@@ -73,18 +78,18 @@ def test_a_kek_rotation_rewraps_the_key_and_destroys_a_retired_one_everywhere(
     snapshot = tmp_path / "snapshot"
     shutil.copytree(ks_path, snapshot)  # what a free page or an old copy would hold
     with Keystore(snapshot, kek) as old:
-        assert old.sign(MESSAGE)[0] == first  # before the rotations the copy still signs
+        assert old.sign(_message)[0] == first  # before the rotations the copy still signs
     with Keystore(ks_path, kek) as ks:
         second, _ = ks.rotate_signing_key()
         assert ks.rotate() == (0, 0, [1])
         assert ks.kek_version_in_use() == {2}
-        assert ks.sign(MESSAGE)[0] == second
+        assert ks.sign(_message)[0] == second
     reloaded = KekRing.load_or_create(kek_path, create=False)
     assert reloaded.versions == frozenset({2})
     with Keystore(snapshot, reloaded) as old, pytest.raises(CryptoError):
-        old.sign(MESSAGE)
+        old.sign(_message)
     with Keystore(ks_path, reloaded) as ks:
-        assert ks.sign(MESSAGE)[0] == second
+        assert ks.sign(_message)[0] == second
         assert [info.key_id for info in ks.signing_keys()] == [first, second]
 
 
@@ -105,4 +110,4 @@ def test_another_keystore_cannot_open_the_wrapped_key(tmp_path: Path) -> None:
         txn.put(b"store_id", b_id.encode())
     env.close()
     with Keystore(tmp_path / "c", kek) as ks, pytest.raises(CryptoError):
-        ks.sign(MESSAGE)
+        ks.sign(_message)
