@@ -111,3 +111,19 @@ def test_another_keystore_cannot_open_the_wrapped_key(tmp_path: Path) -> None:
     env.close()
     with Keystore(tmp_path / "c", kek) as ks, pytest.raises(CryptoError):
         ks.sign(_message)
+
+
+def test_a_rotation_cut_after_the_new_kek_version_keeps_the_version_that_wraps_the_key(
+    tmp_path: Path,
+) -> None:
+    """``keystore.rotate.after_kek``: the seed still wraps under the old version, kept in use."""
+    kek_path = tmp_path / "config" / "kek.json"
+    kek = KekRing.load_or_create(kek_path, create=True)
+    with Keystore(tmp_path / "ks", kek) as ks:
+        first = ks.ensure_signing_key()
+        kek.add_version()  # what a crash at keystore.rotate.after_kek leaves
+        assert ks.retire_unused_kek_versions() == []  # version 1 wraps the seed: in use
+        assert ks.sign(_message)[0] == first
+        assert ks.rotate() == (0, 0, [1, 2])
+        assert ks.kek_version_in_use() == {3}
+        assert ks.sign(_message)[0] == first
