@@ -20,7 +20,10 @@ Imports the client, :mod:`lethe.receipts`, protobuf and the standard library.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Iterator, Sequence
+import json
+import os
+import secrets
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -43,11 +46,16 @@ from lethe.v1 import common_pb2, lifecycle_pb2
 __all__ = [
     "AUDIT_FAILURES",
     "CONNECT_TIMEOUT_SECONDS",
+    "EXPORT_KINDS",
+    "IncompleteExport",
     "RemoteError",
     "audit",
     "connect",
+    "export_line",
+    "export_owner",
     "forget",
     "message_document",
+    "read_export",
     "receipt_document",
     "server_info_document",
     "verify_files",
@@ -59,6 +67,10 @@ CONNECT_TIMEOUT_SECONDS = 10.0
 
 class RemoteError(Exception):
     """The server cannot be reached, or refused the token, the owner or the request (exit 2)."""
+
+
+class IncompleteExport(RemoteError):
+    """An export stream or file that ends before its summary, or disagrees with it."""
 
 
 def message_document(message: Message) -> dict[str, Any]:
@@ -265,3 +277,130 @@ def audit(client: Client, owners: Sequence[str]) -> dict[str, Any]:
         if any(counts[k] for k in AUDIT_FAILURES):
             unhealthy[owner] = counts
     return {"healthy": not unhealthy, "totals": totals, "owners": unhealthy}
+
+
+# ---------------------------------------------------------------------- export
+
+EXPORT_KINDS = ("header", "thread", "turn", "memory", "edge", "receipt", "summary")
+"""The kinds of an export's lines, the ``ExportItem`` field each carries."""
+_SUMMARY_COUNTS = {
+    "thread": "threads",
+    "turn": "turns",
+    "memory": "memory_versions",
+    "edge": "edges",
+    "receipt": "receipts",
+}
+
+
+def export_line(item: lifecycle_pb2.ExportItem) -> str:
+    """One line of an export file: ``{"kind": K, K: the item's message}`` (no newline).
+
+    ``K`` is the ``ExportItem`` field set (:data:`EXPORT_KINDS`); the message is
+    as :func:`message_document` writes it, so :func:`read_export` parses it back.
+    """
+    kind = item.WhichOneof("item")
+    if kind is None:
+        raise ValueError("an empty export item")
+    return json.dumps({"kind": kind, kind: message_document(getattr(item, kind))}, sort_keys=True)
+
+
+def _check_summary(counts: dict[str, int], summary: lifecycle_pb2.ExportSummary | None) -> None:
+    if summary is None:
+        raise IncompleteExport("the export ended before its summary: it is incomplete")
+    for kind, field in _SUMMARY_COUNTS.items():
+        if counts.get(kind, 0) != getattr(summary, field):
+            raise IncompleteExport(
+                f"the export holds {counts.get(kind, 0)} {kind} items, its summary "
+                f"{getattr(summary, field)}"
+            )
+
+
+def export_owner(
+    client: Client,
+    owner: str,
+    out: Path,
+    *,
+    include_sealed: bool = False,
+    on_item: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """``Lifecycle.ExportOwner`` of ``owner`` into ``out``, as JSON Lines (:func:`export_line`).
+
+    The file appears only once the whole export arrived and matched its summary:
+    it is written beside ``out`` under a temporary name, mode 0600 (it holds the
+    owner's content in plaintext), synced, then renamed.
+
+    Args:
+        client: a connected client.
+        owner: the owner id.
+        out: the file to write (replaced if it exists).
+        include_sealed: also sealed repair material.
+        on_item: called with each item's kind as it is written (progress).
+
+    Returns:
+        ``{out, owner, store_id, bytes, threads, turns, memory_versions, edges,
+        receipts}``.
+
+    Raises:
+        IncompleteExport: the stream ended before its summary or disagrees with it.
+        OSError: ``out`` cannot be written.
+    """
+    temp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.part")
+    counts: dict[str, int] = {}
+    header: lifecycle_pb2.ExportHeader | None = None
+    summary: lifecycle_pb2.ExportSummary | None = None
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for item in client.export_owner(f"owners/{owner}", include_sealed=include_sealed):
+                kind = item.WhichOneof("item") or ""
+                f.write(export_line(item) + "\n")
+                counts[kind] = counts.get(kind, 0) + 1
+                if kind == "header":
+                    header = item.header
+                elif kind == "summary":
+                    summary = item.summary
+                if on_item is not None:
+                    on_item(kind)
+            _check_summary(counts, summary)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, out)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    assert summary is not None
+    return {
+        "out": str(out),
+        "owner": owner,
+        "store_id": header.store_id if header is not None else "",
+        "bytes": out.stat().st_size,
+        **{field: getattr(summary, field) for field in _SUMMARY_COUNTS.values()},
+    }
+
+
+def read_export(path: Path) -> Iterator[lifecycle_pb2.ExportItem]:
+    """The items of an export file, in order, as the server sent them.
+
+    Raises:
+        ValueError: a line that is not an export item.
+        IncompleteExport: the file ends before its summary or disagrees with it
+            (raised after the last item).
+    """
+    counts: dict[str, int] = {}
+    summary: lifecycle_pb2.ExportSummary | None = None
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+                kind = doc["kind"]
+                item = lifecycle_pb2.ExportItem()
+                json_format.ParseDict({kind: doc[kind]}, item)
+            except (json.JSONDecodeError, KeyError, TypeError, json_format.ParseError) as exc:
+                raise ValueError(f"{path}:{number}: not an export item ({exc})") from None
+            counts[kind] = counts.get(kind, 0) + 1
+            if kind == "summary":
+                summary = item.summary
+            yield item
+    _check_summary(counts, summary)

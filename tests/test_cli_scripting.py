@@ -42,6 +42,7 @@ COMMANDS = [
     "demo",
     "probe",
     "forget",
+    "export",
     "receipt public-key",
     "receipt verify",
     "receipt rotate-key",

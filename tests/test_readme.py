@@ -102,6 +102,7 @@ MUST_RUN = {
     "docs/operating.md": (
         "lethe serve",
         "lethe probe",
+        "lethe export",
         "lethe forget",
         "lethe receipt verify",
         "lethe receipt rotate-key",
@@ -373,6 +374,9 @@ def _check(command: str, stdout: str, clone: Path) -> None:
             assert len(document["tokens"]) >= 2  # the laptop token and P above
     elif "grpcurl" in command and "CreateThread" in command:
         assert "owners/alice/threads/t1" in stdout
+    elif " export " in command:
+        assert stdout.startswith("wrote "), stdout
+        assert oct((clone / "alice-export.jsonl").stat().st_mode & 0o777) == "0o600"
     elif " forget " in command:
         assert "signed by store" in stdout
         assert json.loads((clone / "erasure.json").read_text())["receipt"]["signature"]

@@ -10,9 +10,14 @@ retries every method shares.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
+
+import grpc
 
 from lethe.client._base_sync import ClientBase
 from lethe.client._build import build
+from lethe.client._errors import error_from_rpc
+from lethe.client._routing import routed
 from lethe.client._types import DurationLike, EnumOr, MessageOr
 from lethe.v1 import common_pb2, lifecycle_pb2
 
@@ -180,3 +185,33 @@ class LifecycleMethods(ClientBase):
         """
         request = lifecycle_pb2.GetServerInfoRequest()
         return self._call(self.stubs.lifecycle.GetServerInfo, request, timeout)
+
+    def export_owner(
+        self, parent: str, *, include_sealed: bool = False, timeout: float | None = None
+    ) -> Iterator[lifecycle_pb2.ExportItem]:
+        """``Lifecycle.ExportOwner``: every item of an owner's export, in the stream's order.
+
+        The header first, the summary last (an export without it is incomplete);
+        :func:`lethe.remote.export_owner` writes them to a JSON Lines file and
+        :func:`lethe.remote.read_export` reads one back. Not retried: a broken
+        export is started again.
+
+        Args:
+            parent: ``owners/{owner}``.
+            include_sealed: also sealed repair material.
+            timeout: seconds for the whole stream; None (default): no deadline.
+
+        Raises:
+            LetheError: the call failed (raised while iterating).
+        """
+        request = build(
+            lifecycle_pb2.ExportOwnerRequest, {"parent": parent, "include_sealed": include_sealed}
+        )
+        # Typed with the blocking stubs: the call of either flavour iterates its items.
+        call: Any = self.stubs.lifecycle.ExportOwner(
+            request, metadata=routed(self.metadata, request), timeout=timeout
+        )
+        try:
+            yield from call
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None

@@ -53,6 +53,11 @@ class LifecycleStub(object):
                 request_serializer=lethe_dot_v1_dot_lifecycle__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=lethe_dot_v1_dot_lifecycle__pb2.ServerInfo.FromString,
                 )
+        self.ExportOwner = channel.unary_stream(
+                '/lethe.v1.Lifecycle/ExportOwner',
+                request_serializer=lethe_dot_v1_dot_lifecycle__pb2.ExportOwnerRequest.SerializeToString,
+                response_deserializer=lethe_dot_v1_dot_lifecycle__pb2.ExportItem.FromString,
+                )
 
 
 class LifecycleServicer(object):
@@ -146,6 +151,23 @@ class LifecycleServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportOwner(self, request, context):
+        """Streams everything of one owner that its token may read, for a copy the
+        owner (or a data-protection officer acting for them) takes away: a
+        header, the threads, every live turn (pending, committed and tainted ones,
+        with state and times; no embeddings), every live memory at every stored
+        version, the lineage edges of what was exported, every deletion receipt
+        (signed, content-free), and a summary that counts each kind. Sealed
+        repair material (repair threads, their sealed turns and memories) only
+        with `include_sealed`. Expired and forgotten records are never sent.
+        Each page is read in one transaction; records written while the export
+        runs may or may not be in it. `lethe export` writes it as JSON Lines.
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (a malformed `parent`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LifecycleServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -183,6 +205,11 @@ def add_LifecycleServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=lethe_dot_v1_dot_lifecycle__pb2.GetServerInfoRequest.FromString,
                     response_serializer=lethe_dot_v1_dot_lifecycle__pb2.ServerInfo.SerializeToString,
+            ),
+            'ExportOwner': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportOwner,
+                    request_deserializer=lethe_dot_v1_dot_lifecycle__pb2.ExportOwnerRequest.FromString,
+                    response_serializer=lethe_dot_v1_dot_lifecycle__pb2.ExportItem.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -313,5 +340,22 @@ class Lifecycle(object):
         return grpc.experimental.unary_unary(request, target, '/lethe.v1.Lifecycle/GetServerInfo',
             lethe_dot_v1_dot_lifecycle__pb2.GetServerInfoRequest.SerializeToString,
             lethe_dot_v1_dot_lifecycle__pb2.ServerInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExportOwner(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/lethe.v1.Lifecycle/ExportOwner',
+            lethe_dot_v1_dot_lifecycle__pb2.ExportOwnerRequest.SerializeToString,
+            lethe_dot_v1_dot_lifecycle__pb2.ExportItem.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

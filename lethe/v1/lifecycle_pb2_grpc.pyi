@@ -94,6 +94,19 @@ class LifecycleStub:
     may call it; it names no owner. Behind a proxy that routes on
     `x-lethe-owner`, ask each shard: each store signs with its own keys.
     """
+    ExportOwner: _grpc.UnaryStreamMultiCallable[_lifecycle_pb2.ExportOwnerRequest, _lifecycle_pb2.ExportItem]
+    """Streams everything of one owner that its token may read, for a copy the
+    owner (or a data-protection officer acting for them) takes away: a
+    header, the threads, every live turn (pending, committed and tainted ones,
+    with state and times; no embeddings), every live memory at every stored
+    version, the lineage edges of what was exported, every deletion receipt
+    (signed, content-free), and a summary that counts each kind. Sealed
+    repair material (repair threads, their sealed turns and memories) only
+    with `include_sealed`. Expired and forgotten records are never sent.
+    Each page is read in one transaction; records written while the export
+    runs may or may not be in it. `lethe export` writes it as JSON Lines.
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (a malformed `parent`).
+    """
 
 @_typing.type_check_only
 class LifecycleAsyncStub(LifecycleStub):
@@ -159,6 +172,19 @@ class LifecycleAsyncStub(LifecycleStub):
     so that any receipt it issued can be verified offline). Any valid token
     may call it; it names no owner. Behind a proxy that routes on
     `x-lethe-owner`, ask each shard: each store signs with its own keys.
+    """
+    ExportOwner: _aio.UnaryStreamMultiCallable[_lifecycle_pb2.ExportOwnerRequest, _lifecycle_pb2.ExportItem]  # type: ignore[assignment]
+    """Streams everything of one owner that its token may read, for a copy the
+    owner (or a data-protection officer acting for them) takes away: a
+    header, the threads, every live turn (pending, committed and tainted ones,
+    with state and times; no embeddings), every live memory at every stored
+    version, the lineage edges of what was exported, every deletion receipt
+    (signed, content-free), and a summary that counts each kind. Sealed
+    repair material (repair threads, their sealed turns and memories) only
+    with `include_sealed`. Expired and forgotten records are never sent.
+    Each page is read in one transaction; records written while the export
+    runs may or may not be in it. `lethe export` writes it as JSON Lines.
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (a malformed `parent`).
     """
 
 class LifecycleServicer(metaclass=_abc_1.ABCMeta):
@@ -264,6 +290,25 @@ class LifecycleServicer(metaclass=_abc_1.ABCMeta):
         so that any receipt it issued can be verified offline). Any valid token
         may call it; it names no owner. Behind a proxy that routes on
         `x-lethe-owner`, ask each shard: each store signs with its own keys.
+        """
+
+    @_abc_1.abstractmethod
+    def ExportOwner(
+        self,
+        request: _lifecycle_pb2.ExportOwnerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_lifecycle_pb2.ExportItem], _abc.AsyncIterator[_lifecycle_pb2.ExportItem]]:
+        """Streams everything of one owner that its token may read, for a copy the
+        owner (or a data-protection officer acting for them) takes away: a
+        header, the threads, every live turn (pending, committed and tainted ones,
+        with state and times; no embeddings), every live memory at every stored
+        version, the lineage edges of what was exported, every deletion receipt
+        (signed, content-free), and a summary that counts each kind. Sealed
+        repair material (repair threads, their sealed turns and memories) only
+        with `include_sealed`. Expired and forgotten records are never sent.
+        Each page is read in one transaction; records written while the export
+        runs may or may not be in it. `lethe export` writes it as JSON Lines.
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (a malformed `parent`).
         """
 
 def add_LifecycleServicer_to_server(servicer: LifecycleServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -29,6 +29,8 @@ module           holds
 ``_probe``       ``lethe probe`` (its flags; the probe is :mod:`lethe.probe`)
 ``_forget``      ``lethe forget`` against a running server (the work is
                  :mod:`lethe.remote`)
+``_export``      ``lethe export``: an owner's records from a running server
+                 into a JSON Lines file (the work is :mod:`lethe.remote`)
 ``_receipt``     ``lethe receipt public-key | verify | rotate-key``: the keys
                  that sign deletion receipts
 ===============  ===========================================================
@@ -69,6 +71,7 @@ from server.cli import (
     _audit,
     _backup,
     _demo,
+    _export,
     _forget,
     _owner,
     _probe,
@@ -112,6 +115,7 @@ COMMANDS = (
     _demo,
     _probe,
     _forget,
+    _export,
     _receipt,
 )
 """The command modules, in the order ``lethe --help`` lists them; each has

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
 
 import grpc
@@ -18,7 +18,7 @@ from server._names import (
     parse_target,
     parse_thread,
 )
-from server.edge import authorize
+from server.edge import StreamContext, authorize
 from server.errors import InvalidArgument
 from server.lifecycle import Lifecycle
 from server.retrieval import Retriever
@@ -33,6 +33,7 @@ from server.services._common import (
     page_tokens,
 )
 from server.services._convert import receipt_proto
+from server.services._export import export_items
 from server.store import ForgetTargets, Store
 
 
@@ -150,6 +151,13 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         Any authenticated caller may ask: it names no owner and holds nothing secret.
         """
         return self.store.server_info()
+
+    async def ExportOwner(  # type: ignore[override]  # noqa: N802
+        self, request: lifecycle_pb2.ExportOwnerRequest, context: StreamContext
+    ) -> AsyncIterator[lifecycle_pb2.ExportItem]:
+        """``Lifecycle.ExportOwner``: stream what the owner's token may read (``_export``)."""
+        async for item in export_items(self.store, request, context):
+            yield item
 
     def Forget(  # noqa: N802
         self, request: lifecycle_pb2.ForgetRequest, context: grpc.ServicerContext

@@ -31,6 +31,8 @@ module              holds
 ``_placement``      moved-away markers: owners this shard no longer holds
 ``_moves``          moving an owner between shards: export, import, release
 ``_vectors``        which embedder made an owner's vectors; swapping them all at once
+``_export``         what an owner's export reads besides the listings: every memory
+                    version, lineage edges
 ``_store``          opening a data directory; ``Store`` composes the parts
 ==================  ===========================================================
 

@@ -28,6 +28,7 @@ from server.errors import LetheError
 from server.store import _schema as sk
 from server.store._audit import AuditPart
 from server.store._events import EventsPart
+from server.store._export import ExportPart
 from server.store._forget import ForgetPart
 from server.store._manifests import ManifestsPart
 from server.store._memories import MemoriesPart
@@ -132,6 +133,7 @@ class Store(
     MemoriesPart,
     MovesPart,
     VectorsPart,
+    ExportPart,
 ):
     """The data environment, the keystore and the writer for one data directory.
 

@@ -1,11 +1,12 @@
-"""Erasure and proof from a shell: ``lethe forget``, ``lethe receipt``, ``lethe audit --target``.
+"""Erasure, export and proof from a shell: ``lethe forget``, ``export``, ``receipt``, ``audit``.
 
 Each command runs as a subprocess, as a data-protection officer's script would
 run it, against a real server, the token in ``LETHE_TOKEN``: the receipt
 ``forget`` prints verifies offline with the keys ``receipt public-key`` prints,
-a tampered one does not (exit 1), and the exit statuses are those of every
-``lethe`` command (0 done, 1 a failed check or nothing to forget, 2 a server
-that cannot be reached or refuses).
+a tampered one does not (exit 1); ``export`` writes a file that reads back to
+what the server streams; and the exit statuses are those of every ``lethe``
+command (0 done, 1 a failed check or nothing to forget, 2 a server that cannot
+be reached or refuses).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 from conftest import Lethe, free_port
 
+from lethe.remote import read_export
 from lethe.v1 import common_pb2
 
 
@@ -187,3 +189,64 @@ def test_rotating_the_signing_key_keeps_old_receipts_verifiable(
     fresh = c.forget([turns[1]])
     assert fresh.signing_key_id == rotated["key_id"]
     assert isinstance(fresh, common_pb2.DeletionReceipt)
+
+
+def test_lethe_export_round_trips_and_its_receipts_verify(
+    served: tuple[Lethe, str, list[str]], tmp_path: Path
+) -> None:
+    lethe, target, turns = served
+    token = lethe.token("alice")
+    c = lethe.client("alice")
+    c.forget([turns[0]])
+    out = tmp_path / "alice.jsonl"
+    doc = _json(
+        _cli(
+            "export",
+            "--target",
+            target,
+            "--owner",
+            "alice",
+            "--out",
+            str(out),
+            "--json",
+            token=token,
+        )
+    )
+    assert (doc["threads"], doc["turns"], doc["receipts"]) == (1, 2, 1)
+    assert doc["bytes"] == out.stat().st_size
+    read = list(read_export(out))
+    streamed = list(c.export_owner("owners/alice"))
+    for items in (read, streamed):
+        items[0].header.ClearField("export_time")
+    assert read == streamed
+    assert [i.turn.text for i in read if i.HasField("turn")] == ["b", "c"]
+    keys = tmp_path / "keys.json"
+    keys.write_text(_cli("receipt", "public-key", "--target", target, "--json", token=token).stdout)
+    verified = _json(_cli("receipt", "verify", str(out), "--public-key", str(keys), "--json"))
+    assert verified["verified"] is True
+    assert len(verified["receipts"]) == 1
+    human = _cli("export", "--target", target, "--owner", "alice", "--out", str(out), token=token)
+    assert human.returncode == 0, human.stderr
+    assert "2 turns" in human.stdout
+    assert human.stderr == ""  # no progress bar off a terminal
+
+
+def test_lethe_export_refused_leaves_no_file(
+    served: tuple[Lethe, str, list[str]], tmp_path: Path
+) -> None:
+    lethe, target, _ = served
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "alice.jsonl"
+    done = _cli(
+        "export",
+        "--target",
+        target,
+        "--owner",
+        "alice",
+        "--out",
+        str(out),
+        token=lethe.token("bob"),
+    )
+    assert done.returncode == 2
+    assert "may not act" in done.stderr
+    assert list(out.parent.iterdir()) == []  # neither the file nor a partial one
