@@ -58,6 +58,7 @@ __all__ = [
     "read_export",
     "receipt_document",
     "server_info_document",
+    "set_retention",
     "verify_files",
 ]
 
@@ -244,6 +245,40 @@ def forget(
     return client.forget(
         names, range=rng, responses="DELETE" if delete_responses else None, reason=reason
     )
+
+
+def set_retention(
+    client: Client,
+    names: Sequence[str],
+    *,
+    ttl: float | None = None,
+    expire_time: float | None = None,
+    clear: bool = False,
+) -> dict[str, Any]:
+    """``Lifecycle.SetRetention`` of ``names`` (records, threads, or ``owners/{o}`` alone).
+
+    Args:
+        client: a connected client.
+        names: turn, memory or thread names of one owner, or the owner.
+        ttl: seconds from now (an owner: from each new record's creation).
+        expire_time: seconds since the epoch (not for an owner).
+        clear: remove the retention instead.
+
+    Returns:
+        ``{records: [names], expire_time, owner_default_seconds}`` (times RFC
+        3339 or null).
+
+    Raises:
+        NotFound: a named record never existed or is gone (nothing is changed).
+    """
+    done = client.set_retention(names, ttl=ttl, expire_time=expire_time, clear=clear)
+    return {
+        "records": [r.name for r in done.records],
+        "expire_time": done.expire_time.ToJsonString() if done.HasField("expire_time") else None,
+        "owner_default_seconds": done.owner_default.ToNanoseconds() / 1e9
+        if done.HasField("owner_default")
+        else None,
+    }
 
 
 AUDIT_FAILURES = (

@@ -15,12 +15,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import Lethe, free_port
 
+from lethe.client import RecordDeleted
 from lethe.remote import read_export
 from lethe.v1 import common_pb2
 
@@ -250,3 +252,41 @@ def test_lethe_export_refused_leaves_no_file(
     assert done.returncode == 2
     assert "may not act" in done.stderr
     assert list(out.parent.iterdir()) == []  # neither the file nor a partial one
+
+
+def test_lethe_retention_on_records_and_an_owners_default(
+    served: tuple[Lethe, str, list[str]],
+) -> None:
+    lethe, target, turns = served
+    token = lethe.token("alice")
+    doc = _json(
+        _cli("retention", "--target", target, turns[0], "--ttl", "1s", "--json", token=token)
+    )
+    assert doc["records"] == [turns[0]]
+    assert doc["expire_time"] is not None
+    assert doc["owner_default_seconds"] is None
+    owner = _json(
+        _cli("retention", "--target", target, "owners/alice", "--ttl", "30d", "--json", token=token)
+    )
+    assert owner == {"records": [], "expire_time": None, "owner_default_seconds": 2592000.0}
+    human = _cli("retention", "--target", target, "owners/alice", "--clear", token=token)
+    assert human.returncode == 0, human.stderr
+    assert "no default retention" in human.stdout
+    past = _cli(
+        "retention",
+        "--target",
+        target,
+        turns[1],
+        "--expire-time",
+        "2001-01-01T00:00:00Z",
+        token=token,
+    )
+    assert past.returncode == 2
+    assert "expire_time" in past.stderr
+    missing = _cli("retention", "--target", target, turns[0] + "9", "--ttl", "1h", token=token)
+    assert missing.returncode == 1
+    time.sleep(1.1)
+    c = lethe.client("alice")
+    with pytest.raises(RecordDeleted):
+        c.get_turn(turns[0])
+    assert c.get_turn(turns[1]).text == "b"

@@ -43,6 +43,7 @@ COMMANDS = [
     "probe",
     "forget",
     "export",
+    "retention",
     "receipt public-key",
     "receipt verify",
     "receipt rotate-key",

@@ -102,6 +102,7 @@ MUST_RUN = {
     "docs/operating.md": (
         "lethe serve",
         "lethe probe",
+        "lethe retention",
         "lethe export",
         "lethe forget",
         "lethe receipt verify",
@@ -374,6 +375,8 @@ def _check(command: str, stdout: str, clone: Path) -> None:
             assert len(document["tokens"]) >= 2  # the laptop token and P above
     elif "grpcurl" in command and "CreateThread" in command:
         assert "owners/alice/threads/t1" in stdout
+    elif " retention " in command:
+        assert stdout.startswith("owners/alice: new records live 365d"), stdout
     elif " export " in command:
         assert stdout.startswith("wrote "), stdout
         assert oct((clone / "alice-export.jsonl").stat().st_mode & 0o777) == "0o600"

@@ -18,7 +18,7 @@ from lethe.client._base_sync import ClientBase
 from lethe.client._build import build
 from lethe.client._errors import error_from_rpc
 from lethe.client._routing import routed
-from lethe.client._types import DurationLike, EnumOr, MessageOr
+from lethe.client._types import DurationLike, EnumOr, MessageOr, TimeLike
 from lethe.v1 import common_pb2, lifecycle_pb2
 
 __all__ = ["LifecycleMethods"]
@@ -72,6 +72,44 @@ class LifecycleMethods(ClientBase):
         """
         request = build(lifecycle_pb2.ExtendPendingRequest, {"names": names, "ttl": ttl})
         return self._call(self.stubs.lifecycle.ExtendPending, request, timeout)
+
+    def set_retention(
+        self,
+        names: Iterable[str],
+        *,
+        expire_time: TimeLike | None = None,
+        ttl: DurationLike | None = None,
+        clear: bool = False,
+        timeout: float | None = None,
+    ) -> lifecycle_pb2.SetRetentionResponse:
+        """``Lifecycle.SetRetention``: how long records, threads or an owner's new records live.
+
+        From their expiry on, reads treat them as forgotten (``RecordDeleted``),
+        what was derived from them too; the sweeper then forgets them with a
+        receipt (reason ``RETENTION``). Not retried.
+
+        Args:
+            names: turn, memory or thread names of one owner, or ``owners/{o}``
+                alone (its default for the records created from now on).
+            expire_time: when they expire (aware ``datetime``, epoch seconds or
+                ``Timestamp``); not for an owner.
+            ttl: how long from now (for an owner: from each new record's creation).
+            clear: remove the retention instead.
+            timeout: deadline in seconds (default: the client's).
+
+        Returns:
+            ``records`` changed, ``expire_time``, and for an owner ``owner_default``.
+
+        Raises:
+            NotFound / RecordDeleted: a named record. Sealed: a sealed record or a
+            repair thread. BadField: not exactly one of ``expire_time``, ``ttl``
+            and ``clear``.
+        """
+        request = build(
+            lifecycle_pb2.SetRetentionRequest,
+            {"names": names, "expire_time": expire_time, "ttl": ttl, "clear": clear},
+        )
+        return self._call(self.stubs.lifecycle.SetRetention, request, timeout)
 
     def forget(
         self,

@@ -266,7 +266,8 @@ class DeletionReceipt(_message.Message):
     announced by a `REBUILD_REQUESTED` event naming the surviving sources.
     """
     reason: _builtins.str
-    """Why: "FORGET", "EXPIRED" (pending expiry), "KEY_DESTROYED" (a restored
+    """Why: "FORGET", "EXPIRED" (pending expiry), "RETENTION" (a committed
+    record's or a thread's retention ended), "KEY_DESTROYED" (a restored
     backup's record whose key was gone), "REPAIR_DESTROY" / "REPAIR_DISTILL"
     (`ConcludeRepair`), "OWNER_MOVED" (the release of an owner that moved
     to another shard, printed by `lethe owner release`), or the client's

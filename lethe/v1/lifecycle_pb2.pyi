@@ -764,3 +764,91 @@ class ExportItem(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
 
 Global___ExportItem: _TypeAlias = ExportItem  # noqa: Y015
+
+@_typing.final
+class SetRetentionRequest(_message.Message):
+    """Request of `Lifecycle.SetRetention`: one of `expire_time`, `ttl` and
+    `clear`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMES_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    TTL_FIELD_NUMBER: _builtins.int
+    CLEAR_FIELD_NUMBER: _builtins.int
+    clear: _builtins.bool
+    """Remove the retention (of an owner: its default); records then live until
+    forgotten.
+    """
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Required: 1..1000 turn, memory or thread names of one owner, or the
+        owner itself (`owners/{o}`, alone: its default for new records).
+        """
+
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the named records and threads expire; in the future, at most 100
+        years ahead. Not for an owner.
+        """
+
+    @_builtins.property
+    def ttl(self) -> _duration_pb2.Duration:
+        """How long from now they live (for an owner: how long each new record
+        lives from its creation); positive, at most 100 years.
+        """
+
+    def __init__(
+        self,
+        *,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+        ttl: _duration_pb2.Duration | None = ...,
+        clear: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "ttl", b"ttl"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clear", b"clear", "expire_time", b"expire_time", "names", b"names", "ttl", b"ttl"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetRetentionRequest: _TypeAlias = SetRetentionRequest  # noqa: Y015
+
+@_typing.final
+class SetRetentionResponse(_message.Message):
+    """Response of `Lifecycle.SetRetention`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    OWNER_DEFAULT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]:
+        """The turns and memories whose retention changed, at their versions: the
+        named ones, then the turns of the named threads. Empty for an owner.
+        """
+
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When they expire now; unset after `clear`."""
+
+    @_builtins.property
+    def owner_default(self) -> _duration_pb2.Duration:
+        """The owner's default retention now (an owner name only); unset when none."""
+
+    def __init__(
+        self,
+        *,
+        records: _abc.Iterable[_common_pb2.SourceRef] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+        owner_default: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "owner_default", b"owner_default"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "owner_default", b"owner_default", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetRetentionResponse: _TypeAlias = SetRetentionResponse  # noqa: Y015

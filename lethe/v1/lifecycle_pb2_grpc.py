@@ -58,6 +58,11 @@ class LifecycleStub(object):
                 request_serializer=lethe_dot_v1_dot_lifecycle__pb2.ExportOwnerRequest.SerializeToString,
                 response_deserializer=lethe_dot_v1_dot_lifecycle__pb2.ExportItem.FromString,
                 )
+        self.SetRetention = channel.unary_unary(
+                '/lethe.v1.Lifecycle/SetRetention',
+                request_serializer=lethe_dot_v1_dot_lifecycle__pb2.SetRetentionRequest.SerializeToString,
+                response_deserializer=lethe_dot_v1_dot_lifecycle__pb2.SetRetentionResponse.FromString,
+                )
 
 
 class LifecycleServicer(object):
@@ -168,6 +173,28 @@ class LifecycleServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetRetention(self, request, context):
+        """Sets how long records may live once committed: turns and memories by
+        name, threads (the thread and every turn of it, those appended later
+        included; a thread's retention replaces its turns' own), or the owner's
+        default for the turns and memories created from now on (`owners/{o}`:
+        counted from each one's creation; records already stored keep theirs).
+        From `expire_time` on, every read treats the record as forgotten
+        (`RECORD_DELETED`; gone from listings, search and context, what was
+        derived from it too) before any sweeper runs; the sweeper then forgets it
+        through the normal deletion path, with a receipt of reason `RETENTION`. On
+        a pending record a retention only shortens its pending window; it applies
+        in full once committed. Sealed records never expire.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (nothing is
+        changed); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+        `BAD_FIELD` (no names, more than 1000, several owners, an owner name
+        with `expire_time`, neither `expire_time`, `ttl` nor `clear`, or a time
+        out of range); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LifecycleServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -210,6 +237,11 @@ def add_LifecycleServicer_to_server(servicer, server):
                     servicer.ExportOwner,
                     request_deserializer=lethe_dot_v1_dot_lifecycle__pb2.ExportOwnerRequest.FromString,
                     response_serializer=lethe_dot_v1_dot_lifecycle__pb2.ExportItem.SerializeToString,
+            ),
+            'SetRetention': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRetention,
+                    request_deserializer=lethe_dot_v1_dot_lifecycle__pb2.SetRetentionRequest.FromString,
+                    response_serializer=lethe_dot_v1_dot_lifecycle__pb2.SetRetentionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -357,5 +389,22 @@ class Lifecycle(object):
         return grpc.experimental.unary_stream(request, target, '/lethe.v1.Lifecycle/ExportOwner',
             lethe_dot_v1_dot_lifecycle__pb2.ExportOwnerRequest.SerializeToString,
             lethe_dot_v1_dot_lifecycle__pb2.ExportItem.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SetRetention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/lethe.v1.Lifecycle/SetRetention',
+            lethe_dot_v1_dot_lifecycle__pb2.SetRetentionRequest.SerializeToString,
+            lethe_dot_v1_dot_lifecycle__pb2.SetRetentionResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

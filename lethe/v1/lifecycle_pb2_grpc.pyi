@@ -107,6 +107,24 @@ class LifecycleStub:
     runs may or may not be in it. `lethe export` writes it as JSON Lines.
     Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (a malformed `parent`).
     """
+    SetRetention: _grpc.UnaryUnaryMultiCallable[_lifecycle_pb2.SetRetentionRequest, _lifecycle_pb2.SetRetentionResponse]
+    """Sets how long records may live once committed: turns and memories by
+    name, threads (the thread and every turn of it, those appended later
+    included; a thread's retention replaces its turns' own), or the owner's
+    default for the turns and memories created from now on (`owners/{o}`:
+    counted from each one's creation; records already stored keep theirs).
+    From `expire_time` on, every read treats the record as forgotten
+    (`RECORD_DELETED`; gone from listings, search and context, what was
+    derived from it too) before any sweeper runs; the sweeper then forgets it
+    through the normal deletion path, with a receipt of reason `RETENTION`. On
+    a pending record a retention only shortens its pending window; it applies
+    in full once committed. Sealed records never expire.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (nothing is
+    changed); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+    `BAD_FIELD` (no names, more than 1000, several owners, an owner name
+    with `expire_time`, neither `expire_time`, `ttl` nor `clear`, or a time
+    out of range); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
 
 @_typing.type_check_only
 class LifecycleAsyncStub(LifecycleStub):
@@ -185,6 +203,24 @@ class LifecycleAsyncStub(LifecycleStub):
     Each page is read in one transaction; records written while the export
     runs may or may not be in it. `lethe export` writes it as JSON Lines.
     Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (a malformed `parent`).
+    """
+    SetRetention: _aio.UnaryUnaryMultiCallable[_lifecycle_pb2.SetRetentionRequest, _lifecycle_pb2.SetRetentionResponse]  # type: ignore[assignment]
+    """Sets how long records may live once committed: turns and memories by
+    name, threads (the thread and every turn of it, those appended later
+    included; a thread's retention replaces its turns' own), or the owner's
+    default for the turns and memories created from now on (`owners/{o}`:
+    counted from each one's creation; records already stored keep theirs).
+    From `expire_time` on, every read treats the record as forgotten
+    (`RECORD_DELETED`; gone from listings, search and context, what was
+    derived from it too) before any sweeper runs; the sweeper then forgets it
+    through the normal deletion path, with a receipt of reason `RETENTION`. On
+    a pending record a retention only shortens its pending window; it applies
+    in full once committed. Sealed records never expire.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (nothing is
+    changed); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+    `BAD_FIELD` (no names, more than 1000, several owners, an owner name
+    with `expire_time`, neither `expire_time`, `ttl` nor `clear`, or a time
+    out of range); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
     """
 
 class LifecycleServicer(metaclass=_abc_1.ABCMeta):
@@ -309,6 +345,30 @@ class LifecycleServicer(metaclass=_abc_1.ABCMeta):
         Each page is read in one transaction; records written while the export
         runs may or may not be in it. `lethe export` writes it as JSON Lines.
         Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (a malformed `parent`).
+        """
+
+    @_abc_1.abstractmethod
+    def SetRetention(
+        self,
+        request: _lifecycle_pb2.SetRetentionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lifecycle_pb2.SetRetentionResponse, _abc.Awaitable[_lifecycle_pb2.SetRetentionResponse]]:
+        """Sets how long records may live once committed: turns and memories by
+        name, threads (the thread and every turn of it, those appended later
+        included; a thread's retention replaces its turns' own), or the owner's
+        default for the turns and memories created from now on (`owners/{o}`:
+        counted from each one's creation; records already stored keep theirs).
+        From `expire_time` on, every read treats the record as forgotten
+        (`RECORD_DELETED`; gone from listings, search and context, what was
+        derived from it too) before any sweeper runs; the sweeper then forgets it
+        through the normal deletion path, with a receipt of reason `RETENTION`. On
+        a pending record a retention only shortens its pending window; it applies
+        in full once committed. Sealed records never expire.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (nothing is
+        changed); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+        `BAD_FIELD` (no names, more than 1000, several owners, an owner name
+        with `expire_time`, neither `expire_time`, `ttl` nor `clear`, or a time
+        out of range); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
         """
 
 def add_LifecycleServicer_to_server(servicer: LifecycleServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -31,6 +31,8 @@ module           holds
                  :mod:`lethe.remote`)
 ``_export``      ``lethe export``: an owner's records from a running server
                  into a JSON Lines file (the work is :mod:`lethe.remote`)
+``_retention``   ``lethe retention``: retention of records, threads and an
+                 owner's new records on a running server
 ``_receipt``     ``lethe receipt public-key | verify | rotate-key``: the keys
                  that sign deletion receipts
 ===============  ===========================================================
@@ -77,6 +79,7 @@ from server.cli import (
     _probe,
     _receipt,
     _restore,
+    _retention,
     _rotate,
     _serve,
     _shard,
@@ -116,6 +119,7 @@ COMMANDS = (
     _probe,
     _forget,
     _export,
+    _retention,
     _receipt,
 )
 """The command modules, in the order ``lethe --help`` lists them; each has

@@ -57,6 +57,8 @@ def thread_proto(view: ThreadView) -> threads_pb2.Thread:
         update_time=timestamp(meta.update_time),
         last_seq=meta.last_seq,
     )
+    if meta.expire_time:
+        set_time(thread.expire_time, meta.expire_time)
     if meta.kind == "REPAIR":
         thread.repair.CopyFrom(
             threads_pb2.RepairInfo(
@@ -102,7 +104,7 @@ def fill_turn(turn: threads_pb2.Turn, view: TurnView, *, text: bool = True) -> N
     turn.context_manifest = meta.context_manifest
     for n, v in meta.context_refs:
         turn.context_refs.add(name=n, version=v)
-    if meta.state == PENDING and meta.expire_time:
+    if meta.state in (PENDING, COMMITTED) and meta.expire_time:
         set_time(turn.expire_time, meta.expire_time)
     if view.embedding is not None:
         turn.embedding.extend(view.embedding.tolist())
@@ -174,7 +176,7 @@ def fill_memory(memory: memories_pb2.Memory, view: MemoryView) -> None:
         memory.origin = memories_pb2.Memory.Origin.Value(meta.origin)
     if meta.due_time:
         set_time(memory.due_time, meta.due_time)
-    if meta.state == PENDING and meta.expire_time:
+    if meta.state in (PENDING, COMMITTED) and meta.expire_time:
         set_time(memory.expire_time, meta.expire_time)
     if view.content.metadata is not None:
         memory.metadata.update(view.content.metadata)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
 
@@ -26,13 +27,16 @@ from server.services._common import (
     MAX_BATCH,
     MAX_LINEAGE_DEPTH,
     MAX_REASON_BYTES,
+    MAX_RETENTION_SECONDS,
     check_text,
     duration,
     fit,
     owner_page,
     page_tokens,
+    retention,
+    seconds,
 )
-from server.services._convert import receipt_proto
+from server.services._convert import receipt_proto, set_time
 from server.services._export import export_items
 from server.store import ForgetTargets, Store
 
@@ -158,6 +162,57 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         """``Lifecycle.ExportOwner``: stream what the owner's token may read (``_export``)."""
         async for item in export_items(self.store, request, context):
             yield item
+
+    def SetRetention(  # noqa: N802
+        self, request: lifecycle_pb2.SetRetentionRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.SetRetentionResponse:
+        """``Lifecycle.SetRetention``: how long records, threads or an owner's new records live."""
+        if not request.names:
+            raise InvalidArgument("names", "at least one name is required")
+        if len(request.names) > MAX_BATCH:
+            raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
+        parsed = [parse_target(name, f"names[{i}]") for i, name in enumerate(request.names)]
+        owners = {t.owner for t in parsed}
+        if len(owners) != 1:
+            raise InvalidArgument("names", "all names must belong to one owner")
+        owner = owners.pop()
+        authorize(owner)
+        given = [request.HasField("expire_time"), request.HasField("ttl"), request.clear]
+        if sum(given) != 1:
+            raise InvalidArgument("ttl", "give exactly one of expire_time, ttl and clear")
+        response = lifecycle_pb2.SetRetentionResponse()
+        if any(isinstance(t, OwnerName) for t in parsed):
+            if len(parsed) != 1:
+                raise InvalidArgument("names", "an owner name goes alone")
+            if request.HasField("expire_time"):
+                raise InvalidArgument("expire_time", "an owner's default is a ttl")
+            default = retention(request.ttl, "ttl") if request.HasField("ttl") else 0.0
+            self.store.set_owner_retention(owner, default)
+            if default:
+                response.owner_default.FromNanoseconds(round(default * 1e9))
+            return response
+        now = time.time()
+        until = 0.0
+        if request.HasField("ttl"):
+            until = now + retention(request.ttl, "ttl")
+        elif request.HasField("expire_time"):
+            until = seconds(request.expire_time)
+            if not now < until <= now + MAX_RETENTION_SECONDS:
+                raise InvalidArgument("expire_time", "must be in the future, within 100 years")
+        metas = self.store.set_retention(
+            owner,
+            turns=[(t.thread, t.seq) for t in parsed if isinstance(t, TurnName)],
+            memories=[t.memory for t in parsed if isinstance(t, MemoryName)],
+            threads=[t.thread for t in parsed if isinstance(t, ThreadName)],
+            until=until,
+        )
+        # The loaded indexes watch when each turn may stop being visible: rebuilt
+        # from the store on next use, they watch the new times.
+        self.retriever.drop_owner(owner)
+        response.records.extend(common_pb2.SourceRef(name=m.name, version=m.version) for m in metas)
+        if until:
+            set_time(response.expire_time, until)
+        return response
 
     def Forget(  # noqa: N802
         self, request: lifecycle_pb2.ForgetRequest, context: grpc.ServicerContext

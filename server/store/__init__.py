@@ -22,6 +22,7 @@ module              holds
 ``_threads``        threads and turns
 ``_memories``       memories: publication, corrections, transitions, preferences
 ``_pending``        commit, ExtendPending, expiry queue, ``PENDING_EXPIRING``
+``_retention``      retention of committed records, threads and an owner's new records
 ``_forget``         the forget plan, cascade, purge and the deletion log
 ``_repairs``        sealing, reopening and pausing repairs
 ``_events``         reading, emitting and pruning events

@@ -265,9 +265,13 @@ class MovesPart(PlacementPart, StoreBase):
                         continue
                     yield name, key, value
         mine = set(rids)
-        for key, value in sk.scan(txn, self.t.expiry, b""):
-            if key[8:16] in mine:
-                yield "expiry", key, value
+        for queue in ("expiry", "retention"):  # time-first keys: the whole queue is read
+            for key, value in sk.scan(txn, getattr(self.t, queue), b""):
+                if key[8:16] in mine:
+                    yield queue, key, value
+        for key, value in sk.scan(txn, self.t.thread_expiry, b""):
+            if key[8:].startswith(prefix):
+                yield "thread_expiry", key, value
         for key, value in sk.scan(txn, self.t.tokens, b""):
             principal = _json.loads(value)
             if list(principal.get("owners", [])) == [owner] and not principal.get("admin"):
@@ -476,8 +480,11 @@ class MovesPart(PlacementPart, StoreBase):
                 value = _json.dumps([sk.rid_of(renumber(sk.rid_key(r))) for r in old_rids])
             elif name == "events":
                 last_event = max(last_event, int.from_bytes(key[-8:], "big"))
-            elif name == "expiry":
+            elif name in ("expiry", "retention"):
                 key = key[:8] + renumber(key[8:16])
+            elif name == "thread_expiry":
+                if not key[8:].startswith(prefix):
+                    raise IntegrityError("the export holds a row of another owner")
             elif name == "turns":
                 turn = TurnMeta.decode(value)
                 turn.rid = sk.rid_of(renumber(key))

@@ -36,6 +36,7 @@ from server.store._moves import MovesPart
 from server.store._pending import PendingPart
 from server.store._repairs import RepairsPart
 from server.store._reserve import RESERVE_FILE, DiskReserve, map_reserve
+from server.store._retention import RetentionPart
 from server.store._schema import Tables
 from server.store._threads import ThreadsPart
 from server.store._tokens import TokensPart
@@ -134,6 +135,7 @@ class Store(
     MovesPart,
     VectorsPart,
     ExportPart,
+    RetentionPart,
 ):
     """The data environment, the keystore and the writer for one data directory.
 

@@ -136,6 +136,7 @@ def test_lethe_module_public_names_are_pinned() -> None:
         "read_export",
         "receipt_document",
         "server_info_document",
+        "set_retention",
         "verify_files",
     ]
     for module in (_rpc, _status, locomo, probe, demo, names, client, langgraph, receipts, remote):

@@ -83,6 +83,9 @@ def _requests(n: Names) -> dict[str, message.Message]:
         "Lifecycle/Audit": lifecycle_pb2.AuditRequest(parent=alice),
         "Lifecycle/GetServerInfo": lifecycle_pb2.GetServerInfoRequest(),
         "Lifecycle/ExportOwner": lifecycle_pb2.ExportOwnerRequest(parent=alice),
+        "Lifecycle/SetRetention": lifecycle_pb2.SetRetentionRequest(
+            names=[turn], ttl=duration_pb2.Duration(seconds=1)
+        ),
         "Repairs/SealRepair": repairs_pb2.SealRepairRequest(thread=t, from_seq=1),
         "Repairs/ReopenRepair": repairs_pb2.ReopenRepairRequest(name=n["repair"]),
         "Repairs/PauseRepair": repairs_pb2.PauseRepairRequest(name=n["repair"]),
