@@ -215,3 +215,26 @@ def test_set_retention_refusals_change_nothing(
         call(c, {"turn": turn.name, "sealed": sealed.name})
     assert not c.get_turn(turn.name).HasField("expire_time")
     assert c.get_turn(turn.name).state == common_pb2.COMMITTED
+
+
+def test_the_audit_counts_no_drift_while_expired_records_await_the_sweep(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    t = create_thread(c, "alice", thread_id="t")
+    turn, _ = append(c, t, ["a puppy named Biscuit", "a cat named Tofu"], commit=True)
+    memory = c.create_memory(
+        "owners/alice", {"kind": "FACT", "text": "Biscuit is a puppy", "state": "COMMITTED"}
+    )
+
+    def found() -> set[str]:
+        hits = c.search("owners/alice", query_text="Biscuit puppy").hits
+        return {h.turn.text if h.HasField("turn") else h.memory.text for h in hits}
+
+    assert {"a puppy named Biscuit", "Biscuit is a puppy"} <= found()  # the indexes are loaded
+    done = c.set_retention([turn.name, memory.name], ttl=TTL)
+    assert {"a puppy named Biscuit", "Biscuit is a puppy"} <= found()
+    _wait_past(done.expire_time.ToNanoseconds() / 1e9)
+    report = c.audit("owners/alice")
+    assert (report.index_drift, report.orphans) == (0, 0)
+    assert not {"a puppy named Biscuit", "Biscuit is a puppy"} & found()
+    assert _sweep(lethe) == 2
+    assert c.audit("owners/alice").index_drift == 0
