@@ -290,3 +290,23 @@ def test_lethe_retention_on_records_and_an_owners_default(
     with pytest.raises(RecordDeleted):
         c.get_turn(turns[0])
     assert c.get_turn(turns[1]).text == "b"
+
+
+def test_lethe_export_counts_its_items_on_a_terminal_only_without_quiet(
+    served: tuple[Lethe, str, list[str]], tmp_path: Path
+) -> None:
+    from test_cli_scripting import _with_terminal_stderr
+
+    lethe, target, _ = served
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
+    env["LETHE_TOKEN"] = lethe.token("alice")
+    args = ("export", "--target", target, "--owner", "alice")
+    rc, out, terminal = _with_terminal_stderr(*args, "--out", str(tmp_path / "a.jsonl"), env=env)
+    assert rc == 0
+    assert out.startswith("wrote ")
+    assert "export owners/alice" in terminal  # tqdm's count of the items
+    rc, out, terminal = _with_terminal_stderr(
+        *args, "--out", str(tmp_path / "b.jsonl"), "--quiet", env=env
+    )
+    assert rc == 0
+    assert "export owners/alice" not in terminal
