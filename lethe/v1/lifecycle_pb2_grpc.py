@@ -184,7 +184,9 @@ class LifecycleServicer(object):
         derived from it too) before any sweeper runs; the sweeper then forgets it
         through the normal deletion path, with a receipt of reason `RETENTION`. On
         a pending record a retention only shortens its pending window; it applies
-        in full once committed. Sealed records never expire.
+        in full once committed. Sealed records never expire on their own; an
+        expired thread is forgotten whole, the turns sealed out of it included,
+        as a `Forget` of the thread is.
         Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (nothing is
         changed); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
         `BAD_FIELD` (no names, more than 1000, several owners, an owner name
