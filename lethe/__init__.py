@@ -6,9 +6,11 @@ import time); ``tests/lethe/test_lethe_imports.py`` checks it in a clean
 interpreter. Modules import only grpc, protobuf, grpc-status
 (googleapis-common-protos), the ``grpc.health.v1`` stubs, the standard
 library and this package, except ``lethe.langgraph`` (``langgraph-checkpoint``,
-the optional extra) and ``lethe.mcp`` (the ``mcp`` SDK and what it brings:
+the optional extra), ``lethe.mcp`` (the ``mcp`` SDK and what it brings:
 starlette, uvicorn, anyio, jsonschema; the ``mcp`` extra. Nothing else here
-imports it, and ``lethe mcp`` imports it only when it runs). The demo alone
+imports it, and ``lethe mcp`` imports it only when it runs) and
+``lethe.receipts``, whose offline check of a receipt's signature imports
+PyNaCl when called (the ``verify`` extra). The demo alone
 reaches further, inside the functions that need it: ``tqdm`` for its progress
 bars, and ``numpy``, ``faiss`` and ``wordllama`` for its latency floors.
 ``clients/python/`` in the repository builds this package alone as the light
@@ -49,6 +51,13 @@ module                 what it holds (public names)
 ``lethe.demo``         ``lethe demo``: ``run_demo``; it runs ``lethe serve``,
                        ``token create``, ``backup`` and ``restore`` as child
                        processes
+``lethe.receipts``     signed deletion receipts: ``signed_bytes`` (what a store
+                       signs), ``verify_receipt``, ``read_receipts``,
+                       ``read_public_keys``, ``key_id``, ``InvalidReceipt``
+``lethe.remote``       the work of the command line run against a server
+                       (``lethe forget``, ``export``, ``audit --target``,
+                       ``receipt``): ``connect``, ``forget``, ``audit``,
+                       ``verify_files``, the ``--json`` documents
 =====================  =====================================================
 
 The package itself exports no names: import the module you need.

@@ -75,10 +75,18 @@ Differences from ``InMemoryStore`` (each tested in
       (``InMemoryStore`` also lists namespaces that were only read, or
       emptied by deletes).
 
+``ttl`` (minutes, ``put``'s or the store's ``TTLConfig`` ``default_ttl``)
+    Is the memory's retention (``Lifecycle.SetRetention``; on a new item
+    ``CreateMemory``'s ``retention``, in the same call): once it ends every
+    read treats the item as deleted — ``get`` returns None, ``search`` and
+    ``list_namespaces`` skip it — at once, and the server's sweeper then
+    forgets it with a receipt (reason ``RETENTION``), its key destroyed. A
+    ``put`` without ``ttl`` of an item that had one removes it. Reads with
+    ``refresh_ttl`` (``TTLConfig`` ``refresh_on_read``, on by default) give
+    the items they return their ``ttl`` again from now. The ``ttl`` travels in
+    the item's encrypted metadata.
+
 Not supported, with a clear error, never silently
-    - ``ttl`` (``NotImplementedError``; ``supports_ttl`` is False, so
-      ``BaseStore.put`` refuses it): Lethe's expiry is for pending material,
-      and what a LangGraph ``put`` stores is committed;
     - ``index=False`` at ``put`` (``NotImplementedError``): every Lethe memory's
       text is indexed; keep such values out of the store or in ``fields``
       that hold nothing to find;
@@ -225,7 +233,7 @@ class LetheStore(BaseStore):
     coroutines).
     """
 
-    supports_ttl = False
+    supports_ttl = True
 
     def __init__(
         self,
@@ -238,6 +246,7 @@ class LetheStore(BaseStore):
         fields: Sequence[str] = ("$",),
         id_key: bytes | None = None,
         index: Mapping[str, Any] | None = None,
+        ttl: Mapping[str, Any] | None = None,
         **client_options: Any,
     ) -> None:
         """Bind the store to a client and an owner.
@@ -257,6 +266,10 @@ class LetheStore(BaseStore):
                 it: another key addresses other ids.
             index: LangGraph's index config; only ``fields`` is taken (it
                 overrides ``fields``).
+            ttl: LangGraph's ``TTLConfig``: ``default_ttl`` (minutes) for puts
+                that give none, ``refresh_on_read`` (default True);
+                ``sweep_interval_minutes`` is the server's business (its
+                ``--sweep-interval``) and is ignored.
             **client_options: more :class:`lethe.client.Client` arguments, with ``target``.
 
         Raises:
@@ -296,6 +309,7 @@ class LetheStore(BaseStore):
         self.fields = tuple(fields)
         self._paths = [(p, tokenize_path(p) if p != "$" else p) for p in self.fields]
         self._id_key = id_key or _DEFAULT_ID_KEY
+        self.ttl_config = dict(ttl) if ttl is not None else None  # type: ignore[assignment]
 
     # -- lifetime -----------------------------------------------------------------------
 
@@ -374,13 +388,35 @@ class LetheStore(BaseStore):
 
     # -- operations --------------------------------------------------------------------
 
+    def _ttl(self, memory: memories_pb2.Memory) -> float | None:
+        """The LangGraph ``ttl`` (minutes) an item was put with, or None."""
+        if not memory.HasField("metadata") or _META not in memory.metadata.fields:
+            return None
+        data = memory.metadata.fields[_META]
+        ttl = data.struct_value.fields.get("ttl") if data.HasField("struct_value") else None
+        return ttl.number_value if ttl is not None and ttl.HasField("number_value") else None
+
+    def _refresh(self, memories: Iterable[memories_pb2.Memory]) -> None:
+        """Give items just read their ``ttl`` again from now (LangGraph's refresh on read)."""
+        by_ttl: dict[float, list[str]] = {}
+        for memory in memories:
+            ttl = self._ttl(memory)
+            if ttl:
+                by_ttl.setdefault(ttl, []).append(memory.name)
+        for ttl, names in by_ttl.items():
+            for i in range(0, len(names), 1000):
+                with contextlib.suppress(NotFound):  # deleted meanwhile: nothing to refresh
+                    self.client.set_retention(names[i : i + 1000], ttl=ttl * 60)
+
     def _get(self, op: GetOp) -> Item | None:
         name = self.memory_name(op.namespace, op.key)
         try:
             memory = self.client.get_memory(name)
-        except NotFound:  # never existed, or deleted (RecordDeleted)
+        except NotFound:  # never existed, or deleted (RecordDeleted), or expired
             return None
         found = self._item(memory)
+        if found is not None and getattr(op, "refresh_ttl", False):
+            self._refresh([memory])
         return None if found is None else found[2]
 
     def _put(self, op: PutOp) -> None:
@@ -392,11 +428,6 @@ class LetheStore(BaseStore):
             with contextlib.suppress(NotFound):  # nothing to delete: never put, or gone
                 self.client.forget([name], reason="langgraph delete")
             return
-        if op.ttl is not None:
-            raise NotImplementedError(
-                "LetheStore does not support ttl: what a LangGraph put stores is committed "
-                "memory, and Lethe expires only pending material"
-            )
         if op.index is False:
             raise NotImplementedError(
                 "LetheStore cannot store an unindexed item (index=False): Lethe indexes "
@@ -404,11 +435,16 @@ class LetheStore(BaseStore):
             )
         value = dict(op.value)
         json.dumps(value, allow_nan=False)  # TypeError / ValueError for non-JSON values
-        metadata = {_META: {"namespace": list(op.namespace), "key": op.key, "value": value}}
+        item: dict[str, Any] = {"namespace": list(op.namespace), "key": op.key, "value": value}
+        if op.ttl is not None:
+            if op.ttl <= 0:
+                raise ValueError("ttl must be positive (minutes)")
+            item["ttl"] = float(op.ttl)
+        metadata = {_META: item}
         text = self._text(value, op.index if isinstance(op.index, list) else None)
         memory = {"name": name, "text": text, "metadata": metadata}
         try:
-            self.client.update_memory(memory, update_mask=["text", "metadata"])
+            self._update(memory, op.ttl)
             return
         except NotFound:
             pass
@@ -418,18 +454,37 @@ class LetheStore(BaseStore):
                 f"owners/{owner}",
                 {"kind": self.kind, "text": text, "metadata": metadata, "state": "COMMITTED"},
                 memory_id=memory_id,
+                retention=op.ttl * 60 if op.ttl is not None else None,
             )
         except AlreadyExists:  # another writer created it meanwhile: ours is the later put
-            self.client.update_memory(memory, update_mask=["text", "metadata"])
+            self._update(memory, op.ttl)
 
-    def _owner_items(self, owner: str) -> list[tuple[tuple[str, ...], str, Item]]:
+    def _update(self, memory: Mapping[str, Any], ttl: float | None) -> None:
+        """A new version of an item, and its retention as ``ttl`` (minutes) says.
+
+        Raises:
+            NotFound: the item does not exist (or is gone).
+        """
+        updated = self.client.update_memory(memory, update_mask=["text", "metadata"])
+        if ttl is not None:
+            self.client.set_retention([updated.name], ttl=ttl * 60)
+        elif updated.HasField("expire_time"):
+            # It expires: by this store's ttl of an earlier put (removed now, as
+            # a put without ttl asks), or by the owner's default (kept).
+            earlier = self.client.get_memory(updated.name, version=updated.version - 1)
+            if self._ttl(earlier):
+                self.client.set_retention([updated.name], clear=True)
+
+    def _owner_items(
+        self, owner: str
+    ) -> list[tuple[tuple[str, ...], str, Item, memories_pb2.Memory]]:
         out = []
         for memory in self.client.iter_memories(
             f"owners/{owner}", kinds=[self.kind], states=["COMMITTED"], page_size=1000
         ):
             found = self._item(memory)
             if found is not None:
-                out.append(found)
+                out.append((*found, memory))
         return out
 
     def _scope_owner(self, prefix: Sequence[str], what: str) -> str:
@@ -447,16 +502,19 @@ class LetheStore(BaseStore):
         _check_labels(prefix)
         owner = self._scope_owner(prefix, "search")
         n = len(prefix)
+        refresh = getattr(op, "refresh_ttl", False)
         if not op.query:
-            items = [
-                item
-                for ns, _key, item in self._owner_items(owner)
+            listed = [
+                (item, memory)
+                for ns, _key, item, memory in self._owner_items(owner)
                 if ns[:n] == prefix and _matches_filter(item.value, op.filter)
             ]
-            items.sort(key=lambda i: (i.created_at, i.namespace, i.key))
+            listed.sort(key=lambda f: (f[0].created_at, f[0].namespace, f[0].key))
+            page = listed[op.offset : op.offset + op.limit]
+            if refresh:
+                self._refresh(m for _, m in page)
             return [
-                SearchItem(i.namespace, i.key, i.value, i.created_at, i.updated_at)
-                for i in items[op.offset : op.offset + op.limit]
+                SearchItem(i.namespace, i.key, i.value, i.created_at, i.updated_at) for i, _ in page
             ]
         wanted = op.offset + op.limit
         top_k = min(SEARCH_WINDOW, max(10, 4 * wanted))
@@ -465,6 +523,7 @@ class LetheStore(BaseStore):
                 f"owners/{owner}", query_text=op.query, top_k=top_k, kinds=[self.kind]
             ).hits
             kept: list[SearchItem] = []
+            read: list[memories_pb2.Memory] = []
             for hit in hits:
                 if not hit.HasField("memory"):
                     continue
@@ -483,7 +542,10 @@ class LetheStore(BaseStore):
                             score=float(hit.score),
                         )
                     )
+                    read.append(hit.memory)
             if len(kept) >= wanted or len(hits) < top_k or top_k >= SEARCH_WINDOW:
+                if refresh:
+                    self._refresh(read[op.offset : op.offset + op.limit])
                 return kept[op.offset : op.offset + op.limit]
             top_k = min(SEARCH_WINDOW, top_k * 4)
 
@@ -493,7 +555,7 @@ class LetheStore(BaseStore):
             _check_labels([label for label in condition.path if label != "*"])
         prefixes = [c.path for c in conditions if c.match_type == "prefix"]
         owner = self._scope_owner(prefixes[0] if prefixes else (), "list_namespaces")
-        namespaces = {ns for ns, _key, _item in self._owner_items(owner)}
+        namespaces = {ns for ns, _key, _item, _memory in self._owner_items(owner)}
         selected = [ns for ns in namespaces if all(_condition_holds(c, ns) for c in conditions)]
         if op.max_depth is not None:
             result = sorted({ns[: op.max_depth] for ns in selected})
@@ -518,7 +580,7 @@ class LetheStore(BaseStore):
 
         Raises:
             InvalidNamespaceError: a bad label, or no owner label when the store has no owner.
-            NotImplementedError: ``ttl`` or ``index=False`` on a put; a search or
+            NotImplementedError: ``index=False`` on a put; a search or
                 listing without an owner label when the store has no owner.
             TypeError / ValueError: a value JSON cannot hold; an unknown operation.
             lethe.client.LetheError: the server refused a call (e.g.

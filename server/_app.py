@@ -55,6 +55,7 @@ from lethe.v1 import (
     threads_pb2,
 )
 from server._metrics import Metrics, RpcMetricsInterceptor
+from server._tracing import TracingInterceptor, tracer_provider
 from server.edge import Admission, Authenticator, Edge, EventHub, FairExecutor, Limits, Router
 from server.errors import LetheError
 from server.lifecycle import Lifecycle, Sweeper
@@ -152,6 +153,11 @@ class ServerConfig:
         require_owner_header: refuse calls without ``x-lethe-owner`` metadata
             (``OWNER_HEADER_MISSING``): set it on shards behind a proxy that
             routes on the header (:mod:`server.edge._routing`).
+        tracing: ``off`` or ``otlp``: an OpenTelemetry span per RPC, without
+            content, sent to the OTLP collector of the standard variables
+            (:mod:`server._tracing`).
+        tracer_provider: an OpenTelemetry ``TracerProvider`` to send the spans
+            to instead of ``tracing``'s (tests collect them in memory).
     """
 
     data_dir: Path = Path("./lethe-data")
@@ -183,6 +189,8 @@ class ServerConfig:
     keepalive_time: float = 60.0
     keepalive_timeout: float = 20.0
     require_owner_header: bool = False
+    tracing: str = "off"
+    tracer_provider: Any = None
 
     def limits(self) -> Limits:
         """The admission bounds and worker count.
@@ -340,8 +348,13 @@ class LetheServer:
         )
         self.hub, self.edge = hub, edge
         limits = self._limits
+        provider = self.config.tracer_provider or tracer_provider(self.config.tracing)
+        interceptors: list[Any] = [RpcMetricsInterceptor(self.metrics)]
+        if provider is not None:
+            interceptors.append(TracingInterceptor(provider))
+        self._tracer_provider = provider
         server = grpc.aio.server(
-            interceptors=[RpcMetricsInterceptor(self.metrics)],
+            interceptors=interceptors,
             options=self.config.grpc_options(),
             # A backstop over everything, health and reflection included: the
             # edge's own bounds (with reasons) refuse authenticated calls first.
@@ -467,6 +480,10 @@ class LetheServer:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
+        provider = getattr(self, "_tracer_provider", None)
+        if provider is not None and self.config.tracer_provider is None:
+            provider.shutdown()  # sends the spans still batched
+            self._tracer_provider = None
         self.store.close()
         self._stopped.set()
 

@@ -295,7 +295,7 @@ class _Call:
         self._series.done(code, time.perf_counter() - self._start)
 
 
-def _code(context: Any, default: str) -> str:
+def call_status(context: Any, default: str) -> str:
     """The status code the handler set on ``context`` (by abort or set_code), else ``default``."""
     code = context.code()
     if isinstance(code, grpc.StatusCode):
@@ -381,10 +381,10 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
                     if inspect.isawaitable(response):
                         response = await response
                 except BaseException:
-                    call.done(_code(context, "UNKNOWN"))
+                    call.done(call_status(context, "UNKNOWN"))
                     raise
                 call.sent()
-                call.done(_code(context, "OK"))
+                call.done(call_status(context, "OK"))
                 return response
 
             return run
@@ -409,11 +409,11 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
                         for response in responses:
                             call.sent()
                             yield response
-                    code = _code(context, "CANCELLED" if context.cancelled() else "OK")
+                    code = call_status(context, "CANCELLED" if context.cancelled() else "OK")
                 except (GeneratorExit, asyncio.CancelledError):
                     raise  # closed by grpc: the call is gone
                 except BaseException:
-                    code = _code(context, "UNKNOWN")
+                    code = call_status(context, "UNKNOWN")
                     raise
                 finally:
                     call.done(code)

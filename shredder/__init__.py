@@ -4,8 +4,9 @@
 destroy; they never hold a raw key. Key hierarchy, every key 32 random bytes::
 
     KEK ring (versioned; a file outside the data and backup paths, or an env var for tests)
-     └─ ring key     one per thread, plus one per owner (derivatives spanning threads)
-         └─ record key   one per record version
+     ├─ ring key     one per thread, plus one per owner (derivatives spanning threads)
+     │   └─ record key   one per record version
+     └─ signing key  the store's current Ed25519 key (it signs deletion receipts)
 
 Rooms inside:
 
@@ -26,6 +27,8 @@ module                   holds
 ``_keystore_rotation``   rotation (completing shreds cryptographically), KEK versions in use
 ``_keystore_moves``      an owner's keys moving between keystores: export, import, eviction
 ``_keystore_ledger``     records a data restore must never roll back (the server's tokens)
+``_keystore_signing``    the store's Ed25519 signing keys (receipts): the current one wrapped
+                         under the KEK, the public halves of every one
 ``_keystore``            opening the keystore, its store id; ``Keystore`` composes the parts
 ``_bundle``              sealed bundles to a receive key (rows and keys between shards)
 ``_backup``              data backups and restores, their manifests
@@ -56,6 +59,7 @@ from shredder._kek import KekRing, check_kek_placement, default_kek_path
 from shredder._keystore import Keystore
 from shredder._keystore_records import FreshKeys
 from shredder._keystore_sealing import KeyReader
+from shredder._keystore_signing import SigningKeyInfo, signing_key_id
 from shredder._lmdbenv import open_durable_env
 from shredder.errors import (
     CryptoError,
@@ -85,6 +89,7 @@ __all__ = [
     "ReceiveKey",
     "RingRef",
     "ShredderError",
+    "SigningKeyInfo",
     "backup_environment",
     "check_kek_placement",
     "declare",
@@ -95,4 +100,5 @@ __all__ = [
     "read_manifest",
     "restore_environment",
     "seal_bundle",
+    "signing_key_id",
 ]

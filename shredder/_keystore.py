@@ -5,13 +5,14 @@ store id, one open handle per directory and process) and composes `Keystore` fro
 mixins over `shredder._keystore_base.KeystoreBase` (the table in the package docstring names
 each); its byte layouts are in `shredder._keystore_schema`.
 
-Thread rules: write methods (`create_record_keys`, `destroy`, `rewrap_record_keys`, `close`)
-must be called from one thread at a time — the server calls them only from its single writer
-thread, since an LMDB write transaction is bound to the thread that began it. Read methods
-(`seal`, `open`, `has_record_key`, `list_record_keys`, `key_count`, `kek_version_in_use`) are
-safe from any number of threads concurrently and never wait for the writer. The static
-`read_store_id` and `init_store_id` are safe from any thread (they hold this module's lock of
-open keystores). Each part's module states the rules of its own methods.
+Thread rules: write methods (`create_record_keys`, `destroy`, `rewrap_record_keys`,
+`ensure_signing_key`, `rotate_signing_key`, `close`) must be called from one thread at a time —
+the server calls them only from its single writer thread (or before it starts), since an LMDB
+write transaction is bound to the thread that began it. Read methods (`seal`, `open`,
+`has_record_key`, `list_record_keys`, `key_count`, `kek_version_in_use`, `sign`,
+`signing_keys`) are safe from any number of threads concurrently and never wait for the
+writer. The static `read_store_id` and `init_store_id` are safe from any thread (they hold
+this module's lock of open keystores). Each part's module states the rules of its own methods.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from shredder._keystore_schema import (
 )
 from shredder._keystore_sealing import SealingPart
 from shredder._keystore_shred import ShredPart
+from shredder._keystore_signing import SigningPart
 from shredder._lmdbenv import open_durable_env
 from shredder.errors import EnvironmentConfigError
 
@@ -52,7 +54,9 @@ _open_lock = threading.Lock()
 _open_stores: dict[Path, str] = {}
 
 
-class Keystore(RecordKeysPart, SealingPart, ShredPart, RotationPart, MovesPart, LedgerPart):
+class Keystore(
+    RecordKeysPart, SealingPart, ShredPart, RotationPart, MovesPart, LedgerPart, SigningPart
+):
     """Wrapped keys in their own LMDB environment at `path` (a directory).
 
     Callers seal, open and destroy; they never see a raw key.
@@ -102,6 +106,8 @@ class Keystore(RecordKeysPart, SealingPart, ShredPart, RotationPart, MovesPart, 
         self._record_cache: OrderedDict[bytes, dict[bytes, tuple[bytes, _Key]]] = OrderedDict()
         self._record_cached = 0
         self._epoch = 0
+        self._signer_lock = threading.Lock()
+        self._signer = None
         self._closed = False
 
     # ----------------------------------------------------------------- store id
@@ -186,6 +192,8 @@ class Keystore(RecordKeysPart, SealingPart, ShredPart, RotationPart, MovesPart, 
             self._epoch += 1
             self._cache.clear()
             self._clear_record_cache()
+        with self._signer_lock:
+            self._signer = None
         self._env.close()
         with _open_lock:
             _open_stores.pop(self._path, None)

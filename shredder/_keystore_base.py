@@ -53,6 +53,8 @@ class KeystoreBase:
 
     _kek: KekRing
     """The KEK ring that wraps ring keys."""
+    _store_id: str
+    """The keystore's random id (32 hex characters)."""
     _env: lmdb.Environment
     """The keystore environment."""
     # The named databases, one attribute each (layouts in `shredder._keystore_schema`).

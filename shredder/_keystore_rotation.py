@@ -27,6 +27,7 @@ from shredder._keystore_schema import (
     _record_ad,
     _ring_ad_builder,
 )
+from shredder._keystore_signing import rewrap_signing_seed, signing_kek_version
 from shredder.errors import IntegrityError
 
 __all__ = ["RotationPart"]
@@ -62,7 +63,8 @@ class RotationPart(KeystoreBase):
         2. In one synced transaction: every ring that lost or gave away a record
            key since the last rotation gets a new random ring key (generation
            + 1) and its live record keys are re-wrapped under it; then every
-           ring key is re-wrapped under the new KEK version.
+           ring key, and the signing key's seed (`shredder._keystore_signing`),
+           is re-wrapped under the new KEK version.
         3. Every older KEK version is destroyed.
 
         After this, a destroyed wrapped key that lingers in a free page or a
@@ -122,6 +124,7 @@ class RotationPart(KeystoreBase):
                     db=self._rings,
                 )
                 rewrapped += 1
+            rewrap_signing_seed(txn, self._meta, self._kek, self._store_id)
             txn.drop(self._dirty, delete=False)
             txn.delete(_UNROTATED, db=self._meta)
         self._env.sync(True)
@@ -163,7 +166,7 @@ class RotationPart(KeystoreBase):
         return unused
 
     def kek_version_in_use(self) -> set[int]:
-        """Return the KEK versions that wrap live ring keys.
+        """Return the KEK versions that wrap live ring keys or the signing key's seed.
 
         Raises:
             IntegrityError: If a stored ring entry is malformed.
@@ -174,4 +177,7 @@ class RotationPart(KeystoreBase):
                 if len(value) != _RING_VALUE_SIZE:
                     raise IntegrityError("malformed ring entry")
                 versions.add(_wrapped_version(value[4:]))
+            signing = signing_kek_version(txn, self._meta)
+        if signing is not None:
+            versions.add(signing)
         return versions

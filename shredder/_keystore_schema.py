@@ -13,7 +13,8 @@ databases:
     ``b"format"`` -> ``b"lethe-keystore/1"``; ``b"store_id"`` -> 32 ASCII hex characters
     (a random UUID4), readable without the KEK; ``b"unrotated_since"`` -> when the oldest key
     destruction (or move of a record key to another ring) not yet completed by a rotation
-    happened, ASCII decimal seconds, absent when there is none.
+    happened, ASCII decimal seconds, absent when there is none; ``b"signing/" | key id`` and
+    ``b"signing_seed"``: the store's signing keys (layout in `shredder._keystore_signing`).
 
 ``rings`` — one entry per ring key. LMDB key (the *ring prefix*)::
 

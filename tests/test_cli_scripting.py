@@ -42,6 +42,12 @@ COMMANDS = [
     "demo",
     "probe",
     "mcp",
+    "forget",
+    "export",
+    "retention",
+    "receipt public-key",
+    "receipt verify",
+    "receipt rotate-key",
 ]
 
 

@@ -177,7 +177,14 @@ def test_no_module_is_over_a_thousand_lines() -> None:
     assert long == {}
 
 
-FLOOR = ("server.errors", "server._names", "server._logs", "server._metrics", "server._tagger")
+FLOOR = (
+    "server.errors",
+    "server._names",
+    "server._logs",
+    "server._metrics",
+    "server._tagger",
+    "server._tracing",
+)
 """The floor of ``server``: modules every room may import."""
 ROOMS: dict[str, tuple[str, ...]] = {
     "server.errors": ("lethe",),
@@ -185,6 +192,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "server._logs": (),
     "server._metrics": (),
     "server._tagger": (),
+    "server._tracing": ("lethe", "server._metrics"),
     "server.store": ("lethe", "server.errors", "shredder"),
     "server.retrieval": ("lethe", *FLOOR, "server.store", "index", "shredder"),
     "server.lifecycle": ("lethe", *FLOOR, "server.store", "server.retrieval", "shredder"),

@@ -40,8 +40,11 @@ from _shardprocs import (
     wait_for,
 )
 from conftest import free_port
+from google.protobuf import json_format
 
 import lethe.client as lc
+from lethe.receipts import verify_receipt
+from lethe.v1 import common_pb2
 from server import Store
 from shredder import IntegrityError, KekRing, KeyNotFoundError, Keystore, ReceiveKey
 
@@ -262,6 +265,10 @@ def test_a_moved_owner_reads_back_the_same_and_leaves_nothing_behind(
     receipt = _ok(_owner(a, "release", "--owner", OWNER, "--json"))
     assert receipt["shard"] == "c"
     assert receipt["keys_destroyed"] > 0
+    signed = json_format.ParseDict(receipt["receipt"], common_pb2.DeletionReceipt())
+    assert list(signed.targets) == [f"owners/{OWNER}"]
+    assert signed.reason == "OWNER_MOVED"
+    assert verify_receipt(signed, [k.public_key for k in src.get_server_info().receipt_keys])
 
     assert _snapshot(dst, OWNER) == before
     with pytest.raises(lc.RecordDeleted):

@@ -110,7 +110,17 @@ PYTHON_NOT_RUN = {
 NEEDS_TOOL = {"grpcurl": "grpcurl", "protoc -I": "protoc"}
 MUST_RUN = {
     "README.md": ("lethe serve", "lethe token create", "python quickstart.py"),
-    "docs/operating.md": ("lethe serve", "lethe probe", "lethe rotate", "lethe restore"),
+    "docs/operating.md": (
+        "lethe serve",
+        "lethe probe",
+        "lethe retention",
+        "lethe export",
+        "lethe forget",
+        "lethe receipt verify",
+        "lethe receipt rotate-key",
+        "lethe rotate",
+        "lethe restore",
+    ),
     "docs/sharding.md": ("shard nginx-config", "shard mark-moved", "shard unmark-moved"),
     "docs/other-languages.md": ("Threads/CreateThread", "Retrieval/Search"),
     "docs/mcp.md": ("python quickstart.py",),
@@ -377,6 +387,18 @@ def _check(command: str, stdout: str, clone: Path) -> None:
             assert len(document["tokens"]) >= 2  # the laptop token and P above
     elif "grpcurl" in command and "CreateThread" in command:
         assert "owners/alice/threads/t1" in stdout
+    elif " retention " in command:
+        assert stdout.startswith("owners/alice: new records live 365d"), stdout
+    elif " export " in command:
+        assert stdout.startswith("wrote "), stdout
+        assert oct((clone / "alice-export.jsonl").stat().st_mode & 0o777) == "0o600"
+    elif " forget " in command:
+        assert "signed by store" in stdout
+        assert json.loads((clone / "erasure.json").read_text())["receipt"]["signature"]
+    elif " receipt verify " in command:
+        assert stdout.strip().endswith(": ok"), stdout  # exit 0 and one line per receipt
+    elif " receipt public-key " in command:
+        assert json.loads((clone / "lethe-keys.json").read_text())["keys"]
     elif " audit " in command:
         assert "orphans: 0" in stdout
     elif " backup " in command:

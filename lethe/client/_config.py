@@ -42,6 +42,7 @@ RETRIED_METHODS: tuple[tuple[str, str], ...] = (
     ("lethe.v1.Lifecycle", "GetLineage"),
     ("lethe.v1.Lifecycle", "ListDeletions"),
     ("lethe.v1.Lifecycle", "Audit"),
+    ("lethe.v1.Lifecycle", "GetServerInfo"),
     ("grpc.health.v1.Health", "Check"),
 )
 """The methods retried on a retryable code: idempotent reads, and ``AppendTurns``

@@ -8,10 +8,15 @@ retries every method shares.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import grpc
 
 from lethe.client._base_async import AsyncClientBase
 from lethe.client._build import build
-from lethe.client._types import DurationLike, EnumOr, MessageOr
+from lethe.client._errors import error_from_rpc
+from lethe.client._routing import routed
+from lethe.client._types import DurationLike, EnumOr, MessageOr, TimeLike
 from lethe.v1 import common_pb2, lifecycle_pb2
 
 __all__ = ["AsyncLifecycleMethods"]
@@ -65,6 +70,44 @@ class AsyncLifecycleMethods(AsyncClientBase):
         """
         request = build(lifecycle_pb2.ExtendPendingRequest, {"names": names, "ttl": ttl})
         return await self._call(self.stubs.lifecycle.ExtendPending, request, timeout)
+
+    async def set_retention(
+        self,
+        names: Iterable[str],
+        *,
+        expire_time: TimeLike | None = None,
+        ttl: DurationLike | None = None,
+        clear: bool = False,
+        timeout: float | None = None,
+    ) -> lifecycle_pb2.SetRetentionResponse:
+        """``Lifecycle.SetRetention``: how long records, threads or an owner's new records live.
+
+        From their expiry on, reads treat them as forgotten (``RecordDeleted``),
+        what was derived from them too; the sweeper then forgets them with a
+        receipt (reason ``RETENTION``). Not retried.
+
+        Args:
+            names: turn, memory or thread names of one owner, or ``owners/{o}``
+                alone (its default for the records created from now on).
+            expire_time: when they expire (aware ``datetime``, epoch seconds or
+                ``Timestamp``); not for an owner.
+            ttl: how long from now (for an owner: from each new record's creation).
+            clear: remove the retention instead.
+            timeout: deadline in seconds (default: the client's).
+
+        Returns:
+            ``records`` changed, ``expire_time``, and for an owner ``owner_default``.
+
+        Raises:
+            NotFound / RecordDeleted: a named record. Sealed: a sealed record or a
+            repair thread. BadField: not exactly one of ``expire_time``, ``ttl``
+            and ``clear``.
+        """
+        request = build(
+            lifecycle_pb2.SetRetentionRequest,
+            {"names": names, "expire_time": expire_time, "ttl": ttl, "clear": clear},
+        )
+        return await self._call(self.stubs.lifecycle.SetRetention, request, timeout)
 
     async def forget(
         self,
@@ -169,3 +212,46 @@ class AsyncLifecycleMethods(AsyncClientBase):
         """
         request = lifecycle_pb2.AuditRequest(parent=parent)
         return await self._call(self.stubs.lifecycle.Audit, request, timeout)
+
+    async def get_server_info(self, *, timeout: float | None = None) -> lifecycle_pb2.ServerInfo:
+        """``Lifecycle.GetServerInfo``: the store's id and the public keys that sign its receipts.
+
+        Verify a receipt with them offline: :func:`lethe.receipts.verify_receipt`
+        (``[k.public_key for k in info.receipt_keys]``).
+
+        Args:
+            timeout: deadline in seconds (default: the client's).
+        """
+        request = lifecycle_pb2.GetServerInfoRequest()
+        return await self._call(self.stubs.lifecycle.GetServerInfo, request, timeout)
+
+    async def export_owner(
+        self, parent: str, *, include_sealed: bool = False, timeout: float | None = None
+    ) -> AsyncIterator[lifecycle_pb2.ExportItem]:
+        """``Lifecycle.ExportOwner``: every item of an owner's export, in the stream's order.
+
+        The header first, the summary last (an export without it is incomplete);
+        :func:`lethe.remote.export_owner` writes them to a JSON Lines file and
+        :func:`lethe.remote.read_export` reads one back. Not retried: a broken
+        export is started again.
+
+        Args:
+            parent: ``owners/{owner}``.
+            include_sealed: also sealed repair material.
+            timeout: seconds for the whole stream; None (default): no deadline.
+
+        Raises:
+            LetheError: the call failed (raised while iterating).
+        """
+        request = build(
+            lifecycle_pb2.ExportOwnerRequest, {"parent": parent, "include_sealed": include_sealed}
+        )
+        # Typed with the blocking stubs: the call of either flavour iterates its items.
+        call: Any = self.stubs.lifecycle.ExportOwner(
+            request, metadata=routed(self.metadata, request), timeout=timeout
+        )
+        try:
+            async for item in call:
+                yield item
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None

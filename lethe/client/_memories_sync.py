@@ -15,7 +15,7 @@ from google.protobuf import field_mask_pb2
 
 from lethe.client._base_sync import ClientBase
 from lethe.client._build import build
-from lethe.client._types import EnumOr, MessageOr
+from lethe.client._types import DurationLike, EnumOr, MessageOr
 from lethe.v1 import common_pb2, memories_pb2
 
 __all__ = ["MemoriesMethods"]
@@ -30,6 +30,7 @@ class MemoriesMethods(ClientBase):
         memory: MessageOr[memories_pb2.Memory],
         *,
         memory_id: str = "",
+        retention: DurationLike | None = None,
         timeout: float | None = None,
     ) -> memories_pb2.Memory:
         """``Memories.CreateMemory``: publish a memory with its lineage.
@@ -39,6 +40,9 @@ class MemoriesMethods(ClientBase):
             memory: the memory (``kind`` and ``text`` at least; ``state``
                 ``COMMITTED`` commits it when its sources are committed).
             memory_id: the id; "" lets the server choose.
+            retention: how long it may live from now (seconds, ``timedelta`` or
+                ``Duration``; the owner's default still applies if sooner); None:
+                the owner's default only.
             timeout: deadline in seconds (default: the client's).
 
         Returns:
@@ -52,7 +56,7 @@ class MemoriesMethods(ClientBase):
         """
         request = build(
             memories_pb2.CreateMemoryRequest,
-            {"parent": parent, "memory_id": memory_id, "memory": memory},
+            {"parent": parent, "memory_id": memory_id, "memory": memory, "retention": retention},
         )
         return self._call(self.stubs.memories.CreateMemory, request, timeout)
 

@@ -249,6 +249,9 @@ class DeletionReceipt(_message.Message):
     SHRED_HORIZON_TIME_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     DELETED_FIELD_NUMBER: _builtins.int
+    STORE_ID_FIELD_NUMBER: _builtins.int
+    SIGNING_KEY_ID_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """`owners/{o}/deletions/{d}`; the id is server-generated."""
     cascaded: _builtins.int
@@ -263,13 +266,37 @@ class DeletionReceipt(_message.Message):
     announced by a `REBUILD_REQUESTED` event naming the surviving sources.
     """
     reason: _builtins.str
-    """Why: "FORGET", "EXPIRED" (pending expiry), "KEY_DESTROYED" (a restored
+    """Why: "FORGET", "EXPIRED" (pending expiry), "RETENTION" (a committed
+    record's or a thread's retention ended), "KEY_DESTROYED" (a restored
     backup's record whose key was gone), "REPAIR_DESTROY" / "REPAIR_DISTILL"
-    (`ConcludeRepair`), or the client's `ForgetRequest.reason`.
+    (`ConcludeRepair`), "OWNER_MOVED" (the release of an owner that moved
+    to another shard, printed by `lethe owner release`), or the client's
+    `ForgetRequest.reason`.
     """
     deleted: _builtins.int
     """Total records tombstoned: the targets (turns, memories, the turns of a
     thread or owner) plus the cascade.
+    """
+    store_id: _builtins.str
+    """The store that issued the receipt: its keystore's id (32 hex characters),
+    as `Lifecycle.GetServerInfo` reports it. Covered by `signature`.
+    """
+    signing_key_id: _builtins.str
+    """The Ed25519 key that made `signature`: the first 8 bytes of the SHA-256
+    of its 32-byte public key, as 16 lowercase hex characters; one of
+    `ServerInfo.receipt_keys` (retired keys stay listed, so an old receipt
+    still verifies). Covered by `signature`.
+    """
+    signature: _builtins.bytes
+    """Ed25519 signature (64 bytes) by the store's key `signing_key_id` over the
+    bytes "lethe-receipt/1" and one NUL byte, followed by this receipt with
+    `signature` cleared, serialized deterministically (fields in number
+    order, as protobuf's deterministic serialization writes them). Every
+    other field is covered, the ones added later included; a verifier must
+    keep fields it does not know (parse the binary form, or JSON with a schema
+    as new as the server's). `lethe receipt verify` and
+    `lethe.receipts.verify_receipt` check it offline with the public key.
+    Every receipt the server returns is signed when it is returned.
     """
     @_builtins.property
     def targets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -310,10 +337,13 @@ class DeletionReceipt(_message.Message):
         shred_horizon_time: _timestamp_pb2.Timestamp | None = ...,
         reason: _builtins.str = ...,
         deleted: _builtins.int = ...,
+        store_id: _builtins.str = ...,
+        signing_key_id: _builtins.str = ...,
+        signature: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "request_time", b"request_time", "shred_horizon_time", b"shred_horizon_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cascaded", b"cascaded", "complete_time", b"complete_time", "deleted", b"deleted", "destinations", b"destinations", "name", b"name", "reason", b"reason", "rebuilds_requested", b"rebuilds_requested", "request_time", b"request_time", "shred_horizon_time", b"shred_horizon_time", "tainted", b"tainted", "targets", b"targets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cascaded", b"cascaded", "complete_time", b"complete_time", "deleted", b"deleted", "destinations", b"destinations", "name", b"name", "reason", b"reason", "rebuilds_requested", b"rebuilds_requested", "request_time", b"request_time", "shred_horizon_time", b"shred_horizon_time", "signature", b"signature", "signing_key_id", b"signing_key_id", "store_id", b"store_id", "tainted", b"tainted", "targets", b"targets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,9 +7,12 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from lethe.v1 import common_pb2 as _common_pb2
+from lethe.v1 import memories_pb2 as _memories_pb2
+from lethe.v1 import threads_pb2 as _threads_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -490,3 +493,362 @@ class AuditReport(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AuditReport: _TypeAlias = AuditReport  # noqa: Y015
+
+@_typing.final
+class GetServerInfoRequest(_message.Message):
+    """Request of `Lifecycle.GetServerInfo`: no fields."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetServerInfoRequest: _TypeAlias = GetServerInfoRequest  # noqa: Y015
+
+@_typing.final
+class ReceiptKey(_message.Message):
+    """One Ed25519 public key that signs (or signed) the store's deletion receipts."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    RETIRE_TIME_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    """The first 8 bytes of the SHA-256 of `public_key`, as 16 lowercase hex
+    characters: what `DeletionReceipt.signing_key_id` names.
+    """
+    public_key: _builtins.bytes
+    """The 32-byte Ed25519 public key."""
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the key was made."""
+
+    @_builtins.property
+    def retire_time(self) -> _timestamp_pb2.Timestamp:
+        """When a newer key replaced it (`lethe receipt rotate-key`) and its private
+        half was destroyed; unset for the current key. Receipts it signed before
+        then still verify.
+        """
+
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+        public_key: _builtins.bytes = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        retire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "retire_time", b"retire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "key_id", b"key_id", "public_key", b"public_key", "retire_time", b"retire_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReceiptKey: _TypeAlias = ReceiptKey  # noqa: Y015
+
+@_typing.final
+class ServerInfo(_message.Message):
+    """Response of `Lifecycle.GetServerInfo`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORE_ID_FIELD_NUMBER: _builtins.int
+    RECEIPT_KEYS_FIELD_NUMBER: _builtins.int
+    store_id: _builtins.str
+    """The store's id (its keystore's, 32 hex characters): what
+    `DeletionReceipt.store_id` names.
+    """
+    @_builtins.property
+    def receipt_keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReceiptKey]:
+        """Every key that signs or signed the store's receipts, oldest first; the
+        last one, without `retire_time`, signs now.
+        """
+
+    def __init__(
+        self,
+        *,
+        store_id: _builtins.str = ...,
+        receipt_keys: _abc.Iterable[Global___ReceiptKey] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt_keys", b"receipt_keys", "store_id", b"store_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerInfo: _TypeAlias = ServerInfo  # noqa: Y015
+
+@_typing.final
+class ExportOwnerRequest(_message.Message):
+    """Request of `Lifecycle.ExportOwner`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARENT_FIELD_NUMBER: _builtins.int
+    INCLUDE_SEALED_FIELD_NUMBER: _builtins.int
+    parent: _builtins.str
+    """Required: the owner, `owners/{o}`."""
+    include_sealed: _builtins.bool
+    """Also export sealed repair material: repair threads, the turns sealed into
+    them (state `SEALED`) and their sealed memories, whatever the repair's
+    state (a `PRESERVE_RESTRICTED` repair included). Exporting does not
+    reopen a repair.
+    """
+    def __init__(
+        self,
+        *,
+        parent: _builtins.str = ...,
+        include_sealed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_sealed", b"include_sealed", "parent", b"parent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportOwnerRequest: _TypeAlias = ExportOwnerRequest  # noqa: Y015
+
+@_typing.final
+class ExportHeader(_message.Message):
+    """The first item of an export: what it is of."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OWNER_FIELD_NUMBER: _builtins.int
+    STORE_ID_FIELD_NUMBER: _builtins.int
+    EXPORT_TIME_FIELD_NUMBER: _builtins.int
+    INCLUDE_SEALED_FIELD_NUMBER: _builtins.int
+    owner: _builtins.str
+    """The owner exported, `owners/{o}`."""
+    store_id: _builtins.str
+    """The store it was read from (`ServerInfo.store_id`): the receipts in the
+    export verify with its public keys.
+    """
+    include_sealed: _builtins.bool
+    """Whether sealed repair material was asked for."""
+    @_builtins.property
+    def export_time(self) -> _timestamp_pb2.Timestamp:
+        """When the export started."""
+
+    def __init__(
+        self,
+        *,
+        owner: _builtins.str = ...,
+        store_id: _builtins.str = ...,
+        export_time: _timestamp_pb2.Timestamp | None = ...,
+        include_sealed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["export_time", b"export_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["export_time", b"export_time", "include_sealed", b"include_sealed", "owner", b"owner", "store_id", b"store_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportHeader: _TypeAlias = ExportHeader  # noqa: Y015
+
+@_typing.final
+class ExportSummary(_message.Message):
+    """The last item of an export: how many items of each kind came before it. An
+    export without its summary is incomplete.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREADS_FIELD_NUMBER: _builtins.int
+    TURNS_FIELD_NUMBER: _builtins.int
+    MEMORY_VERSIONS_FIELD_NUMBER: _builtins.int
+    EDGES_FIELD_NUMBER: _builtins.int
+    RECEIPTS_FIELD_NUMBER: _builtins.int
+    threads: _builtins.int
+    """Threads (repair threads only with `include_sealed`)."""
+    turns: _builtins.int
+    """Turns."""
+    memory_versions: _builtins.int
+    """Memory items: one per stored version of each memory."""
+    edges: _builtins.int
+    """Lineage edges."""
+    receipts: _builtins.int
+    """Deletion receipts."""
+    def __init__(
+        self,
+        *,
+        threads: _builtins.int = ...,
+        turns: _builtins.int = ...,
+        memory_versions: _builtins.int = ...,
+        edges: _builtins.int = ...,
+        receipts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edges", b"edges", "memory_versions", b"memory_versions", "receipts", b"receipts", "threads", b"threads", "turns", b"turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportSummary: _TypeAlias = ExportSummary  # noqa: Y015
+
+@_typing.final
+class ExportItem(_message.Message):
+    """One item of `Lifecycle.ExportOwner`, in the stream's order: the header,
+    threads, turns (thread by thread, in seq order; then, with
+    `include_sealed`, each repair's sealed turns), memories (memory by memory,
+    every version oldest first), receipts, the summary. The lineage edges of a
+    page of turns or memories follow that page.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    THREAD_FIELD_NUMBER: _builtins.int
+    TURN_FIELD_NUMBER: _builtins.int
+    MEMORY_FIELD_NUMBER: _builtins.int
+    EDGE_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ExportHeader:
+        """Always first."""
+
+    @_builtins.property
+    def thread(self) -> _threads_pb2.Thread:
+        """A thread."""
+
+    @_builtins.property
+    def turn(self) -> _threads_pb2.Turn:
+        """A turn, with its text, state, times, taint and context references."""
+
+    @_builtins.property
+    def memory(self) -> _memories_pb2.Memory:
+        """One stored version of a memory (older versions carry no `sources`;
+        their `status` is the version's own, e.g. `SUPERSEDED`).
+        """
+
+    @_builtins.property
+    def edge(self) -> Global___LineageEdge:
+        """A lineage edge: `derivative` (an exported record) was built from
+        `source` (which may since be forgotten: its name only).
+        """
+
+    @_builtins.property
+    def receipt(self) -> _common_pb2.DeletionReceipt:
+        """A deletion receipt of the owner, signed (identifiers and counts only)."""
+
+    @_builtins.property
+    def summary(self) -> Global___ExportSummary:
+        """Always last."""
+
+    def __init__(
+        self,
+        *,
+        header: Global___ExportHeader | None = ...,
+        thread: _threads_pb2.Thread | None = ...,
+        turn: _threads_pb2.Turn | None = ...,
+        memory: _memories_pb2.Memory | None = ...,
+        edge: Global___LineageEdge | None = ...,
+        receipt: _common_pb2.DeletionReceipt | None = ...,
+        summary: Global___ExportSummary | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["edge", b"edge", "header", b"header", "item", b"item", "memory", b"memory", "receipt", b"receipt", "summary", b"summary", "thread", b"thread", "turn", b"turn"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge", b"edge", "header", b"header", "item", b"item", "memory", b"memory", "receipt", b"receipt", "summary", b"summary", "thread", b"thread", "turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["header", "thread", "turn", "memory", "edge", "receipt", "summary"]  # noqa: Y015
+    _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
+
+Global___ExportItem: _TypeAlias = ExportItem  # noqa: Y015
+
+@_typing.final
+class SetRetentionRequest(_message.Message):
+    """Request of `Lifecycle.SetRetention`: one of `expire_time`, `ttl` and
+    `clear`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMES_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    TTL_FIELD_NUMBER: _builtins.int
+    CLEAR_FIELD_NUMBER: _builtins.int
+    clear: _builtins.bool
+    """Remove the retention (of an owner: its default); records then live until
+    forgotten.
+    """
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Required: 1..1000 turn, memory or thread names of one owner, or the
+        owner itself (`owners/{o}`, alone: its default for new records).
+        """
+
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the named records and threads expire; in the future, at most 100
+        years ahead. Not for an owner.
+        """
+
+    @_builtins.property
+    def ttl(self) -> _duration_pb2.Duration:
+        """How long from now they live (for an owner: how long each new record
+        lives from its creation); positive, at most 100 years.
+        """
+
+    def __init__(
+        self,
+        *,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+        ttl: _duration_pb2.Duration | None = ...,
+        clear: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "ttl", b"ttl"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clear", b"clear", "expire_time", b"expire_time", "names", b"names", "ttl", b"ttl"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetRetentionRequest: _TypeAlias = SetRetentionRequest  # noqa: Y015
+
+@_typing.final
+class SetRetentionResponse(_message.Message):
+    """Response of `Lifecycle.SetRetention`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    OWNER_DEFAULT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SourceRef]:
+        """The turns and memories whose retention changed, at their versions: the
+        named ones, then the turns of the named threads. Empty for an owner.
+        """
+
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When they expire now; unset after `clear`."""
+
+    @_builtins.property
+    def owner_default(self) -> _duration_pb2.Duration:
+        """The owner's default retention now (an owner name only); unset when none."""
+
+    def __init__(
+        self,
+        *,
+        records: _abc.Iterable[_common_pb2.SourceRef] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+        owner_default: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "owner_default", b"owner_default"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "owner_default", b"owner_default", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetRetentionResponse: _TypeAlias = SetRetentionResponse  # noqa: Y015

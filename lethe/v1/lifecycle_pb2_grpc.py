@@ -48,6 +48,21 @@ class LifecycleStub(object):
                 request_serializer=lethe_dot_v1_dot_lifecycle__pb2.AuditRequest.SerializeToString,
                 response_deserializer=lethe_dot_v1_dot_lifecycle__pb2.AuditReport.FromString,
                 )
+        self.GetServerInfo = channel.unary_unary(
+                '/lethe.v1.Lifecycle/GetServerInfo',
+                request_serializer=lethe_dot_v1_dot_lifecycle__pb2.GetServerInfoRequest.SerializeToString,
+                response_deserializer=lethe_dot_v1_dot_lifecycle__pb2.ServerInfo.FromString,
+                )
+        self.ExportOwner = channel.unary_stream(
+                '/lethe.v1.Lifecycle/ExportOwner',
+                request_serializer=lethe_dot_v1_dot_lifecycle__pb2.ExportOwnerRequest.SerializeToString,
+                response_deserializer=lethe_dot_v1_dot_lifecycle__pb2.ExportItem.FromString,
+                )
+        self.SetRetention = channel.unary_unary(
+                '/lethe.v1.Lifecycle/SetRetention',
+                request_serializer=lethe_dot_v1_dot_lifecycle__pb2.SetRetentionRequest.SerializeToString,
+                response_deserializer=lethe_dot_v1_dot_lifecycle__pb2.SetRetentionResponse.FromString,
+                )
 
 
 class LifecycleServicer(object):
@@ -130,6 +145,58 @@ class LifecycleServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetServerInfo(self, request, context):
+        """Describes this server's store: its id and the public keys that sign its
+        deletion receipts (every key it ever signed with, retired ones included,
+        so that any receipt it issued can be verified offline). Any valid token
+        may call it; it names no owner. Behind a proxy that routes on
+        `x-lethe-owner`, ask each shard: each store signs with its own keys.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportOwner(self, request, context):
+        """Streams everything of one owner that its token may read, for a copy the
+        owner (or a data-protection officer acting for them) takes away: a
+        header, the threads, every live turn (pending, committed and tainted ones,
+        with state and times; no embeddings), every live memory at every stored
+        version, the lineage edges of what was exported, every deletion receipt
+        (signed, content-free), and a summary that counts each kind. Sealed
+        repair material (repair threads, their sealed turns and memories) only
+        with `include_sealed`. Expired and forgotten records are never sent.
+        Each page is read in one transaction; records written while the export
+        runs may or may not be in it. `lethe export` writes it as JSON Lines.
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (a malformed `parent`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetRetention(self, request, context):
+        """Sets how long records may live once committed: turns and memories by
+        name, threads (the thread and every turn of it, those appended later
+        included; a thread's retention replaces its turns' own), or the owner's
+        default for the turns and memories created from now on (`owners/{o}`:
+        counted from each one's creation; records already stored keep theirs).
+        From `expire_time` on, every read treats the record as forgotten
+        (`RECORD_DELETED`; gone from listings, search and context, what was
+        derived from it too) before any sweeper runs; the sweeper then forgets it
+        through the normal deletion path, with a receipt of reason `RETENTION`. On
+        a pending record a retention only shortens its pending window; it applies
+        in full once committed. Sealed records never expire on their own; an
+        expired thread is forgotten whole, the turns sealed out of it included,
+        as a `Forget` of the thread is.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (nothing is
+        changed); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+        `BAD_FIELD` (no names, more than 1000, several owners, an owner name
+        with `expire_time`, neither `expire_time`, `ttl` nor `clear`, or a time
+        out of range); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LifecycleServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +229,21 @@ def add_LifecycleServicer_to_server(servicer, server):
                     servicer.Audit,
                     request_deserializer=lethe_dot_v1_dot_lifecycle__pb2.AuditRequest.FromString,
                     response_serializer=lethe_dot_v1_dot_lifecycle__pb2.AuditReport.SerializeToString,
+            ),
+            'GetServerInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetServerInfo,
+                    request_deserializer=lethe_dot_v1_dot_lifecycle__pb2.GetServerInfoRequest.FromString,
+                    response_serializer=lethe_dot_v1_dot_lifecycle__pb2.ServerInfo.SerializeToString,
+            ),
+            'ExportOwner': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportOwner,
+                    request_deserializer=lethe_dot_v1_dot_lifecycle__pb2.ExportOwnerRequest.FromString,
+                    response_serializer=lethe_dot_v1_dot_lifecycle__pb2.ExportItem.SerializeToString,
+            ),
+            'SetRetention': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRetention,
+                    request_deserializer=lethe_dot_v1_dot_lifecycle__pb2.SetRetentionRequest.FromString,
+                    response_serializer=lethe_dot_v1_dot_lifecycle__pb2.SetRetentionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -275,5 +357,56 @@ class Lifecycle(object):
         return grpc.experimental.unary_unary(request, target, '/lethe.v1.Lifecycle/Audit',
             lethe_dot_v1_dot_lifecycle__pb2.AuditRequest.SerializeToString,
             lethe_dot_v1_dot_lifecycle__pb2.AuditReport.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetServerInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/lethe.v1.Lifecycle/GetServerInfo',
+            lethe_dot_v1_dot_lifecycle__pb2.GetServerInfoRequest.SerializeToString,
+            lethe_dot_v1_dot_lifecycle__pb2.ServerInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExportOwner(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/lethe.v1.Lifecycle/ExportOwner',
+            lethe_dot_v1_dot_lifecycle__pb2.ExportOwnerRequest.SerializeToString,
+            lethe_dot_v1_dot_lifecycle__pb2.ExportItem.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SetRetention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/lethe.v1.Lifecycle/SetRetention',
+            lethe_dot_v1_dot_lifecycle__pb2.SetRetentionRequest.SerializeToString,
+            lethe_dot_v1_dot_lifecycle__pb2.SetRetentionResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

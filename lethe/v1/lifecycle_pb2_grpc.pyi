@@ -87,6 +87,46 @@ class LifecycleStub:
     lineage, keys and the loaded indexes; every count of a healthy store but
     `stale_summaries` is zero.
     """
+    GetServerInfo: _grpc.UnaryUnaryMultiCallable[_lifecycle_pb2.GetServerInfoRequest, _lifecycle_pb2.ServerInfo]
+    """Describes this server's store: its id and the public keys that sign its
+    deletion receipts (every key it ever signed with, retired ones included,
+    so that any receipt it issued can be verified offline). Any valid token
+    may call it; it names no owner. Behind a proxy that routes on
+    `x-lethe-owner`, ask each shard: each store signs with its own keys.
+    """
+    ExportOwner: _grpc.UnaryStreamMultiCallable[_lifecycle_pb2.ExportOwnerRequest, _lifecycle_pb2.ExportItem]
+    """Streams everything of one owner that its token may read, for a copy the
+    owner (or a data-protection officer acting for them) takes away: a
+    header, the threads, every live turn (pending, committed and tainted ones,
+    with state and times; no embeddings), every live memory at every stored
+    version, the lineage edges of what was exported, every deletion receipt
+    (signed, content-free), and a summary that counts each kind. Sealed
+    repair material (repair threads, their sealed turns and memories) only
+    with `include_sealed`. Expired and forgotten records are never sent.
+    Each page is read in one transaction; records written while the export
+    runs may or may not be in it. `lethe export` writes it as JSON Lines.
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (a malformed `parent`).
+    """
+    SetRetention: _grpc.UnaryUnaryMultiCallable[_lifecycle_pb2.SetRetentionRequest, _lifecycle_pb2.SetRetentionResponse]
+    """Sets how long records may live once committed: turns and memories by
+    name, threads (the thread and every turn of it, those appended later
+    included; a thread's retention replaces its turns' own), or the owner's
+    default for the turns and memories created from now on (`owners/{o}`:
+    counted from each one's creation; records already stored keep theirs).
+    From `expire_time` on, every read treats the record as forgotten
+    (`RECORD_DELETED`; gone from listings, search and context, what was
+    derived from it too) before any sweeper runs; the sweeper then forgets it
+    through the normal deletion path, with a receipt of reason `RETENTION`. On
+    a pending record a retention only shortens its pending window; it applies
+    in full once committed. Sealed records never expire on their own; an
+    expired thread is forgotten whole, the turns sealed out of it included,
+    as a `Forget` of the thread is.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (nothing is
+    changed); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+    `BAD_FIELD` (no names, more than 1000, several owners, an owner name
+    with `expire_time`, neither `expire_time`, `ttl` nor `clear`, or a time
+    out of range); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    """
 
 @_typing.type_check_only
 class LifecycleAsyncStub(LifecycleStub):
@@ -145,6 +185,46 @@ class LifecycleAsyncStub(LifecycleStub):
     """Audits an owner now: opens every live record (integrity) and checks
     lineage, keys and the loaded indexes; every count of a healthy store but
     `stale_summaries` is zero.
+    """
+    GetServerInfo: _aio.UnaryUnaryMultiCallable[_lifecycle_pb2.GetServerInfoRequest, _lifecycle_pb2.ServerInfo]  # type: ignore[assignment]
+    """Describes this server's store: its id and the public keys that sign its
+    deletion receipts (every key it ever signed with, retired ones included,
+    so that any receipt it issued can be verified offline). Any valid token
+    may call it; it names no owner. Behind a proxy that routes on
+    `x-lethe-owner`, ask each shard: each store signs with its own keys.
+    """
+    ExportOwner: _aio.UnaryStreamMultiCallable[_lifecycle_pb2.ExportOwnerRequest, _lifecycle_pb2.ExportItem]  # type: ignore[assignment]
+    """Streams everything of one owner that its token may read, for a copy the
+    owner (or a data-protection officer acting for them) takes away: a
+    header, the threads, every live turn (pending, committed and tainted ones,
+    with state and times; no embeddings), every live memory at every stored
+    version, the lineage edges of what was exported, every deletion receipt
+    (signed, content-free), and a summary that counts each kind. Sealed
+    repair material (repair threads, their sealed turns and memories) only
+    with `include_sealed`. Expired and forgotten records are never sent.
+    Each page is read in one transaction; records written while the export
+    runs may or may not be in it. `lethe export` writes it as JSON Lines.
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (a malformed `parent`).
+    """
+    SetRetention: _aio.UnaryUnaryMultiCallable[_lifecycle_pb2.SetRetentionRequest, _lifecycle_pb2.SetRetentionResponse]  # type: ignore[assignment]
+    """Sets how long records may live once committed: turns and memories by
+    name, threads (the thread and every turn of it, those appended later
+    included; a thread's retention replaces its turns' own), or the owner's
+    default for the turns and memories created from now on (`owners/{o}`:
+    counted from each one's creation; records already stored keep theirs).
+    From `expire_time` on, every read treats the record as forgotten
+    (`RECORD_DELETED`; gone from listings, search and context, what was
+    derived from it too) before any sweeper runs; the sweeper then forgets it
+    through the normal deletion path, with a receipt of reason `RETENTION`. On
+    a pending record a retention only shortens its pending window; it applies
+    in full once committed. Sealed records never expire on their own; an
+    expired thread is forgotten whole, the turns sealed out of it included,
+    as a `Forget` of the thread is.
+    Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (nothing is
+    changed); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+    `BAD_FIELD` (no names, more than 1000, several owners, an owner name
+    with `expire_time`, neither `expire_time`, `ttl` nor `clear`, or a time
+    out of range); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
     """
 
 class LifecycleServicer(metaclass=_abc_1.ABCMeta):
@@ -237,6 +317,64 @@ class LifecycleServicer(metaclass=_abc_1.ABCMeta):
         """Audits an owner now: opens every live record (integrity) and checks
         lineage, keys and the loaded indexes; every count of a healthy store but
         `stale_summaries` is zero.
+        """
+
+    @_abc_1.abstractmethod
+    def GetServerInfo(
+        self,
+        request: _lifecycle_pb2.GetServerInfoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lifecycle_pb2.ServerInfo, _abc.Awaitable[_lifecycle_pb2.ServerInfo]]:
+        """Describes this server's store: its id and the public keys that sign its
+        deletion receipts (every key it ever signed with, retired ones included,
+        so that any receipt it issued can be verified offline). Any valid token
+        may call it; it names no owner. Behind a proxy that routes on
+        `x-lethe-owner`, ask each shard: each store signs with its own keys.
+        """
+
+    @_abc_1.abstractmethod
+    def ExportOwner(
+        self,
+        request: _lifecycle_pb2.ExportOwnerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_lifecycle_pb2.ExportItem], _abc.AsyncIterator[_lifecycle_pb2.ExportItem]]:
+        """Streams everything of one owner that its token may read, for a copy the
+        owner (or a data-protection officer acting for them) takes away: a
+        header, the threads, every live turn (pending, committed and tainted ones,
+        with state and times; no embeddings), every live memory at every stored
+        version, the lineage edges of what was exported, every deletion receipt
+        (signed, content-free), and a summary that counts each kind. Sealed
+        repair material (repair threads, their sealed turns and memories) only
+        with `include_sealed`. Expired and forgotten records are never sent.
+        Each page is read in one transaction; records written while the export
+        runs may or may not be in it. `lethe export` writes it as JSON Lines.
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (a malformed `parent`).
+        """
+
+    @_abc_1.abstractmethod
+    def SetRetention(
+        self,
+        request: _lifecycle_pb2.SetRetentionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lifecycle_pb2.SetRetentionResponse, _abc.Awaitable[_lifecycle_pb2.SetRetentionResponse]]:
+        """Sets how long records may live once committed: turns and memories by
+        name, threads (the thread and every turn of it, those appended later
+        included; a thread's retention replaces its turns' own), or the owner's
+        default for the turns and memories created from now on (`owners/{o}`:
+        counted from each one's creation; records already stored keep theirs).
+        From `expire_time` on, every read treats the record as forgotten
+        (`RECORD_DELETED`; gone from listings, search and context, what was
+        derived from it too) before any sweeper runs; the sweeper then forgets it
+        through the normal deletion path, with a receipt of reason `RETENTION`. On
+        a pending record a retention only shortens its pending window; it applies
+        in full once committed. Sealed records never expire on their own; an
+        expired thread is forgotten whole, the turns sealed out of it included,
+        as a `Forget` of the thread is.
+        Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (nothing is
+        changed); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+        `BAD_FIELD` (no names, more than 1000, several owners, an owner name
+        with `expire_time`, neither `expire_time`, `ttl` nor `clear`, or a time
+        out of range); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
         """
 
 def add_LifecycleServicer_to_server(servicer: LifecycleServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -12,13 +12,14 @@ from google.protobuf.internal import builder as _builder
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mask__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from lethe.v1 import common_pb2 as lethe_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17lethe/v1/memories.proto\x12\x08lethe.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15lethe/v1/common.proto\"\xb8\t\n\x06Memory\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.lethe.v1.Memory.Kind\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x1e\n\x05state\x18\x04 \x01(\x0e\x32\x0f.lethe.v1.State\x12\x0f\n\x07version\x18\x05 \x01(\x03\x12-\n\tdirection\x18\x06 \x01(\x0e\x32\x1a.lethe.v1.Memory.Direction\x12\"\n\x07trigger\x18\x07 \x01(\x0e\x32\x11.lethe.v1.Trigger\x12\'\n\x06status\x18\x08 \x01(\x0e\x32\x17.lethe.v1.Memory.Status\x12\x0c\n\x04slot\x18\t \x01(\t\x12\r\n\x05scope\x18\n \x01(\t\x12\'\n\x06origin\x18\x0b \x01(\x0e\x32\x17.lethe.v1.Memory.Origin\x12,\n\x08\x64ue_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12$\n\x07sources\x18\r \x03(\x0b\x32\x13.lethe.v1.SourceRef\x12\x11\n\tembedding\x18\x0e \x03(\x02\x12!\n\x04\x65\x64ge\x18\x0f \x01(\x0b\x32\x13.lethe.v1.GraphEdge\x12\x12\n\nsupersedes\x18\x10 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x08metadata\x18\x14 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xbf\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x08\n\x04\x46\x41\x43T\x10\x01\x12\x11\n\rOPEN_QUESTION\x10\x02\x12\x08\n\x04GOAL\x10\x03\x12\x0e\n\nCOMMITMENT\x10\x04\x12\x11\n\rPENDING_POINT\x10\x05\x12\x0e\n\nPREFERENCE\x10\x06\x12\x0b\n\x07SUMMARY\x10\x07\x12\x0e\n\nGRAPH_EDGE\x10\x08\x12\x0e\n\nANNOTATION\x10\t\x12\x0e\n\nREFLECTION\x10\n\x12\n\n\x06LESSON\x10\x0b\"L\n\tDirection\x12\x19\n\x15\x44IRECTION_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x41\x42OUT_PERSON\x10\x01\x12\x12\n\x0eOWED_BY_SYSTEM\x10\x02\"\xcf\x01\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\n\n\x06\x41\x43TIVE\x10\x01\x12\x0e\n\nSUPERSEDED\x10\x02\x12\x08\n\x04OPEN\x10\x03\x12\x0c\n\x08\x41NSWERED\x10\x04\x12\x0c\n\x08\x41\x43HIEVED\x10\x05\x12\r\n\tABANDONED\x10\x06\x12\r\n\tFULFILLED\x10\x07\x12\r\n\tCANCELLED\x10\x08\x12\x0b\n\x07\x45XPIRED\x10\t\x12\n\n\x06\x42ROKEN\x10\n\x12\n\n\x06PAUSED\x10\x0b\x12\x0b\n\x07RESUMED\x10\x0c\x12\x0c\n\x08RELEASED\x10\r\"<\n\x06Origin\x12\x16\n\x12ORIGIN_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x45XPLICIT\x10\x01\x12\x0c\n\x08INFERRED\x10\x02\"?\n\tGraphEdge\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x11\n\tpredicate\x18\x02 \x01(\t\x12\x0e\n\x06object\x18\x03 \x01(\t\"Z\n\x13\x43reateMemoryRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12 \n\x06memory\x18\x03 \x01(\x0b\x32\x10.lethe.v1.Memory\"1\n\x10GetMemoryRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\xbe\x01\n\x13ListMemoriesRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12$\n\x05kinds\x18\x02 \x03(\x0e\x32\x15.lethe.v1.Memory.Kind\x12\x1f\n\x06states\x18\x03 \x03(\x0e\x32\x0f.lethe.v1.State\x12)\n\x08statuses\x18\x04 \x03(\x0e\x32\x17.lethe.v1.Memory.Status\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"S\n\x14ListMemoriesResponse\x12\"\n\x08memories\x18\x01 \x03(\x0b\x32\x10.lethe.v1.Memory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x82\x01\n\x13UpdateMemoryRequest\x12 \n\x06memory\x18\x01 \x01(\x0b\x32\x10.lethe.v1.Memory\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\x12\x18\n\x10\x65xpected_version\x18\x03 \x01(\x03\"\x9f\x01\n\x17TransitionMemoryRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\x03\x12\'\n\x06status\x18\x03 \x01(\x0e\x32\x17.lethe.v1.Memory.Status\x12%\n\x08\x65vidence\x18\x04 \x01(\x0b\x32\x13.lethe.v1.SourceRef\x12\x0c\n\x04note\x18\x05 \x01(\t\"G\n\x18ResolvePreferenceRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x0c\n\x04slot\x18\x02 \x01(\t\x12\r\n\x05scope\x18\x03 \x01(\t\"g\n\x19ResolvePreferenceResponse\x12$\n\npreference\x18\x01 \x01(\x0b\x32\x10.lethe.v1.Memory\x12$\n\ncandidates\x18\x02 \x03(\x0b\x32\x10.lethe.v1.Memory*\xa4\x01\n\x07Trigger\x12\x17\n\x13TRIGGER_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43ORRECTION_ONLY\x10\x01\x12\x0c\n\x08\x41NSWERED\x10\x02\x12\x19\n\x15PROGRESS_OR_ABANDONED\x10\x03\x12\x17\n\x13RESUMED_OR_RELEASED\x10\x04\x12)\n%FULFILLED_CANCELLED_EXPIRED_OR_BROKEN\x10\x05\x32\xbd\x03\n\x08Memories\x12?\n\x0c\x43reateMemory\x12\x1d.lethe.v1.CreateMemoryRequest\x1a\x10.lethe.v1.Memory\x12\x39\n\tGetMemory\x12\x1a.lethe.v1.GetMemoryRequest\x1a\x10.lethe.v1.Memory\x12M\n\x0cListMemories\x12\x1d.lethe.v1.ListMemoriesRequest\x1a\x1e.lethe.v1.ListMemoriesResponse\x12?\n\x0cUpdateMemory\x12\x1d.lethe.v1.UpdateMemoryRequest\x1a\x10.lethe.v1.Memory\x12G\n\x10TransitionMemory\x12!.lethe.v1.TransitionMemoryRequest\x1a\x10.lethe.v1.Memory\x12\\\n\x11ResolvePreference\x12\".lethe.v1.ResolvePreferenceRequest\x1a#.lethe.v1.ResolvePreferenceResponseBb\n\x08lethe.v1B\rMemoriesProtoP\x01Z\x1dlethe/gen/go/lethe/v1;lethev1\xa2\x02\x03LTH\xaa\x02\x08Lethe.V1\xca\x02\x08Lethe\\V1\xea\x02\tLethe::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17lethe/v1/memories.proto\x12\x08lethe.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15lethe/v1/common.proto\"\xb8\t\n\x06Memory\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.lethe.v1.Memory.Kind\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x1e\n\x05state\x18\x04 \x01(\x0e\x32\x0f.lethe.v1.State\x12\x0f\n\x07version\x18\x05 \x01(\x03\x12-\n\tdirection\x18\x06 \x01(\x0e\x32\x1a.lethe.v1.Memory.Direction\x12\"\n\x07trigger\x18\x07 \x01(\x0e\x32\x11.lethe.v1.Trigger\x12\'\n\x06status\x18\x08 \x01(\x0e\x32\x17.lethe.v1.Memory.Status\x12\x0c\n\x04slot\x18\t \x01(\t\x12\r\n\x05scope\x18\n \x01(\t\x12\'\n\x06origin\x18\x0b \x01(\x0e\x32\x17.lethe.v1.Memory.Origin\x12,\n\x08\x64ue_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12$\n\x07sources\x18\r \x03(\x0b\x32\x13.lethe.v1.SourceRef\x12\x11\n\tembedding\x18\x0e \x03(\x02\x12!\n\x04\x65\x64ge\x18\x0f \x01(\x0b\x32\x13.lethe.v1.GraphEdge\x12\x12\n\nsupersedes\x18\x10 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x08metadata\x18\x14 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xbf\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x08\n\x04\x46\x41\x43T\x10\x01\x12\x11\n\rOPEN_QUESTION\x10\x02\x12\x08\n\x04GOAL\x10\x03\x12\x0e\n\nCOMMITMENT\x10\x04\x12\x11\n\rPENDING_POINT\x10\x05\x12\x0e\n\nPREFERENCE\x10\x06\x12\x0b\n\x07SUMMARY\x10\x07\x12\x0e\n\nGRAPH_EDGE\x10\x08\x12\x0e\n\nANNOTATION\x10\t\x12\x0e\n\nREFLECTION\x10\n\x12\n\n\x06LESSON\x10\x0b\"L\n\tDirection\x12\x19\n\x15\x44IRECTION_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x41\x42OUT_PERSON\x10\x01\x12\x12\n\x0eOWED_BY_SYSTEM\x10\x02\"\xcf\x01\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\n\n\x06\x41\x43TIVE\x10\x01\x12\x0e\n\nSUPERSEDED\x10\x02\x12\x08\n\x04OPEN\x10\x03\x12\x0c\n\x08\x41NSWERED\x10\x04\x12\x0c\n\x08\x41\x43HIEVED\x10\x05\x12\r\n\tABANDONED\x10\x06\x12\r\n\tFULFILLED\x10\x07\x12\r\n\tCANCELLED\x10\x08\x12\x0b\n\x07\x45XPIRED\x10\t\x12\n\n\x06\x42ROKEN\x10\n\x12\n\n\x06PAUSED\x10\x0b\x12\x0b\n\x07RESUMED\x10\x0c\x12\x0c\n\x08RELEASED\x10\r\"<\n\x06Origin\x12\x16\n\x12ORIGIN_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x45XPLICIT\x10\x01\x12\x0c\n\x08INFERRED\x10\x02\"?\n\tGraphEdge\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x11\n\tpredicate\x18\x02 \x01(\t\x12\x0e\n\x06object\x18\x03 \x01(\t\"\x88\x01\n\x13\x43reateMemoryRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12 \n\x06memory\x18\x03 \x01(\x0b\x32\x10.lethe.v1.Memory\x12,\n\tretention\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"1\n\x10GetMemoryRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\xbe\x01\n\x13ListMemoriesRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12$\n\x05kinds\x18\x02 \x03(\x0e\x32\x15.lethe.v1.Memory.Kind\x12\x1f\n\x06states\x18\x03 \x03(\x0e\x32\x0f.lethe.v1.State\x12)\n\x08statuses\x18\x04 \x03(\x0e\x32\x17.lethe.v1.Memory.Status\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"S\n\x14ListMemoriesResponse\x12\"\n\x08memories\x18\x01 \x03(\x0b\x32\x10.lethe.v1.Memory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x82\x01\n\x13UpdateMemoryRequest\x12 \n\x06memory\x18\x01 \x01(\x0b\x32\x10.lethe.v1.Memory\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\x12\x18\n\x10\x65xpected_version\x18\x03 \x01(\x03\"\x9f\x01\n\x17TransitionMemoryRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\x03\x12\'\n\x06status\x18\x03 \x01(\x0e\x32\x17.lethe.v1.Memory.Status\x12%\n\x08\x65vidence\x18\x04 \x01(\x0b\x32\x13.lethe.v1.SourceRef\x12\x0c\n\x04note\x18\x05 \x01(\t\"G\n\x18ResolvePreferenceRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x0c\n\x04slot\x18\x02 \x01(\t\x12\r\n\x05scope\x18\x03 \x01(\t\"g\n\x19ResolvePreferenceResponse\x12$\n\npreference\x18\x01 \x01(\x0b\x32\x10.lethe.v1.Memory\x12$\n\ncandidates\x18\x02 \x03(\x0b\x32\x10.lethe.v1.Memory*\xa4\x01\n\x07Trigger\x12\x17\n\x13TRIGGER_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43ORRECTION_ONLY\x10\x01\x12\x0c\n\x08\x41NSWERED\x10\x02\x12\x19\n\x15PROGRESS_OR_ABANDONED\x10\x03\x12\x17\n\x13RESUMED_OR_RELEASED\x10\x04\x12)\n%FULFILLED_CANCELLED_EXPIRED_OR_BROKEN\x10\x05\x32\xbd\x03\n\x08Memories\x12?\n\x0c\x43reateMemory\x12\x1d.lethe.v1.CreateMemoryRequest\x1a\x10.lethe.v1.Memory\x12\x39\n\tGetMemory\x12\x1a.lethe.v1.GetMemoryRequest\x1a\x10.lethe.v1.Memory\x12M\n\x0cListMemories\x12\x1d.lethe.v1.ListMemoriesRequest\x1a\x1e.lethe.v1.ListMemoriesResponse\x12?\n\x0cUpdateMemory\x12\x1d.lethe.v1.UpdateMemoryRequest\x1a\x10.lethe.v1.Memory\x12G\n\x10TransitionMemory\x12!.lethe.v1.TransitionMemoryRequest\x1a\x10.lethe.v1.Memory\x12\\\n\x11ResolvePreference\x12\".lethe.v1.ResolvePreferenceRequest\x1a#.lethe.v1.ResolvePreferenceResponseBb\n\x08lethe.v1B\rMemoriesProtoP\x01Z\x1dlethe/gen/go/lethe/v1;lethev1\xa2\x02\x03LTH\xaa\x02\x08Lethe.V1\xca\x02\x08Lethe\\V1\xea\x02\tLethe::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -26,36 +27,36 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lethe.v1.memories_pb2', _gl
 if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['DESCRIPTOR']._options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\010lethe.v1B\rMemoriesProtoP\001Z\035lethe/gen/go/lethe/v1;lethev1\242\002\003LTH\252\002\010Lethe.V1\312\002\010Lethe\\V1\352\002\tLethe::V1'
-  _globals['_TRIGGER']._serialized_start=2328
-  _globals['_TRIGGER']._serialized_end=2492
-  _globals['_MEMORY']._serialized_start=158
-  _globals['_MEMORY']._serialized_end=1366
-  _globals['_MEMORY_KIND']._serialized_start=825
-  _globals['_MEMORY_KIND']._serialized_end=1016
-  _globals['_MEMORY_DIRECTION']._serialized_start=1018
-  _globals['_MEMORY_DIRECTION']._serialized_end=1094
-  _globals['_MEMORY_STATUS']._serialized_start=1097
-  _globals['_MEMORY_STATUS']._serialized_end=1304
-  _globals['_MEMORY_ORIGIN']._serialized_start=1306
-  _globals['_MEMORY_ORIGIN']._serialized_end=1366
-  _globals['_GRAPHEDGE']._serialized_start=1368
-  _globals['_GRAPHEDGE']._serialized_end=1431
-  _globals['_CREATEMEMORYREQUEST']._serialized_start=1433
-  _globals['_CREATEMEMORYREQUEST']._serialized_end=1523
-  _globals['_GETMEMORYREQUEST']._serialized_start=1525
-  _globals['_GETMEMORYREQUEST']._serialized_end=1574
-  _globals['_LISTMEMORIESREQUEST']._serialized_start=1577
-  _globals['_LISTMEMORIESREQUEST']._serialized_end=1767
-  _globals['_LISTMEMORIESRESPONSE']._serialized_start=1769
-  _globals['_LISTMEMORIESRESPONSE']._serialized_end=1852
-  _globals['_UPDATEMEMORYREQUEST']._serialized_start=1855
-  _globals['_UPDATEMEMORYREQUEST']._serialized_end=1985
-  _globals['_TRANSITIONMEMORYREQUEST']._serialized_start=1988
-  _globals['_TRANSITIONMEMORYREQUEST']._serialized_end=2147
-  _globals['_RESOLVEPREFERENCEREQUEST']._serialized_start=2149
-  _globals['_RESOLVEPREFERENCEREQUEST']._serialized_end=2220
-  _globals['_RESOLVEPREFERENCERESPONSE']._serialized_start=2222
-  _globals['_RESOLVEPREFERENCERESPONSE']._serialized_end=2325
-  _globals['_MEMORIES']._serialized_start=2495
-  _globals['_MEMORIES']._serialized_end=2940
+  _globals['_TRIGGER']._serialized_start=2407
+  _globals['_TRIGGER']._serialized_end=2571
+  _globals['_MEMORY']._serialized_start=190
+  _globals['_MEMORY']._serialized_end=1398
+  _globals['_MEMORY_KIND']._serialized_start=857
+  _globals['_MEMORY_KIND']._serialized_end=1048
+  _globals['_MEMORY_DIRECTION']._serialized_start=1050
+  _globals['_MEMORY_DIRECTION']._serialized_end=1126
+  _globals['_MEMORY_STATUS']._serialized_start=1129
+  _globals['_MEMORY_STATUS']._serialized_end=1336
+  _globals['_MEMORY_ORIGIN']._serialized_start=1338
+  _globals['_MEMORY_ORIGIN']._serialized_end=1398
+  _globals['_GRAPHEDGE']._serialized_start=1400
+  _globals['_GRAPHEDGE']._serialized_end=1463
+  _globals['_CREATEMEMORYREQUEST']._serialized_start=1466
+  _globals['_CREATEMEMORYREQUEST']._serialized_end=1602
+  _globals['_GETMEMORYREQUEST']._serialized_start=1604
+  _globals['_GETMEMORYREQUEST']._serialized_end=1653
+  _globals['_LISTMEMORIESREQUEST']._serialized_start=1656
+  _globals['_LISTMEMORIESREQUEST']._serialized_end=1846
+  _globals['_LISTMEMORIESRESPONSE']._serialized_start=1848
+  _globals['_LISTMEMORIESRESPONSE']._serialized_end=1931
+  _globals['_UPDATEMEMORYREQUEST']._serialized_start=1934
+  _globals['_UPDATEMEMORYREQUEST']._serialized_end=2064
+  _globals['_TRANSITIONMEMORYREQUEST']._serialized_start=2067
+  _globals['_TRANSITIONMEMORYREQUEST']._serialized_end=2226
+  _globals['_RESOLVEPREFERENCEREQUEST']._serialized_start=2228
+  _globals['_RESOLVEPREFERENCEREQUEST']._serialized_end=2299
+  _globals['_RESOLVEPREFERENCERESPONSE']._serialized_start=2301
+  _globals['_RESOLVEPREFERENCERESPONSE']._serialized_end=2404
+  _globals['_MEMORIES']._serialized_start=2574
+  _globals['_MEMORIES']._serialized_end=3019
 # @@protoc_insertion_point(module_scope)

@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
@@ -332,9 +333,14 @@ class Memory(_message.Message):
 
     @_builtins.property
     def expire_time(self) -> _timestamp_pb2.Timestamp:
-        """When a `PENDING` memory expires: its own pending lifetime (the server's
-        `--pending-ttl`) or its first pending source's expiry if sooner. Unset
-        otherwise. Output only.
+        """When the memory expires (every version at once), then reading as
+        `RECORD_DELETED` until the sweeper forgets it: a `PENDING` memory at the
+        end of its own pending lifetime (the server's `--pending-ttl`), its first
+        pending source's expiry or its retention, whichever is first; a
+        `COMMITTED` memory at the end of its retention
+        (`CreateMemoryRequest.retention`, `Lifecycle.SetRetention` or the owner's
+        default from its creation). Unset when neither applies. A derivative also
+        goes, for readers, when a source expires. Output only.
         """
 
     @_builtins.property
@@ -418,6 +424,7 @@ class CreateMemoryRequest(_message.Message):
     PARENT_FIELD_NUMBER: _builtins.int
     MEMORY_ID_FIELD_NUMBER: _builtins.int
     MEMORY_FIELD_NUMBER: _builtins.int
+    RETENTION_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
     """Required: the owner, `owners/{o}`."""
     memory_id: _builtins.str
@@ -428,16 +435,24 @@ class CreateMemoryRequest(_message.Message):
     def memory(self) -> Global___Memory:
         """Required: the memory (`kind`, and `text` or `edge`; see `Memory`)."""
 
+    @_builtins.property
+    def retention(self) -> _duration_pb2.Duration:
+        """Optional retention: the memory expires this long after its creation
+        (then the owner's default, if sooner, still applies); positive, at most
+        100 years. Unset: only the owner's default, if any.
+        """
+
     def __init__(
         self,
         *,
         parent: _builtins.str = ...,
         memory_id: _builtins.str = ...,
         memory: Global___Memory | None = ...,
+        retention: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "retention", b"retention"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "memory_id", b"memory_id", "parent", b"parent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "memory_id", b"memory_id", "parent", b"parent", "retention", b"retention"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

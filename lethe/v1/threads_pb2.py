@@ -18,7 +18,7 @@ from lethe.v1 import common_pb2 as lethe_dot_v1_dot_common__pb2
 from lethe.v1 import memories_pb2 as lethe_dot_v1_dot_memories__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16lethe/v1/threads.proto\x12\x08lethe.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15lethe/v1/common.proto\x1a\x17lethe/v1/memories.proto\"\xa0\x02\n\x06Thread\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.lethe.v1.Thread.Kind\x12\r\n\x05title\x18\x03 \x01(\t\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08last_seq\x18\x06 \x01(\x03\x12$\n\x06repair\x18\x07 \x01(\x0b\x32\x14.lethe.v1.RepairInfo\":\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x43ONVERSATION\x10\x01\x12\n\n\x06REPAIR\x10\x02\"\xb0\x02\n\nRepairInfo\x12\x15\n\rsource_thread\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x03\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.lethe.v1.RepairInfo.State\x12-\n\x07outcome\x18\x04 \x01(\x0e\x32\x1c.lethe.v1.RepairInfo.Outcome\"H\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\n\n\x06PAUSED\x10\x01\x12\r\n\tCONTINUED\x10\x02\x12\r\n\tCONCLUDED\x10\x03\"U\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x44\x45STROY\x10\x01\x12\x17\n\x13PRESERVE_RESTRICTED\x10\x02\x12\x0b\n\x07\x44ISTILL\x10\x03\"\xba\x02\n\tTurnInput\x12\x1c\n\x04role\x18\x01 \x01(\x0e\x32\x0e.lethe.v1.Role\x12\x0f\n\x07speaker\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tembedding\x18\x05 \x03(\x02\x12\x18\n\x10\x63ontext_manifest\x18\x06 \x01(\t\x12)\n\x0c\x63ontext_refs\x18\x07 \x03(\x0b\x32\x13.lethe.v1.SourceRef\x12\x0e\n\x06\x63ommit\x18\x08 \x01(\x08\x12.\n\x0bpending_ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1e\n\x04tags\x18\n \x03(\x0b\x32\x10.lethe.v1.Memory\x12\x0e\n\x06tagged\x18\x0b \x01(\x08\"\x84\x03\n\x04Turn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x1c\n\x04role\x18\x03 \x01(\x0e\x32\x0e.lethe.v1.Role\x12\x0f\n\x07speaker\x18\x04 \x01(\t\x12\x0c\n\x04text\x18\x05 \x01(\t\x12(\n\x04time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1e\n\x05state\x18\x07 \x01(\x0e\x32\x0f.lethe.v1.State\x12\x0f\n\x07version\x18\x08 \x01(\x03\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07tainted\x18\x0b \x01(\x08\x12\x18\n\x10\x63ontext_manifest\x18\x0c \x01(\t\x12)\n\x0c\x63ontext_refs\x18\r \x03(\x0b\x32\x13.lethe.v1.SourceRef\x12\x11\n\tembedding\x18\x0e \x03(\x02\"G\n\x13\x43reateThreadRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x11\n\tthread_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\" \n\x10GetThreadRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"d\n\x12ListThreadsRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x17\n\x0finclude_repairs\x18\x04 \x01(\x08\"Q\n\x13ListThreadsResponse\x12!\n\x07threads\x18\x01 \x03(\x0b\x32\x10.lethe.v1.Thread\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"o\n\x12\x41ppendTurnsRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\"\n\x05turns\x18\x02 \x03(\x0b\x32\x13.lethe.v1.TurnInput\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x11\n\techo_text\x18\x04 \x01(\x08\"X\n\x13\x41ppendTurnsResponse\x12\x1d\n\x05turns\x18\x01 \x03(\x0b\x32\x0e.lethe.v1.Turn\x12\"\n\x08proposed\x18\x02 \x03(\x0b\x32\x10.lethe.v1.Memory\"\xa1\x01\n\x10ListTurnsRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x1f\n\x06states\x18\x02 \x03(\x0e\x32\x0f.lethe.v1.State\x12\x17\n\x0finclude_tainted\x18\x03 \x01(\x08\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x1c\n\x04view\x18\x06 \x01(\x0e\x32\x0e.lethe.v1.View\"K\n\x11ListTurnsResponse\x12\x1d\n\x05turns\x18\x01 \x03(\x0b\x32\x0e.lethe.v1.Turn\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"<\n\x0eGetTurnRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1c\n\x04view\x18\x02 \x01(\x0e\x32\x0e.lethe.v1.View2\x98\x03\n\x07Threads\x12?\n\x0c\x43reateThread\x12\x1d.lethe.v1.CreateThreadRequest\x1a\x10.lethe.v1.Thread\x12\x39\n\tGetThread\x12\x1a.lethe.v1.GetThreadRequest\x1a\x10.lethe.v1.Thread\x12J\n\x0bListThreads\x12\x1c.lethe.v1.ListThreadsRequest\x1a\x1d.lethe.v1.ListThreadsResponse\x12J\n\x0b\x41ppendTurns\x12\x1c.lethe.v1.AppendTurnsRequest\x1a\x1d.lethe.v1.AppendTurnsResponse\x12\x44\n\tListTurns\x12\x1a.lethe.v1.ListTurnsRequest\x1a\x1b.lethe.v1.ListTurnsResponse\x12\x33\n\x07GetTurn\x12\x18.lethe.v1.GetTurnRequest\x1a\x0e.lethe.v1.TurnBa\n\x08lethe.v1B\x0cThreadsProtoP\x01Z\x1dlethe/gen/go/lethe/v1;lethev1\xa2\x02\x03LTH\xaa\x02\x08Lethe.V1\xca\x02\x08Lethe\\V1\xea\x02\tLethe::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16lethe/v1/threads.proto\x12\x08lethe.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15lethe/v1/common.proto\x1a\x17lethe/v1/memories.proto\"\xd1\x02\n\x06Thread\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.lethe.v1.Thread.Kind\x12\r\n\x05title\x18\x03 \x01(\t\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08last_seq\x18\x06 \x01(\x03\x12$\n\x06repair\x18\x07 \x01(\x0b\x32\x14.lethe.v1.RepairInfo\x12/\n\x0b\x65xpire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\":\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x43ONVERSATION\x10\x01\x12\n\n\x06REPAIR\x10\x02\"\xb0\x02\n\nRepairInfo\x12\x15\n\rsource_thread\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x03\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.lethe.v1.RepairInfo.State\x12-\n\x07outcome\x18\x04 \x01(\x0e\x32\x1c.lethe.v1.RepairInfo.Outcome\"H\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\n\n\x06PAUSED\x10\x01\x12\r\n\tCONTINUED\x10\x02\x12\r\n\tCONCLUDED\x10\x03\"U\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x44\x45STROY\x10\x01\x12\x17\n\x13PRESERVE_RESTRICTED\x10\x02\x12\x0b\n\x07\x44ISTILL\x10\x03\"\xba\x02\n\tTurnInput\x12\x1c\n\x04role\x18\x01 \x01(\x0e\x32\x0e.lethe.v1.Role\x12\x0f\n\x07speaker\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tembedding\x18\x05 \x03(\x02\x12\x18\n\x10\x63ontext_manifest\x18\x06 \x01(\t\x12)\n\x0c\x63ontext_refs\x18\x07 \x03(\x0b\x32\x13.lethe.v1.SourceRef\x12\x0e\n\x06\x63ommit\x18\x08 \x01(\x08\x12.\n\x0bpending_ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1e\n\x04tags\x18\n \x03(\x0b\x32\x10.lethe.v1.Memory\x12\x0e\n\x06tagged\x18\x0b \x01(\x08\"\x84\x03\n\x04Turn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x1c\n\x04role\x18\x03 \x01(\x0e\x32\x0e.lethe.v1.Role\x12\x0f\n\x07speaker\x18\x04 \x01(\t\x12\x0c\n\x04text\x18\x05 \x01(\t\x12(\n\x04time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1e\n\x05state\x18\x07 \x01(\x0e\x32\x0f.lethe.v1.State\x12\x0f\n\x07version\x18\x08 \x01(\x03\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07tainted\x18\x0b \x01(\x08\x12\x18\n\x10\x63ontext_manifest\x18\x0c \x01(\t\x12)\n\x0c\x63ontext_refs\x18\r \x03(\x0b\x32\x13.lethe.v1.SourceRef\x12\x11\n\tembedding\x18\x0e \x03(\x02\"G\n\x13\x43reateThreadRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x11\n\tthread_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\" \n\x10GetThreadRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"d\n\x12ListThreadsRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x17\n\x0finclude_repairs\x18\x04 \x01(\x08\"Q\n\x13ListThreadsResponse\x12!\n\x07threads\x18\x01 \x03(\x0b\x32\x10.lethe.v1.Thread\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"o\n\x12\x41ppendTurnsRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\"\n\x05turns\x18\x02 \x03(\x0b\x32\x13.lethe.v1.TurnInput\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x11\n\techo_text\x18\x04 \x01(\x08\"X\n\x13\x41ppendTurnsResponse\x12\x1d\n\x05turns\x18\x01 \x03(\x0b\x32\x0e.lethe.v1.Turn\x12\"\n\x08proposed\x18\x02 \x03(\x0b\x32\x10.lethe.v1.Memory\"\xa1\x01\n\x10ListTurnsRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x1f\n\x06states\x18\x02 \x03(\x0e\x32\x0f.lethe.v1.State\x12\x17\n\x0finclude_tainted\x18\x03 \x01(\x08\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x1c\n\x04view\x18\x06 \x01(\x0e\x32\x0e.lethe.v1.View\"K\n\x11ListTurnsResponse\x12\x1d\n\x05turns\x18\x01 \x03(\x0b\x32\x0e.lethe.v1.Turn\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"<\n\x0eGetTurnRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1c\n\x04view\x18\x02 \x01(\x0e\x32\x0e.lethe.v1.View2\x98\x03\n\x07Threads\x12?\n\x0c\x43reateThread\x12\x1d.lethe.v1.CreateThreadRequest\x1a\x10.lethe.v1.Thread\x12\x39\n\tGetThread\x12\x1a.lethe.v1.GetThreadRequest\x1a\x10.lethe.v1.Thread\x12J\n\x0bListThreads\x12\x1c.lethe.v1.ListThreadsRequest\x1a\x1d.lethe.v1.ListThreadsResponse\x12J\n\x0b\x41ppendTurns\x12\x1c.lethe.v1.AppendTurnsRequest\x1a\x1d.lethe.v1.AppendTurnsResponse\x12\x44\n\tListTurns\x12\x1a.lethe.v1.ListTurnsRequest\x1a\x1b.lethe.v1.ListTurnsResponse\x12\x33\n\x07GetTurn\x12\x18.lethe.v1.GetTurnRequest\x1a\x0e.lethe.v1.TurnBa\n\x08lethe.v1B\x0cThreadsProtoP\x01Z\x1dlethe/gen/go/lethe/v1;lethev1\xa2\x02\x03LTH\xaa\x02\x08Lethe.V1\xca\x02\x08Lethe\\V1\xea\x02\tLethe::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -27,37 +27,37 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['DESCRIPTOR']._options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\010lethe.v1B\014ThreadsProtoP\001Z\035lethe/gen/go/lethe/v1;lethev1\242\002\003LTH\252\002\010Lethe.V1\312\002\010Lethe\\V1\352\002\tLethe::V1'
   _globals['_THREAD']._serialized_start=150
-  _globals['_THREAD']._serialized_end=438
-  _globals['_THREAD_KIND']._serialized_start=380
-  _globals['_THREAD_KIND']._serialized_end=438
-  _globals['_REPAIRINFO']._serialized_start=441
-  _globals['_REPAIRINFO']._serialized_end=745
-  _globals['_REPAIRINFO_STATE']._serialized_start=586
-  _globals['_REPAIRINFO_STATE']._serialized_end=658
-  _globals['_REPAIRINFO_OUTCOME']._serialized_start=660
-  _globals['_REPAIRINFO_OUTCOME']._serialized_end=745
-  _globals['_TURNINPUT']._serialized_start=748
-  _globals['_TURNINPUT']._serialized_end=1062
-  _globals['_TURN']._serialized_start=1065
-  _globals['_TURN']._serialized_end=1453
-  _globals['_CREATETHREADREQUEST']._serialized_start=1455
-  _globals['_CREATETHREADREQUEST']._serialized_end=1526
-  _globals['_GETTHREADREQUEST']._serialized_start=1528
-  _globals['_GETTHREADREQUEST']._serialized_end=1560
-  _globals['_LISTTHREADSREQUEST']._serialized_start=1562
-  _globals['_LISTTHREADSREQUEST']._serialized_end=1662
-  _globals['_LISTTHREADSRESPONSE']._serialized_start=1664
-  _globals['_LISTTHREADSRESPONSE']._serialized_end=1745
-  _globals['_APPENDTURNSREQUEST']._serialized_start=1747
-  _globals['_APPENDTURNSREQUEST']._serialized_end=1858
-  _globals['_APPENDTURNSRESPONSE']._serialized_start=1860
-  _globals['_APPENDTURNSRESPONSE']._serialized_end=1948
-  _globals['_LISTTURNSREQUEST']._serialized_start=1951
-  _globals['_LISTTURNSREQUEST']._serialized_end=2112
-  _globals['_LISTTURNSRESPONSE']._serialized_start=2114
-  _globals['_LISTTURNSRESPONSE']._serialized_end=2189
-  _globals['_GETTURNREQUEST']._serialized_start=2191
-  _globals['_GETTURNREQUEST']._serialized_end=2251
-  _globals['_THREADS']._serialized_start=2254
-  _globals['_THREADS']._serialized_end=2662
+  _globals['_THREAD']._serialized_end=487
+  _globals['_THREAD_KIND']._serialized_start=429
+  _globals['_THREAD_KIND']._serialized_end=487
+  _globals['_REPAIRINFO']._serialized_start=490
+  _globals['_REPAIRINFO']._serialized_end=794
+  _globals['_REPAIRINFO_STATE']._serialized_start=635
+  _globals['_REPAIRINFO_STATE']._serialized_end=707
+  _globals['_REPAIRINFO_OUTCOME']._serialized_start=709
+  _globals['_REPAIRINFO_OUTCOME']._serialized_end=794
+  _globals['_TURNINPUT']._serialized_start=797
+  _globals['_TURNINPUT']._serialized_end=1111
+  _globals['_TURN']._serialized_start=1114
+  _globals['_TURN']._serialized_end=1502
+  _globals['_CREATETHREADREQUEST']._serialized_start=1504
+  _globals['_CREATETHREADREQUEST']._serialized_end=1575
+  _globals['_GETTHREADREQUEST']._serialized_start=1577
+  _globals['_GETTHREADREQUEST']._serialized_end=1609
+  _globals['_LISTTHREADSREQUEST']._serialized_start=1611
+  _globals['_LISTTHREADSREQUEST']._serialized_end=1711
+  _globals['_LISTTHREADSRESPONSE']._serialized_start=1713
+  _globals['_LISTTHREADSRESPONSE']._serialized_end=1794
+  _globals['_APPENDTURNSREQUEST']._serialized_start=1796
+  _globals['_APPENDTURNSREQUEST']._serialized_end=1907
+  _globals['_APPENDTURNSRESPONSE']._serialized_start=1909
+  _globals['_APPENDTURNSRESPONSE']._serialized_end=1997
+  _globals['_LISTTURNSREQUEST']._serialized_start=2000
+  _globals['_LISTTURNSREQUEST']._serialized_end=2161
+  _globals['_LISTTURNSRESPONSE']._serialized_start=2163
+  _globals['_LISTTURNSRESPONSE']._serialized_end=2238
+  _globals['_GETTURNREQUEST']._serialized_start=2240
+  _globals['_GETTURNREQUEST']._serialized_end=2300
+  _globals['_THREADS']._serialized_start=2303
+  _globals['_THREADS']._serialized_end=2711
 # @@protoc_insertion_point(module_scope)

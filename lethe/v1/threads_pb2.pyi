@@ -59,6 +59,7 @@ class Thread(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     REPAIR_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """`owners/{o}/threads/{t}`. Output only."""
     kind: Global___Thread.Kind.ValueType
@@ -81,6 +82,14 @@ class Thread(_message.Message):
     def repair(self) -> Global___RepairInfo:
         """Set when `kind` is `REPAIR`. Output only."""
 
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """The thread's retention (`Lifecycle.SetRetention`): then the thread and
+        every turn of it expire — reads answer `RECORD_DELETED` — and the sweeper
+        forgets the whole thread (its ring destroyed) with a receipt, reason
+        `RETENTION`. Unset when it has none. Output only.
+        """
+
     def __init__(
         self,
         *,
@@ -91,10 +100,11 @@ class Thread(_message.Message):
         update_time: _timestamp_pb2.Timestamp | None = ...,
         last_seq: _builtins.int = ...,
         repair: Global___RepairInfo | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "repair", b"repair", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "expire_time", b"expire_time", "repair", b"repair", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "kind", b"kind", "last_seq", b"last_seq", "name", b"name", "repair", b"repair", "title", b"title", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "expire_time", b"expire_time", "kind", b"kind", "last_seq", b"last_seq", "name", b"name", "repair", b"repair", "title", b"title", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -349,8 +359,12 @@ class Turn(_message.Message):
 
     @_builtins.property
     def expire_time(self) -> _timestamp_pb2.Timestamp:
-        """When a `PENDING` turn expires (then it reads as `RECORD_DELETED` and the
-        sweeper forgets it); unset otherwise.
+        """When the turn expires, then reading as `RECORD_DELETED` until the
+        sweeper forgets it: a `PENDING` turn at the end of its pending window (or
+        of its retention, if sooner), a `COMMITTED` turn at the end of its
+        retention (`Lifecycle.SetRetention`: its own, its thread's, or the
+        owner's default from its creation). Unset when neither applies; a
+        `SEALED` turn never expires.
         """
 
     @_builtins.property

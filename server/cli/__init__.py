@@ -29,6 +29,14 @@ module           holds
 ``_probe``       ``lethe probe`` (its flags; the probe is :mod:`lethe.probe`)
 ``_mcp``         ``lethe mcp`` (its flags; the MCP server is :mod:`lethe.mcp`,
                  imported only when it runs)
+``_forget``      ``lethe forget`` against a running server (the work is
+                 :mod:`lethe.remote`)
+``_export``      ``lethe export``: an owner's records from a running server
+                 into a JSON Lines file (the work is :mod:`lethe.remote`)
+``_retention``   ``lethe retention``: retention of records, threads and an
+                 owner's new records on a running server
+``_receipt``     ``lethe receipt public-key | verify | rotate-key``: the keys
+                 that sign deletion receipts
 ===============  ===========================================================
 
 May import: everything of the project (``server`` rooms through their faces,
@@ -46,9 +54,12 @@ schema in docs/operating.md) and nothing else there; logs, notes and progress
 bars go to stderr, bars only on a terminal and never with ``--quiet``.
 
 Exit status (:data:`EXIT_OK` …): 0 success; 1 a failed check (``audit``,
-``probe``, ``demo``) or no such token to revoke; 2 usage, configuration or
-resource error, as one line on stderr naming the flag, variable, config key,
-path or address; 130 interrupted.
+``probe``, ``demo``, ``receipt verify``), no such token to revoke, or a record
+a remote command names that the server does not have (``forget``,
+``export``); 2 usage, configuration or resource error, as one line on stderr
+naming the flag, variable, config key, path or address (for a remote command
+also: the server cannot be reached or refuses the token, the owner or the
+request); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -64,10 +75,14 @@ from server.cli import (
     _audit,
     _backup,
     _demo,
+    _export,
+    _forget,
     _mcp,
     _owner,
     _probe,
+    _receipt,
     _restore,
+    _retention,
     _rotate,
     _serve,
     _shard,
@@ -106,6 +121,10 @@ COMMANDS = (
     _demo,
     _probe,
     _mcp,
+    _forget,
+    _export,
+    _retention,
+    _receipt,
 )
 """The command modules, in the order ``lethe --help`` lists them; each has
 ``add(sub)``, which registers its parser with ``run`` as its handler."""

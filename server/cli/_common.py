@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -27,10 +27,12 @@ Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 EXIT_OK = 0
 """The command did what it was asked."""
 EXIT_FAILED = 1
-"""A check failed (``audit``, ``probe``, ``demo``), or ``token revoke`` found no such token."""
+"""A check failed (``audit``, ``probe``, ``demo``, ``receipt verify``), ``token revoke``
+found no such token, or the server has no record a remote command named (``forget``)."""
 EXIT_USAGE = 2
 """Usage, configuration or resource error: one line on stderr names the flag,
-variable, file, path or address."""
+variable, file, path or address; for a remote command also a server that cannot
+be reached or refuses the token, the owner or the request."""
 EXIT_INTERRUPTED = 130
 """Interrupted (SIGINT, Ctrl-C) before the command finished; ``serve`` instead
 stops gracefully on SIGINT and exits 0."""
@@ -39,7 +41,8 @@ EPILOG = (
     "Every --some-flag can also be set by the environment variable LETHE_SOME_FLAG or the "
     "key some_flag of the --config file (top level, or this command's table); the command "
     "line wins, then the environment, then the file. Exit status: 0 success; 1 a check "
-    "failed (audit, probe, demo) or no such token; 2 usage, configuration or resource error "
+    "failed (audit, probe, demo, receipt verify), no such token, or no such record to forget; "
+    "2 usage, configuration or resource error, or a server that cannot be reached or refuses "
     "(one line on stderr naming it); 130 interrupted."
 )
 _DATA_HELP = "the data directory (LMDB data environment and keystore)"
@@ -135,6 +138,70 @@ def add_config(parser: argparse.ArgumentParser) -> None:
         help=f"a TOML file of settings (default: ${CONFIG_ENV}, else none); command line > "
         "environment > config file > default",
     )
+
+
+def add_remote(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """Add ``--target``, ``--token`` and ``--tls-ca``: the flags of a command run against a server.
+
+    Args:
+        parser: the command's parser.
+        required: whether ``--target`` and ``--token`` are required (``lethe audit``
+            runs on ``--data`` without them).
+    """
+    parser.add_argument(
+        "--target",
+        type=address,
+        required=required,
+        default=None,
+        metavar="HOST:PORT",
+        help="the server's gRPC address (plaintext on a loopback address, else TLS)"
+        + ("" if required else " (default: none: the command works on --data)"),
+    )
+    parser.add_argument(
+        "--token",
+        required=required,
+        default=None,
+        help="a bearer token allowed to act for the owners named (better from LETHE_TOKEN: "
+        "a flag shows in the process list)" + ("" if required else " (default: none)"),
+    )
+    parser.add_argument(
+        "--tls-ca",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="PEM file of the CAs that sign the server's certificate (default: the system's)",
+    )
+
+
+def run_remote(args: argparse.Namespace, work: Callable[[Any], int]) -> int:
+    """Run ``work`` on a client of ``args.target``, mapping its failures to exit statuses.
+
+    Args:
+        args: parsed flags of :func:`add_remote` (and ``command``, for messages).
+        work: given a connected :class:`lethe.client.Client`, does the command's
+            work and returns its exit status.
+
+    Returns:
+        ``work``'s status; :data:`EXIT_FAILED` when the server answers ``NOT_FOUND``
+        for what was named; :data:`EXIT_USAGE` when it cannot be reached or refuses
+        the token, the owner or the request (one line on stderr says which).
+    """
+    from lethe.client import NotFound
+    from lethe.remote import RemoteError, connect
+
+    name = " ".join(w for w in (args.command, getattr(args, "action", None)) if w)
+    if not args.target or not args.token:
+        print(f"lethe {name}: --target and --token (or LETHE_TOKEN) are required", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        with connect(args.target, args.token, tls_ca=args.tls_ca) as client:
+            return work(client)
+    except RemoteError as exc:
+        print(f"lethe {name}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except NotFound as exc:
+        print(f"lethe {name}: {exc.reason_name or 'NOT_FOUND'}: {exc.details()}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 # ---------------------------------------------------------------------- flag types

@@ -212,7 +212,7 @@ def _run(args: argparse.Namespace, store: Any, export: Any, receive_key: Receive
     if args.action == "release":
         marker = store.moved(args.owner)
         shard, target = (marker.shard, marker.target) if marker is not None else ("", "")
-        receipt = store.release_owner(args.owner, shard, target).as_dict()
+        receipt = _released(store, store.release_owner(args.owner, shard, target))
         return _report(args, receipt, json.dumps(receipt, indent=2, sort_keys=True))
     if args.action == "abort":
         said = store.abort_move(args.owner)
@@ -317,12 +317,25 @@ def _move_steps(args: argparse.Namespace, source: Any, dest: Any) -> dict[str, A
     if dest.moved(owner).state != "arrived":
         dest.activate_move(owner)
     activated = step("activate", at)
-    receipt: dict[str, Any] = source.release_owner(owner, args.to, args.target or "").as_dict()
+    receipt = _released(source, source.release_owner(owner, args.to, args.target or ""))
     step("release", activated)
     receipt["steps_seconds"] = steps
     receipt["writes_refused_seconds"] = round(activated - refused_since, 3)
     receipt["seconds"] = round(time.monotonic() - started, 3)
     return receipt
+
+
+def _released(store: Any, move: Any) -> dict[str, Any]:
+    """A release's document: what it destroyed, and ``receipt``, signed by the source's store.
+
+    ``receipt`` is the release as a deletion receipt (``MoveReceipt.as_receipt``);
+    ``lethe receipt verify`` checks it with the source's public keys.
+    """
+    from lethe.remote import message_document
+
+    doc: dict[str, Any] = move.as_dict()
+    doc["receipt"] = message_document(store.sign_receipt(move.as_receipt()))
+    return doc
 
 
 def _report(args: argparse.Namespace, doc: dict[str, Any], text: str) -> int:

@@ -121,6 +121,14 @@ def add(sub: Subcommands) -> None:
         "the filesystem is full, allocated again when there is room (0: none)",
     )
     serve.add_argument(
+        "--tracing",
+        choices=["off", "otlp"],
+        default="off",
+        help="an OpenTelemetry span per RPC (no content, no token, no name but the owner), "
+        "sent to the OTLP collector of OTEL_EXPORTER_OTLP_ENDPOINT; needs "
+        "lethe-store[tracing]",
+    )
+    serve.add_argument(
         "--tagger",
         choices=["rules", "none"],
         default="rules",
@@ -268,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
         disk_reserve=args.disk_reserve,
         index_cache_size=args.index_cache_size,
         require_owner_header=args.require_owner_header,
+        tracing=args.tracing,
     )
     try:
         config.limits()

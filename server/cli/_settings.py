@@ -45,9 +45,12 @@ __all__ = [
 
 CONFIG_ENV = "LETHE_CONFIG"
 """The environment variable naming the config file (``--config`` beats it)."""
-COMMAND_LINE_ONLY = frozenset({"--owner@token create", "--admin@token create", "--sample@demo"})
+COMMAND_LINE_ONLY = frozenset(
+    {"--owner@token create", "--admin@token create", "--sample@demo", "--owner@audit"}
+)
 """``flag@command`` pairs never taken from the environment or a config file:
-who a new token acts for, and the one of two exclusive flags (``--sample``,
+who a new token acts for, the owners ``lethe audit --target`` audits (a
+repeated flag), and the one of two exclusive flags (``--sample``,
 ``--locomo``) whose layer could not otherwise lose to the other's."""
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})

@@ -31,6 +31,7 @@ import time
 from collections import defaultdict
 
 from server._metrics import Metrics
+from server.errors import NotFound
 from server.retrieval import Retriever
 from server.store import (
     DeletionEntry,
@@ -44,6 +45,7 @@ from server.store import (
 
 REASON_FORGET = "FORGET"
 REASON_EXPIRED = "EXPIRED"
+REASON_RETENTION = "RETENTION"
 REASON_KEY_DESTROYED = "KEY_DESTROYED"
 
 
@@ -207,20 +209,36 @@ class Deletions:
         return len(entries)
 
     def sweep(self, now: float | None = None) -> int:
-        """Forget every pending record past its expiry (reason ``EXPIRED``).
+        """Forget what expired, as reads already see it: gone.
+
+        Threads and committed records past their retention go with reason
+        ``RETENTION``, pending records past their window with ``EXPIRED``. It is
+        the same deletion as a ``Forget`` (one per owner and cause, with its
+        receipt), so a crash half-way is finished at start-up or by the next
+        sweep.
 
         Returns:
-            How many records expired.
+            How many threads and records were forgotten.
         """
-        expired = self.store.expired(time.time() if now is None else now)
-        by_owner: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        mems_by_owner: dict[str, list[str]] = defaultdict(list)
-        for meta in expired:
-            if isinstance(meta, MemMeta):
-                mems_by_owner[meta.owner].append(meta.memory_id)
-            else:
-                by_owner[meta.owner].append((meta.thread, meta.seq))
-        for owner in {*by_owner, *mems_by_owner}:
-            targets = ForgetTargets.of(turns=by_owner[owner], memories=mems_by_owner[owner])
-            self.forget(owner, targets, reason=REASON_EXPIRED)
-        return len(expired)
+        now = time.time() if now is None else now
+        count = 0
+        for owner, thread in self.store.expired_threads(now):
+            try:
+                self.forget(owner, ForgetTargets.of(threads=[thread]), reason=REASON_RETENTION)
+            except NotFound:  # being forgotten by another deletion (RecordDeleted too)
+                continue
+            count += 1
+        for retention, reason in ((True, REASON_RETENTION), (False, REASON_EXPIRED)):
+            expired = self.store.expired(now, retention=retention)
+            by_owner: dict[str, list[tuple[str, int]]] = defaultdict(list)
+            mems_by_owner: dict[str, list[str]] = defaultdict(list)
+            for meta in expired:
+                if isinstance(meta, MemMeta):
+                    mems_by_owner[meta.owner].append(meta.memory_id)
+                else:
+                    by_owner[meta.owner].append((meta.thread, meta.seq))
+            for owner in {*by_owner, *mems_by_owner}:
+                targets = ForgetTargets.of(turns=by_owner[owner], memories=mems_by_owner[owner])
+                self.forget(owner, targets, reason=reason)
+            count += len(expired)
+        return count

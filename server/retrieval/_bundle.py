@@ -20,8 +20,9 @@ its memories, and each thread one bundle over its pending turns:
   carries a time expression (the time-expression prior and session-date window).
 
 Memories enter the dense and both plain legs only. A bundle also watches the
-times at which a member may stop being visible without any write (a pending
-turn's ``expire_time``, a turn's ``lineage_expiry``).
+times at which a member may stop being visible without any write (a turn's
+``expire_time``: the end of its pending window or of its retention; its
+``lineage_expiry``).
 
 Bundles live in memory only, in an LRU over owners (:class:`index.IndexCache`),
 under the keys :func:`owner_key` and :func:`pending_key`; nothing of them is
@@ -38,7 +39,7 @@ import numpy as np
 
 from index import LexicalIndex, SessionIndex, TimeIndex, VectorIndex
 from server.retrieval._indexed_text import TermMemo, date_text, session_key
-from server.store import PENDING, TurnMeta
+from server.store import TurnMeta
 
 Ranked = list[tuple[int, float]]
 """One leg's or one fusion's result: ``(record number, score)``, best first."""
@@ -109,7 +110,7 @@ def add_time_legs(
     )
     bundle.times.add(ids, [m.time for m in held], [texts[m.rid] for m in held])
     for m in held:
-        ends = [t for t in (m.expire_time if m.state == PENDING else 0.0, m.lineage_expiry) if t]
+        ends = [t for t in (m.expire_time, m.lineage_expiry) if t]  # pending window or retention
         if ends:
             bundle.watch[m.rid] = min(ends)
             bundle.due = min(bundle.due, bundle.watch[m.rid])

@@ -34,8 +34,11 @@ def index_drift(
     records: list[RecordMeta] = [*turns, *memories]
     visible = {m.rid for m in records if general_visible(m, now)}
     dense = {m.rid for m in records if indexable(m, now)}
-    held_dense = {int(i) for i in bundle.dense.ids()}
-    held_plain = {int(i) for i in bundle.plain.ids()}
+    # A memory past its retention leaves the indexes when the sweeper forgets
+    # it (no hit of it is returned before: every hit is rechecked).
+    waiting = {m.rid for m in memories if not m.deleted and m.expire_time and now >= m.expire_time}
+    held_dense = {int(i) for i in bundle.dense.ids()} - waiting
+    held_plain = {int(i) for i in bundle.plain.ids()} - waiting
     # Records without text tokens are held but never match; count only ids held
     # that should not be, and visible records missing from the plain leg.
     drift = len(held_dense ^ dense) + len(held_plain - visible) + len(visible - held_plain)

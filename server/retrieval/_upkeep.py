@@ -199,9 +199,12 @@ class IndexUpkeep(IndexBuilds):
 
     def index_drift(self, owner: str) -> int:
         """The audit's ``index_drift`` for ``owner`` (see :func:`index_drift`)."""
-        bundle = self.cache.get(owner_key(owner))
-        if bundle is None:
-            return 0
+        with self._lock(owner):
+            bundle = self.cache.get(owner_key(owner))
+            if bundle is None:
+                return 0
+            if bundle.due <= time.time():
+                self._expire(owner, bundle)  # as every use of the bundle does first
         now = time.time()
         return index_drift(
             bundle, self.store.owner_turns(owner), self.store.owner_memories(owner), now

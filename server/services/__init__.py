@@ -9,7 +9,8 @@ module              holds
 ==================  ===========================================================
 ``_threads``        ``lethe.v1.Threads``: threads and turns
 ``_memories``       ``lethe.v1.Memories``: memories, corrections, preferences
-``_lifecycle``      ``lethe.v1.Lifecycle``: commit, lineage, forget, audit
+``_lifecycle``      ``lethe.v1.Lifecycle``: commit, lineage, forget, audit, server info
+``_export``         ``Lifecycle.ExportOwner``: an owner's records as a stream
 ``_retrieval``      ``lethe.v1.Retrieval``: search and context assembly
 ``_repairs``        ``lethe.v1.Repairs``: seal, reopen, pause, conclude
 ``_events``         ``lethe.v1.Events``: the ``Watch`` stream and event pages

@@ -32,6 +32,8 @@ MAX_TITLE_BYTES = 4096
 MAX_BATCH = 1000
 MAX_DIM = 4096
 MAX_TTL_SECONDS = 366 * 24 * 3600.0
+MAX_RETENTION_SECONDS = 100 * 365.25 * 24 * 3600.0
+"""The longest retention a request may give (100 years)."""
 MAX_REASON_BYTES = 256
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -87,6 +89,18 @@ def duration(d: duration_pb2.Duration, field: str, default: float) -> float:
     value = d.seconds + d.nanos / 1e9
     if not 0 < value <= MAX_TTL_SECONDS or d.nanos < 0 or d.nanos >= 1_000_000_000:
         raise InvalidArgument(field, f"must be positive and at most {MAX_TTL_SECONDS:.0f} s")
+    return value
+
+
+def retention(d: duration_pb2.Duration, field: str) -> float:
+    """A retention in seconds: positive, at most :data:`MAX_RETENTION_SECONDS`.
+
+    Raises:
+        InvalidArgument: zero, negative, malformed or too long.
+    """
+    value = d.seconds + d.nanos / 1e9
+    if not 0 < value <= MAX_RETENTION_SECONDS or not 0 <= d.nanos < 1_000_000_000:
+        raise InvalidArgument(field, "must be positive and at most 100 years")
     return value
 
 

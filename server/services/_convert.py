@@ -7,6 +7,7 @@ SourceRefs) around these.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import timestamp_pb2
@@ -56,6 +57,8 @@ def thread_proto(view: ThreadView) -> threads_pb2.Thread:
         update_time=timestamp(meta.update_time),
         last_seq=meta.last_seq,
     )
+    if meta.expire_time:
+        set_time(thread.expire_time, meta.expire_time)
     if meta.kind == "REPAIR":
         thread.repair.CopyFrom(
             threads_pb2.RepairInfo(
@@ -101,14 +104,22 @@ def fill_turn(turn: threads_pb2.Turn, view: TurnView, *, text: bool = True) -> N
     turn.context_manifest = meta.context_manifest
     for n, v in meta.context_refs:
         turn.context_refs.add(name=n, version=v)
-    if meta.state == PENDING and meta.expire_time:
+    if meta.state in (PENDING, COMMITTED) and meta.expire_time:
         set_time(turn.expire_time, meta.expire_time)
     if view.embedding is not None:
         turn.embedding.extend(view.embedding.tolist())
 
 
-def receipt_proto(entry: DeletionEntry) -> common_pb2.DeletionReceipt:
-    """A DeletionReceipt from a deletion-log entry (ids and counts only)."""
+def receipt_proto(
+    entry: DeletionEntry, sign: Callable[[common_pb2.DeletionReceipt], object]
+) -> common_pb2.DeletionReceipt:
+    """A signed DeletionReceipt from a deletion-log entry (ids and counts only).
+
+    Args:
+        entry: the log entry.
+        sign: names the store on the receipt and signs it in place
+            (:meth:`server.store.Store.sign_receipt`).
+    """
     receipt = common_pb2.DeletionReceipt(
         name=entry.name,
         targets=entry.targets,
@@ -127,6 +138,7 @@ def receipt_proto(entry: DeletionEntry) -> common_pb2.DeletionReceipt:
         receipt.complete_time.CopyFrom(timestamp(entry.complete_time))
     if entry.shred_horizon_time:
         receipt.shred_horizon_time.CopyFrom(timestamp(entry.shred_horizon_time))
+    sign(receipt)
     return receipt
 
 
@@ -164,7 +176,7 @@ def fill_memory(memory: memories_pb2.Memory, view: MemoryView) -> None:
         memory.origin = memories_pb2.Memory.Origin.Value(meta.origin)
     if meta.due_time:
         set_time(memory.due_time, meta.due_time)
-    if meta.state == PENDING and meta.expire_time:
+    if meta.state in (PENDING, COMMITTED) and meta.expire_time:
         set_time(memory.expire_time, meta.expire_time)
     if view.content.metadata is not None:
         memory.metadata.update(view.content.metadata)

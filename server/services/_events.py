@@ -81,6 +81,8 @@ class EventsService(events_pb2_grpc.EventsServicer):
         for event in self.store.events(owner, after, types, limit=BATCH):
             if event.receipt not in receipts:
                 entry = self.store.deletion(owner, event.receipt.rsplit("/", 1)[-1])
-                receipts[event.receipt] = receipt_proto(entry) if entry else None
+                receipts[event.receipt] = (
+                    receipt_proto(entry, self.store.sign_receipt) if entry else None
+                )
             out.append(event_proto(event, receipts[event.receipt]))
         return out

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
 
 import grpc
@@ -18,7 +19,7 @@ from server._names import (
     parse_target,
     parse_thread,
 )
-from server.edge import authorize
+from server.edge import StreamContext, authorize
 from server.errors import InvalidArgument
 from server.lifecycle import Lifecycle
 from server.retrieval import Retriever
@@ -26,13 +27,17 @@ from server.services._common import (
     MAX_BATCH,
     MAX_LINEAGE_DEPTH,
     MAX_REASON_BYTES,
+    MAX_RETENTION_SECONDS,
     check_text,
     duration,
     fit,
     owner_page,
     page_tokens,
+    retention,
+    seconds,
 )
-from server.services._convert import receipt_proto
+from server.services._convert import receipt_proto, set_time
+from server.services._export import export_items
 from server.store import ForgetTargets, Store
 
 
@@ -124,7 +129,9 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         owner, size, after = owner_page(request, self.page_tokens)
         entries, nxt = self.store.list_deletions(owner, after, size)
         receipts, nxt = fit(
-            [receipt_proto(e) for e in entries], nxt, lambda r: r.name.rsplit("/", 1)[-1]
+            [receipt_proto(e, self.store.sign_receipt) for e in entries],
+            nxt,
+            lambda r: r.name.rsplit("/", 1)[-1],
         )
         return lifecycle_pb2.ListDeletionsResponse(
             receipts=receipts,
@@ -139,6 +146,73 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         authorize(owner)
         counts = self.lifecycle.audit(owner)
         return lifecycle_pb2.AuditReport(**asdict(counts))
+
+    def GetServerInfo(  # noqa: N802
+        self, request: lifecycle_pb2.GetServerInfoRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.ServerInfo:
+        """``Lifecycle.GetServerInfo``: the store's id and the public keys of its receipts.
+
+        Any authenticated caller may ask: it names no owner and holds nothing secret.
+        """
+        return self.store.server_info()
+
+    async def ExportOwner(  # type: ignore[override]  # noqa: N802
+        self, request: lifecycle_pb2.ExportOwnerRequest, context: StreamContext
+    ) -> AsyncIterator[lifecycle_pb2.ExportItem]:
+        """``Lifecycle.ExportOwner``: stream what the owner's token may read (``_export``)."""
+        async for item in export_items(self.store, request, context):
+            yield item
+
+    def SetRetention(  # noqa: N802
+        self, request: lifecycle_pb2.SetRetentionRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.SetRetentionResponse:
+        """``Lifecycle.SetRetention``: how long records, threads or an owner's new records live."""
+        if not request.names:
+            raise InvalidArgument("names", "at least one name is required")
+        if len(request.names) > MAX_BATCH:
+            raise InvalidArgument("names", f"at most {MAX_BATCH} names per call")
+        parsed = [parse_target(name, f"names[{i}]") for i, name in enumerate(request.names)]
+        owners = {t.owner for t in parsed}
+        if len(owners) != 1:
+            raise InvalidArgument("names", "all names must belong to one owner")
+        owner = owners.pop()
+        authorize(owner)
+        given = [request.HasField("expire_time"), request.HasField("ttl"), request.clear]
+        if sum(given) != 1:
+            raise InvalidArgument("ttl", "give exactly one of expire_time, ttl and clear")
+        response = lifecycle_pb2.SetRetentionResponse()
+        if any(isinstance(t, OwnerName) for t in parsed):
+            if len(parsed) != 1:
+                raise InvalidArgument("names", "an owner name goes alone")
+            if request.HasField("expire_time"):
+                raise InvalidArgument("expire_time", "an owner's default is a ttl")
+            default = retention(request.ttl, "ttl") if request.HasField("ttl") else 0.0
+            self.store.set_owner_retention(owner, default)
+            if default:
+                response.owner_default.FromNanoseconds(round(default * 1e9))
+            return response
+        now = time.time()
+        until = 0.0
+        if request.HasField("ttl"):
+            until = now + retention(request.ttl, "ttl")
+        elif request.HasField("expire_time"):
+            until = seconds(request.expire_time)
+            if not now < until <= now + MAX_RETENTION_SECONDS:
+                raise InvalidArgument("expire_time", "must be in the future, within 100 years")
+        metas = self.store.set_retention(
+            owner,
+            turns=[(t.thread, t.seq) for t in parsed if isinstance(t, TurnName)],
+            memories=[t.memory for t in parsed if isinstance(t, MemoryName)],
+            threads=[t.thread for t in parsed if isinstance(t, ThreadName)],
+            until=until,
+        )
+        # The loaded indexes watch when each turn may stop being visible: rebuilt
+        # from the store on next use, they watch the new times.
+        self.retriever.drop_owner(owner)
+        response.records.extend(common_pb2.SourceRef(name=m.name, version=m.version) for m in metas)
+        if until:
+            set_time(response.expire_time, until)
+        return response
 
     def Forget(  # noqa: N802
         self, request: lifecycle_pb2.ForgetRequest, context: grpc.ServicerContext
@@ -180,4 +254,4 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
             delete_responses=request.responses == lifecycle_pb2.ForgetRequest.DELETE,
         )
         entry = self.lifecycle.forget(owner, targets, reason=reason or "FORGET")
-        return receipt_proto(entry)
+        return receipt_proto(entry, self.store.sign_receipt)

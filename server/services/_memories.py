@@ -33,6 +33,7 @@ from server.services._common import (
     fit,
     owner_page,
     page_tokens,
+    retention,
     seconds,
     states,
 )
@@ -230,6 +231,8 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         if request.memory.state not in (0, common_pb2.PENDING, common_pb2.COMMITTED):
             raise InvalidArgument("memory.state", "must be PENDING or COMMITTED")
         draft = self._draft(request.memory, owner, creating=True)
+        if request.HasField("retention"):
+            draft.retention = retention(request.retention, "retention")
         self._embed(draft, owner)
         try:
             view = self.store.create_memory(

@@ -144,5 +144,5 @@ class RepairsService(repairs_pb2_grpc.RepairsServicer):
         if made is not None:
             response.lesson.CopyFrom(memory_proto(made))
         response.repair.CopyFrom(thread_proto(repair))
-        response.receipt.CopyFrom(receipt_proto(entry))
+        response.receipt.CopyFrom(receipt_proto(entry, self.store.sign_receipt))
         return response

@@ -22,6 +22,7 @@ module              holds
 ``_threads``        threads and turns
 ``_memories``       memories: publication, corrections, transitions, preferences
 ``_pending``        commit, ExtendPending, expiry queue, ``PENDING_EXPIRING``
+``_retention``      retention of committed records, threads and an owner's new records
 ``_forget``         the forget plan, cascade, purge and the deletion log
 ``_repairs``        sealing, reopening and pausing repairs
 ``_events``         reading, emitting and pruning events
@@ -31,6 +32,8 @@ module              holds
 ``_placement``      moved-away markers: owners this shard no longer holds
 ``_moves``          moving an owner between shards: export, import, release
 ``_vectors``        which embedder made an owner's vectors; swapping them all at once
+``_export``         what an owner's export reads besides the listings: every memory
+                    version, lineage edges
 ``_store``          opening a data directory; ``Store`` composes the parts
 ==================  ===========================================================
 

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NoReturn, TypeVar, cast
 
@@ -29,8 +30,9 @@ import numpy as np
 from lethe.names import InvalidName, MemoryName, parse_record
 from server.errors import DataLoss, NotFound, RecordDeleted
 from server.store import _schema as sk
-from server.store._lineage import ancestors_of
+from server.store._lineage import ancestors_of, children_of
 from server.store._records import (
+    COMMITTED,
     PAYLOAD_CONTENT,
     PAYLOAD_EMBEDDING,
     PAYLOAD_MEMORY,
@@ -48,7 +50,7 @@ from server.store._records import (
 from server.store._reserve import DiskReserve
 from server.store._schema import Tables
 from server.store._views import MemoryContent, MemoryView, ThreadView, TurnView
-from server.store._visibility import effective_state
+from server.store._visibility import effective_state, thread_gone
 from server.store._writer import Writer
 from shredder import (
     AssociatedData,
@@ -354,16 +356,17 @@ class StoreBase:
         return None if raw is None else ThreadMeta.decode(raw)
 
     def _live_thread(self, txn: lmdb.Transaction, owner: str, thread: str) -> ThreadMeta:
-        """The thread's metadata if it exists and is not being forgotten.
+        """The thread's metadata if it exists, is not being forgotten and has not expired.
 
         Raises:
-            RecordDeleted: forgotten (tombstone) or being forgotten. NotFound: never existed.
+            RecordDeleted: forgotten (tombstone), being forgotten, or past its
+                retention. NotFound: never existed.
         """
         meta = self._thread_row(txn, owner, thread)
         name = thread_name(owner, thread)
         if meta is None:
             self._raise_missing(txn, name)
-        if meta.deleted:
+        if thread_gone(meta, time.time()):
             raise RecordDeleted(f"{name} was deleted")
         return meta
 
@@ -526,14 +529,84 @@ class StoreBase:
         return sk.take_numbers(txn, self.t.meta, sk.NEXT_RID, count)
 
     def _queue_expiry(self, txn: lmdb.Transaction, meta: RecordMeta) -> None:
-        """Put a pending record on the expiry queue at its ``expire_time``."""
-        if meta.expire_time:
-            txn.put(sk.expiry_key(meta.expire_time, meta.rid), b"", db=self.t.expiry)
+        """Put a record on its queue at its ``expire_time``.
+
+        A pending record goes on the pending-expiry queue (``expiry``), a
+        committed one on the retention queue (``retention``).
+        """
+        if meta.expire_time and meta.state in (PENDING, COMMITTED):
+            table = self.t.expiry if meta.state == PENDING else self.t.retention
+            txn.put(sk.expiry_key(meta.expire_time, meta.rid), b"", db=table)
 
     def _unqueue_expiry(self, txn: lmdb.Transaction, meta: RecordMeta) -> None:
-        """Take a record off the expiry queue (its ``expire_time`` is unchanged)."""
+        """Take a record off whichever queue holds it (its ``expire_time`` is unchanged)."""
         if meta.expire_time:
-            txn.delete(sk.expiry_key(meta.expire_time, meta.rid), db=self.t.expiry)
+            key = sk.expiry_key(meta.expire_time, meta.rid)
+            txn.delete(key, db=self.t.expiry)
+            txn.delete(key, db=self.t.retention)
+
+    def _unqueue_thread(self, txn: lmdb.Transaction, meta: ThreadMeta) -> None:
+        """Take a thread off the threads' retention queue (its ``expire_time`` is unchanged)."""
+        if meta.expire_time:
+            key = sk.thread_expiry_key(meta.expire_time, meta.owner, meta.thread)
+            txn.delete(key, db=self.t.thread_expiry)
+
+    def _retain(self, txn: lmdb.Transaction, meta: RecordMeta, until: float) -> None:
+        """Give a live record the retention ``until`` (seconds; 0: none), in ``txn``.
+
+        A committed record expires then; a pending one's window only gets
+        shorter (its retention applies in full once committed). What was derived
+        from it rechecks its lineage from then on (:meth:`_propagate_expiry`).
+        """
+        self._unqueue_expiry(txn, meta)
+        meta.retain_until = until
+        if meta.state == COMMITTED:
+            meta.expire_time = until
+        elif meta.state == PENDING and until:
+            meta.expire_time = min(meta.expire_time or until, until)
+        self._queue_expiry(txn, meta)
+        self._put_record(txn, meta)
+        if meta.expire_time:
+            self._propagate_expiry(txn, meta.name, meta.expire_time)
+
+    def _propagate_expiry(self, txn: lmdb.Transaction, name: str, when: float) -> None:
+        """Make every descendant of ``name`` recheck its lineage from ``when`` (seconds) on.
+
+        A derivative is never more durable than its sources: once a source
+        expires, reads see the derivative as after its forget (a memory gone, a
+        response tainted) before any sweeper runs.
+        """
+        seen = {name}
+        frontier = [name]
+        while frontier:
+            nxt = []
+            for node in frontier:
+                for child, _ in children_of(txn, self.t, node):
+                    if child in seen:
+                        continue
+                    seen.add(child)
+                    meta = self.resolve(txn, child)
+                    if meta is None or meta.deleted:
+                        continue
+                    if not meta.lineage_expiry or when < meta.lineage_expiry:
+                        meta.lineage_expiry = when
+                        self._put_record(txn, meta)
+                    nxt.append(child)
+            frontier = nxt
+
+    def _born_retention(
+        self, txn: lmdb.Transaction, owner: str, now: float, *bounds: float
+    ) -> float:
+        """The retention of a record created now: the owner's default or ``bounds``, the earliest.
+
+        ``bounds`` are absolute times in seconds (0: none), such as the thread's
+        retention or one the request asked for. 0 when there is none.
+        """
+        row = self._owner_row(txn, owner)
+        times = [b for b in bounds if b]
+        if row is not None and row.retention:
+            times.append(now + row.retention)
+        return min(times) if times else 0.0
 
     def _append_event(
         self,
@@ -597,11 +670,12 @@ class StoreBase:
 
 
 def lineage_expiry_of(sources: Sequence[RecordMeta]) -> float:
-    """The earliest pending expiry in the lineage of a record built on ``sources``, in seconds.
+    """The earliest expiry in the lineage of a record built on ``sources``, in seconds.
 
-    0 when none is pending and none carries one. When a record's
+    A pending source's window or a committed source's retention, or the
+    ``lineage_expiry`` a source carries; 0 when there is none. When a record's
     ``lineage_expiry`` passes, reads recheck its lineage.
     """
-    times = [s.expire_time for s in sources if s.state == PENDING and s.expire_time]
+    times = [s.expire_time for s in sources if s.state in (PENDING, COMMITTED) and s.expire_time]
     times += [s.lineage_expiry for s in sources if s.lineage_expiry]
     return min(times) if times else 0.0

@@ -452,6 +452,7 @@ class ForgetPart(StoreBase):
                     continue
                 raise RecordDeleted(f"{name} was deleted")
             tmeta.deleted = True
+            self._unqueue_thread(txn, tmeta)
             self._put_thread(txn, tmeta)
             if not whole_owner:
                 plan.targets.append(name)

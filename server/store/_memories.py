@@ -267,6 +267,9 @@ class MemoriesPart(StoreBase):
         state = COMMITTED if commit and sources_state == COMMITTED else PENDING
         rid = self._next_rids(txn, 1)
         self._ensure_owner(txn, owner, now)
+        asked = now + draft.retention if draft.retention else 0.0
+        retain = self._born_retention(txn, owner, now, asked)
+        pending_end = _earliest(now + pending_ttl, sources_expiry) if state == PENDING else 0.0
         name = f"owners/{owner}/memories/{memory_id}"
         stone = self._tombstone_of(txn, name)
         # An id used again continues the old numbering: (name, version) is unique.
@@ -285,20 +288,20 @@ class MemoriesPart(StoreBase):
             origin=draft.origin,
             create_time=now,
             update_time=now,
-            expire_time=_earliest(now + pending_ttl, sources_expiry) if state == PENDING else 0.0,
+            expire_time=_earliest(pending_end, retain) if state == PENDING else retain,
             ring_thread=ring_thread,
             key_ids={str(version): key_id},
             sources=list(draft.sources),
             due_time=draft.due_time,
             lineage_expiry=self._sources_lineage(txn, draft.sources),
+            retain_until=retain,
         )
         if draft.embedding is not None:
             self._check_memory_dim(txn, owner, draft.embedding.shape[0], now)
         self._claim_slot(txn, meta, draft.content, now)
         self._write_version(txn, meta, draft)
         self._put_memory(txn, meta)
-        if meta.state == PENDING:
-            self._queue_expiry(txn, meta)
+        self._queue_expiry(txn, meta)
         txn.put(sk.memory_id_key(owner, memory_id), sk.rid_key(rid), db=self.t.memory_ids)
         txn.put(sk.owner_record_key(owner, rid), b"", db=self.t.owner_records)
         add_edges(txn, self.t, meta.name, version, draft.sources)
@@ -599,7 +602,8 @@ class MemoriesPart(StoreBase):
                 meta.state = PENDING  # a derivative is never more durable than its sources
             if meta.state == PENDING:
                 self._unqueue_expiry(txn, meta)
-                meta.expire_time = _earliest(now + pending_ttl, sources_expiry)
+                window = _earliest(now + pending_ttl, sources_expiry)
+                meta.expire_time = _earliest(window, meta.retain_until)
                 self._queue_expiry(txn, meta)
             embedding = draft.embedding
             if keep_embedding and meta.has_embedding:

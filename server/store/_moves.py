@@ -49,6 +49,7 @@ from typing import Any
 import grpc
 import lmdb
 
+from lethe.v1 import common_pb2
 from server.errors import LetheError
 from server.store import _json
 from server.store import _schema as sk
@@ -210,6 +211,28 @@ class MoveReceipt:
             "complete_time": self.complete_time,
         }
 
+    def as_receipt(self) -> common_pb2.DeletionReceipt:
+        """The release as a :class:`~lethe.v1.common_pb2.DeletionReceipt`, for signing.
+
+        Named ``owners/{o}/deletions/move-{move_id}``, target the owner, reason
+        ``OWNER_MOVED``, the keystore and the data environment done at
+        ``complete_time``. It counts no records (rows are counted by database in
+        the release's own document) and names no shred horizon: the source's
+        next rotation (or ``lethe rotate``) completes the shred, whenever that
+        server runs it.
+        """
+        receipt = common_pb2.DeletionReceipt(
+            name=f"owners/{self.owner}/deletions/move-{self.move_id}",
+            targets=[f"owners/{self.owner}"],
+            reason="OWNER_MOVED",
+        )
+        receipt.request_time.FromNanoseconds(round(self.request_time * 1e9))
+        receipt.complete_time.FromNanoseconds(round(self.complete_time * 1e9))
+        for name in ("lmdb", "keystore"):
+            done = receipt.destinations.add(name=name, done=True)
+            done.complete_time.CopyFrom(receipt.complete_time)
+        return receipt
+
 
 class MovesPart(PlacementPart, StoreBase):
     """Owner moves of :class:`server.store.Store` (see the module docstring)."""
@@ -242,9 +265,13 @@ class MovesPart(PlacementPart, StoreBase):
                         continue
                     yield name, key, value
         mine = set(rids)
-        for key, value in sk.scan(txn, self.t.expiry, b""):
-            if key[8:16] in mine:
-                yield "expiry", key, value
+        for queue in ("expiry", "retention"):  # time-first keys: the whole queue is read
+            for key, value in sk.scan(txn, getattr(self.t, queue), b""):
+                if key[8:16] in mine:
+                    yield queue, key, value
+        for key, value in sk.scan(txn, self.t.thread_expiry, b""):
+            if key[8:].startswith(prefix):
+                yield "thread_expiry", key, value
         for key, value in sk.scan(txn, self.t.tokens, b""):
             principal = _json.loads(value)
             if list(principal.get("owners", [])) == [owner] and not principal.get("admin"):
@@ -453,8 +480,11 @@ class MovesPart(PlacementPart, StoreBase):
                 value = _json.dumps([sk.rid_of(renumber(sk.rid_key(r))) for r in old_rids])
             elif name == "events":
                 last_event = max(last_event, int.from_bytes(key[-8:], "big"))
-            elif name == "expiry":
+            elif name in ("expiry", "retention"):
                 key = key[:8] + renumber(key[8:16])
+            elif name == "thread_expiry":
+                if not key[8:].startswith(prefix):
+                    raise IntegrityError("the export holds a row of another owner")
             elif name == "turns":
                 turn = TurnMeta.decode(value)
                 turn.rid = sk.rid_of(renumber(key))

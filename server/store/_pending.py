@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import lmdb
 
@@ -81,7 +82,8 @@ class PendingPart(StoreBase):
                             commit_one(src, False)
                 self._unqueue_expiry(txn, meta)
                 meta.state = COMMITTED
-                meta.expire_time = 0.0
+                meta.expire_time = meta.retain_until  # its retention, if it has one
+                self._queue_expiry(txn, meta)
                 self._put_record(txn, meta)
                 done.add(name)
                 if not explicit:
@@ -119,7 +121,7 @@ class PendingPart(StoreBase):
                     )
                 if state == PENDING:
                     self._unqueue_expiry(txn, meta)
-                    meta.expire_time = now + ttl
+                    meta.expire_time = min(now + ttl, meta.retain_until or now + ttl)
                     meta.expiry_warned = False
                     self._queue_expiry(txn, meta)
                     self._put_record(txn, meta)
@@ -128,11 +130,16 @@ class PendingPart(StoreBase):
 
         return self.writer.run(WriteOp(apply, owner=_owner_of(names), name="extend"))
 
-    def _queued(self, txn: lmdb.Transaction, until: float, limit: int) -> list[int]:
-        """Record numbers on the expiry queue with ``expire_time`` ≤ ``until``, soonest first."""
+    def _queued(
+        self, txn: lmdb.Transaction, until: float, limit: int, queue: Any = None
+    ) -> list[int]:
+        """Record numbers on a queue with ``expire_time`` ≤ ``until``, soonest first.
+
+        The queue is the pending-expiry one unless ``queue`` names another.
+        """
         end = sk.expiry_bound(until)
         rids: list[int] = []
-        for key in sk.scan_keys(txn, self.t.expiry, b""):
+        for key in sk.scan_keys(txn, self.t.expiry if queue is None else queue, b""):
             if key[:8] > end or len(rids) >= limit:
                 break
             rids.append(sk.rid_of(key[8:]))
@@ -158,10 +165,16 @@ class PendingPart(StoreBase):
 
         return self.writer.run(WriteOp(apply, name="expiry.warn"))
 
-    def expired(self, now: float, limit: int = 1000) -> list[RecordMeta]:
-        """Pending turns and memories whose ``expire_time`` ≤ ``now`` (seconds)."""
+    def expired(
+        self, now: float, limit: int = 1000, *, retention: bool = False
+    ) -> list[RecordMeta]:
+        """Turns and memories whose ``expire_time`` ≤ ``now`` (seconds).
+
+        Pending ones from the pending-expiry queue, or with ``retention``
+        committed ones from the retention queue.
+        """
         with self.env.begin() as txn:
-            rids = self._queued(txn, now, limit)
+            rids = self._queued(txn, now, limit, self.t.retention if retention else None)
             found: list[RecordMeta] = [m for m in self._turns(txn, rids) if not m.deleted]
             for rid in rids:
                 mem = self._memory(txn, rid)

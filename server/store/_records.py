@@ -119,6 +119,9 @@ class ThreadMeta:
     repair_from_seq: int = 0
     repair_state: str = ""
     repair_outcome: str = ""
+    # The thread's retention: when it and every turn of it expire (0: none).
+    # Its turns carry it too (``retain_until``), as turns appended later do.
+    expire_time: float = 0.0
 
     def encode(self) -> bytes:
         return _encode(self)
@@ -134,8 +137,11 @@ class TurnMeta:
 
     ``rid`` is the internal 64-bit record number used as the FAISS id.
     ``key_id`` names the turn's record key in the thread's ring.
-    ``expire_time`` is 0 when not pending. ``deleted`` is set by step 1 of a
-    forget (the tombstone transaction) and the row is purged in step 4.
+    ``expire_time`` is when reads stop seeing it: a pending turn's end of its
+    pending window (or of its retention, if sooner), a committed turn's end of
+    its retention (``retain_until``); 0 when neither applies (a sealed turn
+    never expires). ``deleted`` is set by step 1 of a forget (the tombstone
+    transaction) and the row is purged in step 4.
     """
 
     rid: int
@@ -159,9 +165,12 @@ class TurnMeta:
     key_ring: str = ""
     # Set when PENDING_EXPIRING was announced for this turn.
     expiry_warned: bool = False
-    # The earliest expire_time of a pending record in this turn's lineage when
-    # it was written (0: none): from then on its lineage is rechecked on read.
+    # The earliest expire_time of a record in this turn's lineage when it was
+    # written or a source's retention was set (0: none): from then on its
+    # lineage is rechecked on read.
     lineage_expiry: float = 0.0
+    # Its retention: the latest it may live once committed (0: none).
+    retain_until: float = 0.0
 
     @property
     def name(self) -> str:
@@ -227,6 +236,8 @@ class MemMeta:
     due_announced: bool = False
     # As TurnMeta.lineage_expiry, for the current version's lineage.
     lineage_expiry: float = 0.0
+    # As TurnMeta.retain_until (every version goes at once).
+    retain_until: float = 0.0
 
     @property
     def name(self) -> str:
@@ -266,11 +277,16 @@ class OwnerRow:
     dim: int = 0
     create_time: float = 0.0
     embedder: str = ""
+    # The owner's default retention, seconds (0: none): a turn or memory
+    # created from then on expires this long after its creation.
+    retention: float = 0.0
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {"dim": self.dim, "create_time": self.create_time}
         if self.embedder:
             body["embedder"] = self.embedder
+        if self.retention:
+            body["retention"] = self.retention
         return _json.dumps(body)
 
     @classmethod
@@ -280,6 +296,7 @@ class OwnerRow:
             int(data.get("dim") or 0),
             float(data.get("create_time", 0.0)),
             str(data.get("embedder", "")),
+            float(data.get("retention", 0.0)),
         )
 
 

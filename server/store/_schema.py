@@ -18,6 +18,10 @@ owner_records   owner 0x00 rid                                 empty
 payloads        rid + payload code (``c``, ``e``)              ciphertext (see shredder)
 titles          owner 0x00 thread                              ciphertext of the title
 expiry          expire time µs (8 BE) + rid                    empty: the pending-expiry queue
+retention       expire time µs (8 BE) + rid                    empty: the retention queue of
+                                                               committed records
+thread_expiry   expire time µs (8 BE) + owner 0x00 thread      empty: the retention queue of
+                                                               threads
 tombstones      resource name                                  :class:`Tombstone` JSON
 deletions       owner 0x00 deletion id                         deletion-log entry JSON (ids only)
 requests        owner 0x00 thread 0x00 request id              JSON list of rids (idempotency)
@@ -76,6 +80,8 @@ class Tables:
     payloads: Any
     titles: Any
     expiry: Any
+    retention: Any
+    thread_expiry: Any
     tombstones: Any
     deletions: Any
     requests: Any
@@ -169,6 +175,11 @@ def expiry_key(expire_time: float, rid: int) -> bytes:
 def expiry_bound(t: float) -> bytes:
     """The 8-byte time part of :func:`expiry_key` for ``t`` (seconds)."""
     return expiry_key(t, 0)[:8]
+
+
+def thread_expiry_key(expire_time: float, owner: str, thread: str) -> bytes:
+    """Key of the threads' retention queue: microseconds (8 bytes BE), ``owner 0x00 thread``."""
+    return expiry_bound(expire_time) + thread_key(owner, thread)
 
 
 def tombstone_key(name: str) -> bytes:

@@ -22,10 +22,13 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from lethe.receipts import sign_receipt
+from lethe.v1 import common_pb2, lifecycle_pb2
 from server.errors import LetheError
 from server.store import _schema as sk
 from server.store._audit import AuditPart
 from server.store._events import EventsPart
+from server.store._export import ExportPart
 from server.store._forget import ForgetPart
 from server.store._manifests import ManifestsPart
 from server.store._memories import MemoriesPart
@@ -33,6 +36,7 @@ from server.store._moves import MovesPart
 from server.store._pending import PendingPart
 from server.store._repairs import RepairsPart
 from server.store._reserve import RESERVE_FILE, DiskReserve, map_reserve
+from server.store._retention import RetentionPart
 from server.store._schema import Tables
 from server.store._threads import ThreadsPart
 from server.store._tokens import TokensPart
@@ -41,6 +45,7 @@ from server.store._writer import Writer
 from shredder import (
     EnvironmentConfigError,
     KekRing,
+    KeyNotFoundError,
     Keystore,
     check_kek_placement,
     default_kek_path,
@@ -129,6 +134,8 @@ class Store(
     MemoriesPart,
     MovesPart,
     VectorsPart,
+    ExportPart,
+    RetentionPart,
 ):
     """The data environment, the keystore and the writer for one data directory.
 
@@ -177,6 +184,8 @@ class Store(
                     self.kek.path,
                 )
         self.keystore = Keystore(ks_path, self.kek, map_size=KEYSTORE_MAP_SIZE)
+        if lock:  # the serving process: its receipts are signed from the first one
+            self.keystore.ensure_signing_key()
         data_path.mkdir(parents=True, exist_ok=True)
         names = Tables.names()
         self.env = open_durable_env(
@@ -225,6 +234,40 @@ class Store(
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    def sign_receipt(self, receipt: common_pb2.DeletionReceipt) -> common_pb2.DeletionReceipt:
+        """Name this store on ``receipt`` and sign it with the store's key, in place.
+
+        What is signed: :func:`lethe.receipts.signed_bytes`. A store opened beside a
+        server that never started (no signing key yet) makes its first key here.
+
+        Returns:
+            ``receipt``, signed.
+
+        Raises:
+            KeyNotFoundError: the KEK version that wraps the signing key is gone.
+        """
+        try:
+            sign_receipt(receipt, self.store_id, self.keystore.sign)
+        except KeyNotFoundError:
+            if self.keystore.signing_keys():
+                raise
+            self.keystore.ensure_signing_key()
+            sign_receipt(receipt, self.store_id, self.keystore.sign)
+        return receipt
+
+    def server_info(self) -> lifecycle_pb2.ServerInfo:
+        """The store's id and the public halves of every key that signs or signed its receipts.
+
+        Oldest key first; the current one has no ``retire_time`` (``Lifecycle.GetServerInfo``).
+        """
+        info = lifecycle_pb2.ServerInfo(store_id=self.store_id)
+        for key in self.keystore.signing_keys():
+            published = info.receipt_keys.add(key_id=key.key_id, public_key=key.public_key)
+            published.create_time.FromNanoseconds(round(key.create_time * 1e9))
+            if key.retire_time:
+                published.retire_time.FromNanoseconds(round(key.retire_time * 1e9))
+        return info
 
     def used_bytes(self) -> int:
         """Bytes of the data environment in use: its highest page in use times the page size.

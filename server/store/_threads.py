@@ -52,7 +52,7 @@ from server.store._records import (
 )
 from server.store._shapes import SLOTTED_KINDS, SlotConflict
 from server.store._views import MemoryDraft, MemoryView, ThreadView, TurnDraft, TurnView
-from server.store._visibility import check_readable, listable, source_alive
+from server.store._visibility import check_readable, listable, source_alive, thread_gone
 from server.store._writer import WriteOp
 from shredder import AssociatedData, RingRef
 
@@ -133,12 +133,13 @@ class ThreadsPart(MemoriesPart):
         """
         prefix = sk.owner_prefix(owner)
         start = prefix + after.encode() + b"\x01" if after else None
+        now = time.time()
         rows: list[tuple[ThreadMeta, bytes | None]] = []
         more = False
         with self.env.begin() as txn:
             for _, raw in sk.scan(txn, self.t.threads, prefix, start=start):
                 meta = ThreadMeta.decode(raw)
-                if meta.deleted or (meta.kind == REPAIR and not include_repairs):
+                if thread_gone(meta, now) or (meta.kind == REPAIR and not include_repairs):
                     continue
                 if len(rows) == limit:
                     more = True
@@ -227,9 +228,14 @@ class ThreadsPart(MemoriesPart):
                 )
             self._check_dims(txn, owner, drafts, now)
             next_rid = self._next_rids(txn, len(drafts))
+            # A sealed turn never expires; the others carry the owner's default
+            # retention and the thread's, whichever ends first.
+            retain = 0.0 if repair else self._born_retention(txn, owner, now, tmeta.expire_time)
             metas: list[TurnMeta] = []
             for i, draft in enumerate(drafts):
                 state = SEALED if repair else COMMITTED if draft.commit else PENDING
+                pending_end = now + draft.pending_ttl if state == PENDING else 0.0
+                ends = [t for t in (pending_end, retain if state != SEALED else 0.0) if t]
                 meta = TurnMeta(
                     rid=next_rid + i,
                     owner=owner,
@@ -240,11 +246,12 @@ class ThreadsPart(MemoriesPart):
                     version=1,
                     time=draft.time if draft.time is not None else now,
                     create_time=now,
-                    expire_time=0.0 if state != PENDING else now + draft.pending_ttl,
+                    expire_time=min(ends) if ends else 0.0,
                     key_id=key_ids[i],
                     has_embedding=draft.embedding is not None,
                     context_manifest=draft.context_manifest,
                     context_refs=list(draft.context_refs),
+                    retain_until=retain,
                 )
                 if meta.context_refs or meta.context_manifest:
                     lineage = self._response_lineage(txn, meta, now)
@@ -370,8 +377,7 @@ class ThreadsPart(MemoriesPart):
         self._put_turn(txn, meta)
         txn.put(sk.seq_key(meta.owner, meta.thread, meta.seq), sk.rid_key(meta.rid), db=self.t.seqs)
         txn.put(sk.owner_record_key(meta.owner, meta.rid), b"", db=self.t.owner_records)
-        if meta.state == PENDING:
-            self._queue_expiry(txn, meta)
+        self._queue_expiry(txn, meta)
 
     # ------------------------------------------------------------------ reads
 

@@ -103,6 +103,8 @@ class MemoryDraft:
     Attributes:
         embedding: ``(d,) float32`` client vector, or None (the server embeds the text).
         due_time: seconds since the epoch, 0 for none.
+        retention: how long a new memory may live, seconds from its creation
+            (0: none but the owner's default); ignored by an update.
     """
 
     kind: str
@@ -114,6 +116,7 @@ class MemoryDraft:
     origin: str = ""
     due_time: float = 0.0
     embedding: npt.NDArray[np.float32] | None = None
+    retention: float = 0.0
 
 
 @dataclass(slots=True)

@@ -4,7 +4,8 @@ Every read path (get, list, search, index build) calls these functions with
 the record's metadata and the current time; no other module re-implements a
 state, tombstone or expiry check (STYLE.md, "What to avoid"). Expiry is
 checked here on every read, so a late or stopped sweeper can never make an
-expired pending record readable.
+expired record readable: a pending one past its pending window, a committed
+one past its retention, a thread past its retention.
 """
 
 from __future__ import annotations
@@ -12,20 +13,35 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from server.errors import FailedPrecondition, Reason, RecordDeleted
-from server.store._records import COMMITTED, PENDING, SEALED, MemMeta, RecordMeta, TurnMeta
+from server.store._records import (
+    COMMITTED,
+    PENDING,
+    SEALED,
+    MemMeta,
+    RecordMeta,
+    ThreadMeta,
+    TurnMeta,
+)
 
 
 def effective_state(meta: RecordMeta, now: float) -> str | None:
     """The state a reader sees, or None when the record is gone.
 
-    Gone means tombstoned (``deleted``) or pending past its ``expire_time``
-    (seconds since the epoch; a record expires at exactly that instant).
+    Gone means tombstoned (``deleted``), or pending or committed past its
+    ``expire_time`` (seconds since the epoch; a record expires at exactly that
+    instant): the end of a pending window or of a retention. A sealed record
+    never expires (its repair's conclusion decides it).
     """
     if meta.deleted:
         return None
-    if meta.state == PENDING and meta.expire_time and now >= meta.expire_time:
+    if meta.state != SEALED and meta.expire_time and now >= meta.expire_time:
         return None
     return meta.state
+
+
+def thread_gone(meta: ThreadMeta, now: float) -> bool:
+    """Whether a thread is gone for readers: tombstoned, or past its retention."""
+    return meta.deleted or bool(meta.expire_time and now >= meta.expire_time)
 
 
 def check_readable(meta: RecordMeta, now: float) -> None:

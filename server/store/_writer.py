@@ -75,6 +75,8 @@ OPERATIONS = {
     "append": "AppendTurns with its tagger candidates (record keys, then the turns)",
     "commit": "Commit",
     "extend": "ExtendPending",
+    "retention.set": "SetRetention of turns, memories or threads (their rows and queues)",
+    "retention.owner": "SetRetention of an owner's default (its row)",
     "expiry.warn": "the sweeper's PENDING_EXPIRING announcements",
     "memory.create": "CreateMemory (a record key, then the memory)",
     "memory.update": "UpdateMemory, a correction",

@@ -337,6 +337,39 @@ def _extended(applied: bool) -> Callable[[Stubs, State], None]:
     return check
 
 
+def _retain_thread(s: Stubs, st: State) -> Any:
+    request = lifecycle_pb2.SetRetentionRequest(names=[THREAD])
+    request.ttl.FromSeconds(3600 * 1000)
+    return s.lifecycle.SetRetention(request, metadata=s.md)
+
+
+def _retained(applied: bool) -> Callable[[Stubs, State], None]:
+    """The thread and every turn of it carry the retention, or none of them does."""
+
+    def check(s: Stubs, st: State) -> None:
+        thread = s.threads.GetThread(threads_pb2.GetThreadRequest(name=THREAD), metadata=s.md)
+        assert thread.HasField("expire_time") == applied
+        assert {t.HasField("expire_time") for t in _turns(s)} == {applied}
+
+    return check
+
+
+def _owner_default(s: Stubs, st: State) -> Any:
+    request = lifecycle_pb2.SetRetentionRequest(names=[PARENT])
+    request.ttl.FromSeconds(3600 * 1000)
+    return s.lifecycle.SetRetention(request, metadata=s.md)
+
+
+def _owner_default_set(applied: bool) -> Callable[[Stubs, State], None]:
+    """A memory created after the restart carries the owner's default, or none."""
+
+    def check(s: Stubs, st: State) -> None:
+        made = _fact(s, "after-restart", "a fact made after the restart", [])
+        assert made.HasField("expire_time") == applied
+
+    return check
+
+
 def _create_fact(s: Stubs, st: State) -> Any:
     return _fact(s, "f9", "a fact about lanterns", [])
 
@@ -486,6 +519,16 @@ CASES: list[Case] = [
         _with_pending,
     ),
     *_applied_and_not("extend", _extend, _extended(True), _extended(False), _with_pending),
+    *_applied_and_not(
+        "retention.set", _retain_thread, _retained(True), _retained(False), _with_turns
+    ),
+    *_applied_and_not(
+        "retention.owner",
+        _owner_default,
+        _owner_default_set(True),
+        _owner_default_set(False),
+        _with_thread,
+    ),
     *_applied_and_not("memory.create", _create_fact, _fact_exists(True), _fact_exists(False)),
     *_applied_and_not("memory.update", _update, _fact_version(2), _fact_version(1), _with_fact),
     *_applied_and_not(

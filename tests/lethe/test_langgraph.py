@@ -26,6 +26,7 @@ import asyncio
 import datetime as dt
 import os
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -321,17 +322,78 @@ def test_list_namespaces_lists_only_namespaces_holding_items(lethe: Lethe) -> No
     assert ref.list_namespaces() == [("emptied",), ("kept",), ("only", "read")]
 
 
-def test_ttl_unindexed_items_and_client_embeddings_are_refused(lethe: Lethe) -> None:
+def test_unindexed_items_and_client_embeddings_are_refused(lethe: Lethe) -> None:
     store = _store(lethe)
-    with pytest.raises(NotImplementedError, match="TTL"):
-        store.put(("ns",), "k", {"v": 1}, ttl=5)
-    with pytest.raises(NotImplementedError, match="ttl"):
-        store.batch([PutOp(("ns",), "k", {"v": 1}, ttl=5.0)])
     with pytest.raises(NotImplementedError, match="index=False"):
         store.put(("ns",), "k", {"v": 1}, index=False)
     with pytest.raises(NotImplementedError, match="embed"):
         LetheStore(lethe.client(admin=True), owner="alice", index={"dims": 3, "embed": len})
     assert store.get(("ns",), "k") is None  # nothing was stored
+
+
+TTL_MINUTES = 0.025
+"""1.5 s: how long the ttl tests' items live."""
+
+
+def _expires(client: lc.Client, name: str) -> float:
+    memory = client.get_memory(name)
+    return memory.expire_time.ToNanoseconds() / 1e9 if memory.HasField("expire_time") else 0.0
+
+
+def test_ttl_is_the_items_retention_gone_from_every_read_then_forgotten(lethe: Lethe) -> None:
+    client = lethe.client(admin=True)
+    store = LetheStore(client, owner="alice")
+    store.put(("ns",), "brief", {"text": "the door code is 4821"}, ttl=TTL_MINUTES)
+    store.put(("ns",), "kept", {"text": "likes the door painted blue"})
+    name = store.memory_name(("ns",), "brief")
+    assert _expires(client, name) == pytest.approx(dt.datetime.now().timestamp() + 1.5, abs=1.0)
+    assert _expires(client, store.memory_name(("ns",), "kept")) == 0.0
+    assert store.get(("ns",), "brief", refresh_ttl=False) is not None
+    time.sleep(1.6)
+    assert store.get(("ns",), "brief") is None  # no sweeper has run (the fixture runs none)
+    assert [i.key for i in store.search(("ns",))] == ["kept"]
+    assert [i.key for i in store.search(("ns",), query="door")] == ["kept"]
+    assert store.list_namespaces() == [("ns",)]
+    assert lethe.server is not None
+    assert lethe.server.lifecycle.sweep() == 1
+    [receipt] = list(client.iter_deletions("owners/alice"))
+    assert (list(receipt.targets), receipt.reason) == ([name], "RETENTION")
+
+
+def test_a_read_refreshes_the_ttl_and_a_put_without_one_removes_it(lethe: Lethe) -> None:
+    client = lethe.client(admin=True)
+    store = LetheStore(client, owner="alice")
+    store.put(("ns",), "k", {"v": 1}, ttl=10.0)
+    name = store.memory_name(("ns",), "k")
+    first = _expires(client, name)
+    time.sleep(0.05)
+    store.get(("ns",), "k", refresh_ttl=False)
+    assert _expires(client, name) == first
+    store.get(("ns",), "k")  # refresh_on_read is the default
+    assert _expires(client, name) > first
+    refreshed = _expires(client, name)
+    time.sleep(0.05)
+    store.search(("ns",))
+    assert _expires(client, name) > refreshed
+    store.put(("ns",), "k", {"v": 2})
+    assert _expires(client, name) == 0.0  # as InMemoryStore: no ttl, no expiry
+    assert store.get(("ns",), "k").value == {"v": 2}  # type: ignore[union-attr]
+
+
+def test_the_stores_default_ttl_and_the_owners_default(lethe: Lethe) -> None:
+    client = lethe.client(admin=True)
+    store = LetheStore(client, owner="alice", ttl={"default_ttl": 10.0, "refresh_on_read": False})
+    store.put(("ns",), "k", {"v": 1})
+    name = store.memory_name(("ns",), "k")
+    expires = _expires(client, name)
+    assert expires == pytest.approx(dt.datetime.now().timestamp() + 600, abs=5)
+    store.get(("ns",), "k")
+    assert _expires(client, name) == expires  # no refresh on read
+    plain = LetheStore(client, owner="bob")
+    client.set_retention(["owners/bob"], ttl=3600)
+    plain.put(("ns",), "k", {"v": 1})
+    plain.put(("ns",), "k", {"v": 2})  # no ttl, but the owner's default is not this store's
+    assert _expires(client, plain.memory_name(("ns",), "k")) > 0
 
 
 def test_delete_is_a_forget_with_a_receipt_and_the_key_can_come_back(lethe: Lethe) -> None:

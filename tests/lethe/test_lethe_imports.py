@@ -17,7 +17,19 @@ from pathlib import Path
 import pytest
 
 import lethe
-from lethe import _rpc, _status, client, demo, langgraph, locomo, mcp, names, probe
+from lethe import (
+    _rpc,
+    _status,
+    client,
+    demo,
+    langgraph,
+    locomo,
+    mcp,
+    names,
+    probe,
+    receipts,
+    remote,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("server", "shredder", "index", "faiss", "lmdb", "nacl", "bm25s", "wordllama")
@@ -32,6 +44,8 @@ CLIENT_MODULES = (
     "lethe.client",
     "lethe.langgraph",
     "lethe.mcp",
+    "lethe.receipts",
+    "lethe.remote",
 )
 
 
@@ -133,7 +147,47 @@ def test_lethe_module_public_names_are_pinned() -> None:
         "tls_config",
         "tool_error",
     ]
-    for module in (_rpc, _status, locomo, probe, demo, names, client, langgraph, mcp):
+    assert sorted(receipts.__all__) == [
+        "InvalidReceipt",
+        "RECEIPT_DOMAIN",
+        "key_id",
+        "read_public_keys",
+        "read_receipts",
+        "sign_receipt",
+        "signed_bytes",
+        "verify_receipt",
+    ]
+    assert sorted(remote.__all__) == [
+        "AUDIT_FAILURES",
+        "CONNECT_TIMEOUT_SECONDS",
+        "EXPORT_KINDS",
+        "IncompleteExport",
+        "RemoteError",
+        "audit",
+        "connect",
+        "export_line",
+        "export_owner",
+        "forget",
+        "message_document",
+        "read_export",
+        "receipt_document",
+        "server_info_document",
+        "set_retention",
+        "verify_files",
+    ]
+    for module in (
+        _rpc,
+        _status,
+        locomo,
+        probe,
+        demo,
+        names,
+        client,
+        langgraph,
+        mcp,
+        receipts,
+        remote,
+    ):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 

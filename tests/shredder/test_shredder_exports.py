@@ -25,6 +25,7 @@ def test_public_names_are_pinned() -> None:
         "ReceiveKey",
         "RingRef",
         "ShredderError",
+        "SigningKeyInfo",
         "backup_environment",
         "check_kek_placement",
         "declare",
@@ -35,6 +36,7 @@ def test_public_names_are_pinned() -> None:
         "read_manifest",
         "restore_environment",
         "seal_bundle",
+        "signing_key_id",
     ]
 
 
