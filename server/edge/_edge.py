@@ -1,7 +1,7 @@
 """The call pipeline every ``lethe.v1`` RPC goes through, whichever transport carries it.
 
 Two transports serve the same methods of the same servicers: gRPC (grpc's
-asyncio server, the handlers :meth:`Edge.service` builds) and the Connect
+asyncio server, the handlers :meth:`Edge.grpc_handler` builds) and the Connect
 protocol over HTTP (:mod:`server.edge._connect`, on its own listener). Each
 is a thin adapter over the transport-independent stages of :class:`Edge`;
 for every call, in this order:
@@ -283,22 +283,16 @@ class Edge:
             methods.append(Method(full, request_type, behaviour, method.server_streaming))
         return methods
 
-    def service(
-        self, service: descriptor.ServiceDescriptor, servicer: Any
-    ) -> grpc.GenericRpcHandler[Any, Any]:
-        """The gRPC generic handler of every method of ``service`` on ``servicer``.
-
-        Raises:
-            TypeError: as :meth:`methods`.
-        """
+    def grpc_handler(self, service: str, methods: list[Method]) -> grpc.GenericRpcHandler[Any, Any]:
+        """The gRPC generic handler of ``methods`` of ``service`` (``lethe.v1.Threads``)."""
         handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-        for method in self.methods(service, servicer):
+        for method in methods:
             name = method.path.rpartition("/")[2]
             if method.streaming:
                 handlers[name] = grpc.unary_stream_rpc_method_handler(self._grpc_stream(method))
             else:
                 handlers[name] = grpc.unary_unary_rpc_method_handler(self._grpc_unary(method))
-        return grpc.method_handlers_generic_handler(service.full_name, handlers)
+        return grpc.method_handlers_generic_handler(service, handlers)
 
     # ------------------------------------------------------------------ gRPC
 
@@ -514,7 +508,9 @@ def _decode(codec: Codec, request_type: type[message.Message], raw: bytes) -> me
     """
     try:
         return codec.decode(request_type, raw)
-    except Exception:  # DecodeError, ParseError, or a nesting too deep for the parser
+    except MalformedRequest:  # the codec's own words (JSON's parser says where)
+        raise
+    except Exception:  # DecodeError, or a nesting too deep for the parser
         raise MalformedRequest(
             f"the request is not a valid {request_type.DESCRIPTOR.full_name} message"
         ) from None
