@@ -110,6 +110,8 @@ class ServerConfig:
         listen: ``HOST:PORT``; port 0 picks a free port.
         http_listen: ``HOST:PORT`` of the Connect protocol's listener (HTTP),
             or None for none; port 0 picks a free port.
+        http_allow_origins: origins whose browsers may call the HTTP listener
+            cross-origin (CORS), ``*`` for any; none by default.
         metrics_listen: ``HOST:PORT`` of ``/metrics``, or None for no listener.
         embedder: ``wordllama``, ``none`` or ``onnx:DIR`` (:func:`index.load_embedder`);
             checked against the one the store recorded at start, and each
@@ -154,6 +156,7 @@ class ServerConfig:
     data_dir: Path = Path("./lethe-data")
     listen: str = "127.0.0.1:50051"
     http_listen: str | None = None
+    http_allow_origins: tuple[str, ...] = ()
     metrics_listen: str | None = "127.0.0.1:9464"
     kek_file: Path | None = None
     embedder: str = "wordllama"
@@ -409,6 +412,7 @@ class LetheServer:
                     meter=CallMeter(self.metrics),
                     max_receive_bytes=self.config.max_receive_message_bytes,
                     max_send_bytes=self.config.max_send_message_bytes,
+                    allow_origins=self.config.http_allow_origins,
                 ),
                 self.config.http_listen,
             )

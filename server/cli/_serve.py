@@ -38,6 +38,12 @@ def _address_or_off(value: str) -> str:
     return value if value == "off" else address(value)
 
 
+def _origins(value: list[str] | str) -> tuple[str, ...]:
+    """The ``--http-allow-origin`` values (comma-separated from the environment or a file)."""
+    values = value.split(",") if isinstance(value, str) else value
+    return tuple(v.strip() for v in values if v.strip())
+
+
 def _embedder(value: str) -> str:
     """``wordllama``, ``none`` or ``onnx:DIR`` with DIR an existing directory."""
     if value in ("wordllama", "none"):
@@ -69,6 +75,15 @@ def add(sub: Subcommands) -> None:
         default="off",
         help="HOST:PORT for the same API over the Connect protocol (HTTP/1.1 and HTTP/2, "
         "JSON or binary: curl, browsers, the TypeScript client), or 'off'; TLS as --tls-*",
+    )
+    serve.add_argument(
+        "--http-allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="an origin (https://app.example) whose browser pages may call the Connect listener "
+        "(CORS; repeat, or comma-separated in LETHE_HTTP_ALLOW_ORIGIN; '*' for any; default: "
+        "none, same-origin only)",
     )
     serve.add_argument(
         "--metrics-listen",
@@ -241,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data,
         listen=args.listen,
         http_listen=None if args.http_listen == "off" else args.http_listen,
+        http_allow_origins=_origins(args.http_allow_origin),
         metrics_listen=None if args.metrics_listen == "off" else args.metrics_listen,
         kek_file=args.kek_file,
         embedder=args.embedder,

@@ -22,7 +22,11 @@ application beside the gRPC listener (:mod:`server._app`). What it speaks:
 - ``Connect-Timeout-Ms`` (the call's deadline: ``deadline_exceeded``, and
   work not yet started is skipped), ``Content-Encoding`` /
   ``Connect-Content-Encoding`` ``identity`` or ``gzip`` on requests
-  (responses are never compressed), ``Connect-Protocol-Version: 1``.
+  (responses are never compressed), ``Connect-Protocol-Version: 1``;
+- **CORS** for the origins allowed (``--http-allow-origin``; none by
+  default): a browser's preflight (``OPTIONS``) is answered, and every
+  response to an allowed origin names it, so a web application on another
+  origin can call the API (with its bearer token: never cookies).
 
 Every call goes through the same stages as a gRPC call
 (:mod:`server.edge._edge`): :meth:`Edge.identify` (drain, token, route) runs on
@@ -78,6 +82,14 @@ FLAG_END_STREAM = 0x02
 GZIP_SLACK = 64 * 1024
 """Bytes a gzip body may exceed the receive limit by (gzip's headers and stored blocks)."""
 MAX_ERROR_TEXT = 200
+CORS_HEADERS = (
+    "authorization, content-type, content-encoding, connect-protocol-version, "
+    "connect-timeout-ms, connect-content-encoding, connect-accept-encoding, x-lethe-owner, "
+    "x-user-agent"
+)
+"""Request headers a browser may send cross-origin: the protocol's and Lethe's."""
+CORS_MAX_AGE = 7200
+"""Seconds a browser may cache a preflight's answer."""
 """Characters of a JSON parser's complaint kept in a ``MALFORMED_REQUEST`` message."""
 
 # https://connectrpc.com/docs/protocol#error-codes: the code names and their HTTP statuses.
@@ -205,6 +217,8 @@ class ConnectApp:
             decompression); a larger one is ``RESOURCE_EXHAUSTED``, unread.
         max_send_bytes: largest response message sent; a larger one is
             ``RESOURCE_EXHAUSTED``.
+        allow_origins: the origins (``https://app.example``) whose browsers may
+            call cross-origin; ``*`` for any; none by default.
     """
 
     def __init__(
@@ -215,12 +229,14 @@ class ConnectApp:
         meter: CallMeter | None = None,
         max_receive_bytes: int = 16 << 20,
         max_send_bytes: int = 16 << 20,
+        allow_origins: Iterable[str] = (),
     ) -> None:
         self._edge = edge
         self._methods = {m.path: m for m in methods}
         self._meter = meter
         self._max_receive = max_receive_bytes
         self._max_send = max_send_bytes
+        self._origins = frozenset(allow_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI connection scope (``lifespan`` or ``http``)."""
@@ -233,6 +249,12 @@ class ConnectApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = self._methods.get(scope["path"])
+        origin = self._allowed_origin(scope)
+        if origin is not None:
+            if scope["method"] == "OPTIONS" and method is not None:
+                await _preflight(send, origin)
+                return
+            send = _with_cors(send, origin)
         try:
             request = self._headers(scope, method)
         except _Refused as refused:
@@ -253,6 +275,17 @@ class ConnectApp:
             if call is not None:
                 call.received()
                 call.done(code)
+
+    def _allowed_origin(self, scope: Scope) -> bytes | None:
+        """The request's ``Origin`` when CORS allows it, else None."""
+        if not self._origins:
+            return None
+        origin = next((v for k, v in scope["headers"] if k.lower() == b"origin"), None)
+        if origin is None:
+            return None
+        if "*" in self._origins or origin.decode("latin-1") in self._origins:
+            return bytes(origin)
+        return None
 
     def _headers(self, scope: Scope, method: Method | None) -> _Request:
         """Check what the request line and headers say, before anything else.
@@ -528,6 +561,32 @@ async def _refuse(send: Send, refused: _Refused, *, streaming: bool) -> None:
         )
     else:
         await _unary_error(send, refused.status)
+
+
+async def _preflight(send: Send, origin: bytes) -> None:
+    """Answer a browser's CORS preflight for an allowed ``origin``."""
+    headers = [
+        (b"access-control-allow-origin", origin),
+        (b"access-control-allow-methods", b"POST"),
+        (b"access-control-allow-headers", CORS_HEADERS.encode()),
+        (b"access-control-max-age", str(CORS_MAX_AGE).encode()),
+        (b"vary", b"origin"),
+        (b"content-length", b"0"),
+    ]
+    await send({"type": "http.response.start", "status": 204, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _with_cors(send: Send, origin: bytes) -> Send:
+    """``send``, adding CORS's response headers for ``origin`` to the response's start."""
+
+    async def cors(event: dict[str, Any]) -> None:
+        if event["type"] == "http.response.start":
+            extra = [(b"access-control-allow-origin", origin), (b"vary", b"origin")]
+            event = {**event, "headers": [*event.get("headers", []), *extra]}
+        await send(event)
+
+    return cors
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -327,3 +327,48 @@ def test_curl_writes_searches_and_reads_a_refusal(lethe: Lethe, tmp_path: Path) 
     assert refused["details"][0]["debug"]["reason"] == "MISSING_TOKEN"
     status, denied = call("Retrieval/Search", {"parent": "owners/bob", "queryText": "x"}, *auth)
     assert (status, denied["details"][0]["debug"]["reason"]) == (403, "OWNER_NOT_ALLOWED")
+
+
+def test_cors_lets_an_allowed_origins_browser_call_and_no_other(
+    lethe_at: Callable[..., Lethe], tmp_path: Path
+) -> None:
+    srv = lethe_at(tmp_path / "d", http_allow_origins=("https://app.example",))
+    channel = ConnectChannel(f"127.0.0.1:{srv.http_port}")
+
+    def preflight(origin: str) -> tuple[int, dict[str, str]]:
+        conn = channel.connection()
+        try:
+            conn.request(
+                "OPTIONS",
+                SEARCH,
+                headers={
+                    "origin": origin,
+                    "access-control-request-method": "POST",
+                    "access-control-request-headers": "authorization, content-type, x-lethe-owner",
+                },
+            )
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}
+        finally:
+            conn.close()
+
+    status, headers = preflight("https://app.example")
+    assert status == 204
+    assert headers["access-control-allow-origin"] == "https://app.example"
+    assert headers["access-control-allow-methods"] == "POST"
+    allowed = {h.strip() for h in headers["access-control-allow-headers"].split(",")}
+    assert {"authorization", "content-type", "x-lethe-owner", "connect-protocol-version"} <= allowed
+    status, headers = preflight("https://evil.example")
+    assert status == 405
+    assert "access-control-allow-origin" not in headers
+    # The call itself, and its refusal, name the allowed origin (the browser reads them).
+    auth = _bearer(srv.token("alice"))
+    body = json.dumps({"parent": "owners/alice", "queryText": "x"}).encode()
+    status, headers, _ = _post(srv, SEARCH, body, origin="https://app.example", **auth)
+    assert (status, headers["access-control-allow-origin"]) == (200, "https://app.example")
+    status, headers, _ = _post(srv, SEARCH, body, origin="https://app.example")
+    assert (status, headers["access-control-allow-origin"]) == (401, "https://app.example")
+    status, headers, _ = _post(srv, SEARCH, body, origin="https://evil.example", **auth)
+    assert status == 200  # not a browser's concern here: its page cannot read it
+    assert "access-control-allow-origin" not in headers
