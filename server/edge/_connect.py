@@ -433,7 +433,6 @@ class ConnectApp:
             }
         )
         status: status_pb2.Status | None = None
-        pump: asyncio.Task[None] | None = None
         try:
             caller = edge.identify(method.path, request.metadata, _peer(scope))
             body = await self._body(receive, request)
@@ -460,6 +459,9 @@ class ConnectApp:
                 done, _ = await asyncio.wait(
                     {pump, gone}, timeout=request.timeout, return_when=asyncio.FIRST_COMPLETED
                 )
+            except asyncio.CancelledError:  # the ASGI server gave up on the call
+                pump.cancel()
+                raise
             finally:
                 gone.cancel()
             if pump not in done:
