@@ -37,18 +37,23 @@ def served(*serve_args: str) -> Iterator[tuple[int, str]]:
     env = {**os.environ, "LETHE_KEK": KekRing.generate_env_value()}
     port = free_port()
     lethe = [sys.executable, "-m", "server.cli"]
-    proc = subprocess.Popen(
-        [*lethe, "serve", "--data", str(data), "--listen", f"127.0.0.1:{port}", *serve_args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    # Its log (stderr) to a file: log lines (faiss loading) come before the
+    # ready line, which is the first line of stdout.
+    log = data.parent / "serve.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(
+            [*lethe, "serve", "--data", str(data), "--listen", f"127.0.0.1:{port}", *serve_args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if "serving" not in line:
-            raise RuntimeError(f"lethe serve did not start: {line}{proc.stdout.read()}")
+            proc.kill()
+            raise RuntimeError(f"lethe serve did not start: {line}{log.read_text()[-3000:]}")
         token = subprocess.run(
             [*lethe, "token", "create", "--data", str(data), "--admin"],
             env=env,

@@ -49,16 +49,19 @@ def _shard(work: Path, name: str) -> Iterator[dict[str, Any]]:
     """One ``lethe serve`` with a KEK file; yields ``{name, data, kek, address, env}``."""
     data, kek, port = work / f"data-{name}", work / f"kek-{name}", free_port()
     env = {k: v for k, v in os.environ.items() if k != "LETHE_KEK"} | {"LETHE_KEK_FILE": str(kek)}
-    proc = subprocess.Popen(
-        [*LETHE, "serve", "--data", str(data), "--listen", f"127.0.0.1:{port}",
-         "--embedder", "none", "--metrics-listen", "off"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    log = work / f"serve-{name}.log"  # its log apart: log lines come before the ready line
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(
+            [*LETHE, "serve", "--data", str(data), "--listen", f"127.0.0.1:{port}",
+             "--embedder", "none", "--metrics-listen", "off"],
+            env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
+        )  # fmt: skip
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if "serving" not in line:
-            raise RuntimeError(f"lethe serve did not start: {line}{proc.stdout.read()}")
+            proc.kill()
+            raise RuntimeError(f"lethe serve did not start: {line}{log.read_text()[-3000:]}")
         yield {"name": name, "data": data, "kek": kek, "address": f"127.0.0.1:{port}", "env": env}
     finally:
         proc.terminate()

@@ -22,11 +22,20 @@ faster ones are answered with ``GOAWAY too_many_pings`` after two strikes
 ``keepalive_time`` seconds and drops it when no answer comes within
 ``keepalive_timeout``, so a vanished client does not hold its streams.
 
+With ``http_listen`` the same services are served over the Connect protocol
+(HTTP/1.1 and HTTP/2, JSON or binary; :mod:`server.edge._connect`) on a
+listener of their own, by Hypercorn on the same event loop: the same edge
+(drain, token, route, bounds, workers, the one error boundary), the same
+servicer objects, the same message limits, and TLS from the same files
+(ALPN ``h2`` and ``http/1.1``; with ``client_ca`` a client certificate is
+required there too). Plaintext HTTP/2 is served with prior knowledge (h2c).
+
 Stopping (:meth:`LetheServer.stop`, SIGTERM from the CLI) drains: health turns
 ``NOT_SERVING`` at once, new calls are refused with ``UNAVAILABLE`` /
-``DRAINING``, open ``Watch`` streams end with that error (clients resume with
-``after``), calls in flight finish within the grace period, then the server
-stops and the store closes once every worker has returned.
+``DRAINING`` on both listeners, open ``Watch`` streams end with that error
+(clients resume with ``after``), calls in flight finish within the grace
+period, then both listeners stop and the store closes once every worker has
+returned.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass
@@ -54,9 +65,19 @@ from lethe.v1 import (
     retrieval_pb2,
     threads_pb2,
 )
-from server._metrics import Metrics, RpcMetricsInterceptor
+from server._metrics import CallMeter, Metrics, RpcMetricsInterceptor
 from server._tracing import TracingInterceptor, tracer_provider
-from server.edge import Admission, Authenticator, Edge, EventHub, FairExecutor, Limits, Router
+from server.edge import (
+    Admission,
+    Authenticator,
+    ConnectApp,
+    Edge,
+    EventHub,
+    FairExecutor,
+    Limits,
+    Method,
+    Router,
+)
 from server.errors import LetheError
 from server.lifecycle import Lifecycle, Sweeper
 from server.retrieval import Retriever, check_embedder
@@ -111,6 +132,10 @@ class ServerConfig:
 
     Attributes:
         listen: ``HOST:PORT``; port 0 picks a free port.
+        http_listen: ``HOST:PORT`` of the Connect protocol's listener (HTTP),
+            or None for none; port 0 picks a free port.
+        http_allow_origins: origins whose browsers may call the HTTP listener
+            cross-origin (CORS), ``*`` for any; none by default.
         metrics_listen: ``HOST:PORT`` of ``/metrics``, or None for no listener.
         embedder: ``wordllama``, ``none`` or ``onnx:DIR`` (:func:`index.load_embedder`);
             checked against the one the store recorded at start, and each
@@ -162,6 +187,8 @@ class ServerConfig:
 
     data_dir: Path = Path("./lethe-data")
     listen: str = "127.0.0.1:50051"
+    http_listen: str | None = None
+    http_allow_origins: tuple[str, ...] = ()
     metrics_listen: str | None = "127.0.0.1:9464"
     kek_file: Path | None = None
     embedder: str = "wordllama"
@@ -277,9 +304,12 @@ class LetheServer:
             self.store, self.retriever, self.metrics, config.rotation_interval
         )
         self.port = 0
+        self.http_port = 0
         self.edge: Edge | None = None
         self.hub: EventHub | None = None
         self._grpc: grpc.aio.Server | None = None
+        self._http: asyncio.Task[None] | None = None
+        self._http_stop: asyncio.Event | None = None
         self._health: HealthServicer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -392,10 +422,13 @@ class LetheServer:
             ),
         ]
         names = []
+        methods: list[Method] = []
         for module, service, servicer in servicers:
             desc = module.DESCRIPTOR.services_by_name[service]
-            server.add_generic_rpc_handlers([edge.service(desc, servicer)])
+            served = edge.methods(desc, servicer)
+            server.add_generic_rpc_handlers([edge.grpc_handler(desc.full_name, served)])
             names.append(desc.full_name)
+            methods += served
         health_servicer = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         self._health = health_servicer
@@ -414,12 +447,77 @@ class LetheServer:
                 f"cannot listen on {self.config.listen} (in use, or not an address here; --listen)"
             )
         await server.start()
+        self._grpc = server
+        if self.config.http_listen is not None:
+            self.http_port = self._serve_http(
+                ConnectApp(
+                    edge,
+                    methods,
+                    meter=CallMeter(self.metrics),
+                    max_receive_bytes=self.config.max_receive_message_bytes,
+                    max_send_bytes=self.config.max_send_message_bytes,
+                    allow_origins=self.config.http_allow_origins,
+                ),
+                self.config.http_listen,
+            )
         for name in names:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        self._grpc = server
         self._watchdog = asyncio.get_running_loop().create_task(edge.watch_tokens())
         return port
+
+    def _serve_http(self, app: ConnectApp, listen: str) -> int:
+        """Serve ``app`` with Hypercorn on ``listen``, on this loop; returns the bound port.
+
+        The socket is bound and listening before this returns, so a call
+        made at once waits in the backlog rather than being refused.
+
+        Raises:
+            OSError: ``listen`` cannot be bound (the message names it).
+        """
+        from hypercorn.asyncio import serve
+        from hypercorn.config import Config as HypercornConfig
+
+        host, _, port = listen.rpartition(":")
+        host = host.strip("[]")
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(
+                host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(address)
+                sock.listen(1024)
+            except BaseException:
+                sock.close()
+                raise
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise OSError(f"cannot listen on {listen} ({reason}; --http-listen)") from None
+        bound = int(sock.getsockname()[1])
+        config = HypercornConfig()
+        config.bind = [f"fd://{sock.detach()}"]
+        config.accesslog = None
+        config.errorlog = logging.getLogger("server.http")
+        config.include_server_header = False
+        config.keep_alive_timeout = self.config.keepalive_time
+        config.graceful_timeout = STOP_SLACK_SECONDS / 2
+        if self._credentials is not None:
+            # The gRPC listener's files; ALPN offers h2 and http/1.1 (Hypercorn's default).
+            config.certfile = str(self.config.tls_cert)
+            config.keyfile = str(self.config.tls_key)
+            if self.config.client_ca is not None:
+                config.ca_certs = str(self.config.client_ca)
+                config.verify_mode = ssl.CERT_REQUIRED
+            config.create_ssl_context()  # a file it cannot use fails the start, not a call
+        stop = asyncio.Event()
+        self._http_stop = stop
+        self._http = asyncio.get_running_loop().create_task(
+            serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+        )
+        self._http.add_done_callback(_log_http_end)
+        return bound
 
     def _start_metrics(self, listen: str) -> None:
         from prometheus_client import start_http_server
@@ -504,6 +602,20 @@ class LetheServer:
                     STOP_SLACK_SECONDS,
                 )
             self._grpc = None
+        if self._http is not None and self._http_stop is not None:
+            self._http_stop.set()
+            try:
+                await asyncio.wait_for(self._http, STOP_SLACK_SECONDS)
+            except TimeoutError:
+                _log.error("the HTTP listener did not stop within %.1f s", STOP_SLACK_SECONDS)
+            self._http = None
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
+
+
+def _log_http_end(task: asyncio.Task[None]) -> None:
+    """Log the HTTP listener's failure, if it ended with one."""
+    if not task.cancelled() and task.exception() is not None:
+        error = task.exception()
+        _log.error("the HTTP listener stopped: %s: %s", type(error).__name__, error)

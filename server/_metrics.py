@@ -295,6 +295,31 @@ class _Call:
         self._series.done(code, time.perf_counter() - self._start)
 
 
+class CallMeter:
+    """Counts and times the calls of a transport that is not grpc's server (the Connect listener).
+
+    Its calls land in the same series as gRPC's (the standard gRPC server
+    metrics and ``lethe_rpc_duration_seconds``), so a dashboard or an alert
+    sees every call of the API whichever transport carried it; ``code`` is
+    the status code's name as grpcio spells it.
+
+    Args:
+        metrics: the server's metrics.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._series: dict[str, _Series] = {}  # method -> its children; event loop only
+
+    def start(self, method: str, streaming: bool) -> _Call:
+        """One call of ``method`` begins (``/lethe.v1.Threads/CreateThread``)."""
+        series = self._series.get(method)
+        if series is None:
+            kind = "SERVER_STREAMING" if streaming else "UNARY"
+            series = self._series[method] = _Series(self._metrics, method, kind)
+        return _Call(series)
+
+
 def call_status(context: Any, default: str) -> str:
     """The status code the handler set on ``context`` (by abort or set_code), else ``default``."""
     code = context.code()

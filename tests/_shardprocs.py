@@ -26,6 +26,7 @@ class ShardProc:
     kek: str
     port: int
     metrics_port: int = 0
+    http_port: int = 0
     proc: subprocess.Popen[str] | None = None
     log: IO[str] | None = None
     kek_file: Path | None = None
@@ -33,6 +34,11 @@ class ShardProc:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def http_address(self) -> str:
+        """Its Connect listener (``--http-listen``; ``http_port`` 0: none)."""
+        return f"127.0.0.1:{self.http_port}"
 
     def env(self) -> dict[str, str]:
         """The environment of its server and of ``lethe`` beside it.
@@ -62,6 +68,7 @@ def start_shard(shard: ShardProc, log: Path, *extra: str) -> None:
             "--embedder",
             "none",
             "--require-owner-header",
+            *(["--http-listen", shard.http_address] if shard.http_port else []),
             *extra,
         ],
         env=env,

@@ -2,7 +2,9 @@
 
 ``lethe`` starts the real server (LMDB, keystore, FAISS, WordLlama) on port 0
 in a temporary data directory, with the KEK held in the ``LETHE_KEK``
-environment variable so nothing is written to the user's config directory.
+environment variable so nothing is written to the user's config directory;
+its Connect listener (HTTP) is on too, on another free port
+(``Lethe.connect`` calls it).
 ``Lethe.client`` returns the typed client (:class:`lethe.client.Client`);
 ``api`` is what the portable client tests need (a target and tokens; see
 ``tests/lethe/light_conftest.py`` for its twin in the light client's venv).
@@ -21,6 +23,7 @@ from typing import Any
 
 import grpc
 import pytest
+from _connect import ConnectChannel, ConnectStubs
 
 from lethe.client import Client as TypedClient
 from lethe.locomo import find_locomo
@@ -106,17 +109,20 @@ class Lethe:
         self.clients: list[TypedClient] = []
         self.channels: list[grpc.Channel] = []  # raw channels a test opened itself
         self.port = 0
+        self.http_port = 0
         self.start()
 
     def start(self, *, same_port: bool = False) -> None:
+        http = f"127.0.0.1:{self.http_port if same_port else 0}"
         cfg = ServerConfig(
             data_dir=self.data_dir,
             listen=f"127.0.0.1:{self.port if same_port else 0}",
             metrics_listen=None,
-            **{"sweep_interval": 0.0, **self.config},
+            **{"sweep_interval": 0.0, "http_listen": http, **self.config},
         )
         self.server = LetheServer(cfg)
         self.port = self.server.start()
+        self.http_port = self.server.http_port
 
     def stop(self, *, keep_clients: bool = False) -> None:
         if not keep_clients:
@@ -139,6 +145,20 @@ class Lethe:
         self.stop(keep_clients=same_port)
         self.start(same_port=same_port)
 
+    def connect(self, codec: str = "proto", **kwargs: Any) -> ConnectStubs:
+        """Stubs over the Connect listener (``codec`` ``proto`` or ``json``); see ``_connect``."""
+        return ConnectStubs(ConnectChannel(f"127.0.0.1:{self.http_port}", codec=codec, **kwargs))
+
+    def stubs(self, transport: str, client: TypedClient) -> Any:
+        """``client``'s own stubs over gRPC, or stubs over Connect (see :func:`transport`).
+
+        Either way ``.threads.GetThread(request, metadata=…)``; over Connect
+        the caller passes the token as metadata (``client.md``).
+        """
+        if transport == "grpc":
+            return client
+        return self.connect(transport.removeprefix("connect-"))
+
     def token(self, *owners: str, admin: bool = False) -> str:
         assert self.server is not None
         token = new_token()
@@ -157,6 +177,16 @@ class Lethe:
         )
         self.clients.append(client)
         return client
+
+
+TRANSPORTS = ("grpc", "connect-proto")
+"""The transports an edge test runs over: gRPC, and Connect over HTTP (binary)."""
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    """Each transport in turn (:data:`TRANSPORTS`); ``Lethe.stubs`` calls over it."""
+    return str(request.param)
 
 
 @pytest.fixture

@@ -137,3 +137,27 @@ def test_the_move_benchmark_runs_and_loses_no_write(tmp_path: Path) -> None:
     assert row["every_acknowledged_write_on_destination"] is True
     assert row["rows_removed_at_source"] > 300
     assert _positive(row["writes_refused_seconds"])
+
+
+def test_the_connect_benchmark_runs_every_transport(tmp_path: Path) -> None:
+    """``bench/bench_connect.py --smoke``: Search over gRPC, Connect binary and JSON, interleaved.
+
+    Speed never fails it: it checks that every transport answered and that
+    every figure is a positive number.
+    """
+    out = tmp_path / "connect.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_connect.py"), "--smoke", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["config"]["records"] == 500
+    for kind in ("dense", "lexical"):
+        figures = result["search"][kind]
+        for name in ("grpc", "connect_binary", "connect_json"):
+            assert _positive(figures[name]["p50_ms"]), (kind, name)
+            assert _positive(figures[name]["p99_ms"]), (kind, name)
+            assert figures[name]["calls"] == 20
+        assert _positive(figures["connect_json"]["p50_over_grpc"])
+        assert figures["request_bytes"]["connect_json"] > figures["request_bytes"]["connect_binary"]

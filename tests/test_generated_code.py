@@ -1,19 +1,25 @@
-"""The committed generated code must be exactly what its script produces.
+"""The committed generated code is exactly what its generators produce.
 
-The packages ``lethe/v1`` and ``lethe/errors`` come from ``proto/`` by
-``scripts/gen_protos.py``: a stale generated file (or a stale copy of a
+``lethe/v1`` and ``lethe/errors`` must be exactly what ``scripts/gen_protos.py``
+produces from ``proto/``: a stale generated file (or a stale copy of a
 ``.proto`` beside them) fails here. The blocking client (``lethe/client/_sync.py``,
 ``_base_sync.py``, ``_threads_sync.py`` …) comes from the asyncio one by
-``scripts/gen_sync_client.py``: a stale module fails here too.
+``scripts/gen_sync_client.py``: a stale module fails here too. So must
+``clients/typescript/src/gen``, what ``npm run generate`` (protoc-gen-es,
+through buf) produces; it needs ``npm ci`` in ``clients/typescript`` (skipped
+without it, except under CI).
 """
 
 from __future__ import annotations
 
 import filecmp
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED_DIRS = ("lethe/v1", "lethe/errors")
@@ -42,6 +48,34 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
     assert fresh == _files(ROOT), "generated file set differs; run scripts/gen_protos.py"
     stale = [str(p) for p in fresh if not filecmp.cmp(tmp_path / p, ROOT / p, shallow=False)]
     assert stale == [], f"stale generated files (run scripts/gen_protos.py): {stale}"
+
+
+def test_typescript_code_is_current(tmp_path: Path) -> None:
+    client = ROOT / "clients" / "typescript"
+    node = shutil.which("node")
+    if node is None or not (client / "node_modules").is_dir():
+        why = "node, or node_modules (run `npm ci` in clients/typescript), is missing"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI must check the TypeScript client's generated code")
+        pytest.skip(why)
+    done = subprocess.run(
+        [node, str(client / "scripts" / "generate.mjs"), str(tmp_path)],
+        cwd=client,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    fresh, committed = tmp_path / "src" / "gen", client / "src" / "gen"
+
+    def files(root: Path) -> list[Path]:
+        return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+
+    assert files(fresh) == files(committed), "generated file set differs; run npm run generate"
+    stale = [
+        str(p) for p in files(fresh) if not filecmp.cmp(fresh / p, committed / p, shallow=False)
+    ]
+    assert stale == [], f"stale generated files (npm run generate in clients/typescript): {stale}"
 
 
 def test_every_proto_has_generated_modules_and_a_copy() -> None:

@@ -5,10 +5,11 @@ Every command of ``README.md``, of every page under ``docs/`` and of
 document in a shell of its own, from a directory laid out as a fresh clone
 (its ``.venv`` is this one): the server, tokens, audit, probe, backup,
 rotate, restore, the scripting examples, the nginx config and the moved-away
-markers, and — where the tool is on this machine — grpcurl and protoc. The
-only change the test makes is the addresses: its own free ports instead of
-50051 and 9464, which other servers on a shared machine may hold; and
+markers, and — where the tool is on this machine — grpcurl, curl and protoc.
+The only change the test makes is the addresses: its own free ports instead
+of 50051, 8080 and 9464, which other servers on a shared machine may hold; and
 ``HOME`` is a temporary one, so the KEK the first start creates lands there.
+A second ``lethe serve`` in a document stops the first (its text says to).
 
 A page that builds on the README's quickstart (a server running on
 ``./lethe-data``, its token in ``T``) gets those README commands first, as
@@ -101,13 +102,21 @@ NOT_RUN = {
         "serves until stopped: tests/lethe/test_mcp.py runs it with the mcp SDK's HTTP client"
     ),
     "claude mcp add": "needs Claude Code; tests/lethe/test_mcp.py drives both transports",
+    "(cd clients/typescript && npm ci && npm run generate)": (
+        "tests/test_generated_code.py regenerates clients/typescript/src/gen and fails on any "
+        "difference"
+    ),
+    "(cd clients/typescript && npm ci && npm pack)": (
+        "npm and the registry; tests/crosslang/test_typescript_client.py builds the package and "
+        "runs it against real servers"
+    ),
 }
 PYTHON_NOT_RUN = {
     "lethe.example:50051": "a TLS server named lethe.example; tests/server/test_tls.py",
     "from agents.mcp import": "needs the openai-agents package and a model's API key",
 }
 """Python blocks (by a string they contain) that are not run, with the reason."""
-NEEDS_TOOL = {"grpcurl": "grpcurl", "protoc -I": "protoc"}
+NEEDS_TOOL = {"grpcurl": "grpcurl", "protoc -I": "protoc", "curl ": "curl"}
 MUST_RUN = {
     "README.md": ("lethe serve", "lethe token create", "python quickstart.py"),
     "docs/operating.md": (
@@ -122,7 +131,7 @@ MUST_RUN = {
         "lethe restore",
     ),
     "docs/sharding.md": ("shard nginx-config", "shard mark-moved", "shard unmark-moved"),
-    "docs/other-languages.md": ("Threads/CreateThread", "Retrieval/Search"),
+    "docs/other-languages.md": ("Threads/CreateThread", "Retrieval/Search", "--http-listen"),
     "docs/mcp.md": ("python quickstart.py",),
 }
 """What each document must have run: a check that nothing was skipped unseen."""
@@ -223,13 +232,15 @@ class _Reader:
         self.env = {k: v for k, v in os.environ.items() if k not in drop}
         self.env["HOME"] = str(self.home)
         self.grpc_port, self.metrics_port = free_port(), free_port()
+        self.http_port = free_port()
         self.shell = _Shell(self.clone, self.env)
         self.server: subprocess.Popen[str] | None = None
         self.ran: list[str] = []
         self.skipped: list[str] = []
 
     def local(self, text: str) -> str:
-        return text.replace("127.0.0.1:50051", f"127.0.0.1:{self.grpc_port}")
+        text = text.replace("127.0.0.1:50051", f"127.0.0.1:{self.grpc_port}")
+        return text.replace("127.0.0.1:8080", f"127.0.0.1:{self.http_port}")
 
     def python(self, script: str, document: str) -> None:
         (self.clone / "quickstart.py").write_text(self.local(script))
@@ -254,7 +265,8 @@ class _Reader:
             self.server = None
         command = self.local(_COMMENT.sub("", command))
         if command.startswith(".venv/bin/lethe serve"):
-            assert self.server is None, "a second server on the same data directory"
+            if self.server is not None:  # the reader stopped the first (Ctrl-C), as told
+                assert _stop(self.server) == 0
             self.server = _serve(self, command)
             self.ran.append(command)
             return
@@ -399,6 +411,14 @@ def _check(command: str, stdout: str, clone: Path) -> None:
         assert stdout.strip().endswith(": ok"), stdout  # exit 0 and one line per receipt
     elif " receipt public-key " in command:
         assert json.loads((clone / "lethe-keys.json").read_text())["keys"]
+    elif command.startswith("curl ") and "Bearer" not in command:
+        assert json.loads(stdout)["details"][0]["debug"]["reason"] == "MISSING_TOKEN", stdout
+    elif command.startswith("curl ") and "CreateThread" in command:
+        assert json.loads(stdout)["name"] == "owners/alice/threads/t2", stdout
+    elif command.startswith("curl ") and "AppendTurns" in command:
+        assert json.loads(stdout)["turns"][0]["state"] == "COMMITTED", stdout
+    elif command.startswith("curl ") and "Search" in command:
+        assert json.loads(stdout)["hits"][0]["turn"]["text"] == "I adopted a kitten", stdout
     elif " audit " in command:
         assert "orphans: 0" in stdout
     elif " backup " in command:

@@ -13,7 +13,10 @@ one owner, resource of another) by the shard; per-shard health checks
 through nginx; a moved-away marker written by another process answers
 ``OWNER_MOVED``; and with shard B killed, only B's owners fail, with
 ``UNAVAILABLE`` / ``SHARD_UNAVAILABLE`` naming B, while the others read and
-write.
+write. The same over Connect (HTTP) through nginx's HTTP listener: every
+owner's call reaches the shard gRPC reaches (placements too), a call
+without the header is refused, a ``Watch`` streams through, and B's owners
+answer ``SHARD_UNAVAILABLE``.
 """
 
 from __future__ import annotations
@@ -23,15 +26,18 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+from _connect import ConnectChannel, ConnectRpcError
 from _pki import make_pki
 from _shardprocs import (
     LETHE,
@@ -48,7 +54,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import lethe.client as lc
 from lethe.names import OWNER_HEADER
-from lethe.v1 import events_pb2, threads_pb2
+from lethe.v1 import common_pb2, events_pb2, threads_pb2
 from server import Store, new_token, principal_record, token_digest
 from shredder import KekRing
 
@@ -73,10 +79,18 @@ def nginx_binary() -> str:
 class Cluster:
     shards: dict[str, ShardProc]
     nginx_port: int
+    nginx_http_port: int
     token: str
     work: Path
     nginx: subprocess.Popen[str]
     clients: list[lc.Client] = field(default_factory=list)
+
+    def connect(self, owner: str | None, codec: str = "json") -> tuple[ConnectChannel, Any]:
+        """A Connect channel to nginx's HTTP listener, and the metadata of ``owner``'s calls."""
+        md = [("authorization", f"Bearer {self.token}")]
+        if owner is not None:
+            md.append((OWNER_HEADER, owner))
+        return ConnectChannel(f"127.0.0.1:{self.nginx_http_port}", codec=codec), tuple(md)
 
     def client(self, target: str | None = None) -> lc.Client:
         """A typed client through nginx (or to ``target``), without retries."""
@@ -158,41 +172,53 @@ def running_nginx(nginx: str, conf: Path, work: Path, port: int) -> Iterator[sub
             proc.wait()
 
 
+def _nginx_flags(shards: dict[str, ShardProc], port: int, http_port: int, work: Path) -> list[str]:
+    """``lethe shard nginx-config``'s flags for ``shards``: the ring, both listeners."""
+    return [
+        "--http-route-socket",
+        str(work / "route.sock"),
+        "--shards",
+        ",".join(f"{s.name}={s.address}" for s in shards.values()),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--http-listen",
+        f"127.0.0.1:{http_port}",
+        "--http-shards",
+        ",".join(f"{s.name}={s.http_address}" for s in shards.values()),
+    ]
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     nginx = nginx_binary()
     work = tmp_path_factory.mktemp("shards")
     shards = {
         name: ShardProc(
-            name, work / f"data-{name}", KekRing.generate_env_value(), free_port(), free_port()
+            name,
+            work / f"data-{name}",
+            KekRing.generate_env_value(),
+            free_port(),
+            free_port(),
+            http_port=free_port(),
         )
         for name in SHARDS
     }
     with running_shards(shards.values(), work):
         token = shared_token(list(shards.values()))
-        nginx_port = free_port()
+        nginx_port, nginx_http_port = free_port(), free_port()
         include = work / "lethe.conf"
         made = subprocess.run(
-            [
-                *LETHE,
-                "shard",
-                "nginx-config",
-                "--shards",
-                ",".join(f"{s.name}={s.address}" for s in shards.values()),
-                "--listen",
-                f"127.0.0.1:{nginx_port}",
-                "--out",
-                str(include),
-            ],
+            [*LETHE, "shard", "nginx-config",
+             *_nginx_flags(shards, nginx_port, nginx_http_port, work), "--out", str(include)],
             cwd=ROOT,
             capture_output=True,
             text=True,
             check=False,
-        )
+        )  # fmt: skip
         assert made.returncode == 0, made.stderr
         conf = nginx_main_config(work, include)
         with running_nginx(nginx, conf, work, nginx_port) as nginx_proc:
-            cluster = Cluster(shards, nginx_port, token, work, nginx_proc)
+            cluster = Cluster(shards, nginx_port, nginx_http_port, token, work, nginx_proc)
             yield cluster
             for client in cluster.clients:
                 client.close()
@@ -357,6 +383,86 @@ def test_a_watch_stream_through_nginx(cluster: Cluster) -> None:
     assert event.subject == name
 
 
+def _connect_turns(cluster: Cluster, owner: str) -> list[str]:
+    """The texts of ``owner``'s thread t1, listed over Connect (JSON) through nginx."""
+    channel, md = cluster.connect(owner)
+    listed = channel.unary(
+        "/lethe.v1.Threads/ListTurns",
+        threads_pb2.ListTurnsRequest(parent=f"owners/{owner}/threads/t1"),
+        threads_pb2.ListTurnsResponse,
+        md,
+    )
+    assert isinstance(listed, threads_pb2.ListTurnsResponse)
+    return [t.text for t in listed.turns]
+
+
+def test_connect_calls_through_nginx_reach_the_shard_grpc_reaches(
+    cluster: Cluster, homes: dict[str, str]
+) -> None:
+    """Every owner's Connect call lands on the shard its gRPC calls land on.
+
+    A ring of HTTP addresses would place owners elsewhere; the HTTP block asks
+    the gRPC ring instead. A write over Connect is read back over gRPC on the
+    owner's shard, asked directly.
+    """
+    proxy = cluster.client()
+    for owner in OWNERS:  # a wrong shard would answer NOT_FOUND (it holds no such owner)
+        over_grpc = [t.text for t in proxy.iter_turns(f"owners/{owner}/threads/t1")]
+        assert _connect_turns(cluster, owner) == over_grpc, owner
+    owner = OWNERS[11]
+    channel, md = cluster.connect(owner, codec="proto")
+    channel.unary(
+        "/lethe.v1.Threads/AppendTurns",
+        threads_pb2.AppendTurnsRequest(
+            parent=f"owners/{owner}/threads/t1",
+            turns=[threads_pb2.TurnInput(role=common_pb2.USER, text="over connect", commit=True)],
+        ),
+        threads_pb2.AppendTurnsResponse,
+        md,
+    )
+    home = cluster.client(cluster.shards[homes[owner]].address)
+    assert [t.text for t in home.iter_turns(f"owners/{owner}/threads/t1")][-1] == "over connect"
+    # The route question is answered cleanly: nothing about it in nginx's error log.
+    assert "_lethe_route" not in (cluster.work / "error.log").read_text()
+
+
+def test_a_connect_call_without_the_header_is_refused_by_nginx(cluster: Cluster) -> None:
+    channel, md = cluster.connect(None)
+    with pytest.raises(ConnectRpcError) as refused:
+        channel.unary(
+            "/lethe.v1.Threads/GetThread",
+            threads_pb2.GetThreadRequest(name=f"owners/{OWNERS[0]}/threads/t1"),
+            threads_pb2.Thread,
+            md,
+        )
+    assert refused.value.http_status == 400
+    assert refused.value.body["details"][0]["debug"]["reason"] == "OWNER_HEADER_MISSING"
+
+
+def test_a_connect_watch_stream_through_nginx(cluster: Cluster) -> None:
+    """A Connect server stream through nginx: the event of a forget arrives, unbuffered."""
+    owner = OWNERS[6]
+    proxy = cluster.client()
+    turn = proxy.append_turns(
+        f"owners/{owner}/threads/t1", [{"role": "USER", "text": "to forget", "commit": True}]
+    ).turns[0]
+    channel, md = cluster.connect(owner, codec="proto")
+    stream = channel.stream(
+        "/lethe.v1.Events/Watch",
+        events_pb2.WatchRequest(parent=f"owners/{owner}", types=[events_pb2.RECORD_DELETED]),
+        events_pb2.Event,
+        md,
+        timeout=20,
+    )
+    try:
+        proxy.forget([turn.name])
+        event = next(stream)
+    finally:
+        stream.cancel()
+    assert isinstance(event, events_pb2.Event)
+    assert event.subject == turn.name
+
+
 def _audit(cluster: Cluster) -> subprocess.CompletedProcess[str]:
     metrics = ",".join(f"{s.name}=127.0.0.1:{s.metrics_port}" for s in cluster.shards.values())
     return subprocess.run(
@@ -398,11 +504,10 @@ def _place(cluster: Cluster, placements: dict[str, str]) -> None:
 
     SIGHUP: new workers take the new map, old ones finish their calls.
     """
-    shards = ",".join(f"{s.name}={s.address}" for s in cluster.shards.values())
     pins = [f"--placement={owner}={shard}" for owner, shard in placements.items()]
-    listen = ["--listen", f"127.0.0.1:{cluster.nginx_port}"]
+    flags = _nginx_flags(cluster.shards, cluster.nginx_port, cluster.nginx_http_port, cluster.work)
     made = subprocess.run(
-        [*LETHE, "shard", "nginx-config", "--shards", shards, *pins, *listen,
+        [*LETHE, "shard", "nginx-config", *flags, *pins,
          "--out", str(cluster.work / "lethe.conf")],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
@@ -513,6 +618,10 @@ def test_an_owner_moves_between_shards_under_write_load(
         cluster.client(c.address).get_turn(forgotten.turns[0].name)
     hits = proxy.search(f"owners/{owner}", query_text=f"marker {owner} lake", mode="LEXICAL")
     assert hits.hits[0].turn.text == f"marker {owner} lake"
+    # Over Connect the placement holds too: the calls reach c (the first page of turns).
+    over_http = _connect_turns(cluster, owner)
+    assert over_http
+    assert over_http == on_c[: len(over_http)]
     # a answers OWNER_MOVED and holds nothing of the owner: no rows, no keys.
     with pytest.raises(lc.OwnerMoved) as moved:
         cluster.client(a.address).get_thread(thread)
@@ -549,6 +658,10 @@ def test_killing_a_shard_fails_only_its_owners(cluster: Cluster, homes: dict[str
             assert info.value.info_metadata == {"shard": "b", "target": victim.address}
             with pytest.raises(lc.ShardUnavailable):
                 proxy.append_turns(f"owners/{owner}/threads/t1", [{"role": "USER", "text": "x"}])
+            with pytest.raises(ConnectRpcError) as over_http:
+                _connect_turns(cluster, owner)
+            assert over_http.value.http_status == 503
+            assert over_http.value.body["details"][0]["debug"]["reason"] == "SHARD_UNAVAILABLE"
         else:
             thread = proxy.get_thread(f"owners/{owner}/threads/t1")
             reply = proxy.append_turns(thread.name, [{"role": "USER", "text": "still here"}])
@@ -566,7 +679,9 @@ def test_tls_on_both_sides_of_nginx(tmp_path: Path) -> None:
     """
     nginx = nginx_binary()
     pki = make_pki(tmp_path / "pki")
-    shard = ShardProc("a", tmp_path / "data-a", KekRing.generate_env_value(), free_port())
+    shard = ShardProc(
+        "a", tmp_path / "data-a", KekRing.generate_env_value(), free_port(), http_port=free_port()
+    )
     tls = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
     start_shard(shard, tmp_path / "a.log", *tls, "--client-ca", str(pki.ca))
     assert shard.proc is not None
@@ -576,11 +691,13 @@ def test_tls_on_both_sides_of_nginx(tmp_path: Path) -> None:
         wait_for(tmp_path / "a.log", "lethe serving", shard.proc)
         token = new_token()
         _put_token(shard, token, mp)
-        port = free_port()
+        port, http_port = free_port(), free_port()
         include = tmp_path / "lethe.conf"
         upstream = ["--upstream-ca", str(pki.ca), "--upstream-server-name", "localhost"]
         upstream += ["--upstream-cert", str(pki.client_cert), "--upstream-key", str(pki.client_key)]
         listen = ["--listen", f"127.0.0.1:{port}", "--out", str(include), *tls]
+        listen += ["--http-listen", f"127.0.0.1:{http_port}", "--http-shards"]
+        listen += [f"a={shard.http_address}", "--http-route-socket", str(tmp_path / "route.sock")]
         made = subprocess.run(
             [*LETHE, "shard", "nginx-config", "--shards", f"a={shard.address}", *listen, *upstream],
             cwd=ROOT,
@@ -600,6 +717,17 @@ def test_tls_on_both_sides_of_nginx(tmp_path: Path) -> None:
             plain = lc.Client(f"127.0.0.1:{port}", token, tls=False, retry=None, timeout=5)
             with plain, pytest.raises(lc.Unavailable):
                 plain.get_thread("owners/alice/threads/t1")
+            # Connect over TLS to nginx, and over mutual TLS from nginx to the shard.
+            context = ssl.create_default_context(cafile=pki.ca)
+            https = ConnectChannel(f"localhost:{http_port}", codec="json", ssl_context=context)
+            got = https.unary(
+                "/lethe.v1.Threads/GetThread",
+                threads_pb2.GetThreadRequest(name="owners/alice/threads/t1"),
+                threads_pb2.Thread,
+                (("authorization", f"Bearer {token}"), (OWNER_HEADER, "alice")),
+            )
+            assert isinstance(got, threads_pb2.Thread)
+            assert got.name == "owners/alice/threads/t1"
     finally:
         mp.undo()
         shard.proc.terminate()

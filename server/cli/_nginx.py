@@ -41,7 +41,24 @@ server that holds the owner. Lethe has no proxy of its own.
   certificate), TLS on nginx's own listener (``--tls-cert``/``--tls-key``);
 - limits matching the servers': ``client_max_body_size`` is the servers'
   receive limit plus gRPC's 5-byte message prefix (one unary request is one
-  message), and the read/send timeouts are long enough for ``Watch`` streams.
+  message), and the read/send timeouts are long enough for ``Watch`` streams;
+- **the Connect listener** (``--http-listen`` with each shard's own
+  ``--http-shards NAME=HOST:PORT``): an HTTP server block that proxies Connect
+  calls to the shards' HTTP listeners, on the same ``x-lethe-owner`` header
+  and to the **same shard** as gRPC. nginx's ``hash … consistent`` places a
+  key by the addresses it hashes, and a shard's HTTP address differs from its
+  gRPC one, so a ring of HTTP addresses would place owners elsewhere. Instead
+  each Connect call first asks the gRPC ring (and the placements) which shard
+  holds its owner: an ``auth_request`` subrequest, POSTed to a route server
+  of nginx's own (on a Unix socket, ``--http-route-socket``: a subrequest is
+  a GET, which gRPC servers reset), which ``grpc_pass``-es a call to no
+  method that the shard answers at once (``UNIMPLEMENTED``, nothing read) and
+  answers with the address the ring picked; the call then goes to that
+  shard's HTTP listener. The cost is one HTTP/2 round trip to the shard per
+  call (and a local one to the route server). Refusals are Connect error
+  JSON (``OWNER_HEADER_MISSING``, ``SHARD_UNAVAILABLE``); HTTP/1.1 on a
+  plaintext listener, HTTP/2 and HTTP/1.1 (ALPN) with ``--tls-cert``;
+  responses are not buffered, so ``Watch`` events arrive as they happen.
 
 The shard side of a placement (moved-away markers, token import, the audit
 of every shard) is ``lethe shard`` (:mod:`server.cli._shard`).
@@ -52,6 +69,7 @@ Thread rules: none (pure functions).
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -76,6 +94,10 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The servers' default receive limit, bytes (``lethe serve --max-receive-message-size``)."""
 GRPC_PREFIX_BYTES = 5
 """Bytes gRPC puts before each message on the wire (1 flag byte, 4 length bytes)."""
+CONNECT_BODY_SLACK = 64 * 1024 + 5
+"""Bytes a Connect request body may exceed the message limit by: a stream's
+5-byte envelope prefix, and gzip's overhead (``server.edge._connect``'s
+``GZIP_SLACK``, 64 KiB)."""
 SHARD_HEADER = "x-lethe-shard"
 """Metadata that sends a health check to a named shard instead of an owner's."""
 _ADDRESS_RE = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})")
@@ -155,6 +177,12 @@ class NginxPlan:
         upstream_cert, upstream_key: nginx's client certificate for shards
             that require mutual TLS (``lethe serve --client-ca``).
         max_message_bytes: the shards' receive limit, bytes.
+        http_listen: nginx's ``HOST:PORT`` for Connect calls (HTTP), or None
+            for no HTTP server block.
+        http_shards: shard name → its HTTP listener's ``HOST:PORT`` (its
+            ``lethe serve --http-listen``), for every shard; with ``http_listen``.
+        http_route_socket: the Unix socket of the route server, which nginx
+            creates (its master, as root) and asks which shard holds an owner.
         stream_timeout: seconds a call may go without a byte either way (a
             quiet ``Watch`` stream), nginx's read and send timeouts.
         connect_timeout: seconds to connect to a shard before the call answers
@@ -171,6 +199,9 @@ class NginxPlan:
     upstream_cert: Path | None = None
     upstream_key: Path | None = None
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    http_listen: str | None = None
+    http_shards: dict[str, str] = field(default_factory=dict)
+    http_route_socket: Path = Path("/run/lethe-nginx-route.sock")
     stream_timeout: int = 3600
     connect_timeout: int = 2
 
@@ -200,6 +231,13 @@ class NginxPlan:
             raise ValueError("--upstream-ca needs --upstream-server-name (in every shard's cert)")
         if not 0 < self.max_message_bytes < 1 << 31:
             raise ValueError("the message limit must be positive and below 2GiB")
+        if (self.http_listen is None) != (not self.http_shards):
+            raise ValueError("--http-listen and --http-shards go together")
+        if self.http_shards and set(self.http_shards) != set(names):
+            raise ValueError(
+                "--http-shards must name every shard's HTTP listener, and only those: "
+                + ", ".join(sorted(set(names) ^ set(self.http_shards)))
+            )
 
 
 def _grpc_error(code: int, message: str, reason: int, metadata: dict[str, str]) -> str:
@@ -365,4 +403,184 @@ def nginx_config(plan: NginxPlan) -> str:
         "}",
         "",
     ]
+    if plan.http_listen is not None:
+        lines += _http_block(plan, scheme)
     return "\n".join(lines)
+
+
+def _connect_error(code: str, message: str, reason: int, metadata: dict[str, str]) -> str:
+    """A Connect error JSON with one ``ErrorInfo`` (domain ``lethe``), as nginx returns it."""
+    info = error_details_pb2.ErrorInfo(
+        reason=Reason.Name(reason),  # type: ignore[arg-type]
+        domain=DOMAIN,
+        metadata=metadata,
+    )
+    value = base64.b64encode(info.SerializeToString()).decode().rstrip("=")
+    debug: dict[str, object] = {"reason": info.reason, "domain": DOMAIN}
+    if metadata:
+        debug["metadata"] = metadata
+    detail = {"type": "google.rpc.ErrorInfo", "value": value, "debug": debug}
+    body = json.dumps({"code": code, "message": message, "details": [detail]})
+    if any(c in body for c in "'\\$\n"):
+        raise ValueError(f"not a safe nginx value: {body!r}")
+    return f"'{body}'"
+
+
+def _upstream_tls(plan: NginxPlan, module: str) -> list[str]:
+    """``module``'s (``grpc``, ``proxy``) TLS to the shards, as the plan says."""
+    if plan.upstream_ca is None:
+        return []
+    lines = [
+        f"    {module}_ssl_trusted_certificate {plan.upstream_ca};",
+        f"    {module}_ssl_verify on;",
+        f"    {module}_ssl_name {plan.upstream_server_name};",
+        f"    {module}_ssl_server_name on;",
+        f"    {module}_ssl_protocols TLSv1.2 TLSv1.3;",
+    ]
+    if plan.upstream_cert is not None:
+        lines += [
+            f"    {module}_ssl_certificate {plan.upstream_cert};",
+            f"    {module}_ssl_certificate_key {plan.upstream_key};",
+        ]
+    return lines
+
+
+def _http_block(plan: NginxPlan, scheme: str) -> list[str]:
+    """The Connect (HTTP) part of the config: see the module docstring."""
+    http_scheme = "https" if plan.upstream_ca is not None else "http"
+    tls = plan.tls_cert is not None
+    socket = str(plan.http_route_socket)
+    _quote(socket)  # a path nginx can take as written
+    lines = [
+        "# Connect (HTTP) calls. Each goes to the shard that gRPC calls of its owner go to:",
+        "# the route server below asks the gRPC ring (and the placements) which one, then the",
+        "# call goes to that shard's HTTP listener.",
+    ]
+    for shard in plan.shards:
+        lines += [
+            f"upstream {shard.upstream}_http {{",
+            f"    server {plan.http_shards[shard.name]} max_fails=0;",
+            "    keepalive 32;",
+            "}",
+        ]
+    lines += [
+        "upstream lethe_route {",
+        f"    server unix:{socket};",
+        "    keepalive 16;",
+        "}",
+        "map $lethe_shard_address $lethe_http_upstream {",
+        '    default "";',
+    ]
+    lines += [f"    {_quote(s.address)} {s.upstream}_http;" for s in plan.shards]
+    lines += ["}", ""]
+    lines += [
+        "# The Connect error of a shard that cannot be reached, by its HTTP address.",
+        "map $upstream_addr $lethe_http_unreachable {",
+        "    default "
+        + _connect_error(
+            "unavailable", "the shard of the owner cannot be reached", Reason.SHARD_UNAVAILABLE, {}
+        )
+        + ";",
+    ]
+    for shard in plan.shards:
+        error = _connect_error(
+            "unavailable",
+            f"shard {shard.name} ({shard.address}) cannot be reached",
+            Reason.SHARD_UNAVAILABLE,
+            {"shard": shard.name, "target": shard.address},
+        )
+        lines.append(f"    {_quote(plan.http_shards[shard.name])} {error};")
+    lines += ["}", ""]
+    lines += [
+        "# The route server: which shard holds a call's owner. It sends the gRPC ring (and the",
+        "# placements) a call to no method, which the shard answers at once (UNIMPLEMENTED,",
+        "# nothing read), and answers with the address nginx picked. Its own socket, because",
+        "# the question must be a POST (gRPC servers reset anything else) and a subrequest",
+        "# is a GET: the HTTP server's subrequest is POSTed here.",
+        "server {",
+        f"    listen unix:{socket};",
+        "    access_log off;",
+        f"    grpc_connect_timeout {plan.connect_timeout}s;",
+        "    grpc_next_upstream off;",
+        *_upstream_tls(plan, "grpc"),
+        "    location = /_lethe_route {",
+        "        grpc_set_header Content-Type application/grpc;",
+        "        grpc_set_header TE trailers;",
+        f"        grpc_pass {scheme}://$lethe_upstream;",
+        "        add_header X-Lethe-Shard $upstream_addr always;",
+        "        error_page 502 504 = @lethe_route_down;",
+        "    }",
+        "    location @lethe_route_down {",
+        "        # The shard is down: the call fails at its HTTP listener, naming it.",
+        "        add_header X-Lethe-Shard $upstream_addr always;",
+        "        return 204;",
+        "    }",
+        "    location / {",
+        "        return 404;",
+        "    }",
+        "}",
+        "",
+    ]
+    missing = _connect_error(
+        "invalid_argument",
+        f"no {OWNER_HEADER} header: nothing to route on",
+        Reason.OWNER_HEADER_MISSING,
+        {},
+    )
+    lines += [
+        "server {",
+        f"    listen {plan.http_listen}{' ssl http2' if tls else ''};",
+    ]
+    if tls:
+        lines += [
+            f"    ssl_certificate {plan.tls_cert};",
+            f"    ssl_certificate_key {plan.tls_key};",
+            "    ssl_protocols TLSv1.2 TLSv1.3;",
+        ]
+    lines += [
+        "    # The shards' receive limit, plus a stream's envelope prefix and gzip's overhead.",
+        f"    client_max_body_size {plan.max_message_bytes + CONNECT_BODY_SLACK};",
+        f"    client_body_timeout {plan.stream_timeout}s;",
+        f"    proxy_read_timeout {plan.stream_timeout}s;",
+        f"    proxy_send_timeout {plan.stream_timeout}s;",
+        f"    proxy_connect_timeout {plan.connect_timeout}s;",
+        "    proxy_next_upstream off;",
+        "    proxy_http_version 1.1;",
+        '    proxy_set_header Connection "";',
+        "    # Watch events go to the client as they come.",
+        "    proxy_buffering off;",
+        *_upstream_tls(plan, "proxy"),
+        "",
+        "    location /lethe.v1. {",
+        '        if ($http_x_lethe_owner = "") {',
+        "            return 418;",
+        "        }",
+        "        auth_request /_lethe_shard;",
+        "        auth_request_set $lethe_shard_address $upstream_http_x_lethe_shard;",
+        "        error_page 418 = @lethe_http_no_owner;",
+        "        error_page 500 502 504 = @lethe_http_unreachable;",
+        f"        proxy_pass {http_scheme}://$lethe_http_upstream;",
+        "    }",
+        "    location = /_lethe_shard {",
+        "        internal;",
+        "        proxy_pass http://lethe_route/_lethe_route;",
+        "        proxy_method POST;",
+        "        proxy_pass_request_body off;",
+        '        proxy_set_header Content-Length "";',
+        '        proxy_set_header Authorization "";',
+        "    }",
+        "    location / {",
+        "        return 404;",
+        "    }",
+        "    location @lethe_http_unreachable {",
+        "        default_type application/json;",
+        "        return 503 $lethe_http_unreachable;",
+        "    }",
+        "    location @lethe_http_no_owner {",
+        "        default_type application/json;",
+        f"        return 400 {missing};",
+        "    }",
+        "}",
+        "",
+    ]
+    return lines

@@ -43,6 +43,12 @@ def _reserve_size(value: str) -> int:
     return 0 if value.strip() == "0" else parse_size(value)
 
 
+def _origins(value: list[str] | str) -> tuple[str, ...]:
+    """The ``--http-allow-origin`` values (comma-separated from the environment or a file)."""
+    values = value.split(",") if isinstance(value, str) else value
+    return tuple(v.strip() for v in values if v.strip())
+
+
 def _embedder(value: str) -> str:
     """``wordllama``, ``none`` or ``onnx:DIR`` with DIR an existing directory."""
     if value in ("wordllama", "none"):
@@ -61,11 +67,28 @@ def add(sub: Subcommands) -> None:
         sub,
         "serve",
         "serve the gRPC API",
-        json_help="where it serves, once listening ({listen, port, metrics_listen, data, kek})",
+        json_help="where it serves, once listening "
+        "({listen, port, http_listen, metrics_listen, data, kek})",
     )
     serve.set_defaults(run=run)
     serve.add_argument(
         "--listen", type=address, default="127.0.0.1:50051", help="HOST:PORT for gRPC"
+    )
+    serve.add_argument(
+        "--http-listen",
+        type=_address_or_off,
+        default="off",
+        help="HOST:PORT for the same API over the Connect protocol (HTTP/1.1 and HTTP/2, "
+        "JSON or binary: curl, browsers, the TypeScript client), or 'off'; TLS as --tls-*",
+    )
+    serve.add_argument(
+        "--http-allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="an origin (https://app.example) whose browser pages may call the Connect listener "
+        "(CORS; repeat, or comma-separated in LETHE_HTTP_ALLOW_ORIGIN; '*' for any; default: "
+        "none, same-origin only)",
     )
     serve.add_argument(
         "--metrics-listen",
@@ -235,7 +258,8 @@ def kek_line(path: Path | None, data: Path) -> str:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT, then drain for ``--drain-grace``.
 
-    Prints ``lethe serving DIR on HOST:PORT`` and the KEK line (or, with
+    Prints ``lethe serving DIR on HOST:PORT``, the KEK line and, with
+    ``--http-listen``, ``lethe serving Connect (HTTP) on HOST:PORT`` (or, with
     ``--json``, one document) once listening.
 
     Returns:
@@ -251,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(
         data_dir=args.data,
         listen=args.listen,
+        http_listen=None if args.http_listen == "off" else args.http_listen,
+        http_allow_origins=_origins(args.http_allow_origin),
         metrics_listen=None if args.metrics_listen == "off" else args.metrics_listen,
         kek_file=args.kek_file,
         embedder=args.embedder,
@@ -301,12 +327,16 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     host = args.listen.rpartition(":")[0]
+    http = None
+    if config.http_listen is not None:
+        http = f"{config.http_listen.rpartition(':')[0]}:{server.http_port}"
     kek = server.store.kek.path
     if args.json:
         emit(
             {
                 "listen": f"{host}:{port}",
                 "port": port,
+                "http_listen": http,
                 "metrics_listen": config.metrics_listen,
                 "data": str(args.data.resolve()),
                 "kek": str(kek) if kek is not None else None,
@@ -315,6 +345,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"lethe serving {args.data.resolve()} on {host}:{port}", flush=True)
         print(kek_line(kek, args.data), flush=True)
+        if http is not None:
+            print(f"lethe serving Connect (HTTP) on {http}", flush=True)
     stopped.wait()
     server.stop(grace=args.drain_grace)
     return EXIT_OK

@@ -195,6 +195,27 @@ def add(sub: Subcommands) -> None:
         default=DEFAULT_MAX_MESSAGE_BYTES,
         help="the shards' --max-receive-message-size (16MiB)",
     )
+    conf.add_argument(
+        "--http-listen",
+        type=address,
+        default=None,
+        help="nginx's HOST:PORT for Connect calls (HTTP), routed to the same shard as gRPC "
+        "(default: none; needs --http-shards)",
+    )
+    conf.add_argument(
+        "--http-shards",
+        type=shards(True),
+        default=[],
+        help="each shard's --http-listen: NAME=HOST:PORT,... (every shard of --shards and "
+        "--placed-shards)",
+    )
+    conf.add_argument(
+        "--http-route-socket",
+        type=Path,
+        default=Path("/run/lethe-nginx-route.sock"),
+        help="the Unix socket of nginx's own route server, which Connect calls ask which shard "
+        "holds their owner (nginx creates it)",
+    )
     conf.add_argument("--out", type=Path, default=None, help="write here (default stdout)")
 
     mark = actions.add_parser(
@@ -256,6 +277,9 @@ def run(args: argparse.Namespace) -> int:
             upstream_cert=args.upstream_cert,
             upstream_key=args.upstream_key,
             max_message_bytes=args.max_receive_message_size,
+            http_listen=args.http_listen,
+            http_shards={s.name: s.address for s in args.http_shards},
+            http_route_socket=args.http_route_socket,
         )
         try:
             text = nginx_config(plan)

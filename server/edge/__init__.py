@@ -6,7 +6,9 @@ module              holds
 ``_edge``           the call pipeline of every ``lethe.v1`` method (drain,
                     token, route, bounds, decode, worker, status) and the one
                     error boundary, where an exception becomes a
-                    ``google.rpc.Status``
+                    ``google.rpc.Status``; the gRPC handlers over it
+``_connect``        the same pipeline over the Connect protocol (HTTP/1.1 and
+                    HTTP/2, JSON or binary): an ASGI application
 ``_admission``      the bounds on calls and streams, and the fair worker pool
 ``_auth``           bearer tokens, authentication, authorising an owner
 ``_routing``        the ``x-lethe-owner`` header check and moved-away owners
@@ -30,7 +32,8 @@ from server.edge._auth import (
     principal_record,
     token_digest,
 )
-from server.edge._edge import Edge, StreamContext, SyncContext
+from server.edge._connect import ConnectApp
+from server.edge._edge import Edge, Method, StreamContext, SyncContext
 from server.edge._notifier import EventHub
 from server.edge._routing import Router
 
@@ -38,10 +41,12 @@ __all__ = [
     "LABEL_RE",
     "Admission",
     "Authenticator",
+    "ConnectApp",
     "Edge",
     "EventHub",
     "FairExecutor",
     "Limits",
+    "Method",
     "Principal",
     "Router",
     "StreamContext",

@@ -1,37 +1,50 @@
-"""The call pipeline every ``lethe.v1`` RPC goes through on the asyncio server.
+"""The call pipeline every ``lethe.v1`` RPC goes through, whichever transport carries it.
 
-For each method of a service, :meth:`Edge.service` builds a handler that
-takes the request as raw bytes and, in this order:
+Two transports serve the same methods of the same servicers: gRPC (grpc's
+asyncio server, the handlers :meth:`Edge.grpc_handler` builds) and the Connect
+protocol over HTTP (:mod:`server.edge._connect`, on its own listener). Each
+is a thin adapter over the transport-independent stages of :class:`Edge`;
+for every call, in this order:
 
-1. refuses at once while the server drains (``UNAVAILABLE`` / ``DRAINING``);
-2. authenticates the ``authorization`` metadata (:mod:`server.edge._auth`) —
-   before the request is even decoded, so nothing of an unauthenticated
-   request is parsed — and binds the call's route (its ``x-lethe-owner``
+1. :meth:`Edge.identify` refuses at once while the server drains
+   (``UNAVAILABLE`` / ``DRAINING``), authenticates the ``authorization``
+   metadata (:mod:`server.edge._auth`) — before the request is even decoded
+   (over HTTP before its body is read), so nothing of an unauthenticated
+   request is parsed — and reads the call's route (its ``x-lethe-owner``
    header, :mod:`server.edge._routing`), which ``authorize`` checks;
-3. admits the call or stream against the bounds (:mod:`server.edge._admission`),
-   refusing past them with ``RESOURCE_EXHAUSTED``;
-4. decodes the request on a worker thread; bytes that do not decode answer
-   ``INVALID_ARGUMENT`` / ``MALFORMED_REQUEST`` (grpc-python's own decoding
-   would answer ``INTERNAL`` and log a traceback per request);
-5. runs the servicer's method: a unary method is synchronous and runs on the
-   :class:`~server.edge._admission.FairExecutor` under the caller's principal (it
-   sees a :class:`SyncContext`); a streaming method is an async generator on
-   the event loop that gets a :class:`StreamContext` to run blocking work on
-   the executor and to learn when it must end;
-6. turns every error into its ``google.rpc.Status`` (domain errors keep their
-   code and details; anything else is ``INTERNAL`` with no internals).
+2. :meth:`Edge.unary` and :meth:`Edge.stream` admit the call or stream
+   against the bounds (:mod:`server.edge._admission`), refusing past them
+   with ``RESOURCE_EXHAUSTED``;
+3. they decode the request on a worker thread with the transport's
+   :class:`Codec` (protobuf bytes; over Connect also JSON); bytes that do
+   not decode answer ``INVALID_ARGUMENT`` / ``MALFORMED_REQUEST``
+   (grpc-python's own decoding would answer ``INTERNAL`` and log a traceback
+   per request);
+4. they run the servicer's method: a unary method is synchronous and runs on
+   the :class:`~server.edge._admission.FairExecutor` under the caller's
+   principal (it sees a :class:`SyncContext`), and its response is encoded
+   there too; a streaming method is an async generator on the event loop that
+   gets a :class:`StreamContext` to run blocking work on the executor and to
+   learn when it must end;
+5. :meth:`Edge.status`, the one error boundary, turns every error into its
+   ``google.rpc.Status`` (domain errors keep their code and details; anything
+   else is ``INTERNAL`` with no internals), which each transport writes in its
+   own form (gRPC trailers; Connect's error JSON).
 
-Every call (these and health and reflection) is counted and timed by
-:class:`server._metrics.RpcMetricsInterceptor`, around this pipeline.
+Every call is counted and timed in the RPC metrics (:mod:`server._metrics`):
+over gRPC by :class:`server._metrics.RpcMetricsInterceptor` (health and
+reflection too), over Connect by its adapter.
 
 Lines about refused or malformed calls and internal errors go to the
 rate-limited log (:mod:`server._logs`). Open streams are re-checked once per
 :data:`TOKEN_RECHECK_SECONDS`: a stream whose token was revoked or expired
 ends with ``UNAUTHENTICATED`` / ``INVALID_TOKEN``.
 
-Thread rules: handlers, :meth:`Edge.drain`, :meth:`Edge.wait_idle` and
-:meth:`Edge.watch_tokens` run on the event loop; servicer methods of unary
-calls on worker threads.
+Thread rules: every stage, :meth:`Edge.drain`, :meth:`Edge.wait_idle` and
+:meth:`Edge.watch_tokens` run on the event loop, each call in a task of its
+own (both transports' servers run each call in its own task, so what a call
+binds to its context stays its own); servicer methods of unary calls run on
+worker threads.
 """
 
 from __future__ import annotations
@@ -44,18 +57,20 @@ import inspect
 import logging
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import descriptor, message, message_factory
+from google.rpc import status_pb2
 from grpc_status import rpc_status
 
 from server._logs import LIMITED
 from server._metrics import Metrics
 from server.edge._admission import Admission, FairExecutor
 from server.edge._auth import Authenticator, Principal, bind_principal
-from server.edge._routing import Router, bind_route
+from server.edge._routing import Route, Router, bind_route
 from server.errors import (
     Draining,
     LetheError,
@@ -76,7 +91,7 @@ class SyncContext:
     """What a synchronous handler sees of its call: nothing to act on.
 
     A handler ends a call by raising (a :class:`server.errors.LetheError`, or
-    anything else for ``INTERNAL``); :meth:`Edge._status` turns it into the
+    anything else for ``INTERNAL``); :meth:`Edge.status` turns it into the
     call's status.
     """
 
@@ -148,8 +163,74 @@ UnaryBehaviour = Callable[[Any, SyncContext], Any]
 StreamBehaviour = Callable[[Any, StreamContext], AsyncIterator[Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """How a transport's message bytes become messages, and messages bytes.
+
+    Attributes:
+        name: the codec's name on the wire (``proto``, ``json``).
+        decode: ``(request type, bytes)`` → the request; raises anything on
+            bytes that are not one (the pipeline answers ``MALFORMED_REQUEST``).
+        encode: a response → its bytes.
+    """
+
+    name: str
+    decode: Callable[[type[message.Message], bytes], message.Message]
+    encode: Callable[[message.Message], bytes]
+
+
+def _proto_decode(request_type: type[message.Message], raw: bytes) -> message.Message:
+    return request_type.FromString(raw)
+
+
+def _proto_encode(response: message.Message) -> bytes:
+    return bytes(response.SerializeToString())
+
+
+PROTO = Codec("proto", _proto_decode, _proto_encode)
+"""Protobuf's binary encoding: gRPC's, and Connect's ``application/proto``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """One method of a ``lethe.v1`` service as every transport serves it.
+
+    Attributes:
+        path: ``/lethe.v1.Threads/CreateThread``, as gRPC (and Connect, which
+            posts to that path) names it.
+        request_type: the request message class.
+        behaviour: the servicer's bound method (synchronous for a unary
+            method, an async generator function for a streaming one).
+        streaming: whether the method streams its responses.
+    """
+
+    path: str
+    request_type: type[message.Message]
+    behaviour: Any
+    streaming: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who makes a call and how it was routed: what :meth:`Edge.identify` found.
+
+    Attributes:
+        principal: the authenticated token's principal.
+        route: the call's routing facts, or None on a server without a router.
+    """
+
+    principal: Principal
+    route: Route | None
+
+    def bind(self) -> None:
+        """Bind the principal and the route to the current context."""
+        bind_principal(self.principal)
+        if self.route is not None:
+            bind_route(self.route)
+
+
 class Edge:
-    """Builds the handlers of the ``lethe.v1`` services; see the module docstring.
+    """The transport-independent stages of every call; see the module docstring.
 
     Args:
         authenticator: checks the bearer token of every call.
@@ -178,10 +259,9 @@ class Edge:
 
     # ------------------------------------------------------------------ building
 
-    def service(
-        self, service: descriptor.ServiceDescriptor, servicer: Any
-    ) -> grpc.GenericRpcHandler[Any, Any]:
-        """The generic handler of every method of ``service`` on ``servicer``.
+    @staticmethod
+    def methods(service: descriptor.ServiceDescriptor, servicer: Any) -> list[Method]:
+        """Every method of ``service`` on ``servicer``, as the transports serve them.
 
         Unary methods of ``servicer`` are synchronous; server-streaming ones
         are async generator functions.
@@ -189,111 +269,85 @@ class Edge:
         Raises:
             TypeError: a method is missing, of the wrong kind, or client-streaming.
         """
-        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        methods = []
         for method in service.methods:
             behaviour = getattr(servicer, method.name, None)
             if behaviour is None:
                 raise TypeError(f"{type(servicer).__name__} has no {method.name}")
-            request_type = message_factory.GetMessageClass(method.input_type)
             full = f"/{service.full_name}/{method.name}"
             if method.client_streaming:
                 raise TypeError(f"{full}: client streaming is not served")
-            if method.server_streaming:
-                if not inspect.isasyncgenfunction(behaviour):
-                    raise TypeError(f"{full} must be an async generator function")
-                handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                    self._stream_handler(full, behaviour, request_type)
-                )
-            else:
-                handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                    self._unary_handler(full, behaviour, request_type)
-                )
-        return grpc.method_handlers_generic_handler(service.full_name, handlers)
+            if method.server_streaming and not inspect.isasyncgenfunction(behaviour):
+                raise TypeError(f"{full} must be an async generator function")
+            request_type = message_factory.GetMessageClass(method.input_type)
+            methods.append(Method(full, request_type, behaviour, method.server_streaming))
+        return methods
 
-    def _unary_handler(
-        self, method: str, behaviour: UnaryBehaviour, request_type: type[message.Message]
+    def grpc_handler(self, service: str, methods: list[Method]) -> grpc.GenericRpcHandler[Any, Any]:
+        """The gRPC generic handler of ``methods`` of ``service`` (``lethe.v1.Threads``)."""
+        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        for method in methods:
+            name = method.path.rpartition("/")[2]
+            if method.streaming:
+                handlers[name] = grpc.unary_stream_rpc_method_handler(self._grpc_stream(method))
+            else:
+                handlers[name] = grpc.unary_unary_rpc_method_handler(self._grpc_unary(method))
+        return grpc.method_handlers_generic_handler(service, handlers)
+
+    # ------------------------------------------------------------------ gRPC
+
+    def _grpc_unary(
+        self, method: Method
     ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Any]:
         async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
             try:
-                principal = self._admit(method, context)
-                key = principal.id
-                self.admission.enter_call(key)
-                try:
-                    future = self._submit(key, principal, behaviour, request_type, raw)
-                except BaseException:
-                    self.admission.exit_call(key)
-                    raise
-                return await asyncio.wrap_future(future)
+                caller = self.identify(
+                    method.path, tuple(context.invocation_metadata() or ()), context.peer()
+                )
+                return await self.unary(method, caller, PROTO, raw)
             except Exception as exc:
-                status = self._status(method, exc)
+                status = rpc_status.to_status(self.status(method.path, exc))
                 await context.abort(status.code, status.details, status.trailing_metadata)
                 raise AssertionError("unreachable") from None  # abort raises
 
         return handle
 
-    def _submit(
-        self,
-        key: str,
-        principal: Principal,
-        behaviour: UnaryBehaviour,
-        request_type: type[message.Message],
-        raw: bytes,
-    ) -> Any:
-        """Queue the call's work.
-
-        The admission slot is freed when the work has finished or was skipped,
-        not when the caller stops waiting.
-        """
-        bind_principal(principal)
-        ctx = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        future = self.executor.submit(
-            key, functools.partial(ctx.run, _run_unary, behaviour, request_type, raw)
-        )
-
-        def release(_: Any) -> None:
-            with contextlib.suppress(RuntimeError):  # a closed loop: the server is gone
-                loop.call_soon_threadsafe(self.admission.exit_call, key)
-
-        future.add_done_callback(release)
-        return future
-
-    def _stream_handler(
-        self, method: str, behaviour: StreamBehaviour, request_type: type[message.Message]
+    def _grpc_stream(
+        self, method: Method
     ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[bytes]]:
         async def handle(
             raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[bytes]:
-            entered: str | None = None
-            stream: StreamContext | None = None
             try:
-                principal = self._admit(method, context)
-                self.admission.enter_stream(principal.id)
-                entered = principal.id
-                bind_principal(principal)
-                stream = StreamContext(self, principal)
-                self._streams.add(stream)
-                request = await stream.run(functools.partial(_decode, request_type, raw))
-                async for item in behaviour(request, stream):
-                    yield item.SerializeToString()
+                caller = self.identify(
+                    method.path, tuple(context.invocation_metadata() or ()), context.peer()
+                )
+                async with contextlib.aclosing(self.stream(method, caller, PROTO, raw)) as items:
+                    async for item in items:
+                        yield item
             except Exception as exc:
-                status = self._status(method, exc)
+                status = rpc_status.to_status(self.status(method.path, exc))
                 await context.abort(status.code, status.details, status.trailing_metadata)
-            finally:
-                if stream is not None:
-                    self._streams.discard(stream)
-                if entered is not None:
-                    self.admission.exit_stream(entered)
 
         return handle
 
     # ------------------------------------------------------------------ stages
 
-    def _admit(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+    def identify(self, method: str, metadata: Sequence[tuple[str, Any]], peer: str) -> Caller:
+        """Stage 1: who calls ``method`` and how it was routed, before anything is decoded.
+
+        Args:
+            method: the method's path (``/lethe.v1.Threads/CreateThread``).
+            metadata: the call's metadata (HTTP headers), names in lower case.
+            peer: the client's address, for the log.
+
+        Raises:
+            Draining: the server is draining.
+            Unauthenticated: no, several, or a bad bearer token.
+        """
         if self._draining:
             self.admission.refused(Reason.DRAINING)
             raise Draining("the server is stopping; retry shortly")
-        metadata = tuple(context.invocation_metadata() or ())
         try:
             principal = self.authenticator.authenticate(metadata)
         except Unauthenticated as exc:
@@ -302,15 +356,85 @@ class Edge:
                 "unauthenticated",
                 "refused %s from %s: %s",
                 method,
-                context.peer(),
+                peer,
                 exc.reason_name,
             )
             raise
-        if self.router is not None:
-            bind_route(self.router.route(metadata, method))
-        return principal
+        route = self.router.route(metadata, method) if self.router is not None else None
+        return Caller(principal, route)
 
-    def _status(self, method: str, exc: BaseException) -> grpc.Status:
+    async def unary(self, method: Method, caller: Caller, codec: Codec, raw: bytes) -> bytes:
+        """Stages 2 to 4 of a unary call: bounds, then decode, run and encode on a worker.
+
+        The admission slot is freed when the work has finished or was skipped
+        (the caller stopped waiting before a worker took it), not when the
+        caller stops waiting.
+
+        Returns:
+            The encoded response.
+
+        Raises:
+            Overloaded: a bound is reached.
+            MalformedRequest: ``raw`` is not a request of the method.
+            Exception: whatever the servicer raised.
+        """
+        key = caller.principal.id
+        self.admission.enter_call(key)
+        try:
+            ctx = contextvars.copy_context()
+            ctx.run(caller.bind)
+            future = self.executor.submit(
+                key,
+                functools.partial(
+                    ctx.run, _run_unary, codec, method.behaviour, method.request_type, raw
+                ),
+            )
+        except BaseException:
+            self.admission.exit_call(key)
+            raise
+        loop = asyncio.get_running_loop()
+
+        def release(_: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: the server is gone
+                loop.call_soon_threadsafe(self.admission.exit_call, key)
+
+        future.add_done_callback(release)
+        result: bytes = await asyncio.wrap_future(future)
+        return result
+
+    async def stream(
+        self, method: Method, caller: Caller, codec: Codec, raw: bytes
+    ) -> AsyncGenerator[bytes, None]:
+        """Stages 2 to 4 of a streaming call: bounds, decode on a worker, the stream's messages.
+
+        Close it (``contextlib.aclosing``) when the call ends early: its slot
+        is freed when it is closed.
+
+        Yields:
+            Each response, encoded.
+
+        Raises:
+            Overloaded: a bound is reached.
+            MalformedRequest: ``raw`` is not a request of the method.
+            LetheError: the stream was ended (drain, revoked token), or the
+                servicer refused.
+        """
+        key = caller.principal.id
+        self.admission.enter_stream(key)
+        stream: StreamContext | None = None
+        try:
+            caller.bind()
+            stream = StreamContext(self, caller.principal)
+            self._streams.add(stream)
+            request = await stream.run(functools.partial(_decode, codec, method.request_type, raw))
+            async for item in method.behaviour(request, stream):
+                yield codec.encode(item)
+        finally:
+            if stream is not None:
+                self._streams.discard(stream)
+            self.admission.exit_stream(key)
+
+    def status(self, method: str, exc: BaseException) -> status_pb2.Status:
         """The one error boundary: ``exc`` as the call's ``google.rpc.Status``.
 
         A :class:`~server.errors.LetheError` keeps its code and details
@@ -333,7 +457,7 @@ class Edge:
                 type(exc).__name__,
                 "".join(traceback.format_tb(exc.__traceback__)),
             )
-        return rpc_status.to_status(to_rpc_status(exc))
+        return to_rpc_status(exc)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -376,22 +500,26 @@ class Edge:
                     )
 
 
-def _decode(request_type: type[message.Message], raw: bytes) -> message.Message:
+def _decode(codec: Codec, request_type: type[message.Message], raw: bytes) -> message.Message:
     """Parse the request.
 
     Raises:
         MalformedRequest: the bytes are not a ``request_type`` message.
     """
     try:
-        return request_type.FromString(raw)
+        return codec.decode(request_type, raw)
+    except MalformedRequest:  # the codec's own words (JSON's parser says where)
+        raise
     except Exception:  # DecodeError, or a nesting too deep for the parser
         raise MalformedRequest(
             f"the request is not a valid {request_type.DESCRIPTOR.full_name} message"
         ) from None
 
 
-def _run_unary(behaviour: UnaryBehaviour, request_type: type[message.Message], raw: bytes) -> bytes:
+def _run_unary(
+    codec: Codec, behaviour: UnaryBehaviour, request_type: type[message.Message], raw: bytes
+) -> bytes:
     """A unary call's work on a worker thread: decode, handle, encode."""
-    request = _decode(request_type, raw)
+    request = _decode(codec, request_type, raw)
     response = behaviour(request, SyncContext())
-    return bytes(response.SerializeToString())
+    return codec.encode(response)

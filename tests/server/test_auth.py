@@ -1,7 +1,8 @@
-"""Authentication and authorisation over gRPC: tokens, owner checks, admin, health, reflection.
+"""Authentication and authorisation: tokens, owner checks, admin, health, reflection.
 
-Bearer tokens, owner checks before anything is read or written, admin tokens,
-health and reflection.
+Bearer tokens and owner checks before anything is read or written — over
+gRPC and over Connect (the ``transport`` fixture: the same edge refuses the
+same calls with the same reasons) —, admin tokens, health and reflection.
 """
 
 from __future__ import annotations
@@ -91,10 +92,13 @@ def _assert_alice_intact(
     assert [t.name for t in threads.threads] == [thread]
 
 
-def test_missing_token_is_unauthenticated(lethe: Lethe, alice_data: AliceData) -> None:
+def test_missing_token_is_unauthenticated(
+    lethe: Lethe, alice_data: AliceData, transport: str
+) -> None:
     c, thread, text, turn, pending = alice_data
+    stubs = lethe.stubs(transport, c)
     for stub, method, req in _requests(thread, turn.name, pending.name):
-        fn = getattr(getattr(c, stub), method)
+        fn = getattr(getattr(stubs, stub), method)
         expect_error(fn, req, None, UNAUTH, "MISSING_TOKEN")
     _assert_alice_intact(c, thread, text, turn, pending)
 
@@ -110,36 +114,41 @@ def test_missing_token_is_unauthenticated(lethe: Lethe, alice_data: AliceData) -
     ],
 )
 def test_bad_token_is_unauthenticated_invalid_token(
-    lethe: Lethe, alice_data: AliceData, header: str
+    lethe: Lethe, alice_data: AliceData, header: str, transport: str
 ) -> None:
     c, thread, text, turn, pending = alice_data
+    stubs = lethe.stubs(transport, c)
     md = [("authorization", header)]
     for stub, method, req in _requests(thread, turn.name, pending.name):
-        fn = getattr(getattr(c, stub), method)
+        fn = getattr(getattr(stubs, stub), method)
         expect_error(fn, req, md, UNAUTH, "INVALID_TOKEN")
     _assert_alice_intact(c, thread, text, turn, pending)
 
 
 def test_other_owners_token_is_permission_denied_and_touches_nothing(
-    lethe: Lethe, alice_data: AliceData
+    lethe: Lethe, alice_data: AliceData, transport: str
 ) -> None:
     c, thread, text, turn, pending = alice_data
     bob = lethe.client("bob")
     create_thread(bob, "bob")
+    stubs = lethe.stubs(transport, bob)
     for stub, method, req in _requests(thread, turn.name, pending.name):
-        fn = getattr(getattr(bob, stub), method)
+        fn = getattr(getattr(stubs, stub), method)
         expect_error(fn, req, bob.md, DENIED, "OWNER_NOT_ALLOWED")
     _assert_alice_intact(c, thread, text, turn, pending)
     t = c.threads.GetThread(threads_pb2.GetThreadRequest(name=thread), metadata=tuple(c.md))
     assert t.last_seq == 2
 
 
-def test_permission_denied_does_not_reveal_existence(lethe: Lethe, alice_data: AliceData) -> None:
+def test_permission_denied_does_not_reveal_existence(
+    lethe: Lethe, alice_data: AliceData, transport: str
+) -> None:
     bob = lethe.client("bob")
+    stubs = lethe.stubs(transport, bob)
     missing = threads_pb2.GetTurnRequest(name="owners/alice/threads/nothere/turns/1")
-    expect_error(bob.threads.GetTurn, missing, bob.md, DENIED, "OWNER_NOT_ALLOWED")
+    expect_error(stubs.threads.GetTurn, missing, bob.md, DENIED, "OWNER_NOT_ALLOWED")
     expect_error(
-        bob.threads.GetThread,
+        stubs.threads.GetThread,
         threads_pb2.GetThreadRequest(name="owners/alice/threads/nothere"),
         bob.md,
         DENIED,
@@ -236,13 +245,14 @@ def test_reflection_needs_no_token(lethe: Lethe) -> None:
     assert {"lethe.v1.Threads", "lethe.v1.Events", "grpc.health.v1.Health"} <= names
 
 
-def test_two_authorization_headers_are_refused(lethe: Lethe) -> None:
+def test_two_authorization_headers_are_refused(lethe: Lethe, transport: str) -> None:
     # Was: the first header won, so the order of two credentials decided the outcome.
     alice = lethe.client("alice")
+    stubs = lethe.stubs(transport, alice)
     bob_token = lethe.token("bob")
     both = (("authorization", f"Bearer {alice.token}"), ("authorization", f"Bearer {bob_token}"))
     with pytest.raises(grpc.RpcError) as err:
-        alice.threads.ListThreads(
+        stubs.threads.ListThreads(
             threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=both
         )
     assert error_reason(err.value) == (grpc.StatusCode.UNAUTHENTICATED, "INVALID_TOKEN")

@@ -1,8 +1,9 @@
-"""Bounded concurrency over gRPC: idle streams, bounds refused at once, fairness, metrics.
+"""Bounded concurrency: idle streams, bounds refused at once, fairness, metrics.
 
 Streams that hold no worker, per-token and global bounds on calls and streams
 refused at once with a reason, fairness between tokens, and the metrics that
-show them.
+show them; over Connect the same bounds count the same calls, shared with
+gRPC's, with the same reasons and retry delays.
 
 Workers are held busy on purpose (a task submitted straight to the server's
 worker pool) so that "refused at once, never queued" is shown by what the
@@ -14,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -328,3 +330,85 @@ def test_a_call_whose_deadline_passes_while_queued_frees_its_slot(
         again = [_get_thread(alice, thread) for _ in range(2)]
         _wait_for(lambda: _admission(srv).inflight == 2, "new calls admitted")
     assert [f.result(timeout=10).name for f in again] == [thread, thread]
+
+
+def test_calls_over_connect_share_the_bounds_and_are_refused_with_the_same_reason(
+    lethe_at: Callable[..., Lethe], tmp_path: Path
+) -> None:
+    srv = lethe_at(tmp_path / "d", max_workers=2, max_inflight=6, max_inflight_per_principal=4)
+    alice = srv.client("alice", retry=None)
+    http = srv.connect()
+    thread = create_thread(alice, "alice")
+    request = threads_pb2.GetThreadRequest(name=thread)
+    pool = ThreadPoolExecutor(2)
+    try:
+        with _workers_held(srv) as release:
+            # Two of alice's calls over gRPC and two over Connect fill her bound...
+            admitted = [_get_thread(alice, thread) for _ in range(2)]
+            admitted += [
+                pool.submit(http.threads.GetThread, request, tuple(alice.md), 30) for _ in range(2)
+            ]
+            _wait_for(lambda: _admission(srv).inflight == 4, "alice's 4 calls admitted")
+            # ...so the fifth is refused at once over either, with the same reason and delay.
+            over_http = call_error(http.threads.GetThread, request, alice.md)
+            assert error_reason(over_http) == (EXHAUSTED, "TOO_MANY_REQUESTS")
+            assert over_http.http_status == 429  # type: ignore[attr-defined]
+            assert _retry_delay(over_http) == pytest.approx(0.1)
+            over_grpc = call_error(alice.threads.GetThread, request, alice.md)
+            assert error_reason(over_grpc) == (EXHAUSTED, "TOO_MANY_REQUESTS")
+            release.set()
+            names = [f.result(timeout=10).name for f in admitted]
+    finally:
+        pool.shutdown()
+    assert names == [thread] * 4
+    _wait_for(lambda: _admission(srv).inflight == 0, "calls finished")
+    assert _metric(srv, "lethe_refused_calls_total", {"reason": "TOO_MANY_REQUESTS"}) == 2
+    # Connect's calls are counted in the same RPC metrics as gRPC's.
+    labels = {"grpc_type": "UNARY", "grpc_service": "lethe.v1.Threads", "grpc_method": "GetThread"}
+    assert _metric(srv, "grpc_server_handled_total", {**labels, "grpc_code": "OK"}) == 4
+    exhausted = {**labels, "grpc_code": "RESOURCE_EXHAUSTED"}
+    assert _metric(srv, "grpc_server_handled_total", exhausted) == 2
+
+
+def test_streams_over_connect_share_the_bounds(
+    lethe_at: Callable[..., Lethe], tmp_path: Path
+) -> None:
+    srv = lethe_at(tmp_path / "d", max_streams_per_principal=2)
+    alice = srv.client("alice")
+    http = srv.connect()
+    watch = events_pb2.WatchRequest(parent="owners/alice")
+    grpc_stream: Any = alice.events.Watch(watch, metadata=tuple(alice.md), timeout=60)
+    http_stream: Any = http.events.Watch(watch, metadata=tuple(alice.md), timeout=60)
+    try:
+        _wait_for(lambda: _admission(srv).streams == 2, "a stream on each listener")
+        third: Any = http.events.Watch(watch, metadata=tuple(alice.md), timeout=60)
+        with pytest.raises(grpc.RpcError) as refused:
+            next(third)
+        assert error_reason(refused.value) == (EXHAUSTED, "TOO_MANY_STREAMS")
+        assert _retry_delay(refused.value) == 1.0
+        with pytest.raises(grpc.RpcError) as refused_too:
+            _next(alice.events.Watch(watch, metadata=tuple(alice.md), timeout=60))
+        assert error_reason(refused_too.value) == (EXHAUSTED, "TOO_MANY_STREAMS")
+    finally:
+        grpc_stream.cancel()
+        http_stream.cancel()
+    # A client that goes away frees its stream's slot.
+    _wait_for(lambda: _admission(srv).streams == 0, "streams closed")
+
+
+def test_a_connect_call_whose_deadline_passes_while_queued_frees_its_slot(
+    lethe_at: Callable[..., Lethe], tmp_path: Path
+) -> None:
+    srv = lethe_at(tmp_path / "d", max_workers=1, max_inflight=4, max_inflight_per_principal=2)
+    alice = srv.client("alice")
+    http = srv.connect()
+    thread = create_thread(alice, "alice")
+    request = threads_pb2.GetThreadRequest(name=thread)
+    with _workers_held(srv):
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError) as late:
+                http.threads.GetThread(request, metadata=tuple(alice.md), timeout=0.2)
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # The queued work was skipped, not left holding the token's slots.
+        _wait_for(lambda: _admission(srv).inflight == 0, "slots freed")
+    assert http.threads.GetThread(request, metadata=tuple(alice.md)).name == thread

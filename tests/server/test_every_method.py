@@ -5,11 +5,14 @@ another owner before reading anything (no existence oracle), answers
 undecodable request bytes with ``INVALID_ARGUMENT`` / ``MALFORMED_REQUEST``
 once the token is good (and ``UNAUTHENTICATED`` before that), and leaves the
 owner's data as it was; 200 hostile requests of each kind add only a few log
-lines.
+lines. Each over gRPC and over Connect (binary and JSON): one edge, the same
+answers.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import socket
 from collections.abc import Callable, Sequence
@@ -17,6 +20,7 @@ from typing import Any
 
 import grpc
 import pytest
+from _connect import ENVELOPE, ConnectChannel, ConnectRpcError
 from _helpers import append, create_thread, error_reason, get_turn
 from conftest import Client, Lethe
 from google.protobuf import duration_pb2, field_mask_pb2, message
@@ -35,8 +39,10 @@ from server import token_digest
 OWNERLESS = frozenset({"Lifecycle/GetServerInfo"})
 """Methods that name no owner: any valid token may call them (they hold nothing of an owner)."""
 MODULES = (threads_pb2, memories_pb2, retrieval_pb2, lifecycle_pb2, repairs_pb2, events_pb2)
-UNDECODABLE = b"\xff\xff\xff\xff\xff\xff"  # a tag whose varint never ends
+UNDECODABLE = b"\xff\xff\xff\xff\xff\xff"  # a tag whose varint never ends (and not UTF-8)
 Names = dict[str, str]
+Send = Callable[[str, bool, "message.Message | bytes", Sequence[tuple[str, str]]], Any]
+"""``(Service/Method, streaming, request or raw bytes, metadata)`` → ``(code, reason)``."""
 
 
 def _requests(n: Names) -> dict[str, message.Message]:
@@ -157,6 +163,68 @@ def _call(
     raise AssertionError(f"{path} succeeded")
 
 
+def _connect_call(
+    channel: ConnectChannel,
+    path: str,
+    streaming: bool,
+    body: message.Message | bytes,
+    md: Sequence[tuple[str, str]],
+) -> tuple[grpc.StatusCode, str]:
+    """Send a request (or raw bytes) over Connect; the call must fail: returns (code, reason)."""
+    raw = body if isinstance(body, bytes) else channel.encode(body)
+    full = f"/lethe.v1.{path}"
+    if streaming:
+        status, _, out = channel.post(
+            full, ENVELOPE.pack(0, len(raw)) + raw, f"application/connect+{channel.codec}", md
+        )
+        assert status == 200, status
+        flags, length = ENVELOPE.unpack_from(out)
+        assert flags == 2, f"{path} streamed a message"  # the end of the stream, at once
+        end = json.loads(out[ENVELOPE.size : ENVELOPE.size + length])
+        return error_reason(ConnectRpcError(status, end["error"]))
+    status, _, out = channel.post(full, raw, f"application/{channel.codec}", md)
+    assert status != 200, f"{path} succeeded"
+    return error_reason(ConnectRpcError(status, json.loads(out)))
+
+
+class Sender:
+    """Calls over one transport; :attr:`port` is its listener's."""
+
+    def __init__(self, send: Send, port: int) -> None:
+        self._send = send
+        self.port = port
+
+    def __call__(
+        self,
+        path: str,
+        streaming: bool,
+        body: message.Message | bytes,
+        md: Sequence[tuple[str, str]],
+    ) -> tuple[grpc.StatusCode, str]:
+        """Make the call, which must fail; returns (code, reason)."""
+        result: tuple[grpc.StatusCode, str] = self._send(path, streaming, body, md)
+        return result
+
+
+@pytest.fixture(params=["grpc", "connect-proto", "connect-json"])
+def send(request: pytest.FixtureRequest, lethe: Lethe, alice: tuple[Client, Names]) -> Sender:
+    """Each transport in turn: gRPC, Connect binary, Connect JSON."""
+    c, _ = alice
+    if request.param == "grpc":
+
+        def over_grpc(
+            path: str, streaming: bool, body: message.Message | bytes, md: Sequence[tuple[str, str]]
+        ) -> tuple[grpc.StatusCode, str]:
+            raw = body if isinstance(body, bytes) else body.SerializeToString()
+            return _call(c.channel, path, streaming, raw, md)
+
+        return Sender(over_grpc, lethe.port)
+    channel = ConnectChannel(
+        f"127.0.0.1:{lethe.http_port}", codec=str(request.param).removeprefix("connect-")
+    )
+    return Sender(functools.partial(_connect_call, channel), lethe.http_port)
+
+
 def _state(c: Client, names: Names) -> tuple[Any, ...]:
     thread = c.threads.GetThread(threads_pb2.GetThreadRequest(name=names["thread"]), metadata=c.md)
     mem = c.memories.GetMemory(memories_pb2.GetMemoryRequest(name=names["memory"]), metadata=c.md)
@@ -177,7 +245,7 @@ def test_the_table_covers_every_method(alice: tuple[Client, Names]) -> None:
 
 
 def test_every_method_refuses_bad_tokens_and_other_owners(
-    lethe: Lethe, alice: tuple[Client, Names]
+    lethe: Lethe, alice: tuple[Client, Names], send: Sender
 ) -> None:
     c, names = alice
     before = _state(c, names)
@@ -203,29 +271,28 @@ def test_every_method_refuses_bad_tokens_and_other_owners(
     ]
     streaming = _all_methods()
     for path, request in _requests(names).items():
-        body = request.SerializeToString()
         for label, md, expected in cases:
             if label == "bob" and path in OWNERLESS:
                 continue
-            got = _call(c.channel, path, streaming[path], body, md)
+            got = send(path, streaming[path], request, md)
             assert got == expected, (path, label, got)
     assert _state(c, names) == before
     assert bob.get_server_info().store_id  # a token of another owner may ask this one
 
 
 def test_undecodable_bytes_are_invalid_argument_after_the_token_check(
-    lethe: Lethe, alice: tuple[Client, Names]
+    lethe: Lethe, alice: tuple[Client, Names], send: Sender
 ) -> None:
     # Was: INTERNAL ("Exception deserializing request!") before authentication,
     # with a traceback in the log per request.
     c, names = alice
     before = _state(c, names)
     for path, streaming in _all_methods().items():
-        assert _call(c.channel, path, streaming, UNDECODABLE, ()) == (
+        assert send(path, streaming, UNDECODABLE, ()) == (
             grpc.StatusCode.UNAUTHENTICATED,
             "MISSING_TOKEN",
         ), path
-        assert _call(c.channel, path, streaming, UNDECODABLE, c.md) == (
+        assert send(path, streaming, UNDECODABLE, c.md) == (
             grpc.StatusCode.INVALID_ARGUMENT,
             "MALFORMED_REQUEST",
         ), path
@@ -235,6 +302,7 @@ def test_undecodable_bytes_are_invalid_argument_after_the_token_check(
 def test_hostile_input_adds_a_bounded_log(
     lethe: Lethe,
     alice: tuple[Client, Names],
+    send: Sender,
     caplog: pytest.LogCaptureFixture,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
@@ -242,19 +310,17 @@ def test_hostile_input_adds_a_bounded_log(
     c, _ = alice
     capfd.readouterr()
     senders: list[Callable[[], object]] = [
-        lambda: _call(c.channel, "Threads/GetTurn", False, UNDECODABLE, ()),
-        lambda: _call(c.channel, "Threads/GetTurn", False, UNDECODABLE, c.md),
-        lambda: _call(
-            c.channel, "Threads/GetTurn", False, b"", (("authorization", "Bearer lethe_x"),)
-        ),
-        lambda: _call(c.channel, "Events/Watch", True, UNDECODABLE, c.md),
+        lambda: send("Threads/GetTurn", False, UNDECODABLE, ()),
+        lambda: send("Threads/GetTurn", False, UNDECODABLE, c.md),
+        lambda: send("Threads/GetTurn", False, b"", (("authorization", "Bearer lethe_x"),)),
+        lambda: send("Events/Watch", True, UNDECODABLE, c.md),
     ]
     with caplog.at_level(logging.INFO):  # the level `lethe serve` logs at
-        for send in senders:
+        for sender in senders:
             for _ in range(200):
-                send()
-        for _ in range(200):  # not even HTTP/2: six bytes on a bare TCP connection
-            with socket.create_connection(("127.0.0.1", lethe.port), timeout=5) as s:
+                sender()
+        for _ in range(200):  # not even HTTP: six bytes on a bare TCP connection
+            with socket.create_connection(("127.0.0.1", send.port), timeout=5) as s:
                 s.sendall(UNDECODABLE)
     out, err = capfd.readouterr()
     logged = caplog.text + out + err

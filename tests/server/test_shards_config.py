@@ -7,6 +7,7 @@ The ring, the placements, never re-routing, the error answers, TLS and limits.
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,89 @@ def test_the_shard_audit_fails_on_a_non_zero_count(capsys: pytest.CaptureFixture
         for server in servers:
             server.shutdown()
             server.server_close()
+
+
+def _http_plan(**kwargs: object) -> NginxPlan:
+    return NginxPlan(
+        _shards(),
+        {"alice": "d"},
+        http_listen="0.0.0.0:8080",
+        http_shards={"a": "10.0.0.1:8080", "b": "10.0.0.2:8080", "d": "10.0.0.4:8080"},
+        http_route_socket=Path("/run/lethe/route.sock"),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_connect_calls_are_routed_by_the_grpc_ring_to_each_shards_http_listener() -> None:
+    text = nginx_config(_http_plan())
+    http = text.split("listen 0.0.0.0:8080;", 1)[1]
+    # The HTTP listener asks the route server, which asks the gRPC ring and placements...
+    assert "auth_request /_lethe_shard;" in http
+    assert "proxy_method POST;" in http
+    route = text.split("listen unix:/run/lethe/route.sock;", 1)[1].split("\n}\n", 1)[0]
+    assert "grpc_pass grpc://$lethe_upstream;" in route
+    assert "grpc_set_header TE trailers;" in route
+    # ...then goes to the HTTP listener of the shard at the gRPC address picked.
+    picked = text.split("map $lethe_shard_address $lethe_http_upstream {", 1)[1].split("}", 1)[0]
+    assert '"10.0.0.1:50051" lethe_shard_a_http;' in picked
+    assert '"10.0.0.4:50051" lethe_shard_d_http;' in picked
+    assert "server 10.0.0.4:8080 max_fails=0;" in text
+    assert "proxy_buffering off;" in http
+    assert "proxy_next_upstream off;" in http
+    assert f"client_max_body_size {16 * 1024 * 1024 + 64 * 1024 + 5};" in http
+    # No ring of HTTP addresses: it would place owners elsewhere than gRPC's ring.
+    assert text.count("consistent;") == 1
+
+
+def test_connect_refusals_from_nginx_are_connect_error_json() -> None:
+    text = nginx_config(_http_plan())
+    line = next(x for x in text.splitlines() if x.strip().startswith('"10.0.0.2:8080"'))
+    error = json.loads(line.split(None, 1)[1].rstrip(";").strip("'"))
+    assert error["code"] == "unavailable"
+    detail = error["details"][0]
+    assert detail["type"] == "google.rpc.ErrorInfo"
+    info = error_details_pb2.ErrorInfo.FromString(
+        base64.b64decode(detail["value"] + "=" * (-len(detail["value"]) % 4))
+    )
+    assert (info.reason, dict(info.metadata)) == (
+        "SHARD_UNAVAILABLE",
+        {"shard": "b", "target": "10.0.0.2:50051"},
+    )
+    assert "OWNER_HEADER_MISSING" in text.split("location @lethe_http_no_owner {", 1)[1]
+
+
+def test_connect_over_tls_both_sides() -> None:
+    text = nginx_config(
+        _http_plan(
+            tls_cert=Path("/etc/lethe/proxy.pem"),
+            tls_key=Path("/etc/lethe/proxy.key"),
+            upstream_ca=Path("/etc/lethe/ca.pem"),
+            upstream_server_name="lethe.internal",
+            upstream_cert=Path("/etc/lethe/client.pem"),
+            upstream_key=Path("/etc/lethe/client.key"),
+        )
+    )
+    assert "listen 0.0.0.0:8080 ssl http2;" in text
+    assert "proxy_pass https://$lethe_http_upstream;" in text
+    assert "proxy_ssl_verify on;" in text
+    assert "proxy_ssl_certificate /etc/lethe/client.pem;" in text
+    route = text.split("listen unix:/run/lethe/route.sock;", 1)[1]
+    assert "grpc_pass grpcs://$lethe_upstream;" in route
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"http_listen": "0.0.0.0:8080"}, "go together"),
+        ({"http_shards": {"a": "10.0.0.1:8080"}}, "go together"),
+        (
+            {"http_listen": "0.0.0.0:8080", "http_shards": {"a": "10.0.0.1:8080"}},
+            "every shard",
+        ),
+    ],
+)
+def test_an_http_plan_that_misses_a_shard_is_refused(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        nginx_config(NginxPlan(_shards(), **kwargs))  # type: ignore[arg-type]

@@ -3,16 +3,22 @@
 The token is still required over TLS; gRPC's own call credentials carry it; a
 plaintext client, a client without a certificate (mTLS) or with one from
 another CA cannot connect; bad TLS flags are refused before anything is served.
+The Connect listener serves TLS from the same files, with ALPN (``h2``,
+``http/1.1``) and the same client-certificate rule.
 """
 
 from __future__ import annotations
 
+import http.client
+import socket
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from _connect import ConnectStubs
 from _helpers import append, create_thread, error_reason, get_turn
 from _pki import Pki, make_pki
 from conftest import Client, Lethe
@@ -35,9 +41,13 @@ def _secure(srv: Lethe, pki: Pki, token: str, *, client: str | None = None) -> C
     return srv.client(token=token, tls=tls, retry=None)
 
 
-def _list_threads(c: Stubs | Client, md: tuple[tuple[str, str], ...] = ()) -> list[str]:
+def _list_threads(
+    c: Stubs | Client | ConnectStubs, md: tuple[tuple[str, str], ...] = ()
+) -> list[str]:
     resp = c.threads.ListThreads(
-        threads_pb2.ListThreadsRequest(parent="owners/alice"), metadata=md or c.md, timeout=10
+        threads_pb2.ListThreadsRequest(parent="owners/alice"),
+        metadata=md or getattr(c, "md", ()),
+        timeout=10,
     )
     return [t.name for t in resp.threads]
 
@@ -129,3 +139,62 @@ def test_bad_tls_settings_are_refused_before_serving(
     with pytest.raises(ValueError, match=message):
         LetheServer(ServerConfig(data_dir=tmp_path / "d", metrics_listen=None, **paths))
     assert not (tmp_path / "d").exists()  # refused before the store was opened
+
+
+def _https(srv: Lethe, pki: Pki, *, client: str | None = None) -> ConnectStubs:
+    context = ssl.create_default_context(cafile=pki.ca)
+    if client is not None:
+        context.load_cert_chain(getattr(pki, f"{client}_cert"), getattr(pki, f"{client}_key"))
+    return srv.connect(ssl_context=context)
+
+
+def _alpn(port: int, pki: Pki, offered: list[str]) -> str | None:
+    context = ssl.create_default_context(cafile=pki.ca)
+    context.set_alpn_protocols(offered)
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        return tls.selected_alpn_protocol()
+
+
+def test_connect_over_tls_serves_http2_and_http1_and_still_requires_the_token(
+    lethe_at: Callable[..., Lethe], tmp_path: Path, pki: Pki
+) -> None:
+    srv = lethe_at(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key)
+    token = srv.token("alice")
+    md = (("authorization", f"Bearer {token}"),)
+    https = _https(srv, pki)
+    thread = https.threads.CreateThread(
+        threads_pb2.CreateThreadRequest(parent="owners/alice"), metadata=md
+    ).name
+    assert _list_threads(https, md=md) == [thread]
+    assert _refusal(lambda: _list_threads(https, md=(("x-other", "1"),))) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "MISSING_TOKEN",
+    )
+    assert _alpn(srv.http_port, pki, ["h2", "http/1.1"]) == "h2"
+    assert _alpn(srv.http_port, pki, ["http/1.1"]) == "http/1.1"
+    plain = srv.connect()  # plaintext HTTP to the TLS listener
+    with pytest.raises((OSError, http.client.HTTPException)):
+        _list_threads(plain, md=md)
+
+
+def test_connect_over_mutual_tls_needs_a_client_certificate_from_the_ca(
+    lethe_at: Callable[..., Lethe], tmp_path: Path, pki: Pki
+) -> None:
+    srv = lethe_at(
+        tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key, client_ca=pki.ca
+    )
+    md = (("authorization", f"Bearer {srv.token('alice')}"),)
+    good = _https(srv, pki, client="client")
+    assert _list_threads(good, md=md) == []
+    for who in (None, "stranger"):
+        refused = _https(srv, pki, client=who)
+        with pytest.raises((OSError, http.client.HTTPException)):
+            _list_threads(refused, md=md)
+    # A certificate is not a token.
+    assert _refusal(lambda: _list_threads(good, md=(("x-other", "1"),))) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "MISSING_TOKEN",
+    )

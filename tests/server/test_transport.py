@@ -1,21 +1,24 @@
 """Transport settings: keepalive enforcement, message-size limits, and draining.
 
-The keepalive enforcement policy, message-size limits as settings, and draining
-— health ``NOT_SERVING`` as soon as it starts, new calls refused with
-``DRAINING``, streams ended with it, calls in flight finished and acknowledged.
+The keepalive enforcement policy, message-size limits as settings (over gRPC
+and over Connect alike), and draining — health ``NOT_SERVING`` as soon as it
+starts, new calls refused with ``DRAINING``, streams ended with it, calls in
+flight finished and acknowledged, on the gRPC and on the Connect listener.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from _helpers import append, create_thread, error_reason
+from _helpers import create_thread, error_reason
 from conftest import Lethe
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -86,13 +89,47 @@ def test_keepalive_pings_faster_than_the_policy_are_cut(lethe: Lethe) -> None:
     assert _hold_watch(rude, lethe.token("alice"), 9.0) == grpc.StatusCode.UNAVAILABLE
 
 
-def test_message_size_limits_are_settings(lethe_at: Callable[..., Lethe], tmp_path: Path) -> None:
+def _append(stubs: Any, c: Any, thread: str, *texts: str) -> threads_pb2.AppendTurnsResponse:
+    request = threads_pb2.AppendTurnsRequest(
+        parent=thread, turns=[threads_pb2.TurnInput(role=common_pb2.USER, text=t) for t in texts]
+    )
+    response: threads_pb2.AppendTurnsResponse = stubs.threads.AppendTurns(
+        request, metadata=tuple(c.md), timeout=30
+    )
+    return response
+
+
+def test_message_size_limits_are_settings(
+    lethe_at: Callable[..., Lethe], tmp_path: Path, transport: str
+) -> None:
     srv = lethe_at(tmp_path / "d", max_receive_message_bytes=64 * 1024)
     c = srv.client("alice")
+    stubs = srv.stubs(transport, c)
     thread = create_thread(c, "alice")
-    append(c, thread, ["x" * 60_000])
+    _append(stubs, c, thread, "x" * 60_000)
     with pytest.raises(grpc.RpcError) as big:
-        append(c, thread, ["x" * 40_000, "y" * 40_000])
+        _append(stubs, c, thread, "x" * 40_000, "y" * 40_000)
+    assert big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert len(c.list_turns(thread).turns) == 1  # the refused request wrote nothing
+
+
+def test_the_send_limit_refuses_a_larger_response(
+    lethe_at: Callable[..., Lethe], tmp_path: Path, transport: str
+) -> None:
+    srv = lethe_at(tmp_path / "d", max_send_message_bytes=64 * 1024)
+    c = srv.client("alice")
+    stubs = srv.stubs(transport, c)
+    thread = create_thread(c, "alice")
+    _append(stubs, c, thread, "x" * 40_000)
+    listed = stubs.threads.ListTurns(
+        threads_pb2.ListTurnsRequest(parent=thread), metadata=tuple(c.md), timeout=30
+    )
+    assert len(listed.turns) == 1
+    _append(stubs, c, thread, "y" * 40_000)
+    with pytest.raises(grpc.RpcError) as big:  # both texts: about 80 KB
+        stubs.threads.ListTurns(
+            threads_pb2.ListTurnsRequest(parent=thread), metadata=tuple(c.md), timeout=30
+        )
     assert big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
@@ -226,3 +263,60 @@ def test_a_grpc_shutdown_that_blocks_the_event_loop_does_not_hold_the_stop(
     finally:
         release.set()
     lethe.server = None  # stopped here
+
+
+def test_drain_over_connect_refuses_new_calls_ends_streams_and_finishes_calls(
+    lethe_at: Callable[..., Lethe], tmp_path: Path
+) -> None:
+    srv = lethe_at(tmp_path / "d", max_workers=1)
+    assert srv.server is not None
+    server = srv.server
+    alice = srv.client("alice")
+    thread = create_thread(alice, "alice")
+    http = srv.connect()
+    stream: Any = http.events.Watch(
+        events_pb2.WatchRequest(parent="owners/alice"), metadata=tuple(alice.md), timeout=30
+    )
+    _wait_for(lambda: server.edge is not None and server.edge.admission.streams == 1, "stream")
+    release = threading.Event()
+    assert server.executor is not None
+    holder = server.executor.submit("test-holder", lambda: release.wait(30))
+    calls = ThreadPoolExecutor(1)
+    in_flight = calls.submit(_append, http, alice, thread, "in flight")
+    _wait_for(lambda: server.edge is not None and server.edge.admission.inflight == 1, "queued")
+    stopper = threading.Thread(target=server.stop, kwargs={"grace": 20.0})
+    stopper.start()
+    try:
+
+        def refused() -> tuple[grpc.StatusCode, str] | None:
+            try:
+                http.threads.GetThread(
+                    threads_pb2.GetThreadRequest(name=thread), metadata=tuple(alice.md), timeout=5
+                )
+            except grpc.RpcError as err:
+                return error_reason(err)
+            return None
+
+        _wait_for(lambda: refused() is not None, "a refusal over Connect")
+        assert refused() == (grpc.StatusCode.UNAVAILABLE, "DRAINING")
+        with pytest.raises(grpc.RpcError) as ended:
+            for _ in stream:
+                pass
+        assert error_reason(ended.value) == (grpc.StatusCode.UNAVAILABLE, "DRAINING")
+    finally:
+        release.set()
+        calls.shutdown(wait=False)
+    holder.result(timeout=10)
+    (turn,) = in_flight.result(timeout=20).turns  # acknowledged during the drain
+    stopper.join(timeout=30)
+    assert not stopper.is_alive()
+    with (
+        pytest.raises(ConnectionRefusedError),
+        socket.create_connection(("127.0.0.1", srv.http_port), timeout=5),
+    ):
+        pass  # the HTTP listener is closed
+    srv.server = None
+    srv.start()
+    again = srv.client(token=alice.token)
+    got = again.threads.GetTurn(threads_pb2.GetTurnRequest(name=turn.name), metadata=again.md)
+    assert got.text == "in flight"
