@@ -114,4 +114,4 @@ def test_typescript_client_against_the_real_server(
         LETHE_STRANGER="someone-else",
         **extra,
     )
-    assert "# pass 4" in out
+    assert "# pass 5" in out

@@ -21,13 +21,19 @@ import type {
   AuditReport,
   CommitRequestSchema,
   CommitResponse,
+  ExportItem,
+  ExportOwnerRequestSchema,
   ExtendPendingRequestSchema,
   ExtendPendingResponse,
   ForgetRequestSchema,
+  GetServerInfoRequestSchema,
   GetLineageRequestSchema,
   GetLineageResponse,
   ListDeletionsRequestSchema,
   ListDeletionsResponse,
+  ServerInfo,
+  SetRetentionRequestSchema,
+  SetRetentionResponse,
 } from "./gen/lethe/v1/lifecycle_pb.js";
 import type { DeletionReceipt } from "./gen/lethe/v1/common_pb.js";
 import { Memories } from "./gen/lethe/v1/memories_pb.js";
@@ -262,6 +268,25 @@ export class LetheClient {
   }
   audit(request: Request<typeof AuditRequestSchema>, options?: CallOptions): Promise<AuditReport> {
     return this.#call(this.#lifecycle.audit, request, options);
+  }
+  /** `Lifecycle.GetServerInfo`: the store's id and every public key that signs its receipts. */
+  getServerInfo(request: Request<typeof GetServerInfoRequestSchema> = {}, options?: CallOptions): Promise<ServerInfo> {
+    return this.#call(this.#lifecycle.getServerInfo, request, options);
+  }
+  setRetention(request: Request<typeof SetRetentionRequestSchema>, options?: CallOptions): Promise<SetRetentionResponse> {
+    return this.#call(this.#lifecycle.setRetention, request, options);
+  }
+  /**
+   * `Lifecycle.ExportOwner`: everything of `request.parent` the token may read, item
+   * after item (a header first, a counting summary last). Unlike `watch` it does not
+   * resume: a broken export is incomplete, and is started again.
+   */
+  async *exportOwner(request: Request<typeof ExportOwnerRequestSchema>, options: CallOptions = {}): AsyncGenerator<ExportItem> {
+    try {
+      yield* this.#lifecycle.exportOwner(request, this.callOptions(request, options, true));
+    } catch (error) {
+      throw toLetheError(error);
+    }
   }
 
   // -- lethe.v1.Repairs ------------------------------------------------------------

@@ -110,6 +110,32 @@ serverTest("page iterators follow every page", async () => {
   assert.ok(threads.includes(thread.name));
 });
 
+serverTest("a receipt names its store and key; an export reads back whole", async () => {
+  const info = await lethe.getServerInfo();
+  assert.ok(info.storeId.length > 0);
+  assert.ok(info.receiptKeys.length >= 1);
+  const thread = await lethe.createThread({ parent });
+  const { turns } = await lethe.appendTurns({ parent: thread.name, turns: [{ role: Role.USER, text: "exported", commit: true }] });
+  const receipt = await lethe.forget({ names: [turns[0]!.name] });
+  assert.equal(receipt.storeId, info.storeId);
+  assert.ok(info.receiptKeys.some((k) => k.keyId === receipt.signingKeyId));
+  assert.equal(receipt.signature.length, 64); // Ed25519
+  // The export is a stream: the previous test's Watch may hold the token's one stream a moment.
+  for (let attempt = 0; ; attempt++) {
+    try {
+      const kinds: (string | undefined)[] = [];
+      for await (const item of lethe.exportOwner({ parent })) kinds.push(item.item.case);
+      assert.equal(kinds[0], "header");
+      assert.equal(kinds.at(-1), "summary");
+      assert.ok(kinds.includes("receipt"));
+      break;
+    } catch (error) {
+      if (!(error instanceof TooManyStreams) || attempt > 50) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+  }
+});
+
 serverTest("a refused call carries its reason and retry delay", async () => {
   // One Watch is open (the server allows one per token); a second is refused.
   const stop = new AbortController();

@@ -49,7 +49,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file lethe/v1/common.proto.
  */
 export const file_lethe_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("ChVsZXRoZS92MS9jb21tb24ucHJvdG8SCGxldGhlLnYxIioKCVNvdXJjZVJlZhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAMiXAoLRGVzdGluYXRpb24SDAoEbmFtZRgBIAEoCRIMCgRkb25lGAIgASgIEjEKDWNvbXBsZXRlX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItoCCg9EZWxldGlvblJlY2VpcHQSDAoEbmFtZRgBIAEoCRIPCgd0YXJnZXRzGAIgAygJEhAKCGNhc2NhZGVkGAMgASgDEg8KB3RhaW50ZWQYBCABKAMSGgoScmVidWlsZHNfcmVxdWVzdGVkGAUgASgDEisKDGRlc3RpbmF0aW9ucxgGIAMoCzIVLmxldGhlLnYxLkRlc3RpbmF0aW9uEjAKDHJlcXVlc3RfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMQoNY29tcGxldGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSc2hyZWRfaG9yaXpvbl90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZyZWFzb24YCiABKAkSDwoHZGVsZXRlZBgLIAEoAypGCgVTdGF0ZRIVChFTVEFURV9VTlNQRUNJRklFRBAAEgsKB1BFTkRJTkcQARINCglDT01NSVRURUQQAhIKCgZTRUFMRUQQAypLCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIICgRVU0VSEAESDQoJQVNTSVNUQU5UEAISCgoGU1lTVEVNEAMSCAoEVE9PTBAEKjEKBFZpZXcSFAoQVklFV19VTlNQRUNJRklFRBAAEgkKBUJBU0lDEAESCAoERlVMTBACQmAKCGxldGhlLnYxQgtDb21tb25Qcm90b1ABWh1sZXRoZS9nZW4vZ28vbGV0aGUvdjE7bGV0aGV2MaICA0xUSKoCCExldGhlLlYxygIITGV0aGVcVjHqAglMZXRoZTo6VjFiBnByb3RvMw", [file_google_protobuf_timestamp]);
+  fileDesc("ChVsZXRoZS92MS9jb21tb24ucHJvdG8SCGxldGhlLnYxIioKCVNvdXJjZVJlZhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAMiXAoLRGVzdGluYXRpb24SDAoEbmFtZRgBIAEoCRIMCgRkb25lGAIgASgIEjEKDWNvbXBsZXRlX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpcDCg9EZWxldGlvblJlY2VpcHQSDAoEbmFtZRgBIAEoCRIPCgd0YXJnZXRzGAIgAygJEhAKCGNhc2NhZGVkGAMgASgDEg8KB3RhaW50ZWQYBCABKAMSGgoScmVidWlsZHNfcmVxdWVzdGVkGAUgASgDEisKDGRlc3RpbmF0aW9ucxgGIAMoCzIVLmxldGhlLnYxLkRlc3RpbmF0aW9uEjAKDHJlcXVlc3RfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMQoNY29tcGxldGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSc2hyZWRfaG9yaXpvbl90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZyZWFzb24YCiABKAkSDwoHZGVsZXRlZBgLIAEoAxIQCghzdG9yZV9pZBgeIAEoCRIWCg5zaWduaW5nX2tleV9pZBgfIAEoCRIRCglzaWduYXR1cmUYICABKAwqRgoFU3RhdGUSFQoRU1RBVEVfVU5TUEVDSUZJRUQQABILCgdQRU5ESU5HEAESDQoJQ09NTUlUVEVEEAISCgoGU0VBTEVEEAMqSwoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASCAoEVVNFUhABEg0KCUFTU0lTVEFOVBACEgoKBlNZU1RFTRADEggKBFRPT0wQBCoxCgRWaWV3EhQKEFZJRVdfVU5TUEVDSUZJRUQQABIJCgVCQVNJQxABEggKBEZVTEwQAkJgCghsZXRoZS52MUILQ29tbW9uUHJvdG9QAVodbGV0aGUvZ2VuL2dvL2xldGhlL3YxO2xldGhldjGiAgNMVEiqAghMZXRoZS5WMcoCCExldGhlXFYx6gIJTGV0aGU6OlYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
 
 /**
  * A record (turn or memory) at an exact version: the unit of lineage. A
@@ -203,9 +203,12 @@ export type DeletionReceipt = Message<"lethe.v1.DeletionReceipt"> & {
   shredHorizonTime?: Timestamp | undefined;
 
   /**
-   * Why: "FORGET", "EXPIRED" (pending expiry), "KEY_DESTROYED" (a restored
+   * Why: "FORGET", "EXPIRED" (pending expiry), "RETENTION" (a committed
+   * record's or a thread's retention ended), "KEY_DESTROYED" (a restored
    * backup's record whose key was gone), "REPAIR_DESTROY" / "REPAIR_DISTILL"
-   * (`ConcludeRepair`), or the client's `ForgetRequest.reason`.
+   * (`ConcludeRepair`), "OWNER_MOVED" (the release of an owner that moved
+   * to another shard, printed by `lethe owner release`), or the client's
+   * `ForgetRequest.reason`.
    *
    * @generated from field: string reason = 10;
    */
@@ -218,6 +221,39 @@ export type DeletionReceipt = Message<"lethe.v1.DeletionReceipt"> & {
    * @generated from field: int64 deleted = 11;
    */
   deleted: bigint;
+
+  /**
+   * The store that issued the receipt: its keystore's id (32 hex characters),
+   * as `Lifecycle.GetServerInfo` reports it. Covered by `signature`.
+   *
+   * @generated from field: string store_id = 30;
+   */
+  storeId: string;
+
+  /**
+   * The Ed25519 key that made `signature`: the first 8 bytes of the SHA-256
+   * of its 32-byte public key, as 16 lowercase hex characters; one of
+   * `ServerInfo.receipt_keys` (retired keys stay listed, so an old receipt
+   * still verifies). Covered by `signature`.
+   *
+   * @generated from field: string signing_key_id = 31;
+   */
+  signingKeyId: string;
+
+  /**
+   * Ed25519 signature (64 bytes) by the store's key `signing_key_id` over the
+   * bytes "lethe-receipt/1" and one NUL byte, followed by this receipt with
+   * `signature` cleared, serialized deterministically (fields in number
+   * order, as protobuf's deterministic serialization writes them). Every
+   * other field is covered, the ones added later included; a verifier must
+   * keep fields it does not know (parse the binary form, or JSON with a schema
+   * as new as the server's). `lethe receipt verify` and
+   * `lethe.receipts.verify_receipt` check it offline with the public key.
+   * Every receipt the server returns is signed when it is returned.
+   *
+   * @generated from field: bytes signature = 32;
+   */
+  signature: Uint8Array;
 };
 
 /**

@@ -4,17 +4,21 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { Duration } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_duration } from "@bufbuild/protobuf/wkt";
+import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { DeletionReceipt, DeletionReceiptSchema, SourceRef } from "./common_pb.js";
 import { file_lethe_v1_common } from "./common_pb.js";
+import type { Memory } from "./memories_pb.js";
+import { file_lethe_v1_memories } from "./memories_pb.js";
+import type { Thread, Turn } from "./threads_pb.js";
+import { file_lethe_v1_threads } from "./threads_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file lethe/v1/lifecycle.proto.
  */
 export const file_lethe_v1_lifecycle: GenFile = /*@__PURE__*/
-  fileDesc("ChhsZXRoZS92MS9saWZlY3ljbGUucHJvdG8SCGxldGhlLnYxIjcKDUNvbW1pdFJlcXVlc3QSDQoFbmFtZXMYASADKAkSFwoPaW5jbHVkZV9zb3VyY2VzGAIgASgIIjgKDkNvbW1pdFJlc3BvbnNlEiYKCWNvbW1pdHRlZBgBIAMoCzITLmxldGhlLnYxLlNvdXJjZVJlZiJNChRFeHRlbmRQZW5kaW5nUmVxdWVzdBINCgVuYW1lcxgBIAMoCRImCgN0dGwYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iPQoVRXh0ZW5kUGVuZGluZ1Jlc3BvbnNlEiQKB3JlY29yZHMYASADKAsyEy5sZXRoZS52MS5Tb3VyY2VSZWYiPQoJVHVyblJhbmdlEg4KBnRocmVhZBgBIAEoCRIQCghmcm9tX3NlcRgCIAEoAxIOCgZ0b19zZXEYAyABKAMixwEKDUZvcmdldFJlcXVlc3QSDQoFbmFtZXMYASADKAkSIgoFcmFuZ2UYAiABKAsyEy5sZXRoZS52MS5UdXJuUmFuZ2USNAoJcmVzcG9uc2VzGAMgASgOMiEubGV0aGUudjEuRm9yZ2V0UmVxdWVzdC5SZXNwb25zZXMSDgoGcmVhc29uGAQgASgJIj0KCVJlc3BvbnNlcxIZChVSRVNQT05TRVNfVU5TUEVDSUZJRUQQABIJCgVUQUlOVBABEgoKBkRFTEVURRACIrYBChFHZXRMaW5lYWdlUmVxdWVzdBIMCgRuYW1lGAEgASgJEjgKCWRpcmVjdGlvbhgCIAEoDjIlLmxldGhlLnYxLkdldExpbmVhZ2VSZXF1ZXN0LkRpcmVjdGlvbhIRCgltYXhfZGVwdGgYAyABKAUiRgoJRGlyZWN0aW9uEhkKFURJUkVDVElPTl9VTlNQRUNJRklFRBAAEg0KCUFOQ0VTVE9SUxABEg8KC0RFU0NFTkRBTlRTEAIiWwoLTGluZWFnZUVkZ2USIwoGc291cmNlGAEgASgLMhMubGV0aGUudjEuU291cmNlUmVmEicKCmRlcml2YXRpdmUYAiABKAsyEy5sZXRoZS52MS5Tb3VyY2VSZWYiOgoSR2V0TGluZWFnZVJlc3BvbnNlEiQKBWVkZ2VzGAEgAygLMhUubGV0aGUudjEuTGluZWFnZUVkZ2UiTQoUTGlzdERlbGV0aW9uc1JlcXVlc3QSDgoGcGFyZW50GAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIl0KFUxpc3REZWxldGlvbnNSZXNwb25zZRIrCghyZWNlaXB0cxgBIAMoCzIZLmxldGhlLnYxLkRlbGV0aW9uUmVjZWlwdBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiHgoMQXVkaXRSZXF1ZXN0Eg4KBnBhcmVudBgBIAEoCSKzAQoLQXVkaXRSZXBvcnQSDwoHY2hlY2tlZBgBIAEoAxIPCgdvcnBoYW5zGAIgASgDEhcKD3N0YWxlX3N1bW1hcmllcxgDIAEoAxIbChNrZXlzX3dpdGhvdXRfcmVjb3JkGAQgASgDEhsKE3JlY29yZHNfd2l0aG91dF9rZXkYBSABKAMSEwoLaW5kZXhfZHJpZnQYBiABKAMSGgoSdW5yZWFkYWJsZV9yZWNvcmRzGAcgASgDMqsDCglMaWZlY3ljbGUSOwoGQ29tbWl0EhcubGV0aGUudjEuQ29tbWl0UmVxdWVzdBoYLmxldGhlLnYxLkNvbW1pdFJlc3BvbnNlElAKDUV4dGVuZFBlbmRpbmcSHi5sZXRoZS52MS5FeHRlbmRQZW5kaW5nUmVxdWVzdBofLmxldGhlLnYxLkV4dGVuZFBlbmRpbmdSZXNwb25zZRI8CgZGb3JnZXQSFy5sZXRoZS52MS5Gb3JnZXRSZXF1ZXN0GhkubGV0aGUudjEuRGVsZXRpb25SZWNlaXB0EkcKCkdldExpbmVhZ2USGy5sZXRoZS52MS5HZXRMaW5lYWdlUmVxdWVzdBocLmxldGhlLnYxLkdldExpbmVhZ2VSZXNwb25zZRJQCg1MaXN0RGVsZXRpb25zEh4ubGV0aGUudjEuTGlzdERlbGV0aW9uc1JlcXVlc3QaHy5sZXRoZS52MS5MaXN0RGVsZXRpb25zUmVzcG9uc2USNgoFQXVkaXQSFi5sZXRoZS52MS5BdWRpdFJlcXVlc3QaFS5sZXRoZS52MS5BdWRpdFJlcG9ydEJjCghsZXRoZS52MUIOTGlmZWN5Y2xlUHJvdG9QAVodbGV0aGUvZ2VuL2dvL2xldGhlL3YxO2xldGhldjGiAgNMVEiqAghMZXRoZS5WMcoCCExldGhlXFYx6gIJTGV0aGU6OlYxYgZwcm90bzM", [file_google_protobuf_duration, file_lethe_v1_common]);
+  fileDesc("ChhsZXRoZS92MS9saWZlY3ljbGUucHJvdG8SCGxldGhlLnYxIjcKDUNvbW1pdFJlcXVlc3QSDQoFbmFtZXMYASADKAkSFwoPaW5jbHVkZV9zb3VyY2VzGAIgASgIIjgKDkNvbW1pdFJlc3BvbnNlEiYKCWNvbW1pdHRlZBgBIAMoCzITLmxldGhlLnYxLlNvdXJjZVJlZiJNChRFeHRlbmRQZW5kaW5nUmVxdWVzdBINCgVuYW1lcxgBIAMoCRImCgN0dGwYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iPQoVRXh0ZW5kUGVuZGluZ1Jlc3BvbnNlEiQKB3JlY29yZHMYASADKAsyEy5sZXRoZS52MS5Tb3VyY2VSZWYiPQoJVHVyblJhbmdlEg4KBnRocmVhZBgBIAEoCRIQCghmcm9tX3NlcRgCIAEoAxIOCgZ0b19zZXEYAyABKAMixwEKDUZvcmdldFJlcXVlc3QSDQoFbmFtZXMYASADKAkSIgoFcmFuZ2UYAiABKAsyEy5sZXRoZS52MS5UdXJuUmFuZ2USNAoJcmVzcG9uc2VzGAMgASgOMiEubGV0aGUudjEuRm9yZ2V0UmVxdWVzdC5SZXNwb25zZXMSDgoGcmVhc29uGAQgASgJIj0KCVJlc3BvbnNlcxIZChVSRVNQT05TRVNfVU5TUEVDSUZJRUQQABIJCgVUQUlOVBABEgoKBkRFTEVURRACIrYBChFHZXRMaW5lYWdlUmVxdWVzdBIMCgRuYW1lGAEgASgJEjgKCWRpcmVjdGlvbhgCIAEoDjIlLmxldGhlLnYxLkdldExpbmVhZ2VSZXF1ZXN0LkRpcmVjdGlvbhIRCgltYXhfZGVwdGgYAyABKAUiRgoJRGlyZWN0aW9uEhkKFURJUkVDVElPTl9VTlNQRUNJRklFRBAAEg0KCUFOQ0VTVE9SUxABEg8KC0RFU0NFTkRBTlRTEAIiWwoLTGluZWFnZUVkZ2USIwoGc291cmNlGAEgASgLMhMubGV0aGUudjEuU291cmNlUmVmEicKCmRlcml2YXRpdmUYAiABKAsyEy5sZXRoZS52MS5Tb3VyY2VSZWYiOgoSR2V0TGluZWFnZVJlc3BvbnNlEiQKBWVkZ2VzGAEgAygLMhUubGV0aGUudjEuTGluZWFnZUVkZ2UiTQoUTGlzdERlbGV0aW9uc1JlcXVlc3QSDgoGcGFyZW50GAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIl0KFUxpc3REZWxldGlvbnNSZXNwb25zZRIrCghyZWNlaXB0cxgBIAMoCzIZLmxldGhlLnYxLkRlbGV0aW9uUmVjZWlwdBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiHgoMQXVkaXRSZXF1ZXN0Eg4KBnBhcmVudBgBIAEoCSKzAQoLQXVkaXRSZXBvcnQSDwoHY2hlY2tlZBgBIAEoAxIPCgdvcnBoYW5zGAIgASgDEhcKD3N0YWxlX3N1bW1hcmllcxgDIAEoAxIbChNrZXlzX3dpdGhvdXRfcmVjb3JkGAQgASgDEhsKE3JlY29yZHNfd2l0aG91dF9rZXkYBSABKAMSEwoLaW5kZXhfZHJpZnQYBiABKAMSGgoSdW5yZWFkYWJsZV9yZWNvcmRzGAcgASgDIhYKFEdldFNlcnZlckluZm9SZXF1ZXN0IpIBCgpSZWNlaXB0S2V5Eg4KBmtleV9pZBgBIAEoCRISCgpwdWJsaWNfa2V5GAIgASgMEi8KC2NyZWF0ZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtyZXRpcmVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiSgoKU2VydmVySW5mbxIQCghzdG9yZV9pZBgBIAEoCRIqCgxyZWNlaXB0X2tleXMYAiADKAsyFC5sZXRoZS52MS5SZWNlaXB0S2V5IjwKEkV4cG9ydE93bmVyUmVxdWVzdBIOCgZwYXJlbnQYASABKAkSFgoOaW5jbHVkZV9zZWFsZWQYAiABKAgieAoMRXhwb3J0SGVhZGVyEg0KBW93bmVyGAEgASgJEhAKCHN0b3JlX2lkGAIgASgJEi8KC2V4cG9ydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5pbmNsdWRlX3NlYWxlZBgEIAEoCCJpCg1FeHBvcnRTdW1tYXJ5Eg8KB3RocmVhZHMYASABKAMSDQoFdHVybnMYAiABKAMSFwoPbWVtb3J5X3ZlcnNpb25zGAMgASgDEg0KBWVkZ2VzGAQgASgDEhAKCHJlY2VpcHRzGAUgASgDIqcCCgpFeHBvcnRJdGVtEigKBmhlYWRlchgBIAEoCzIWLmxldGhlLnYxLkV4cG9ydEhlYWRlckgAEiIKBnRocmVhZBgCIAEoCzIQLmxldGhlLnYxLlRocmVhZEgAEh4KBHR1cm4YAyABKAsyDi5sZXRoZS52MS5UdXJuSAASIgoGbWVtb3J5GAQgASgLMhAubGV0aGUudjEuTWVtb3J5SAASJQoEZWRnZRgFIAEoCzIVLmxldGhlLnYxLkxpbmVhZ2VFZGdlSAASLAoHcmVjZWlwdBgGIAEoCzIZLmxldGhlLnYxLkRlbGV0aW9uUmVjZWlwdEgAEioKB3N1bW1hcnkYByABKAsyFy5sZXRoZS52MS5FeHBvcnRTdW1tYXJ5SABCBgoEaXRlbSKMAQoTU2V0UmV0ZW50aW9uUmVxdWVzdBINCgVuYW1lcxgBIAMoCRIvCgtleHBpcmVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWNsZWFyGAQgASgIIp8BChRTZXRSZXRlbnRpb25SZXNwb25zZRIkCgdyZWNvcmRzGAEgAygLMhMubGV0aGUudjEuU291cmNlUmVmEi8KC2V4cGlyZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCg1vd25lcl9kZWZhdWx0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uMoYFCglMaWZlY3ljbGUSOwoGQ29tbWl0EhcubGV0aGUudjEuQ29tbWl0UmVxdWVzdBoYLmxldGhlLnYxLkNvbW1pdFJlc3BvbnNlElAKDUV4dGVuZFBlbmRpbmcSHi5sZXRoZS52MS5FeHRlbmRQZW5kaW5nUmVxdWVzdBofLmxldGhlLnYxLkV4dGVuZFBlbmRpbmdSZXNwb25zZRI8CgZGb3JnZXQSFy5sZXRoZS52MS5Gb3JnZXRSZXF1ZXN0GhkubGV0aGUudjEuRGVsZXRpb25SZWNlaXB0EkcKCkdldExpbmVhZ2USGy5sZXRoZS52MS5HZXRMaW5lYWdlUmVxdWVzdBocLmxldGhlLnYxLkdldExpbmVhZ2VSZXNwb25zZRJQCg1MaXN0RGVsZXRpb25zEh4ubGV0aGUudjEuTGlzdERlbGV0aW9uc1JlcXVlc3QaHy5sZXRoZS52MS5MaXN0RGVsZXRpb25zUmVzcG9uc2USNgoFQXVkaXQSFi5sZXRoZS52MS5BdWRpdFJlcXVlc3QaFS5sZXRoZS52MS5BdWRpdFJlcG9ydBJFCg1HZXRTZXJ2ZXJJbmZvEh4ubGV0aGUudjEuR2V0U2VydmVySW5mb1JlcXVlc3QaFC5sZXRoZS52MS5TZXJ2ZXJJbmZvEkMKC0V4cG9ydE93bmVyEhwubGV0aGUudjEuRXhwb3J0T3duZXJSZXF1ZXN0GhQubGV0aGUudjEuRXhwb3J0SXRlbTABEk0KDFNldFJldGVudGlvbhIdLmxldGhlLnYxLlNldFJldGVudGlvblJlcXVlc3QaHi5sZXRoZS52MS5TZXRSZXRlbnRpb25SZXNwb25zZUJjCghsZXRoZS52MUIOTGlmZWN5Y2xlUHJvdG9QAVodbGV0aGUvZ2VuL2dvL2xldGhlL3YxO2xldGhldjGiAgNMVEiqAghMZXRoZS5WMcoCCExldGhlXFYx6gIJTGV0aGU6OlYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_lethe_v1_common, file_lethe_v1_memories, file_lethe_v1_threads]);
 
 /**
  * Request of `Lifecycle.Commit`.
@@ -513,6 +517,386 @@ export const AuditReportSchema: GenMessage<AuditReport> = /*@__PURE__*/
   messageDesc(file_lethe_v1_lifecycle, 12);
 
 /**
+ * Request of `Lifecycle.GetServerInfo`: no fields.
+ *
+ * @generated from message lethe.v1.GetServerInfoRequest
+ */
+export type GetServerInfoRequest = Message<"lethe.v1.GetServerInfoRequest"> & {
+};
+
+/**
+ * Describes the message lethe.v1.GetServerInfoRequest.
+ * Use `create(GetServerInfoRequestSchema)` to create a new message.
+ */
+export const GetServerInfoRequestSchema: GenMessage<GetServerInfoRequest> = /*@__PURE__*/
+  messageDesc(file_lethe_v1_lifecycle, 13);
+
+/**
+ * One Ed25519 public key that signs (or signed) the store's deletion receipts.
+ *
+ * @generated from message lethe.v1.ReceiptKey
+ */
+export type ReceiptKey = Message<"lethe.v1.ReceiptKey"> & {
+  /**
+   * The first 8 bytes of the SHA-256 of `public_key`, as 16 lowercase hex
+   * characters: what `DeletionReceipt.signing_key_id` names.
+   *
+   * @generated from field: string key_id = 1;
+   */
+  keyId: string;
+
+  /**
+   * The 32-byte Ed25519 public key.
+   *
+   * @generated from field: bytes public_key = 2;
+   */
+  publicKey: Uint8Array;
+
+  /**
+   * When the key was made.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 3;
+   */
+  createTime?: Timestamp | undefined;
+
+  /**
+   * When a newer key replaced it (`lethe receipt rotate-key`) and its private
+   * half was destroyed; unset for the current key. Receipts it signed before
+   * then still verify.
+   *
+   * @generated from field: google.protobuf.Timestamp retire_time = 4;
+   */
+  retireTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message lethe.v1.ReceiptKey.
+ * Use `create(ReceiptKeySchema)` to create a new message.
+ */
+export const ReceiptKeySchema: GenMessage<ReceiptKey> = /*@__PURE__*/
+  messageDesc(file_lethe_v1_lifecycle, 14);
+
+/**
+ * Response of `Lifecycle.GetServerInfo`.
+ *
+ * @generated from message lethe.v1.ServerInfo
+ */
+export type ServerInfo = Message<"lethe.v1.ServerInfo"> & {
+  /**
+   * The store's id (its keystore's, 32 hex characters): what
+   * `DeletionReceipt.store_id` names.
+   *
+   * @generated from field: string store_id = 1;
+   */
+  storeId: string;
+
+  /**
+   * Every key that signs or signed the store's receipts, oldest first; the
+   * last one, without `retire_time`, signs now.
+   *
+   * @generated from field: repeated lethe.v1.ReceiptKey receipt_keys = 2;
+   */
+  receiptKeys: ReceiptKey[];
+};
+
+/**
+ * Describes the message lethe.v1.ServerInfo.
+ * Use `create(ServerInfoSchema)` to create a new message.
+ */
+export const ServerInfoSchema: GenMessage<ServerInfo> = /*@__PURE__*/
+  messageDesc(file_lethe_v1_lifecycle, 15);
+
+/**
+ * Request of `Lifecycle.ExportOwner`.
+ *
+ * @generated from message lethe.v1.ExportOwnerRequest
+ */
+export type ExportOwnerRequest = Message<"lethe.v1.ExportOwnerRequest"> & {
+  /**
+   * Required: the owner, `owners/{o}`.
+   *
+   * @generated from field: string parent = 1;
+   */
+  parent: string;
+
+  /**
+   * Also export sealed repair material: repair threads, the turns sealed into
+   * them (state `SEALED`) and their sealed memories, whatever the repair's
+   * state (a `PRESERVE_RESTRICTED` repair included). Exporting does not
+   * reopen a repair.
+   *
+   * @generated from field: bool include_sealed = 2;
+   */
+  includeSealed: boolean;
+};
+
+/**
+ * Describes the message lethe.v1.ExportOwnerRequest.
+ * Use `create(ExportOwnerRequestSchema)` to create a new message.
+ */
+export const ExportOwnerRequestSchema: GenMessage<ExportOwnerRequest> = /*@__PURE__*/
+  messageDesc(file_lethe_v1_lifecycle, 16);
+
+/**
+ * The first item of an export: what it is of.
+ *
+ * @generated from message lethe.v1.ExportHeader
+ */
+export type ExportHeader = Message<"lethe.v1.ExportHeader"> & {
+  /**
+   * The owner exported, `owners/{o}`.
+   *
+   * @generated from field: string owner = 1;
+   */
+  owner: string;
+
+  /**
+   * The store it was read from (`ServerInfo.store_id`): the receipts in the
+   * export verify with its public keys.
+   *
+   * @generated from field: string store_id = 2;
+   */
+  storeId: string;
+
+  /**
+   * When the export started.
+   *
+   * @generated from field: google.protobuf.Timestamp export_time = 3;
+   */
+  exportTime?: Timestamp | undefined;
+
+  /**
+   * Whether sealed repair material was asked for.
+   *
+   * @generated from field: bool include_sealed = 4;
+   */
+  includeSealed: boolean;
+};
+
+/**
+ * Describes the message lethe.v1.ExportHeader.
+ * Use `create(ExportHeaderSchema)` to create a new message.
+ */
+export const ExportHeaderSchema: GenMessage<ExportHeader> = /*@__PURE__*/
+  messageDesc(file_lethe_v1_lifecycle, 17);
+
+/**
+ * The last item of an export: how many items of each kind came before it. An
+ * export without its summary is incomplete.
+ *
+ * @generated from message lethe.v1.ExportSummary
+ */
+export type ExportSummary = Message<"lethe.v1.ExportSummary"> & {
+  /**
+   * Threads (repair threads only with `include_sealed`).
+   *
+   * @generated from field: int64 threads = 1;
+   */
+  threads: bigint;
+
+  /**
+   * Turns.
+   *
+   * @generated from field: int64 turns = 2;
+   */
+  turns: bigint;
+
+  /**
+   * Memory items: one per stored version of each memory.
+   *
+   * @generated from field: int64 memory_versions = 3;
+   */
+  memoryVersions: bigint;
+
+  /**
+   * Lineage edges.
+   *
+   * @generated from field: int64 edges = 4;
+   */
+  edges: bigint;
+
+  /**
+   * Deletion receipts.
+   *
+   * @generated from field: int64 receipts = 5;
+   */
+  receipts: bigint;
+};
+
+/**
+ * Describes the message lethe.v1.ExportSummary.
+ * Use `create(ExportSummarySchema)` to create a new message.
+ */
+export const ExportSummarySchema: GenMessage<ExportSummary> = /*@__PURE__*/
+  messageDesc(file_lethe_v1_lifecycle, 18);
+
+/**
+ * One item of `Lifecycle.ExportOwner`, in the stream's order: the header,
+ * threads, turns (thread by thread, in seq order; then, with
+ * `include_sealed`, each repair's sealed turns), memories (memory by memory,
+ * every version oldest first), receipts, the summary. The lineage edges of a
+ * page of turns or memories follow that page.
+ *
+ * @generated from message lethe.v1.ExportItem
+ */
+export type ExportItem = Message<"lethe.v1.ExportItem"> & {
+  /**
+   * What this item is.
+   *
+   * @generated from oneof lethe.v1.ExportItem.item
+   */
+  item: {
+    /**
+     * Always first.
+     *
+     * @generated from field: lethe.v1.ExportHeader header = 1;
+     */
+    value: ExportHeader;
+    case: "header";
+  } | {
+    /**
+     * A thread.
+     *
+     * @generated from field: lethe.v1.Thread thread = 2;
+     */
+    value: Thread;
+    case: "thread";
+  } | {
+    /**
+     * A turn, with its text, state, times, taint and context references.
+     *
+     * @generated from field: lethe.v1.Turn turn = 3;
+     */
+    value: Turn;
+    case: "turn";
+  } | {
+    /**
+     * One stored version of a memory (older versions carry no `sources`;
+     * their `status` is the version's own, e.g. `SUPERSEDED`).
+     *
+     * @generated from field: lethe.v1.Memory memory = 4;
+     */
+    value: Memory;
+    case: "memory";
+  } | {
+    /**
+     * A lineage edge: `derivative` (an exported record) was built from
+     * `source` (which may since be forgotten: its name only).
+     *
+     * @generated from field: lethe.v1.LineageEdge edge = 5;
+     */
+    value: LineageEdge;
+    case: "edge";
+  } | {
+    /**
+     * A deletion receipt of the owner, signed (identifiers and counts only).
+     *
+     * @generated from field: lethe.v1.DeletionReceipt receipt = 6;
+     */
+    value: DeletionReceipt;
+    case: "receipt";
+  } | {
+    /**
+     * Always last.
+     *
+     * @generated from field: lethe.v1.ExportSummary summary = 7;
+     */
+    value: ExportSummary;
+    case: "summary";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message lethe.v1.ExportItem.
+ * Use `create(ExportItemSchema)` to create a new message.
+ */
+export const ExportItemSchema: GenMessage<ExportItem> = /*@__PURE__*/
+  messageDesc(file_lethe_v1_lifecycle, 19);
+
+/**
+ * Request of `Lifecycle.SetRetention`: one of `expire_time`, `ttl` and
+ * `clear`.
+ *
+ * @generated from message lethe.v1.SetRetentionRequest
+ */
+export type SetRetentionRequest = Message<"lethe.v1.SetRetentionRequest"> & {
+  /**
+   * Required: 1..1000 turn, memory or thread names of one owner, or the
+   * owner itself (`owners/{o}`, alone: its default for new records).
+   *
+   * @generated from field: repeated string names = 1;
+   */
+  names: string[];
+
+  /**
+   * When the named records and threads expire; in the future, at most 100
+   * years ahead. Not for an owner.
+   *
+   * @generated from field: google.protobuf.Timestamp expire_time = 2;
+   */
+  expireTime?: Timestamp | undefined;
+
+  /**
+   * How long from now they live (for an owner: how long each new record
+   * lives from its creation); positive, at most 100 years.
+   *
+   * @generated from field: google.protobuf.Duration ttl = 3;
+   */
+  ttl?: Duration | undefined;
+
+  /**
+   * Remove the retention (of an owner: its default); records then live until
+   * forgotten.
+   *
+   * @generated from field: bool clear = 4;
+   */
+  clear: boolean;
+};
+
+/**
+ * Describes the message lethe.v1.SetRetentionRequest.
+ * Use `create(SetRetentionRequestSchema)` to create a new message.
+ */
+export const SetRetentionRequestSchema: GenMessage<SetRetentionRequest> = /*@__PURE__*/
+  messageDesc(file_lethe_v1_lifecycle, 20);
+
+/**
+ * Response of `Lifecycle.SetRetention`.
+ *
+ * @generated from message lethe.v1.SetRetentionResponse
+ */
+export type SetRetentionResponse = Message<"lethe.v1.SetRetentionResponse"> & {
+  /**
+   * The turns and memories whose retention changed, at their versions: the
+   * named ones, then the turns of the named threads. Empty for an owner.
+   *
+   * @generated from field: repeated lethe.v1.SourceRef records = 1;
+   */
+  records: SourceRef[];
+
+  /**
+   * When they expire now; unset after `clear`.
+   *
+   * @generated from field: google.protobuf.Timestamp expire_time = 2;
+   */
+  expireTime?: Timestamp | undefined;
+
+  /**
+   * The owner's default retention now (an owner name only); unset when none.
+   *
+   * @generated from field: google.protobuf.Duration owner_default = 3;
+   */
+  ownerDefault?: Duration | undefined;
+};
+
+/**
+ * Describes the message lethe.v1.SetRetentionResponse.
+ * Use `create(SetRetentionResponseSchema)` to create a new message.
+ */
+export const SetRetentionResponseSchema: GenMessage<SetRetentionResponse> = /*@__PURE__*/
+  messageDesc(file_lethe_v1_lifecycle, 21);
+
+/**
  * Commit pending material, extend its window, forget, and inspect lineage,
  * deletions and the audit. Errors common to every method are listed in
  * common.proto; each method lists the rest.
@@ -611,6 +995,67 @@ export const Lifecycle: GenService<{
     methodKind: "unary";
     input: typeof AuditRequestSchema;
     output: typeof AuditReportSchema;
+  },
+  /**
+   * Describes this server's store: its id and the public keys that sign its
+   * deletion receipts (every key it ever signed with, retired ones included,
+   * so that any receipt it issued can be verified offline). Any valid token
+   * may call it; it names no owner. Behind a proxy that routes on
+   * `x-lethe-owner`, ask each shard: each store signs with its own keys.
+   *
+   * @generated from rpc lethe.v1.Lifecycle.GetServerInfo
+   */
+  getServerInfo: {
+    methodKind: "unary";
+    input: typeof GetServerInfoRequestSchema;
+    output: typeof ServerInfoSchema;
+  },
+  /**
+   * Streams everything of one owner that its token may read, for a copy the
+   * owner (or a data-protection officer acting for them) takes away: a
+   * header, the threads, every live turn (pending, committed and tainted ones,
+   * with state and times; no embeddings), every live memory at every stored
+   * version, the lineage edges of what was exported, every deletion receipt
+   * (signed, content-free), and a summary that counts each kind. Sealed
+   * repair material (repair threads, their sealed turns and memories) only
+   * with `include_sealed`. Expired and forgotten records are never sent.
+   * Each page is read in one transaction; records written while the export
+   * runs may or may not be in it. `lethe export` writes it as JSON Lines.
+   * Errors: `INVALID_ARGUMENT` / `BAD_FIELD` (a malformed `parent`).
+   *
+   * @generated from rpc lethe.v1.Lifecycle.ExportOwner
+   */
+  exportOwner: {
+    methodKind: "server_streaming";
+    input: typeof ExportOwnerRequestSchema;
+    output: typeof ExportItemSchema;
+  },
+  /**
+   * Sets how long records may live once committed: turns and memories by
+   * name, threads (the thread and every turn of it, those appended later
+   * included; a thread's retention replaces its turns' own), or the owner's
+   * default for the turns and memories created from now on (`owners/{o}`:
+   * counted from each one's creation; records already stored keep theirs).
+   * From `expire_time` on, every read treats the record as forgotten
+   * (`RECORD_DELETED`; gone from listings, search and context, what was
+   * derived from it too) before any sweeper runs; the sweeper then forgets it
+   * through the normal deletion path, with a receipt of reason `RETENTION`. On
+   * a pending record a retention only shortens its pending window; it applies
+   * in full once committed. Sealed records never expire on their own; an
+   * expired thread is forgotten whole, the turns sealed out of it included,
+   * as a `Forget` of the thread is.
+   * Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (nothing is
+   * changed); `FAILED_PRECONDITION` / `SEALED`; `INVALID_ARGUMENT` /
+   * `BAD_FIELD` (no names, more than 1000, several owners, an owner name
+   * with `expire_time`, neither `expire_time`, `ttl` nor `clear`, or a time
+   * out of range); `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+   *
+   * @generated from rpc lethe.v1.Lifecycle.SetRetention
+   */
+  setRetention: {
+    methodKind: "unary";
+    input: typeof SetRetentionRequestSchema;
+    output: typeof SetRetentionResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_lethe_v1_lifecycle, 0);
