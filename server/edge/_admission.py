@@ -260,11 +260,25 @@ class FairExecutor:
             for thread in self._threads:
                 thread.join()
 
+    def _cap(self) -> int:
+        """How many items one key may run at once now: its fair share of ``per_key``.
+
+        ``per_key`` when one principal has work; while several have (work
+        queued or running), ``per_key`` divided among them, at least 1. Python
+        threads share one interpreter lock, so a call's latency grows with the
+        calls running beside it: a principal with a long queue no longer starts
+        its ``per_key``-th call while another principal's call waits or runs,
+        and that call shares the CPU with fewer of the first one's.
+        """
+        active = len(self._running.keys() | self._queues.keys())
+        return self._per_key if active <= 1 else max(1, self._per_key // active)
+
     def _eligible(self) -> str | None:
         """The first key in the ring below its running cap (moved out of the ring)."""
+        cap = self._cap()
         for _ in range(len(self._ring)):
             key = self._ring.popleft()
-            if self._running[key] < self._per_key:
+            if self._running[key] < cap:
                 return key
             self._ring.append(key)
         return None
@@ -296,7 +310,7 @@ class FairExecutor:
             self._running[key] -= 1
             if self._running[key] <= 0:
                 del self._running[key]
-            if key in self._queues:
+            if self._queues:  # this key's next item, or another's (its share may have grown)
                 self._lock.notify()
 
     def _run(self) -> None:

@@ -78,6 +78,55 @@ def test_fair_executor_caps_what_one_key_runs_at_once() -> None:
     assert order[2:] == ["a1", "a2"]
 
 
+def test_a_second_principal_shrinks_the_first_ones_running_share() -> None:
+    """While another principal has work, one with a long queue starts no call past its share.
+
+    Its share is ``per_key`` divided among the active principals: the other's call
+    then shares the interpreter lock with fewer of its calls. Alone again, it gets
+    its whole ``per_key`` back.
+    """
+    gates = {f"a{i}": threading.Event() for i in range(10)} | {"b0": threading.Event()}
+    started: list[str] = []
+    lock = threading.Lock()
+
+    def hold(tag: str) -> None:
+        with lock:
+            started.append(tag)
+        gates[tag].wait(10)
+
+    def running() -> list[str]:
+        with lock:
+            return [t for t in started if not gates[t].is_set()]
+
+    def settle() -> None:
+        time.sleep(0.2)
+
+    pool = FairExecutor(8, "test", per_key=4)
+    try:
+        futures = [pool.submit("alice", functools.partial(hold, f"a{i}")) for i in range(10)]
+        settle()
+        assert running() == ["a0", "a1", "a2", "a3"]  # alone: per_key
+        futures.append(pool.submit("bob", functools.partial(hold, "b0")))
+        settle()
+        assert "b0" in running()  # at once: a worker was free
+        for tag in ("a0", "a1", "a2"):
+            gates[tag].set()
+        settle()
+        # Two active principals: alice's share is 4 // 2 = 2, so one new call of hers.
+        assert sorted(t for t in running() if t.startswith("a")) == ["a3", "a4"]
+        gates["b0"].set()
+        settle()
+        assert len([t for t in running() if t.startswith("a")]) == 4  # alone again
+        for gate in gates.values():
+            gate.set()
+        for f in futures:
+            f.result(timeout=5)
+    finally:
+        for gate in gates.values():
+            gate.set()
+        pool.shutdown()
+
+
 def test_fair_executor_skips_cancelled_work_and_passes_exceptions() -> None:
     release = threading.Event()
     ran: list[int] = []

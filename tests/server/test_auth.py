@@ -7,8 +7,10 @@ same calls with the same reasons) —, admin tokens, health and reflection.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -28,6 +30,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from lethe.v1 import common_pb2, lifecycle_pb2, retrieval_pb2, threads_pb2
+from server import new_token, principal_record, token_digest
+from server.errors import Unauthenticated
 
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -262,3 +266,41 @@ def test_token_create_refuses_a_directory_without_a_store(tmp_path: Path, kek_en
     # Was: a typo in --data silently created a new store and printed a useless token.
     assert run_cli(["token", "create", "--data", str(tmp_path / "typo"), "--owner", "x"]) == 2
     assert not (tmp_path / "typo").exists()
+
+
+def test_a_token_row_is_read_once_per_half_second_and_a_revocation_still_lands(
+    tmp_path: Path, kek_env: str
+) -> None:
+    """The authenticator caches a token's row for ``TOKEN_CACHE_SECONDS``, on a real store.
+
+    Repeated calls read the row once; an unknown token is never cached (a token
+    stored afterwards works at once); a revocation is refused once the row is
+    older than the cache's life.
+    """
+    from server.edge import Authenticator
+    from server.store import Store
+
+    store = Store(tmp_path / "d")
+    try:
+        reads: list[bytes] = []
+
+        def lookup(digest: bytes) -> Any:
+            reads.append(digest)
+            return store.get_token(digest)
+
+        auth = Authenticator(lookup, ttl=0.3)
+        token = new_token()
+        md = (("authorization", f"Bearer {token}"),)
+        with pytest.raises(Unauthenticated):
+            auth.authenticate(md)  # unknown: not cached
+        store.put_token(token_digest(token), principal_record(["alice"], False))
+        assert auth.authenticate(md).owners == frozenset({"alice"})
+        for _ in range(50):
+            auth.authenticate(md)
+        assert len(reads) == 2  # the unknown read, then one read for 51 calls
+        store.revoke_token(token_digest(token)[:8].hex())
+        time.sleep(0.35)
+        with pytest.raises(Unauthenticated):
+            auth.authenticate(md)
+    finally:
+        store.close()
