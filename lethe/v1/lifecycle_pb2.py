@@ -16,7 +16,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from lethe.v1 import common_pb2 as lethe_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lethe/v1/lifecycle.proto\x12\x08lethe.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x15lethe/v1/common.proto\"7\n\rCommitRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12\x17\n\x0finclude_sources\x18\x02 \x01(\x08\"8\n\x0e\x43ommitResponse\x12&\n\tcommitted\x18\x01 \x03(\x0b\x32\x13.lethe.v1.SourceRef\"M\n\x14\x45xtendPendingRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"=\n\x15\x45xtendPendingResponse\x12$\n\x07records\x18\x01 \x03(\x0b\x32\x13.lethe.v1.SourceRef\"=\n\tTurnRange\x12\x0e\n\x06thread\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x03\x12\x0e\n\x06to_seq\x18\x03 \x01(\x03\"\xc7\x01\n\rForgetRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12\"\n\x05range\x18\x02 \x01(\x0b\x32\x13.lethe.v1.TurnRange\x12\x34\n\tresponses\x18\x03 \x01(\x0e\x32!.lethe.v1.ForgetRequest.Responses\x12\x0e\n\x06reason\x18\x04 \x01(\t\"=\n\tResponses\x12\x19\n\x15RESPONSES_UNSPECIFIED\x10\x00\x12\t\n\x05TAINT\x10\x01\x12\n\n\x06\x44\x45LETE\x10\x02\"\xb6\x01\n\x11GetLineageRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x38\n\tdirection\x18\x02 \x01(\x0e\x32%.lethe.v1.GetLineageRequest.Direction\x12\x11\n\tmax_depth\x18\x03 \x01(\x05\"F\n\tDirection\x12\x19\n\x15\x44IRECTION_UNSPECIFIED\x10\x00\x12\r\n\tANCESTORS\x10\x01\x12\x0f\n\x0b\x44\x45SCENDANTS\x10\x02\"[\n\x0bLineageEdge\x12#\n\x06source\x18\x01 \x01(\x0b\x32\x13.lethe.v1.SourceRef\x12\'\n\nderivative\x18\x02 \x01(\x0b\x32\x13.lethe.v1.SourceRef\":\n\x12GetLineageResponse\x12$\n\x05\x65\x64ges\x18\x01 \x03(\x0b\x32\x15.lethe.v1.LineageEdge\"M\n\x14ListDeletionsRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"]\n\x15ListDeletionsResponse\x12+\n\x08receipts\x18\x01 \x03(\x0b\x32\x19.lethe.v1.DeletionReceipt\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1e\n\x0c\x41uditRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\"\xb3\x01\n\x0b\x41uditReport\x12\x0f\n\x07\x63hecked\x18\x01 \x01(\x03\x12\x0f\n\x07orphans\x18\x02 \x01(\x03\x12\x17\n\x0fstale_summaries\x18\x03 \x01(\x03\x12\x1b\n\x13keys_without_record\x18\x04 \x01(\x03\x12\x1b\n\x13records_without_key\x18\x05 \x01(\x03\x12\x13\n\x0bindex_drift\x18\x06 \x01(\x03\x12\x1a\n\x12unreadable_records\x18\x07 \x01(\x03\x32\xab\x03\n\tLifecycle\x12;\n\x06\x43ommit\x12\x17.lethe.v1.CommitRequest\x1a\x18.lethe.v1.CommitResponse\x12P\n\rExtendPending\x12\x1e.lethe.v1.ExtendPendingRequest\x1a\x1f.lethe.v1.ExtendPendingResponse\x12<\n\x06\x46orget\x12\x17.lethe.v1.ForgetRequest\x1a\x19.lethe.v1.DeletionReceipt\x12G\n\nGetLineage\x12\x1b.lethe.v1.GetLineageRequest\x1a\x1c.lethe.v1.GetLineageResponse\x12P\n\rListDeletions\x12\x1e.lethe.v1.ListDeletionsRequest\x1a\x1f.lethe.v1.ListDeletionsResponse\x12\x36\n\x05\x41udit\x12\x16.lethe.v1.AuditRequest\x1a\x15.lethe.v1.AuditReportBc\n\x08lethe.v1B\x0eLifecycleProtoP\x01Z\x1dlethe/gen/go/lethe/v1;lethev1\xa2\x02\x03LTH\xaa\x02\x08Lethe.V1\xca\x02\x08Lethe\\V1\xea\x02\tLethe::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lethe/v1/lifecycle.proto\x12\x08lethe.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x15lethe/v1/common.proto\"7\n\rCommitRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12\x17\n\x0finclude_sources\x18\x02 \x01(\x08\"8\n\x0e\x43ommitResponse\x12&\n\tcommitted\x18\x01 \x03(\x0b\x32\x13.lethe.v1.SourceRef\"M\n\x14\x45xtendPendingRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"=\n\x15\x45xtendPendingResponse\x12$\n\x07records\x18\x01 \x03(\x0b\x32\x13.lethe.v1.SourceRef\"=\n\tTurnRange\x12\x0e\n\x06thread\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x03\x12\x0e\n\x06to_seq\x18\x03 \x01(\x03\"\x9c\x02\n\rForgetRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12\"\n\x05range\x18\x02 \x01(\x0b\x32\x13.lethe.v1.TurnRange\x12\x34\n\tresponses\x18\x03 \x01(\x0e\x32!.lethe.v1.ForgetRequest.Responses\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12$\n\x06\x65\x63hoes\x18\x14 \x01(\x0e\x32\x14.lethe.v1.EchoAction\x12-\n\necho_guard\x18\x15 \x01(\x0b\x32\x19.google.protobuf.Duration\"=\n\tResponses\x12\x19\n\x15RESPONSES_UNSPECIFIED\x10\x00\x12\t\n\x05TAINT\x10\x01\x12\n\n\x06\x44\x45LETE\x10\x02\"\xb6\x01\n\x11GetLineageRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x38\n\tdirection\x18\x02 \x01(\x0e\x32%.lethe.v1.GetLineageRequest.Direction\x12\x11\n\tmax_depth\x18\x03 \x01(\x05\"F\n\tDirection\x12\x19\n\x15\x44IRECTION_UNSPECIFIED\x10\x00\x12\r\n\tANCESTORS\x10\x01\x12\x0f\n\x0b\x44\x45SCENDANTS\x10\x02\"[\n\x0bLineageEdge\x12#\n\x06source\x18\x01 \x01(\x0b\x32\x13.lethe.v1.SourceRef\x12\'\n\nderivative\x18\x02 \x01(\x0b\x32\x13.lethe.v1.SourceRef\":\n\x12GetLineageResponse\x12$\n\x05\x65\x64ges\x18\x01 \x03(\x0b\x32\x15.lethe.v1.LineageEdge\"M\n\x14ListDeletionsRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"]\n\x15ListDeletionsResponse\x12+\n\x08receipts\x18\x01 \x03(\x0b\x32\x19.lethe.v1.DeletionReceipt\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1e\n\x0c\x41uditRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\"\xb3\x01\n\x0b\x41uditReport\x12\x0f\n\x07\x63hecked\x18\x01 \x01(\x03\x12\x0f\n\x07orphans\x18\x02 \x01(\x03\x12\x17\n\x0fstale_summaries\x18\x03 \x01(\x03\x12\x1b\n\x13keys_without_record\x18\x04 \x01(\x03\x12\x1b\n\x13records_without_key\x18\x05 \x01(\x03\x12\x13\n\x0bindex_drift\x18\x06 \x01(\x03\x12\x1a\n\x12unreadable_records\x18\x07 \x01(\x03\x32\xab\x03\n\tLifecycle\x12;\n\x06\x43ommit\x12\x17.lethe.v1.CommitRequest\x1a\x18.lethe.v1.CommitResponse\x12P\n\rExtendPending\x12\x1e.lethe.v1.ExtendPendingRequest\x1a\x1f.lethe.v1.ExtendPendingResponse\x12<\n\x06\x46orget\x12\x17.lethe.v1.ForgetRequest\x1a\x19.lethe.v1.DeletionReceipt\x12G\n\nGetLineage\x12\x1b.lethe.v1.GetLineageRequest\x1a\x1c.lethe.v1.GetLineageResponse\x12P\n\rListDeletions\x12\x1e.lethe.v1.ListDeletionsRequest\x1a\x1f.lethe.v1.ListDeletionsResponse\x12\x36\n\x05\x41udit\x12\x16.lethe.v1.AuditRequest\x1a\x15.lethe.v1.AuditReportBc\n\x08lethe.v1B\x0eLifecycleProtoP\x01Z\x1dlethe/gen/go/lethe/v1;lethev1\xa2\x02\x03LTH\xaa\x02\x08Lethe.V1\xca\x02\x08Lethe\\V1\xea\x02\tLethe::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,25 +35,25 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_TURNRANGE']._serialized_start=350
   _globals['_TURNRANGE']._serialized_end=411
   _globals['_FORGETREQUEST']._serialized_start=414
-  _globals['_FORGETREQUEST']._serialized_end=613
-  _globals['_FORGETREQUEST_RESPONSES']._serialized_start=552
-  _globals['_FORGETREQUEST_RESPONSES']._serialized_end=613
-  _globals['_GETLINEAGEREQUEST']._serialized_start=616
-  _globals['_GETLINEAGEREQUEST']._serialized_end=798
-  _globals['_GETLINEAGEREQUEST_DIRECTION']._serialized_start=728
-  _globals['_GETLINEAGEREQUEST_DIRECTION']._serialized_end=798
-  _globals['_LINEAGEEDGE']._serialized_start=800
-  _globals['_LINEAGEEDGE']._serialized_end=891
-  _globals['_GETLINEAGERESPONSE']._serialized_start=893
-  _globals['_GETLINEAGERESPONSE']._serialized_end=951
-  _globals['_LISTDELETIONSREQUEST']._serialized_start=953
-  _globals['_LISTDELETIONSREQUEST']._serialized_end=1030
-  _globals['_LISTDELETIONSRESPONSE']._serialized_start=1032
-  _globals['_LISTDELETIONSRESPONSE']._serialized_end=1125
-  _globals['_AUDITREQUEST']._serialized_start=1127
-  _globals['_AUDITREQUEST']._serialized_end=1157
-  _globals['_AUDITREPORT']._serialized_start=1160
-  _globals['_AUDITREPORT']._serialized_end=1339
-  _globals['_LIFECYCLE']._serialized_start=1342
-  _globals['_LIFECYCLE']._serialized_end=1769
+  _globals['_FORGETREQUEST']._serialized_end=698
+  _globals['_FORGETREQUEST_RESPONSES']._serialized_start=637
+  _globals['_FORGETREQUEST_RESPONSES']._serialized_end=698
+  _globals['_GETLINEAGEREQUEST']._serialized_start=701
+  _globals['_GETLINEAGEREQUEST']._serialized_end=883
+  _globals['_GETLINEAGEREQUEST_DIRECTION']._serialized_start=813
+  _globals['_GETLINEAGEREQUEST_DIRECTION']._serialized_end=883
+  _globals['_LINEAGEEDGE']._serialized_start=885
+  _globals['_LINEAGEEDGE']._serialized_end=976
+  _globals['_GETLINEAGERESPONSE']._serialized_start=978
+  _globals['_GETLINEAGERESPONSE']._serialized_end=1036
+  _globals['_LISTDELETIONSREQUEST']._serialized_start=1038
+  _globals['_LISTDELETIONSREQUEST']._serialized_end=1115
+  _globals['_LISTDELETIONSRESPONSE']._serialized_start=1117
+  _globals['_LISTDELETIONSRESPONSE']._serialized_end=1210
+  _globals['_AUDITREQUEST']._serialized_start=1212
+  _globals['_AUDITREQUEST']._serialized_end=1242
+  _globals['_AUDITREPORT']._serialized_start=1245
+  _globals['_AUDITREPORT']._serialized_end=1424
+  _globals['_LIFECYCLE']._serialized_start=1427
+  _globals['_LIFECYCLE']._serialized_end=1854
 # @@protoc_insertion_point(module_scope)

@@ -23,6 +23,8 @@ module              holds
 ``_memories``       memories: publication, corrections, transitions, preferences
 ``_pending``        commit, ExtendPending, expiry queue, ``PENDING_EXPIRING``
 ``_forget``         the forget plan, cascade, purge and the deletion log
+``_echoes``         a forget's echo guard: keyed digests under a key of its own,
+                    the check of every write, the end of its window
 ``_repairs``        sealing, reopening and pausing repairs
 ``_events``         reading, emitting and pruning events
 ``_manifests``      context manifests
@@ -40,6 +42,17 @@ May import: ``lethe`` (names, generated messages), ``server.errors`` and
 
 from server.store._audit import AuditCounts, KeyCheck
 from server.store._base import record_ring
+from server.store._echoes import (
+    ECHO_ACTIONS,
+    ECHO_FORGET,
+    ECHO_IGNORE,
+    ECHO_REPORT,
+    ECHO_TAINT,
+    EchoSweep,
+    GuardPlan,
+    GuardRow,
+    Shingler,
+)
 from server.store._events import EVENT_RETENTION
 from server.store._forget import DESTINATIONS, DeletionEntry, Destination, ForgetTargets
 from server.store._moves import MoveRefused, OwnerExport
@@ -94,6 +107,11 @@ __all__ = [
     "DEFAULT_DISK_RESERVE",
     "DEFAULT_MAX_STORE_SIZE",
     "DESTINATIONS",
+    "ECHO_ACTIONS",
+    "ECHO_FORGET",
+    "ECHO_IGNORE",
+    "ECHO_REPORT",
+    "ECHO_TAINT",
     "EVENT_RETENTION",
     "KEK_ENV",
     "KIND_DEFAULTS",
@@ -106,9 +124,12 @@ __all__ = [
     "AuditCounts",
     "DeletionEntry",
     "Destination",
+    "EchoSweep",
     "EmbedderChange",
     "EventRow",
     "ForgetTargets",
+    "GuardPlan",
+    "GuardRow",
     "KeyCheck",
     "ManifestRow",
     "MemMeta",
@@ -120,6 +141,7 @@ __all__ = [
     "OwnerExport",
     "RecordMeta",
     "RecordView",
+    "Shingler",
     "SlotConflict",
     "Store",
     "StoreLockedError",

@@ -100,6 +100,8 @@ _OWNER_PREFIXED = (
     "events",
     "slots",
     "manifests",
+    "echo_guards",
+    "echo_digests",
 )
 # Databases keyed by resource names (``owners/{owner}/…``).
 _NAMED = ("tombstones", "lineage_down", "lineage_up")

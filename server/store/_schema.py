@@ -31,6 +31,10 @@ events          owner 0x00 event number (8 bytes BE)           :class:`EventRow`
 slots           owner 0x00 keyed digest of kind/slot/scope     rid of the memory holding it
 manifests       owner 0x00 manifest id                         :class:`ManifestRow` JSON
 moved           owner                                          :class:`MovedRow` JSON (ids only)
+echo_guards     owner 0x00 guard id                            ``GuardRow`` JSON (ids, times,
+                                                               counts: :mod:`._echoes`)
+echo_digests    owner 0x00 guard id 0x00 digest (32 bytes)     indexes of the guard's texts
+                                                               (uint32 BE each)
 ==============  =============================================  ==================================
 
 Ids never contain 0x00 and resource names never do, so no prefix of one
@@ -89,6 +93,8 @@ class Tables:
     slots: Any
     manifests: Any
     moved: Any
+    echo_guards: Any
+    echo_digests: Any
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -193,6 +199,16 @@ def slot_key(owner: str, digest_hex: str) -> bytes:
 
 def manifest_key(owner: str, manifest_id: str) -> bytes:
     return f"{owner}\x00{manifest_id}".encode()
+
+
+def echo_guard_key(owner: str, guard_id: str) -> bytes:
+    """Key of an echo guard's row: ``owner 0x00 guard id``."""
+    return f"{owner}\x00{guard_id}".encode()
+
+
+def echo_digest_prefix(owner: str, guard_id: str) -> bytes:
+    """``owner 0x00 guard id 0x00``: the prefix of a guard's digest rows."""
+    return echo_guard_key(owner, guard_id) + b"\x00"
 
 
 def edge_key(first: str, second: str) -> bytes:
