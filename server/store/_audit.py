@@ -132,9 +132,10 @@ class AuditPart(StoreBase):
                     counts.stale_summaries += 1
             if integrity:
                 counts.unreadable_records = self._unreadable(txn, turns, memories, now)
+            guards = guard_keys_in(txn, self.t, owner)  # a standing echo guard's key is used
         if not integrity:
             counts.unreadable_records = self.unreadable_count(owner)
-        used = self._used_keys(owner, threads.values(), turns, memories)
+        used = self._used_keys(owner, threads.values(), turns, memories) | guards
         counts.keys_without_record = len(self._unused(owner, used))
         return counts
 

@@ -244,6 +244,8 @@ def test_inside_the_window_an_echoing_summary_is_refused_and_a_turn_born_tainted
     assert not other[0].tainted
     assert lethe.server is not None
     assert lethe.server.store.echo_guard_hits == 2
+    report = c.audit("owners/alice")  # a standing guard's key is no stray key
+    assert (report.keys_without_record, report.records_without_key) == (0, 0)
 
 
 def test_with_forget_the_guard_refuses_an_echoing_turn(lethe: Lethe) -> None:
