@@ -192,12 +192,25 @@ def find_echoes(
             for rid, _ in index.search_terms(list(sources[i]), depth + len(exclude)):
                 wanted.setdefault(rid, []).append(i)
         held = index.terms_of(wanted)
+    # A shingle can be in a text only if every one of its terms is: counting the
+    # source shingles whose terms the candidate holds bounds the containment from
+    # above, with no shingle of the candidate built (most candidates stop here).
+    spans = {i: [s.split(" ") for s in sets[i]] for i in live}
     out: dict[int, list[int]] = {}
     for rid in sorted(held):
         if rid in exclude:
             continue
+        terms = set(held[rid])
+        maybe = [
+            i
+            for i in wanted[rid]
+            if sum(1 for span in spans[i] if all(t in terms for t in span))
+            >= rule.needed(len(sets[i]))
+        ]
+        if not maybe:
+            continue
         mine = rule.shingles(held[rid])
-        hits = [i for i in wanted[rid] if rule.echoes(sets[i], mine)]
+        hits = [i for i in maybe if rule.echoes(sets[i], mine)]
         if hits:
             out[rid] = hits
     return out

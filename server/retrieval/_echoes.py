@@ -2,11 +2,12 @@
 
 The sweep (``server.lifecycle``) asks which of an owner's live records repeat a
 text it is about to forget. The records are those of the owner's committed
-bundle (turns and memories in the plain BM25 leg: committed, live, untainted)
-and the pending turns of the threads the forget touches (their pending
-bundles); :func:`index.find_echoes` picks candidates by BM25 and checks each by
+bundle (turns and memories in the plain BM25 leg: committed, live, untainted),
+where :func:`index.find_echoes` picks candidates by BM25 and checks each by
 containment over the terms the leg already holds, so no record is decrypted
-again. Only the bundles of the forget's owner are read: another owner's records
+again; and the recent pending turns of the threads the forget touches, which
+the caller reads (``server.store.Store.recent_pending``) and this module checks
+one by one. Only the bundles of the forget's owner are read: another owner's records
 are never candidates.
 
 :data:`ECHO_RULE` (word bigrams of content terms, 0.7 containment, at least 5
@@ -14,8 +15,9 @@ bigrams: ``index.ECHO_*``, chosen by ``bench/eval_echoes.py``) decides, for the
 sweep and for the guard alike: :func:`echo_shingles` is what the guard digests,
 of a forgotten text and of a later write.
 
-What is not looked at: pending turns of other threads and pending memories
-(they reach general retrieval only through a commit, which the guard checks),
+What is not looked at: older pending turns of those threads, pending turns of
+other threads and pending memories (they reach general retrieval only through
+a commit, which the guard checks; until then only their own thread serves them),
 sealed records (out of everything until a repair is reopened), records already
 tainted (out of retrieval already).
 
@@ -50,25 +52,29 @@ def find_owner_echoes(
     builds: IndexBuilds,
     owner: str,
     sources: Sequence[Sequence[str]],
-    threads: Iterable[str],
+    pending: Iterable[tuple[int, str]],
     exclude: Collection[int],
 ) -> dict[int, list[int]]:
     """The owner's records whose text echoes one of ``sources`` (see the module docstring).
 
     Args:
-        builds: the retriever (its owner and pending bundles; built if not loaded).
+        builds: the retriever (its owner bundle; built if not loaded).
         owner: whose records; no other owner's are read.
         sources: the forgotten texts' terms (:func:`echo_terms`), in text order.
-        threads: threads whose pending turns are looked at too.
+        pending: ``(record number, plain text)`` of pending turns to check too
+            (``server.store.Store.recent_pending``).
         exclude: record numbers never reported (the forgotten records).
 
     Returns:
         ``{record number: indexes into sources}``.
     """
     found = find_echoes(builds.owner_bundle(owner).plain, sources, ECHO_RULE, exclude=exclude)
-    for thread in sorted(set(threads)):
-        pending = builds.pending_bundle(owner, thread).plain
-        for rid, hits in find_echoes(pending, sources, ECHO_RULE, exclude=exclude).items():
-            found.setdefault(rid, [])
-            found[rid] = sorted({*found[rid], *hits})
+    sets = [ECHO_RULE.shingles(terms) for terms in sources]
+    for rid, text in pending:
+        if rid in exclude:
+            continue
+        mine = ECHO_RULE.shingles(analyze(text))
+        hits = [i for i, source in enumerate(sets) if ECHO_RULE.echoes(source, mine)]
+        if hits:
+            found[rid] = sorted({*found.get(rid, []), *hits})
     return found

@@ -49,9 +49,12 @@ from server.store._echoes import (
     ECHO_REPORT,
     ECHO_TAINT,
     EchoSweep,
+    GuardKeyRow,
     GuardPlan,
     GuardRow,
     Shingler,
+    digest_input,
+    guard_end,
 )
 from server.store._events import EVENT_RETENTION
 from server.store._forget import DESTINATIONS, DeletionEntry, Destination, ForgetTargets
@@ -128,6 +131,7 @@ __all__ = [
     "EmbedderChange",
     "EventRow",
     "ForgetTargets",
+    "GuardKeyRow",
     "GuardPlan",
     "GuardRow",
     "KeyCheck",
@@ -154,8 +158,10 @@ __all__ = [
     "TurnView",
     "acquire_lock",
     "data_paths",
+    "digest_input",
     "effective_state",
     "general_visible",
+    "guard_end",
     "indexable",
     "open_store_for",
     "pending_indexable",

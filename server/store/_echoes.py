@@ -8,22 +8,32 @@ the plan's own transaction (:mod:`server.store._forget`). This module keeps the
 *guard* that stands after it: for a window, a write whose text echoes a forgotten
 text is refused or stored tainted.
 
-What the guard keeps is never the text. Each forget with a guard has a guard key
-of its own, a record key in the owner's ring (``echo-<guard id>``) made in the
-keystore phase of the plan's write group; the guard's rows in the data
-environment hold only keyed digests (BLAKE2b, 32 bytes, under that key:
-:meth:`shredder.Keystore.keyed_digests`) of the forgotten texts' word shingles,
-and how many a write must share with each text. A row cannot be turned back into
-text, nor used to confirm a guess, without the key; when the window ends the
-sweeper destroys the key (logged in the keystore's shred log; the next rotation
-completes it for keystore copies) and then deletes the rows
-(:meth:`EchoPart.expire_guard`), so nothing derived from the forgotten text
-remains. A crash between the two leaves rows whose key is gone: useless, and
-deleted by the next sweep; a guard key whose rows never committed (a crash in
-the plan's group) is a key no row names, destroyed at start-up like any other.
+What the guard keeps is never the text. Its rows in the data environment hold
+only keyed digests (BLAKE2b, 32 bytes: :meth:`shredder.Keystore.keyed_digests`)
+of the forgotten texts' word shingles, each salted with the guard's random id so
+that two guards' rows never share a digest, and how many a write must share with
+each text. A row cannot be turned back into text, nor used to confirm a guess,
+without the key.
+
+The keys: guards end at the boundary of a *bucket* of time (:func:`guard_bucket`:
+a power of two seconds, about a sixteenth of the window asked for, so a window
+is kept at least as long as asked and at most an eighth longer), and the guards
+of one owner that end at the same boundary share one key in the owner's ring,
+``echo-<bucket seconds>-<end>``, made once (:meth:`EchoPart.ensure_guard_key`,
+its own write op ``echo.key``: the keystore, then an ``echo_keys`` row naming it)
+— so a forget adds no keystore write of its own but the first of its bucket.
+When the bucket ends the sweeper (and start-up) destroys the key — synced, in
+the keystore's shred log; the next rotation completes it for keystore copies —
+and then deletes the key's row and every guard row under it
+(:meth:`EchoPart.expire_guard_key`), so nothing derived from the forgotten texts
+remains that anything can be linked with. A crash between the two leaves rows
+whose key is gone: useless, deleted by the next start or sweep; a key made
+without its row (a crash in ``echo.key``) is a key no row names, destroyed at
+start-up like any other.
 
 Rows (layouts in :mod:`server.store._schema`):
 
+- ``echo_keys``: ``owner 0x00 key id`` -> :class:`GuardKeyRow` JSON (its end);
 - ``echo_guards``: ``owner 0x00 guard id`` -> :class:`GuardRow` JSON (ids, times,
   counts);
 - ``echo_digests``: ``owner 0x00 guard id 0x00 digest`` -> the indexes (uint32
@@ -41,7 +51,9 @@ Thread rules: as every part of :class:`server.store.Store`.
 
 from __future__ import annotations
 
+import math
 import struct
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -54,7 +66,8 @@ from server.errors import FailedPrecondition, Reason
 from server.store import _json
 from server.store import _schema as sk
 from server.store._base import StoreBase
-from server.store._records import TurnMeta
+from server.store._records import PENDING, TurnMeta
+from server.store._visibility import effective_state
 from server.store._writer import WriteOp
 from shredder import KeyNotFoundError, RingRef
 
@@ -71,14 +84,30 @@ Shingler = Callable[[str], Sequence[bytes]]
 _INDEX = struct.Struct(">I")
 
 
-def guard_key_id(guard_id: str) -> str:
-    """The key id of a guard's key in its owner's ring."""
-    return f"echo-{guard_id}"
+GUARD_BUCKETS = 16
+"""About how many buckets a guard's window spans (:func:`guard_bucket`)."""
 
 
-def is_guard_key(ring: RingRef, key_id: str) -> bool:
-    """Whether a record key is an echo guard's (an owner-ring key named ``echo-…``)."""
-    return ring.thread is None and key_id.startswith("echo-")
+def guard_bucket(window: float) -> float:
+    """The bucket of a guard's window (seconds): the power of two nearest above ``window / 16``.
+
+    At least 1 s. A guard asked for ``window`` ends at the first bucket boundary
+    after it, so it stands at least ``window`` and less than ``window`` plus one
+    bucket (an eighth of the window at most, beyond 16 s).
+    """
+    return float(2 ** max(0, math.ceil(math.log2(max(window, 1e-9) / GUARD_BUCKETS))))
+
+
+def guard_end(now: float, window: float) -> tuple[float, str]:
+    """When a guard set at ``now`` for ``window`` seconds ends, and the id of its bucket's key."""
+    bucket = guard_bucket(window)
+    end = math.ceil((now + window) / bucket) * bucket
+    return end, f"echo-{int(bucket)}-{int(end)}"
+
+
+def digest_input(guard_id: str, shingle: bytes) -> bytes:
+    """What a guard digests for one shingle: its id, 0x00, the shingle (salted per guard)."""
+    return guard_id.encode() + b"\x00" + shingle
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +115,10 @@ class GuardPlan:
     """The guard a forget sets, as the lifecycle hands it to the plan.
 
     Attributes:
-        guard_id: random hex; names the guard's rows and its key.
-        expire_time: when the window ends (seconds since the epoch).
+        guard_id: random hex; names the guard's rows and salts its digests.
+        expire_time: when the window ends (seconds since the epoch; a bucket
+            boundary, :func:`guard_end`).
+        key_id: the key of its bucket (:meth:`EchoPart.ensure_guard_key` made it).
         action: ``TAINT`` or ``FORGET`` (what a later echoing write gets).
         shingles: per forgotten text looked for, its distinct word shingles.
         need: per text, how many of them a write must hold to echo it.
@@ -95,6 +126,7 @@ class GuardPlan:
 
     guard_id: str
     expire_time: float
+    key_id: str
     action: str
     shingles: tuple[tuple[bytes, ...], ...]
     need: tuple[int, ...]
@@ -117,12 +149,6 @@ class EchoSweep:
     echoes: tuple[int, ...] = ()
     texts: int = 0
     guard: GuardPlan | None = None
-
-    def guard_key(self, owner: str) -> list[tuple[RingRef, str]]:
-        """The key the plan's write group creates for the guard (none without one)."""
-        if self.guard is None:
-            return []
-        return [(RingRef(owner, None), guard_key_id(self.guard.guard_id))]
 
 
 @dataclass(slots=True)
@@ -172,8 +198,21 @@ class GuardRow:
         )
 
 
-def _noop(txn: lmdb.Transaction) -> None:
-    del txn
+@dataclass(slots=True)
+class GuardKeyRow:
+    """A guard key's row: whose, which, and when its bucket ends (seconds)."""
+
+    owner: str
+    key_id: str
+    expire_time: float
+
+    def encode(self) -> bytes:
+        return _json.dumps({"owner": self.owner, "key_id": self.key_id, "end": self.expire_time})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> GuardKeyRow:
+        data = _json.loads(raw)
+        return cls(str(data["owner"]), str(data["key_id"]), float(data["end"]))
 
 
 class EchoPart(StoreBase):
@@ -181,23 +220,58 @@ class EchoPart(StoreBase):
 
     # The guarded writes refused or tainted since start (``lethe_echo_guard_hits_total``).
     echo_guard_hits: int = 0
+    # Held while a guard bucket's key is looked up and made (:meth:`ensure_guard_key`).
+    _guard_key_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ the sweep's reads
+
+    def recent_pending(
+        self, owner: str, threads: Sequence[str], window: int
+    ) -> list[tuple[TurnMeta, str]]:
+        """The live, untainted pending turns among the last ``window`` turns of each thread.
+
+        With their plain text (``speaker: text``), decrypted: the pending turns
+        an echo sweep looks at (they are in no index the sweep reads). Reads
+        ``window`` rows per thread, never the whole thread.
+        """
+        now = time.time()
+        rows: list[tuple[TurnMeta, dict[str, bytes]]] = []
+        with self.env.begin() as txn:
+            for thread in threads:
+                tmeta = self._thread_row(txn, owner, thread)
+                if tmeta is None or tmeta.deleted:
+                    continue
+                lo = max(1, tmeta.last_seq - window + 1)
+                for meta in self._thread_metas(txn, owner, thread, lo=lo):
+                    if meta.tainted or effective_state(meta, now) != PENDING:
+                        continue
+                    rows.append((meta, self._read_payloads(txn, meta.rid, with_embedding=False)))
+
+        def plain(meta: TurnMeta, cts: dict[str, bytes]) -> tuple[TurnMeta, str]:
+            view = self.turn_view(meta, cts, with_embedding=False)
+            return meta, f"{view.speaker}: {view.text}" if view.speaker else view.text
+
+        return self.open_each(rows, plain)
 
     # ------------------------------------------------------------------ setting a guard
 
     def _install_guard(
         self, txn: lmdb.Transaction, owner: str, deletion_id: str, guard: GuardPlan
     ) -> None:
-        """Write a guard's rows in the plan's transaction (its key exists: the group made it).
+        """Write a guard's rows in the plan's transaction.
 
         Raises:
-            KeyNotFoundError: the guard key is missing (never, in the plan's group).
+            KeyNotFoundError: the bucket's key is gone (its bucket ended while
+                the forget was being planned: the forget fails whole, and is
+                retried with a later bucket).
         """
-        key_id = guard_key_id(guard.guard_id)
+        key_id = guard.key_id
         ring = RingRef(owner, None)
         prefix = sk.echo_digest_prefix(owner, guard.guard_id)
         held: dict[bytes, list[int]] = {}
         for index, shingles in enumerate(guard.shingles):
-            for digest in self.keystore.keyed_digests(ring, key_id, shingles):
+            salted = [digest_input(guard.guard_id, s) for s in shingles]
+            for digest in self.keystore.keyed_digests(ring, key_id, salted):
                 held.setdefault(digest, []).append(index)
         for digest, indexes in held.items():
             txn.put(
@@ -248,8 +322,9 @@ class EchoPart(StoreBase):
         every = list(dict.fromkeys(s for one in sets for s in one))
         ring = RingRef(owner, None)
         for guard in guards:
+            salted = [digest_input(guard.guard_id, s) for s in every]
             try:
-                made = self.keystore.keyed_digests(ring, guard.key_id, every)
+                made = self.keystore.keyed_digests(ring, guard.key_id, salted)
             except KeyNotFoundError:  # destroyed; its rows go with the next sweep
                 continue
             digests = dict(zip(every, made, strict=True))
@@ -280,7 +355,28 @@ class EchoPart(StoreBase):
         self.echo_guard_hits += 1
         meta.tainted = True
 
-    # ------------------------------------------------------------------ the window's end
+    # ------------------------------------------------------------------ the keys
+
+    def ensure_guard_key(self, owner: str, key_id: str, expire_time: float) -> None:
+        """Make the key of a guard bucket (and its ``echo_keys`` row) if it is not there yet.
+
+        One write op (``echo.key``): the keystore phase makes the key, the data
+        transaction the row. Serialised per store, so two forgets of one bucket
+        never both make it.
+        """
+        ring = RingRef(owner, None)
+        with self._guard_key_lock:
+            with self.env.begin() as txn:
+                if sk.get(txn, self.t.echo_keys, sk.echo_key_key(owner, key_id)) is not None:
+                    return
+            row = GuardKeyRow(owner, key_id, expire_time)
+
+            def apply(txn: lmdb.Transaction) -> None:
+                txn.put(sk.echo_key_key(owner, key_id), row.encode(), db=self.t.echo_keys)
+
+            self.writer.run(
+                WriteOp(apply, owner=owner, create_keys=[(ring, key_id)], name="echo.key")
+            )
 
     def echo_guards(self, owner: str | None = None) -> list[GuardRow]:
         """Every guard row (of ``owner``, or of every owner), live or past its window."""
@@ -288,18 +384,35 @@ class EchoPart(StoreBase):
         with self.env.begin() as txn:
             return [GuardRow.decode(raw) for _, raw in sk.scan(txn, self.t.echo_guards, prefix)]
 
-    def expire_guard(self, row: GuardRow) -> None:
-        """End a guard: destroy its key (synced, in the shred log), then delete its rows.
+    def echo_keys(self, owner: str | None = None) -> list[GuardKeyRow]:
+        """Every guard key row (of ``owner``, or of every owner)."""
+        prefix = b"" if owner is None else sk.owner_prefix(owner)
+        with self.env.begin() as txn:
+            return [GuardKeyRow.decode(raw) for _, raw in sk.scan(txn, self.t.echo_keys, prefix)]
+
+    def expire_guard_key(self, row: GuardKeyRow) -> int:
+        """End a bucket: destroy its key (synced, in the shred log), then delete its rows.
 
         One write op (``echo.expire``): the keystore phase destroys the key, the
-        data transaction deletes the rows. Repeating it after a crash between
-        the two is harmless (destroying a missing key is not an error).
+        data transaction deletes the key's row and every guard (with its
+        digests) under it. Repeating it after a crash between the two is
+        harmless (destroying a missing key is not an error).
+
+        Returns:
+            How many guards ended.
         """
 
-        def apply(txn: lmdb.Transaction) -> None:
-            self._drop_guard_rows(txn, row.owner, row.guard_id)
+        def apply(txn: lmdb.Transaction) -> int:
+            txn.delete(sk.echo_key_key(row.owner, row.key_id), db=self.t.echo_keys)
+            ended = 0
+            for _, raw in list(sk.scan(txn, self.t.echo_guards, sk.owner_prefix(row.owner))):
+                guard = GuardRow.decode(raw)
+                if guard.key_id == row.key_id:
+                    self._drop_guard_rows(txn, row.owner, guard.guard_id)
+                    ended += 1
+            return ended
 
-        self.writer.run(
+        return self.writer.run(
             WriteOp(
                 apply,
                 destroy_keys=[(RingRef(row.owner, None), row.key_id)],
@@ -313,19 +426,21 @@ class EchoPart(StoreBase):
 
     def _drop_owner_guards(self, txn: lmdb.Transaction, owner: str) -> None:
         """Delete every guard row of an owner forgotten whole (its ring took the keys)."""
-        sk.delete_prefix(txn, self.t.echo_guards, sk.owner_prefix(owner))
-        sk.delete_prefix(txn, self.t.echo_digests, sk.owner_prefix(owner))
+        for db in (self.t.echo_keys, self.t.echo_guards, self.t.echo_digests):
+            sk.delete_prefix(txn, db, sk.owner_prefix(owner))
 
     def guard_count(self) -> int:
-        """Guards standing (``lethe_echo_guard_keys``: each holds one live key until it ends)."""
+        """Guard keys live (``lethe_echo_guard_keys``), one per owner and bucket."""
         with self.env.begin() as txn:
-            return int(txn.stat(self.t.echo_guards)["entries"])
+            return int(txn.stat(self.t.echo_keys)["entries"])
 
 
 def guard_keys_in(
     txn: lmdb.Transaction, tables: Any, owner: str | None = None
 ) -> set[tuple[RingRef, str]]:
-    """The keys the guard rows name (of ``owner``, or of every owner): in use, never stray."""
+    """The guard keys the data names (of ``owner``, or of every owner): in use, never stray."""
     prefix = b"" if owner is None else sk.owner_prefix(owner)
-    rows = (GuardRow.decode(raw) for _, raw in sk.scan(txn, tables.echo_guards, prefix))
-    return {(RingRef(g.owner, None), g.key_id) for g in rows}
+    keys = (GuardKeyRow.decode(raw) for _, raw in sk.scan(txn, tables.echo_keys, prefix))
+    guards = (GuardRow.decode(raw) for _, raw in sk.scan(txn, tables.echo_guards, prefix))
+    named = {(g.owner, g.key_id) for g in keys} | {(g.owner, g.key_id) for g in guards}
+    return {(RingRef(owner_id, None), key_id) for owner_id, key_id in named}

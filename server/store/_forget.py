@@ -501,9 +501,9 @@ class ForgetPart(EchoPart):
             targets: what to forget (:class:`ForgetTargets`).
             reason: the receipt's reason (``FORGET``, ``EXPIRED``, …).
             request_time: when the request arrived (seconds).
-            echoes: what the echo sweep found and the guard to set, or None.
-                The guard's key is made by this op's keystore phase, so the
-                guard's rows and the plan commit together or not at all.
+            echoes: what the echo sweep found and the guard to set, or None
+                (the guard's bucket key exists: ``ensure_guard_key``); the
+                guard's rows commit with the plan.
 
         Raises:
             NotFound / RecordDeleted: a named record or a range's thread never
@@ -521,8 +521,7 @@ class ForgetPart(EchoPart):
                 echoes=echoes,
             )
 
-        keys = echoes.guard_key(owner) if echoes is not None else []
-        return self.writer.run(WriteOp(apply, owner=owner, create_keys=keys, name="forget.plan"))
+        return self.writer.run(WriteOp(apply, owner=owner, name="forget.plan"))
 
     def _plan(
         self,

@@ -100,6 +100,7 @@ _OWNER_PREFIXED = (
     "events",
     "slots",
     "manifests",
+    "echo_keys",
     "echo_guards",
     "echo_digests",
 )

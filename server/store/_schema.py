@@ -31,6 +31,7 @@ events          owner 0x00 event number (8 bytes BE)           :class:`EventRow`
 slots           owner 0x00 keyed digest of kind/slot/scope     rid of the memory holding it
 manifests       owner 0x00 manifest id                         :class:`ManifestRow` JSON
 moved           owner                                          :class:`MovedRow` JSON (ids only)
+echo_keys       owner 0x00 key id (``echo-<bucket>-<end>``)    ``GuardKeyRow`` JSON (its end)
 echo_guards     owner 0x00 guard id                            ``GuardRow`` JSON (ids, times,
                                                                counts: :mod:`._echoes`)
 echo_digests    owner 0x00 guard id 0x00 digest (32 bytes)     indexes of the guard's texts
@@ -93,6 +94,7 @@ class Tables:
     slots: Any
     manifests: Any
     moved: Any
+    echo_keys: Any
     echo_guards: Any
     echo_digests: Any
 
@@ -199,6 +201,11 @@ def slot_key(owner: str, digest_hex: str) -> bytes:
 
 def manifest_key(owner: str, manifest_id: str) -> bytes:
     return f"{owner}\x00{manifest_id}".encode()
+
+
+def echo_key_key(owner: str, key_id: str) -> bytes:
+    """Key of an echo guard key's row: ``owner 0x00 key id``."""
+    return f"{owner}\x00{key_id}".encode()
 
 
 def echo_guard_key(owner: str, guard_id: str) -> bytes:

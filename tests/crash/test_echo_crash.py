@@ -1,14 +1,15 @@
 """The echo sweep and the echo guard killed at each step, on the real server process.
 
 A forget with an echo action sweeps before its plan (``echo.sweep.after_read``:
-nothing written yet), sets its guard in the plan's write group
-(``forget.plan.after_keystore``: the guard's key exists, no row names it;
-``forget.plan.after_commit``: decided), and the guard ends in two steps
-(``echo.expire.after_keystore``: key destroyed, rows left;
-``echo.expire.after_commit``: both). After each kill the next start converges:
-the forget is wholly applied or wholly not, a guard stands with its key or is
-wholly gone with its key in the shred log, and ``lethe audit`` is clean
-(a guard's key is no stray key while its guard stands).
+nothing written yet), makes its guard bucket's key if it is the bucket's first
+(``echo.key.after_keystore``: a key no row names; ``echo.key.after_commit``:
+the key and its row, no forget), sets its guard in the plan
+(``forget.plan.after_keystore``: not decided; ``forget.plan.after_commit``:
+decided), and the bucket ends in two steps (``echo.expire.after_keystore``: key
+destroyed, rows left; ``echo.expire.after_commit``: both). After each kill the
+next start converges: the forget is wholly applied or wholly not, a guard
+stands with its key or is wholly gone with its key in the shred log, and
+``lethe audit`` is clean (a guard key is no stray key while its row stands).
 """
 
 from __future__ import annotations
@@ -133,6 +134,31 @@ def test_a_kill_during_the_sweep_leaves_nothing_to_converge(tmp_path: Path, kek_
 
 
 @pytest.mark.parametrize("moment", ["after_keystore", "after_commit"])
+def test_a_kill_while_the_guard_key_is_made_converges(
+    moment: str, tmp_path: Path, kek_env: str
+) -> None:
+    data, env = tmp_path / "d", base_env(kek_env)
+    token = make_token(data, env, OWNER)
+    with serving(data, env) as clean:
+        state = _setup(clean.stubs(token))
+    with serving(data, armed(env, f"echo.key.{moment}")) as doomed:
+        with pytest.raises(grpc.RpcError):
+            _forget(doomed.stubs(token), state)
+        assert doomed.killed()
+    with serving(data, env) as again:  # no forget happened; a stray key went at start-up
+        s = again.stubs(token)
+        assert isinstance(_turn(s, state["said"]), threads_pb2.Turn)
+        echo = _turn(s, state["echo"])
+        assert isinstance(echo, threads_pb2.Turn)
+        assert not echo.tainted
+        assert _summary(s) == "ok"
+        _clean(s)
+        assert _forget(s, state).echoes_found == 1  # the retry does it all
+        _clean(s)
+    assert audit(data, env)[0] == 0
+
+
+@pytest.mark.parametrize("moment", ["after_keystore", "after_commit"])
 def test_a_kill_in_the_plan_that_sets_a_guard_converges(
     moment: str, tmp_path: Path, kek_env: str
 ) -> None:
@@ -148,7 +174,7 @@ def test_a_kill_in_the_plan_that_sets_a_guard_converges(
         s = again.stubs(token)
         echo = _turn(s, state["echo"])
         assert isinstance(echo, threads_pb2.Turn)
-        if moment == "after_keystore":  # not decided: the guard's key went as a stray key
+        if moment == "after_keystore":  # not decided: the bucket's key waits for its end
             assert isinstance(_turn(s, state["said"]), threads_pb2.Turn)
             assert not echo.tainted
             assert _summary(s) == "ok"
@@ -171,7 +197,7 @@ def test_a_kill_while_a_guard_ends_converges(moment: str, tmp_path: Path, kek_en
         _forget(s, state, guard=0.5)
     keys, _ = _offline(data, env)
     assert len(keys) == 1
-    time.sleep(0.6)
+    time.sleep(1.6)  # a 0.5 s window ends at the next whole second
     # Start-up ends the guards whose window passed: the armed start dies there.
     with pytest.raises(RuntimeError, match="exit -9"):
         Server(data, armed(env, f"echo.expire.{moment}"))

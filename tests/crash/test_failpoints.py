@@ -1030,7 +1030,8 @@ COVERED = (
         "restore.after_replace",
     }
     # tests/crash/test_echo_crash.py: a forget's echo sweep and the end of its guard.
-    | {"echo.sweep.after_read", "echo.expire.after_keystore", "echo.expire.after_commit"}
+    | {"echo.sweep.after_read", "echo.key.after_keystore", "echo.key.after_commit"}
+    | {"echo.expire.after_keystore", "echo.expire.after_commit"}
     # tests/crash/test_reembed_crash.py: a change of embedder killed at each step.
     | {
         "embedder.record.after_keystore",
