@@ -179,8 +179,10 @@ def find_echoes(
         ``{id: indexes into sources of the sources it echoes}``, ids ascending.
     """
     rule = rule or EchoRule()
-    sets = [rule.shingles(terms) for terms in sources]
-    live = [i for i, s in enumerate(sets) if rule.sweepable(s)]
+    # Shingles as tuples of terms here (``zip`` builds them in C, no string is
+    # joined); the same sets as :func:`shingles`, in another spelling.
+    sets = [_grams(terms, rule.width) for terms in sources]
+    live = [i for i, s in enumerate(sets) if len(s) >= rule.min_shingles]
     if not live or not len(index):
         return {}
     if len(live) > scan_above:
@@ -192,25 +194,18 @@ def find_echoes(
             for rid, _ in index.search_terms(list(sources[i]), depth + len(exclude)):
                 wanted.setdefault(rid, []).append(i)
         held = index.terms_of(wanted)
-    # A shingle can be in a text only if every one of its terms is: counting the
-    # source shingles whose terms the candidate holds bounds the containment from
-    # above, with no shingle of the candidate built (most candidates stop here).
-    spans = {i: [s.split(" ") for s in sets[i]] for i in live}
+    need = {i: rule.needed(len(sets[i])) for i in live}
     out: dict[int, list[int]] = {}
     for rid in sorted(held):
         if rid in exclude:
             continue
-        terms = set(held[rid])
-        maybe = [
-            i
-            for i in wanted[rid]
-            if sum(1 for span in spans[i] if all(t in terms for t in span))
-            >= rule.needed(len(sets[i]))
-        ]
-        if not maybe:
-            continue
-        mine = rule.shingles(held[rid])
-        hits = [i for i in maybe if rule.echoes(sets[i], mine)]
+        mine = _grams(held[rid], rule.width)
+        hits = [i for i in wanted[rid] if len(sets[i] & mine) >= need[i]]
         if hits:
             out[rid] = hits
     return out
+
+
+def _grams(terms: Sequence[str], width: int) -> frozenset[tuple[str, ...]]:
+    """The distinct ``width``-shingles of ``terms`` as tuples (:func:`shingles`, unjoined)."""
+    return frozenset(zip(*(terms[i:] for i in range(width)), strict=False))
