@@ -80,7 +80,6 @@ def test_store_face_is_pinned() -> None:
             "TurnView",
             "acquire_lock",
             "data_paths",
-            "digest_input",
             "effective_state",
             "general_visible",
             "guard_end",

@@ -53,7 +53,6 @@ from server.store._echoes import (
     GuardPlan,
     GuardRow,
     Shingler,
-    digest_input,
     guard_end,
 )
 from server.store._events import EVENT_RETENTION
@@ -158,7 +157,6 @@ __all__ = [
     "TurnView",
     "acquire_lock",
     "data_paths",
-    "digest_input",
     "effective_state",
     "general_visible",
     "guard_end",

@@ -10,10 +10,13 @@ text is refused or stored tainted.
 
 What the guard keeps is never the text. Its rows in the data environment hold
 only keyed digests (BLAKE2b, 32 bytes: :meth:`shredder.Keystore.keyed_digests`)
-of the forgotten texts' word shingles, each salted with the guard's random id so
-that two guards' rows never share a digest, and how many a write must share with
+of the forgotten texts' word shingles, and how many a write must share with
 each text. A row cannot be turned back into text, nor used to confirm a guess,
-without the key.
+without the key. The guards of one bucket share its key and its digest rows (a
+row lists every guard and text holding the shingle), so a write is digested
+once per bucket whatever the number of guards; the price is that a reader of
+the data sees that two texts forgotten within one bucket had a shingle in
+common, never which.
 
 The keys: guards end at the boundary of a *bucket* of time (:func:`guard_bucket`:
 a power of two seconds, about a sixteenth of the window asked for, so a window
@@ -34,17 +37,18 @@ start-up like any other.
 Rows (layouts in :mod:`server.store._schema`):
 
 - ``echo_keys``: ``owner 0x00 key id`` -> :class:`GuardKeyRow` JSON (its end);
-- ``echo_guards``: ``owner 0x00 guard id`` -> :class:`GuardRow` JSON (ids, times,
-  counts);
-- ``echo_digests``: ``owner 0x00 guard id 0x00 digest`` -> the indexes (uint32
-  big-endian each) of the guard's texts that hold the shingle.
+- ``echo_guards``: ``owner 0x00 key id 0x00 guard id`` -> :class:`GuardRow` JSON
+  (ids, times, counts);
+- ``echo_digests``: ``owner 0x00 key id 0x00 digest`` -> one 12-byte entry per
+  guard text holding the shingle: the guard's id (8 bytes), the text's index
+  (uint32 big-endian).
 
 A write checks every live guard of its owner (:meth:`EchoPart._echo_check`, in
 the write's own transaction on the writer thread, so a write that commits after
 the forget's plan always meets its guard): its text's shingles (the caller's
 ``shingler``, from ``server.retrieval``) are digested under each guard's key and
-looked up; it echoes a forgotten text when it holds at least that text's
-``need`` of them.
+looked up once per bucket; it echoes a forgotten text when it holds at least
+that text's ``need`` of them.
 
 Thread rules: as every part of :class:`server.store.Store`.
 """
@@ -82,6 +86,8 @@ Shingler = Callable[[str], Sequence[bytes]]
 """A text's distinct word shingles as bytes (``server.retrieval.echo_shingles``)."""
 
 _INDEX = struct.Struct(">I")
+_ENTRY = 8 + _INDEX.size
+"""Bytes of one entry of a digest row: the guard's id (8 bytes), the text's index."""
 
 
 GUARD_BUCKETS = 16
@@ -105,17 +111,12 @@ def guard_end(now: float, window: float) -> tuple[float, str]:
     return end, f"echo-{int(bucket)}-{int(end)}"
 
 
-def digest_input(guard_id: str, shingle: bytes) -> bytes:
-    """What a guard digests for one shingle: its id, 0x00, the shingle (salted per guard)."""
-    return guard_id.encode() + b"\x00" + shingle
-
-
 @dataclass(frozen=True, slots=True)
 class GuardPlan:
     """The guard a forget sets, as the lifecycle hands it to the plan.
 
     Attributes:
-        guard_id: random hex; names the guard's rows and salts its digests.
+        guard_id: 16 random hex digits; names the guard's rows.
         expire_time: when the window ends (seconds since the epoch; a bucket
             boundary, :func:`guard_end`).
         key_id: the key of its bucket (:meth:`EchoPart.ensure_guard_key` made it).
@@ -267,18 +268,16 @@ class EchoPart(StoreBase):
         """
         key_id = guard.key_id
         ring = RingRef(owner, None)
-        prefix = sk.echo_digest_prefix(owner, guard.guard_id)
+        prefix = sk.echo_digest_prefix(owner, key_id)
+        me = bytes.fromhex(guard.guard_id)
         held: dict[bytes, list[int]] = {}
         for index, shingles in enumerate(guard.shingles):
-            salted = [digest_input(guard.guard_id, s) for s in shingles]
-            for digest in self.keystore.keyed_digests(ring, key_id, salted):
+            for digest in self.keystore.keyed_digests(ring, key_id, shingles):
                 held.setdefault(digest, []).append(index)
         for digest, indexes in held.items():
-            txn.put(
-                prefix + digest,
-                b"".join(_INDEX.pack(i) for i in indexes),
-                db=self.t.echo_digests,
-            )
+            entries = b"".join(me + _INDEX.pack(i) for i in indexes)
+            before = sk.get(txn, self.t.echo_digests, prefix + digest) or b""
+            txn.put(prefix + digest, before + entries, db=self.t.echo_digests)
         row = GuardRow(
             owner,
             guard.guard_id,
@@ -288,14 +287,16 @@ class EchoPart(StoreBase):
             guard.action,
             list(guard.need),
         )
-        txn.put(sk.echo_guard_key(owner, guard.guard_id), row.encode(), db=self.t.echo_guards)
+        txn.put(
+            sk.echo_guard_key(owner, key_id, guard.guard_id), row.encode(), db=self.t.echo_guards
+        )
 
     # ------------------------------------------------------------------ checking writes
 
-    def _live_guards(self, txn: lmdb.Transaction, owner: str, now: float) -> list[GuardRow]:
-        """The owner's guards whose window has not ended (one cursor position when none)."""
-        rows = sk.scan(txn, self.t.echo_guards, sk.owner_prefix(owner))
-        return [g for g in (GuardRow.decode(raw) for _, raw in rows) if g.expire_time > now]
+    def _live_keys(self, txn: lmdb.Transaction, owner: str, now: float) -> list[GuardKeyRow]:
+        """The owner's guard buckets not yet ended (one cursor position when there is none)."""
+        rows = sk.scan(txn, self.t.echo_keys, sk.owner_prefix(owner))
+        return [k for k in (GuardKeyRow.decode(raw) for _, raw in rows) if k.expire_time > now]
 
     def _echo_check(
         self,
@@ -303,42 +304,52 @@ class EchoPart(StoreBase):
         owner: str,
         texts: Sequence[str],
         shingler: Shingler | None,
-        guards: Sequence[GuardRow] | None = None,
+        keys: Sequence[GuardKeyRow] | None = None,
     ) -> list[str]:
         """What the owner's live guards say of each text: ``""``, ``TAINT`` or ``FORGET``.
 
         Runs in the write's transaction. Without a live guard (the usual case)
-        it reads one cursor position and never calls ``shingler``. ``guards``:
-        :meth:`_live_guards` when the caller has them.
+        it reads one cursor position and never calls ``shingler``. The text's
+        shingles are digested once per bucket (not per guard) and looked up;
+        only the guards they hit are read. ``keys``: :meth:`_live_keys` when
+        the caller has them.
         """
         verdicts = [""] * len(texts)
         if shingler is None or not texts:
             return verdicts
-        if guards is None:
-            guards = self._live_guards(txn, owner, time.time())
-        if not guards:
+        if keys is None:
+            keys = self._live_keys(txn, owner, time.time())
+        if not keys:
             return verdicts
         sets = [list(dict.fromkeys(shingler(text))) for text in texts]
         every = list(dict.fromkeys(s for one in sets for s in one))
         ring = RingRef(owner, None)
-        for guard in guards:
-            salted = [digest_input(guard.guard_id, s) for s in every]
+        for key in keys:
             try:
-                made = self.keystore.keyed_digests(ring, guard.key_id, salted)
+                made = self.keystore.keyed_digests(ring, key.key_id, every)
             except KeyNotFoundError:  # destroyed; its rows go with the next sweep
                 continue
             digests = dict(zip(every, made, strict=True))
-            prefix = sk.echo_digest_prefix(owner, guard.guard_id)
+            prefix = sk.echo_digest_prefix(owner, key.key_id)
+            guards: dict[bytes, GuardRow | None] = {}
             for j, shingles in enumerate(sets):
-                counts: Counter[int] = Counter()
+                counts: Counter[tuple[bytes, int]] = Counter()
                 for shingle in shingles:
                     raw = sk.get(txn, self.t.echo_digests, prefix + digests[shingle])
-                    if raw is not None:
-                        counts.update(i for (i,) in _INDEX.iter_unpack(raw))
-                need = guard.need
-                hit = any(n >= need[i] for i, n in counts.items() if i < len(need))
-                if hit and verdicts[j] != ECHO_FORGET:
-                    verdicts[j] = guard.action
+                    for k in range(0, len(raw or b""), _ENTRY):
+                        entry = (raw or b"")[k : k + _ENTRY]
+                        counts[(entry[:8], _INDEX.unpack(entry[8:])[0])] += 1
+                for (gid, index), n in counts.items():
+                    if gid not in guards:
+                        found = sk.get(
+                            txn, self.t.echo_guards, sk.echo_guard_key(owner, key.key_id, gid.hex())
+                        )
+                        guards[gid] = None if found is None else GuardRow.decode(found)
+                    guard = guards[gid]
+                    if guard is None or index >= len(guard.need) or n < guard.need[index]:
+                        continue
+                    if verdicts[j] != ECHO_FORGET:
+                        verdicts[j] = guard.action
         return verdicts
 
     def _refuse_echo(self, subject: str) -> FailedPrecondition:
@@ -404,12 +415,10 @@ class EchoPart(StoreBase):
 
         def apply(txn: lmdb.Transaction) -> int:
             txn.delete(sk.echo_key_key(row.owner, row.key_id), db=self.t.echo_keys)
-            ended = 0
-            for _, raw in list(sk.scan(txn, self.t.echo_guards, sk.owner_prefix(row.owner))):
-                guard = GuardRow.decode(raw)
-                if guard.key_id == row.key_id:
-                    self._drop_guard_rows(txn, row.owner, guard.guard_id)
-                    ended += 1
+            prefix = sk.echo_digest_prefix(row.owner, row.key_id)  # the bucket's rows
+            ended = sum(1 for _ in sk.scan_keys(txn, self.t.echo_guards, prefix))
+            sk.delete_prefix(txn, self.t.echo_guards, prefix)
+            sk.delete_prefix(txn, self.t.echo_digests, prefix)
             return ended
 
         return self.writer.run(
@@ -419,10 +428,6 @@ class EchoPart(StoreBase):
                 name="echo.expire",
             )
         )
-
-    def _drop_guard_rows(self, txn: lmdb.Transaction, owner: str, guard_id: str) -> None:
-        txn.delete(sk.echo_guard_key(owner, guard_id), db=self.t.echo_guards)
-        sk.delete_prefix(txn, self.t.echo_digests, sk.echo_digest_prefix(owner, guard_id))
 
     def _drop_owner_guards(self, txn: lmdb.Transaction, owner: str) -> None:
         """Delete every guard row of an owner forgotten whole (its ring took the keys)."""

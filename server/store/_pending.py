@@ -117,8 +117,8 @@ class PendingPart(EchoPart):
         if not changed or shingler is None:
             return
         owner = changed[0].owner
-        guards = self._live_guards(txn, owner, now)
-        if not guards:
+        keys = self._live_keys(txn, owner, now)
+        if not keys:
             return
         texts = []
         for meta in changed:
@@ -132,7 +132,7 @@ class PendingPart(EchoPart):
                 texts.append(
                     self.turn_view(meta, self._read_payloads(txn, meta.rid, False), False).text
                 )
-        verdicts = self._echo_check(txn, owner, texts, shingler, guards)
+        verdicts = self._echo_check(txn, owner, texts, shingler, keys)
         for meta, verdict in zip(changed, verdicts, strict=True):
             if not verdict:
                 continue

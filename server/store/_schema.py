@@ -32,10 +32,10 @@ slots           owner 0x00 keyed digest of kind/slot/scope     rid of the memory
 manifests       owner 0x00 manifest id                         :class:`ManifestRow` JSON
 moved           owner                                          :class:`MovedRow` JSON (ids only)
 echo_keys       owner 0x00 key id (``echo-<bucket>-<end>``)    ``GuardKeyRow`` JSON (its end)
-echo_guards     owner 0x00 guard id                            ``GuardRow`` JSON (ids, times,
+echo_guards     owner 0x00 key id 0x00 guard id                ``GuardRow`` JSON (ids, times,
                                                                counts: :mod:`._echoes`)
-echo_digests    owner 0x00 guard id 0x00 digest (32 bytes)     indexes of the guard's texts
-                                                               (uint32 BE each)
+echo_digests    owner 0x00 key id 0x00 digest (32 bytes)       (guard id 8 bytes, text index
+                                                               uint32 BE) per guard text
 ==============  =============================================  ==================================
 
 Ids never contain 0x00 and resource names never do, so no prefix of one
@@ -208,14 +208,14 @@ def echo_key_key(owner: str, key_id: str) -> bytes:
     return f"{owner}\x00{key_id}".encode()
 
 
-def echo_guard_key(owner: str, guard_id: str) -> bytes:
-    """Key of an echo guard's row: ``owner 0x00 guard id``."""
-    return f"{owner}\x00{guard_id}".encode()
+def echo_digest_prefix(owner: str, key_id: str) -> bytes:
+    """``owner 0x00 key id 0x00``: the prefix of a guard bucket's guard and digest rows."""
+    return echo_key_key(owner, key_id) + b"\x00"
 
 
-def echo_digest_prefix(owner: str, guard_id: str) -> bytes:
-    """``owner 0x00 guard id 0x00``: the prefix of a guard's digest rows."""
-    return echo_guard_key(owner, guard_id) + b"\x00"
+def echo_guard_key(owner: str, key_id: str, guard_id: str) -> bytes:
+    """Key of an echo guard's row: ``owner 0x00 key id 0x00 guard id``."""
+    return echo_digest_prefix(owner, key_id) + guard_id.encode()
 
 
 def edge_key(first: str, second: str) -> bytes:

@@ -19,7 +19,6 @@ from conftest import Client, Lethe
 from lethe.client import EchoesForgotten, RecordDeleted
 from lethe.v1 import common_pb2, lifecycle_pb2
 from server.retrieval import echo_shingles
-from server.store import digest_input
 from shredder import KekRing, Keystore, RingRef
 
 FAILED = grpc.StatusCode.FAILED_PRECONDITION
@@ -308,8 +307,7 @@ def test_after_the_window_the_guard_key_is_shredded_and_no_copy_matches(
     ring = RingRef("alice", None)
     shingles = echo_shingles(fact)
     assert len(shingles) >= 5
-    salted = [digest_input(guard.guard_id, s) for s in shingles]
-    digests = store.keystore.keyed_digests(ring, guard.key_id, salted)
+    digests = store.keystore.keyed_digests(ring, guard.key_id, shingles)
     assert [k.key_id for k in store.echo_keys("alice")] == [guard.key_id]
     deadline = time.time() + 30
     while store.echo_guards() and time.time() < deadline:
@@ -332,27 +330,32 @@ def test_after_the_window_the_guard_key_is_shredded_and_no_copy_matches(
     try:
         keys = list(ks.list_record_keys("alice"))
         assert (ring, guard.key_id) not in keys
-        made = [d for r, k in keys for d in ks.keyed_digests(r, k, [*shingles, *salted])]
+        made = [d for r, k in keys for d in ks.keyed_digests(r, k, shingles)]
     finally:
         ks.close()
     assert _files_holding(copy, made) == []
 
 
-def test_guards_of_one_bucket_share_a_key_and_no_digest(lethe: Lethe) -> None:
+def test_guards_of_one_bucket_share_a_key_and_its_digest_rows(lethe: Lethe) -> None:
     c = lethe.client("alice")
     thread = create_thread(c, "alice")
-    first, second = _fact(), _fact()
-    said = append(c, thread, [first, second], commit=True)
-    c.forget([said[0].name], echo_guard=3600)
+    first = _fact()
+    second = "Her grandmother's violin was made in Cremona and the bow came from Paris in 1901"
+    said = append(c, thread, [first, second], commit=True)  # a few bigrams in common
+    assert c.forget([said[0].name], echo_guard=3600).echoes_found == 0
     c.forget([said[1].name], echo_guard=3600)
     assert lethe.server is not None
     store = lethe.server.store
     one, two = store.echo_guards("alice")
     assert one.key_id == two.key_id  # one key per bucket: no keystore write per forget
     assert len(store.echo_keys("alice")) == 1
-    env = store.env
-    digests = env.open_db(b"echo_digests")
-    with env.begin() as txn:
-        rows = [bytes(k) for k, _ in txn.cursor(db=digests)]
-    by_guard = {g.guard_id: {k[-32:] for k in rows if g.guard_id.encode() in k} for g in (one, two)}
-    assert by_guard[one.guard_id].isdisjoint(by_guard[two.guard_id])  # salted per guard
+    digests = store.env.open_db(b"echo_digests")
+    with store.env.begin() as txn:
+        values = [bytes(v) for _, v in txn.cursor(db=digests)]
+    # One row per distinct bigram of the bucket, listing every guard text holding it:
+    # a write is digested once per bucket, whatever the number of guards.
+    shared = [v for v in values if len(v) == 24]
+    assert shared
+    assert all({v[:8].hex(), v[12:20].hex()} == {one.guard_id, two.guard_id} for v in shared)
+    assert append(c, thread, [second], commit=True)[0].tainted
+    assert append(c, thread, [first], commit=True)[0].tainted
