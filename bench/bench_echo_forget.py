@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import statistics
@@ -48,6 +49,7 @@ from server._metrics import Metrics
 from server.lifecycle import Lifecycle
 from server.retrieval import Retriever
 from server.store import ECHO_IGNORE, ECHO_REPORT, ECHO_TAINT, ForgetTargets, Store, TurnDraft
+from shredder import KekRing
 
 POLICIES = (ECHO_IGNORE, ECHO_REPORT, ECHO_TAINT)
 THREAD_TURNS = 600
@@ -120,11 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         texts = [_split(t) for t in varied_texts(corpus.turns, args.turns)]
     else:
         texts = permuted_texts(corpus.turns, args.turns, args.seed)
-    import os
-
-    from shredder import KekRing
-
-    os.environ.setdefault("LETHE_KEK", KekRing.generate_env_value())
+    os.environ.setdefault("LETHE_KEK", KekRing.generate_env_value())  # in memory, for the run
     owner = "bench"
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "data")
