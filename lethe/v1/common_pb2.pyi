@@ -337,7 +337,8 @@ class DeletionReceipt(_message.Message):
     """
     deleted: _builtins.int
     """Total records tombstoned: the targets (turns, memories, the turns of a
-    thread or owner) plus the cascade.
+    thread or owner) plus the cascade, plus the echoes deleted (a memory under
+    `TAINT`, any echo under `FORGET`).
     """
     echo_action: Global___EchoAction.ValueType
     """What was done to echoes (`ForgetRequest.echoes`, its default resolved);
