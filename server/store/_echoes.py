@@ -221,7 +221,8 @@ class EchoPart(StoreBase):
 
     # The guarded writes refused or tainted since start (``lethe_echo_guard_hits_total``).
     echo_guard_hits: int = 0
-    # Held while a guard bucket's key is looked up and made (:meth:`ensure_guard_key`).
+    # Held while a guard bucket's key is looked up and made (:meth:`ensure_guard_key`);
+    # one for the process (stores opened side by side share it: it is held briefly).
     _guard_key_lock = threading.Lock()
 
     # ------------------------------------------------------------------ the sweep's reads
@@ -258,22 +259,25 @@ class EchoPart(StoreBase):
 
     def _install_guard(
         self, txn: lmdb.Transaction, owner: str, deletion_id: str, guard: GuardPlan
-    ) -> None:
+    ) -> bool:
         """Write a guard's rows in the plan's transaction.
 
-        Raises:
-            KeyNotFoundError: the bucket's key is gone (its bucket ended while
-                the forget was being planned: the forget fails whole, and is
-                retried with a later bucket).
+        Returns:
+            Whether the guard was set: not when its bucket's key is already gone
+            (a window so short that its bucket ended while the forget was
+            planned: there is nothing left to guard).
         """
         key_id = guard.key_id
         ring = RingRef(owner, None)
         prefix = sk.echo_digest_prefix(owner, key_id)
         me = bytes.fromhex(guard.guard_id)
         held: dict[bytes, list[int]] = {}
-        for index, shingles in enumerate(guard.shingles):
-            for digest in self.keystore.keyed_digests(ring, key_id, shingles):
-                held.setdefault(digest, []).append(index)
+        try:
+            for index, shingles in enumerate(guard.shingles):
+                for digest in self.keystore.keyed_digests(ring, key_id, shingles):
+                    held.setdefault(digest, []).append(index)
+        except KeyNotFoundError:
+            return False
         for digest, indexes in held.items():
             entries = b"".join(me + _INDEX.pack(i) for i in indexes)
             before = sk.get(txn, self.t.echo_digests, prefix + digest) or b""
@@ -290,6 +294,7 @@ class EchoPart(StoreBase):
         txn.put(
             sk.echo_guard_key(owner, key_id, guard.guard_id), row.encode(), db=self.t.echo_guards
         )
+        return True
 
     # ------------------------------------------------------------------ checking writes
 

@@ -616,9 +616,9 @@ class ForgetPart(EchoPart):
         plan.follow(targets.delete_responses)
         if echoes is not None and not whole_owner:
             plan.act_on_echoes(echoes, targets.delete_responses)
-            if echoes.guard is not None:
-                self._install_guard(txn, owner, plan.deletion_id, echoes.guard)
-                plan.echo_guard_expire_time = echoes.guard.expire_time
+            guard = echoes.guard
+            if guard is not None and self._install_guard(txn, owner, plan.deletion_id, guard):
+                plan.echo_guard_expire_time = guard.expire_time
         plan.announce(explicit)
         for thread in plan.touched_threads - plan.done_threads:
             touched = self._thread_row(txn, owner, thread)
