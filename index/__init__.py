@@ -10,6 +10,9 @@ Public names:
 - :func:`normalize` — validate and scale vectors to unit L2 norm.
 - :class:`VectorIndex` — exact in-memory cosine search (FAISS ``IndexFlatIP``).
 - :class:`LexicalIndex`, :func:`analyze` — BM25 over texts (the lexical legs).
+- :class:`EchoRule`, :func:`shingles`, :func:`containment`, :func:`find_echoes` and the
+  ``ECHO_*`` defaults — whether one text repeats another (word shingles, Broder's
+  containment), and the texts of a lexical index that do.
 - :class:`SessionIndex` — BM25 over sessions, scores handed to their turns.
 - :class:`TimeIndex` — turn times and time expressions: the time-expression prior and
   the session-date window; :func:`asks_when`, :func:`named_periods`,
@@ -33,12 +36,28 @@ from index._fusion import (
 from index._lexical import LexicalIndex, analyze
 from index._onnx import OnnxEmbedder
 from index._sessions import SessionIndex
+from index._shingles import (
+    ECHO_DEPTH,
+    ECHO_MIN_SHINGLES,
+    ECHO_SCAN_ABOVE,
+    ECHO_THRESHOLD,
+    ECHO_WIDTH,
+    EchoRule,
+    containment,
+    find_echoes,
+    shingles,
+)
 from index._temporal import NamedPeriod, asks_when, named_periods, time_expression_score
 from index._timeline import WINDOW_DEPTH, WINDOW_SLACK, TimeIndex
 from index._vectors import VectorIndex
 from index.errors import DimensionMismatchError, InvalidVectorError, VectorIndexError
 
 __all__ = [
+    "ECHO_DEPTH",
+    "ECHO_MIN_SHINGLES",
+    "ECHO_SCAN_ABOVE",
+    "ECHO_THRESHOLD",
+    "ECHO_WIDTH",
     "HYBRID_LOWER_BOUNDS",
     "HYBRID_SESSIONS",
     "HYBRID_TUNED_WEIGHTS",
@@ -46,6 +65,7 @@ __all__ = [
     "WINDOW_DEPTH",
     "WINDOW_SLACK",
     "DimensionMismatchError",
+    "EchoRule",
     "Embedder",
     "IndexCache",
     "InvalidVectorError",
@@ -59,11 +79,14 @@ __all__ = [
     "WordLlamaEmbedder",
     "analyze",
     "asks_when",
+    "containment",
     "convex_fusion",
+    "find_echoes",
     "load_embedder",
     "named_periods",
     "normalize",
     "release_free_heap",
     "rrf",
+    "shingles",
     "time_expression_score",
 ]

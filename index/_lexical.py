@@ -501,6 +501,27 @@ class LexicalIndex:
             held = np.fromiter(self._docs.keys(), dtype=np.int64, count=len(self._docs))
         return np.sort(held)
 
+    def terms_of(self, ids: Iterable[int] | None = None) -> dict[int, list[str]]:
+        """The analysed terms of held texts, in text order (what :meth:`add` made of them).
+
+        Lets a caller compare texts already indexed (word shingles, say) without
+        the texts themselves.
+
+        Args:
+            ids: the ids wanted (absent ones are left out); None for every held text.
+
+        Returns:
+            ``{id: terms}``, each list a new one the caller may keep.
+        """
+        with self._lock:
+            terms = self._terms
+            wanted = self._docs.keys() if ids is None else ids
+            return {
+                int(i): [terms[t] for t in doc]
+                for i in wanted
+                if (doc := self._docs.get(int(i))) is not None
+            }
+
     def __len__(self) -> int:
         """Number of texts held."""
         with self._lock:

@@ -36,7 +36,12 @@ Item → memory
 ``delete`` (and ``put`` of ``None``)
     Is a Lethe ``Forget``: the memory is tombstoned, everything derived from
     it goes too, its key is destroyed (crypto-shredding), and a receipt is
-    kept. A later ``put`` of the key creates it again.
+    kept. A later ``put`` of the key creates it again. It looks for no echoes
+    (``echoes: IGNORE``): a store's items are keys its caller manages, so
+    deleting one never touches another item whose value repeats it, and a
+    later ``put`` of the same value is accepted, as in ``InMemoryStore``. An
+    echo guard that another ``Forget`` of the owner set still applies to a
+    ``put`` (``EchoesForgotten``).
 ``search``
     Without ``query``: the owner's items under the prefix, filtered, oldest
     first (every item of the owner is listed and decrypted by the server to
@@ -426,7 +431,7 @@ class LetheStore(BaseStore):
         name = self.memory_name(op.namespace, op.key)
         if op.value is None:
             with contextlib.suppress(NotFound):  # nothing to delete: never put, or gone
-                self.client.forget([name], reason="langgraph delete")
+                self.client.forget([name], reason="langgraph delete", echoes="IGNORE")
             return
         if op.index is False:
             raise NotImplementedError(

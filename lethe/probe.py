@@ -6,7 +6,7 @@ client (:class:`lethe.client.Client`) and reads refusals by their
 internals; it imports no ``server``, ``shredder`` or ``index`` module. Each
 cycle works in a fresh synthetic thread ``owners/{owner}/threads/probe-<16 hex>``
 (default owner ``lethe-probe``; the token must be allowed to act for it) and
-runs six stages, each printed as one line ``cycle N <stage>: ok`` or
+runs seven stages, each printed as one line ``cycle N <stage>: ok`` or
 ``cycle N <stage>: LEAK: <what>`` (``FAIL:`` when a check broke without the
 planted value being reachable):
 
@@ -42,9 +42,17 @@ planted value being reachable):
 5. ``after-more-turns`` — append four more committed turns (one asks for the
    secret), rebuild the summary from the thread's listable turns
    (``ListTurns``), check again.
-6. ``cleanup`` — forget the thread and any probe memory still live, check they
-   answer ``RECORD_DELETED`` and the owner's ``Audit`` is clean (no orphans,
-   stale summaries or key/record drift).
+6. ``echoes`` — what declared lineage cannot see (:mod:`lethe._probe_echo`):
+   plant a second, distinctive fact and an assistant turn that repeats it
+   without lineage, forget the fact (``echoes=TAINT``, a guard of 60 s): the
+   receipt must name the repetition as an echo; a summary then written with
+   the fact in it must be refused (``ECHOES_FORGOTTEN``); search and context
+   assembly must not return it. The last line counts echoes found, echoes
+   acted on, guard hits and guards set over every cycle.
+7. ``cleanup`` — forget the thread and any probe memory still live (no echo
+   sweep: the data is synthetic), check they answer ``RECORD_DELETED`` and the
+   owner's ``Audit`` is clean (no orphans, stale summaries or key/record
+   drift).
 
 Reachability is checked through search (every mode), context assembly
 (``Retrieval.AssembleContext``, including its manifest), get, lineage and
@@ -68,16 +76,28 @@ import json
 import re
 import secrets
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
+from lethe._probe_base import (
+    _FATAL_CODES,
+    _MODES,
+    SEARCH_TOP_K,
+    WATCH_TIMEOUT_SECONDS,
+    ProbeUnreachableError,
+    _Client,
+    _describe,
+    _Findings,
+    _need,
+    _reason,
+    _StageAborted,
+)
+from lethe._probe_echo import ECHO_GUARD_SECONDS, EchoTally, run_echo_case
 from lethe._units import parse_duration
-from lethe.client import Client, LetheError
 from lethe.names import ID_RE
 from lethe.v1 import (
     common_pb2,
@@ -99,46 +119,22 @@ __all__ = [
 ]
 
 DEFAULT_OWNER = "lethe-probe"
-STAGES = ("plant", "forget", "before-rebuild", "after-rebuild", "after-more-turns", "cleanup")
-
-RPC_TIMEOUT_SECONDS = 30.0
-"""Deadline of every unary call (seconds)."""
-CONNECT_TIMEOUT_SECONDS = 5.0
-"""How long to wait for the channel to become ready (seconds)."""
-WATCH_TIMEOUT_SECONDS = 5.0
-"""How long to wait on ``Events.Watch`` for the summary's rebuild event (seconds)."""
-SEARCH_TOP_K = 100
-
-_MODES = ("HYBRID", "DENSE", "LEXICAL")
-_FATAL_CODES = (
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.UNAUTHENTICATED,
-    grpc.StatusCode.PERMISSION_DENIED,
+STAGES = (
+    "plant",
+    "forget",
+    "before-rebuild",
+    "after-rebuild",
+    "after-more-turns",
+    "echoes",
+    "cleanup",
 )
+
 _MORE_TURNS = (
     "what was the probe secret again?",
     "I do not remember any probe secret, sorry.",
     "filler: the probe garden needs watering on thursday.",
     "filler: the probe kettle is descaled monthly.",
 )
-_T = TypeVar("_T")
-
-
-class ProbeUnreachableError(Exception):
-    """The server could not be reached, or refused the token or the owner (exit 2)."""
-
-
-class _StageAborted(Exception):
-    """An RPC of the stage failed unexpectedly; the cycle cannot go on."""
-
-
-def _reason(err: grpc.RpcError) -> str:
-    return err.reason_name if isinstance(err, LetheError) else ""
-
-
-def _describe(err: grpc.RpcError) -> str:
-    reason = _reason(err)
-    return f"{err.code().name}/{reason}" if reason else err.code().name
 
 
 def summarise(texts: Iterable[str]) -> str:
@@ -153,114 +149,8 @@ def summarise(texts: Iterable[str]) -> str:
     return "summary: " + " | ".join(texts)
 
 
-def _need(value: _T | None) -> _T:
-    """``value``, which an earlier stage of the cycle set.
-
-    Raises:
-        _StageAborted: the earlier stage did not get that far.
-    """
-    if value is None:
-        raise _StageAborted("an earlier stage of the cycle did not complete")
-    return value
-
-
 def _ref(name: str, version: int) -> common_pb2.SourceRef:
     return common_pb2.SourceRef(name=name, version=version)
-
-
-@dataclass
-class _Findings:
-    """What one stage found: ``LEAK`` (the value reachable) or ``FAIL`` (a check broke)."""
-
-    items: list[str] = field(default_factory=list)
-
-    def leak(self, what: str) -> None:
-        self.items.append(f"LEAK: {what}")
-
-    def fail(self, what: str) -> None:
-        self.items.append(f"FAIL: {what}")
-
-    @property
-    def ok(self) -> bool:
-        return not self.items
-
-    def line(self) -> str:
-        return "ok" if self.ok else "; ".join(self.items)
-
-
-class _Client:
-    """The typed client of one channel, bound to one bearer token and one owner.
-
-    The probe speaks plaintext to ``--target`` (as ``lethe serve`` listens),
-    the token as call metadata.
-    """
-
-    def __init__(self, target: str, token: str, owner: str) -> None:
-        self.api = Client(target, token, tls=False, timeout=RPC_TIMEOUT_SECONDS)
-        self.channel = self.api.stubs.channel
-        self.target = target
-        self.parent = f"owners/{owner}"
-
-    def close(self) -> None:
-        self.api.close()
-
-    def connect(self) -> None:
-        """Wait until the channel is ready; fail at its first failed connection attempt.
-
-        Raises:
-            ProbeUnreachableError: the first connection attempt failed, or the
-                channel was not ready within ``CONNECT_TIMEOUT_SECONDS``.
-        """
-        settled = threading.Event()
-        seen: list[grpc.ChannelConnectivity] = []
-
-        def on_change(state: grpc.ChannelConnectivity) -> None:
-            if state in (
-                grpc.ChannelConnectivity.READY,
-                grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-            ):
-                seen.append(state)
-                settled.set()
-
-        self.channel.subscribe(on_change, try_to_connect=True)
-        try:
-            if not settled.wait(CONNECT_TIMEOUT_SECONDS):
-                raise ProbeUnreachableError(
-                    f"cannot connect to {self.target} within {CONNECT_TIMEOUT_SECONDS:g} s"
-                )
-            if seen[0] is not grpc.ChannelConnectivity.READY:
-                raise ProbeUnreachableError(f"cannot connect to {self.target}")
-        finally:
-            self.channel.unsubscribe(on_change)
-
-    def call(self, method: Callable[..., _T], *args: Any, **fields: Any) -> _T:
-        """One call of a :class:`lethe.client.Client` method (deadline ``RPC_TIMEOUT_SECONDS``).
-
-        Raises:
-            ProbeUnreachableError: ``UNAVAILABLE``, ``UNAUTHENTICATED`` or
-                ``PERMISSION_DENIED``.
-            lethe.client.LetheError: any other failure, for the caller to judge.
-        """
-        try:
-            return method(*args, **fields)
-        except grpc.RpcError as err:
-            if err.code() in _FATAL_CODES:
-                raise ProbeUnreachableError(
-                    f"{self.target} answered {_describe(err)} for {self.parent}"
-                ) from None
-            raise
-
-    def must(self, what: str, method: Callable[..., _T], *args: Any, **fields: Any) -> _T:
-        """Like :meth:`call`; any other failure aborts the stage.
-
-        Raises:
-            ProbeUnreachableError: as :meth:`call`.
-            _StageAborted: the call failed otherwise; ``what`` names it.
-        """
-        try:
-            return self.call(method, *args, **fields)
-        except grpc.RpcError as err:
-            raise _StageAborted(f"{what} answered {_describe(err)}") from None
 
 
 class _Cycle:
@@ -580,7 +470,12 @@ class _Cycle:
         self.forgotten_versions.update(memories)
         self.cursor_before_forget = self.probe.cursor
         self.receipt = self.c.must(
-            "Forget", self.c.api.forget, [planted.name], responses="TAINT", reason="lethe probe"
+            "Forget",
+            self.c.api.forget,
+            [planted.name],
+            responses="TAINT",
+            echo_guard=ECHO_GUARD_SECONDS,
+            reason="lethe probe",
         )
         self.forgotten = {planted.name, *self.forgotten_versions}
         r = self.receipt
@@ -676,8 +571,12 @@ class _Cycle:
         self._check_new_summary(f, rebuilt)
         self._check_unreachable(f)
 
+    def echoes(self, f: _Findings) -> None:
+        """Stage 6: a repetition without lineage, then a summary of it (``_probe_echo``)."""
+        self.memories.extend(run_echo_case(self.c, self.thread, self.probe.echoes, f))
+
     def cleanup(self, f: _Findings) -> None:
-        """Stage 6: forget the thread and the probe's memories; audit the owner."""
+        """Stage 7: forget the thread and the probe's memories; audit the owner."""
         if not self.thread_created:
             return
         self.c.must(
@@ -685,6 +584,7 @@ class _Cycle:
             self.c.api.forget,
             [self.thread],
             responses="DELETE",
+            echoes="IGNORE",  # synthetic data: no sweep, no guard left on the probe's owner
             reason="lethe probe cleanup",
         )
         live = []
@@ -700,6 +600,7 @@ class _Cycle:
                 "Forget of the probe's memories",
                 self.c.api.forget,
                 live,
+                echoes="IGNORE",
                 reason="lethe probe cleanup",
             )
         self._expect_deleted(f, f"GetThread {self.thread}", self.c.api.get_thread, self.thread)
@@ -724,6 +625,7 @@ class _Probe:
 
     cursor: str = ""
     notes: set[str] = field(default_factory=set)
+    echoes: EchoTally = field(default_factory=EchoTally)
 
 
 def _run_cycle(
@@ -744,6 +646,7 @@ def _run_cycle(
         ("before-rebuild", cycle.before_rebuild),
         ("after-rebuild", cycle.after_rebuild),
         ("after-more-turns", cycle.after_more_turns),
+        ("echoes", cycle.echoes),
     ]
     failed: str | None = None
     try:
@@ -822,7 +725,7 @@ def probe(
         return 130
     finally:
         client.close()
-    notes = "".join(f"; {n}" for n in sorted(state.notes))
+    notes = "".join(f"; {n}" for n in [state.echoes.line(), *sorted(state.notes)])
     write(
         f"probe: {done} cycle{'s' if done != 1 else ''} ok in {busy:.2f} s "
         f"({busy / max(done, 1):.3f} s per cycle{notes})"

@@ -142,6 +142,8 @@ class ServerConfig:
             owner's vectors are re-embedded on its first use after a change
             (:mod:`server.retrieval._reembed`).
         pending_ttl: default pending lifetime, seconds.
+        echo_guard_window: seconds a forget's echo guard stands when the
+            request does not say (None: ``pending_ttl``; 0: no guard).
         sweep_interval: seconds between expiry sweeps; 0 disables the sweeper.
         rotation_interval: seconds between rotations that complete shreds
             cryptographically (0: never; an in-memory ``LETHE_KEK`` is never rotated).
@@ -193,6 +195,7 @@ class ServerConfig:
     kek_file: Path | None = None
     embedder: str = "wordllama"
     pending_ttl: float = DEFAULT_PENDING_TTL
+    echo_guard_window: float | None = None
     sweep_interval: float = 5.0
     audit_interval: float = 60.0
     expiry_warning: float = 3600.0
@@ -301,7 +304,13 @@ class LetheServer:
             self.store, load_embedder(config.embedder), max_bytes=config.index_cache_size
         )
         self.lifecycle = Lifecycle(
-            self.store, self.retriever, self.metrics, config.rotation_interval
+            self.store,
+            self.retriever,
+            self.metrics,
+            config.rotation_interval,
+            echo_guard_window=(
+                config.pending_ttl if config.echo_guard_window is None else config.echo_guard_window
+            ),
         )
         self.port = 0
         self.http_port = 0

@@ -130,6 +130,27 @@ class Metrics:
             "(age of the oldest shred not yet completed by rotation).",
             registry=self.registry,
         )
+        self.echoes_found = Counter(
+            "lethe_echoes_found",
+            "Records found by forgets' echo sweeps repeating a forgotten text outside its "
+            "declared lineage",
+            registry=self.registry,
+        )
+        self.echoes_acted = Counter(
+            "lethe_echoes_acted",
+            "Echoes tainted, deleted or forgotten by the forgets that found them",
+            registry=self.registry,
+        )
+        self.echo_guard_hits = Counter(
+            "lethe_echo_guard_hits",
+            "Writes and commits refused or stored tainted by an echo guard",
+            registry=self.registry,
+        )
+        self.echo_guard_keys = Gauge(
+            "lethe_echo_guard_keys",
+            "Echo guards standing, each with one live key (destroyed when its window ends)",
+            registry=self.registry,
+        )
         self.keystore_keys = Gauge(
             "lethe_keystore_keys", "Live wrapped keys.", registry=self.registry
         )

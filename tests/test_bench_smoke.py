@@ -161,3 +161,38 @@ def test_the_connect_benchmark_runs_every_transport(tmp_path: Path) -> None:
             assert figures[name]["calls"] == 20
         assert _positive(figures["connect_json"]["p50_over_grpc"])
         assert figures["request_bytes"]["connect_json"] > figures["request_bytes"]["connect_binary"]
+
+
+def test_the_echo_benchmarks_run_and_the_shipped_rule_is_the_one_they_find(
+    tmp_path: Path, locomo_path: Path
+) -> None:
+    """``bench/eval_echoes.py`` picks the shipped rule; ``bench_echo_forget.py`` runs small.
+
+    Speed is not checked; the rule's figures are (they are deterministic).
+    """
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "eval_echoes.py"), "--locomo", str(locomo_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "search finds the shipped configuration: True" in run.stdout
+    assert "the server's sweep (index.find_echoes) agrees: True" in run.stdout
+    held = next(line for line in run.stdout.splitlines() if line.startswith("held6-10"))
+    false_rate = float(held.split()[3].rstrip("%"))
+    catches = [float(x) for x in held.split()[4:]]
+    assert false_rate <= 1.0
+    assert min(catches[:2]) >= 0.95  # verbatim
+    assert min(catches[2:]) >= 0.80  # lightly edited
+    out = tmp_path / "echo-forget.json"
+    run = subprocess.run(
+        [sys.executable, "bench_echo_forget.py", "--turns", "1300", "--forgets", "5",
+         "--json", str(out)],
+        cwd=ROOT / "bench", capture_output=True, text=True, timeout=170, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {k: report[k]["forgets"] for k in ("IGNORE", "REPORT", "TAINT")} == {
+        "IGNORE": 5,
+        "REPORT": 5,
+        "TAINT": 5,
+    }

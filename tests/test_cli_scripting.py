@@ -438,6 +438,7 @@ def test_probe_takes_target_and_token_from_environment_and_prints_json(
                 "before-rebuild",
                 "after-rebuild",
                 "after-more-turns",
+                "echoes",
                 "cleanup",
             ]
             assert {s["status"] for s in report["stages"]} == {"ok"}

@@ -514,6 +514,8 @@ def test_api_guide_python_snippets_run_as_written(
     assert "True True\n2 1 1\nTrue\nRECORD_DELETED\nSOURCE_DELETED\n" in out
     # repairs
     assert 'SEALED\n["Let\'s plan the trip to Lisbon"]\n[2, 3]\nLESSON 0\n2\n' in out
+    # the limits of lineage: an echo found and tainted, a summary of it refused
+    assert "1 True\nTrue\nECHOES_FORGOTTEN\n" in out
     # the LangGraph store
     assert "{'text': 'has a puppy called Biscuit'}" in out
     assert out.rstrip().endswith("None")

@@ -47,6 +47,7 @@ Exception tree (code; reason)::
         │   ├── RepairNotContinued      REPAIR_NOT_CONTINUED
         │   ├── Restricted              RESTRICTED
         │   ├── Sealed                  SEALED
+        │   ├── EchoesForgotten         ECHOES_FORGOTTEN (the text repeats a forgotten one)
         │   └── OwnerMoved              OWNER_MOVED (shard, target: where it went)
         ├── Aborted                 ABORTED
         │   └── VersionMismatch         VERSION_MISMATCH
@@ -95,6 +96,7 @@ __all__ = [
     "DeadlineExceeded",
     "DimensionMismatch",
     "Draining",
+    "EchoesForgotten",
     "ErrorReason",
     "FailedPrecondition",
     "FieldViolation",
@@ -476,6 +478,16 @@ class Sealed(FailedPrecondition):
     reason_value = ErrorReason.SEALED
 
 
+class EchoesForgotten(FailedPrecondition):
+    """The write's text echoes a text forgotten within an echo guard's window; nothing written.
+
+    ``subject`` names the offending field (``turns[i].text``, ``memory.text``)
+    or, for a commit, the record. Rebuild it from what is still remembered.
+    """
+
+    reason_value = ErrorReason.ECHOES_FORGOTTEN
+
+
 class VersionMismatch(Aborted):
     """``expected_version`` is not the current version (the etag failed)."""
 
@@ -621,6 +633,7 @@ _BY_REASON: dict[str, type[LetheError]] = {
         RepairNotContinued,
         Restricted,
         Sealed,
+        EchoesForgotten,
         VersionMismatch,
         Integrity,
         OwnerHeaderMismatch,

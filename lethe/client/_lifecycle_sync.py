@@ -118,6 +118,8 @@ class LifecycleMethods(ClientBase):
         range: MessageOr[lifecycle_pb2.TurnRange] | None = None,
         responses: EnumOr[lifecycle_pb2.ForgetRequest.Responses.ValueType] | None = None,
         reason: str = "",
+        echoes: EnumOr[common_pb2.EchoAction.ValueType] | None = None,
+        echo_guard: DurationLike | None = None,
         timeout: float | None = None,
     ) -> common_pb2.DeletionReceipt:
         """``Lifecycle.Forget``: delete records, every descendant, and their keys.
@@ -130,6 +132,12 @@ class LifecycleMethods(ClientBase):
             responses: ``TAINT`` (default) or ``DELETE`` responses built on
                 what is forgotten.
             reason: kept on the receipt; must not carry content (≤ 256 bytes).
+            echoes: what to do with records that repeat a forgotten text
+                without declaring it: ``REPORT``, ``TAINT`` (default),
+                ``FORGET`` or ``IGNORE``.
+            echo_guard: how long a later write that echoes a forgotten text is
+                refused or tainted (seconds, ``timedelta`` or ``Duration``; 0:
+                no guard; default: the server's ``--echo-guard-window``).
             timeout: deadline in seconds (default: the client's).
 
         Returns:
@@ -140,7 +148,14 @@ class LifecycleMethods(ClientBase):
         """
         request = build(
             lifecycle_pb2.ForgetRequest,
-            {"names": names, "range": range, "responses": responses, "reason": reason},
+            {
+                "names": names,
+                "range": range,
+                "responses": responses,
+                "reason": reason,
+                "echoes": echoes,
+                "echo_guard": echo_guard,
+            },
         )
         return self._call(self.stubs.lifecycle.Forget, request, timeout)
 

@@ -15,7 +15,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15lethe/v1/common.proto\x12\x08lethe.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"*\n\tSourceRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\\\n\x0b\x44\x65stination\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x31\n\rcomplete_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x97\x03\n\x0f\x44\x65letionReceipt\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07targets\x18\x02 \x03(\t\x12\x10\n\x08\x63\x61scaded\x18\x03 \x01(\x03\x12\x0f\n\x07tainted\x18\x04 \x01(\x03\x12\x1a\n\x12rebuilds_requested\x18\x05 \x01(\x03\x12+\n\x0c\x64\x65stinations\x18\x06 \x03(\x0b\x32\x15.lethe.v1.Destination\x12\x30\n\x0crequest_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rcomplete_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x36\n\x12shred_horizon_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x0f\n\x07\x64\x65leted\x18\x0b \x01(\x03\x12\x10\n\x08store_id\x18\x1e \x01(\t\x12\x16\n\x0esigning_key_id\x18\x1f \x01(\t\x12\x11\n\tsignature\x18  \x01(\x0c*F\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\r\n\tCOMMITTED\x10\x02\x12\n\n\x06SEALED\x10\x03*K\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x08\n\x04USER\x10\x01\x12\r\n\tASSISTANT\x10\x02\x12\n\n\x06SYSTEM\x10\x03\x12\x08\n\x04TOOL\x10\x04*1\n\x04View\x12\x14\n\x10VIEW_UNSPECIFIED\x10\x00\x12\t\n\x05\x42\x41SIC\x10\x01\x12\x08\n\x04\x46ULL\x10\x02\x42`\n\x08lethe.v1B\x0b\x43ommonProtoP\x01Z\x1dlethe/gen/go/lethe/v1;lethev1\xa2\x02\x03LTH\xaa\x02\x08Lethe.V1\xca\x02\x08Lethe\\V1\xea\x02\tLethe::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15lethe/v1/common.proto\x12\x08lethe.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"*\n\tSourceRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\\\n\x0b\x44\x65stination\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x31\n\rcomplete_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xce\x04\n\x0f\x44\x65letionReceipt\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07targets\x18\x02 \x03(\t\x12\x10\n\x08\x63\x61scaded\x18\x03 \x01(\x03\x12\x0f\n\x07tainted\x18\x04 \x01(\x03\x12\x1a\n\x12rebuilds_requested\x18\x05 \x01(\x03\x12+\n\x0c\x64\x65stinations\x18\x06 \x03(\x0b\x32\x15.lethe.v1.Destination\x12\x30\n\x0crequest_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rcomplete_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x36\n\x12shred_horizon_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x0f\n\x07\x64\x65leted\x18\x0b \x01(\x03\x12)\n\x0b\x65\x63ho_action\x18\x14 \x01(\x0e\x32\x14.lethe.v1.EchoAction\x12\x14\n\x0c\x65\x63hoes_found\x18\x15 \x01(\x03\x12\x14\n\x0c\x65\x63hoes_acted\x18\x16 \x01(\x03\x12\x0e\n\x06\x65\x63hoes\x18\x17 \x03(\t\x12\x12\n\necho_texts\x18\x18 \x01(\x03\x12:\n\x16\x65\x63ho_guard_expire_time\x18\x19 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08store_id\x18\x1e \x01(\t\x12\x16\n\x0esigning_key_id\x18\x1f \x01(\t\x12\x11\n\tsignature\x18  \x01(\x0c*F\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\r\n\tCOMMITTED\x10\x02\x12\n\n\x06SEALED\x10\x03*K\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x08\n\x04USER\x10\x01\x12\r\n\tASSISTANT\x10\x02\x12\n\n\x06SYSTEM\x10\x03\x12\x08\n\x04TOOL\x10\x04*X\n\nEchoAction\x12\x1b\n\x17\x45\x43HO_ACTION_UNSPECIFIED\x10\x00\x12\n\n\x06REPORT\x10\x01\x12\t\n\x05TAINT\x10\x02\x12\n\n\x06\x46ORGET\x10\x03\x12\n\n\x06IGNORE\x10\x04*1\n\x04View\x12\x14\n\x10VIEW_UNSPECIFIED\x10\x00\x12\t\n\x05\x42\x41SIC\x10\x01\x12\x08\n\x04\x46ULL\x10\x02\x42`\n\x08lethe.v1B\x0b\x43ommonProtoP\x01Z\x1dlethe/gen/go/lethe/v1;lethev1\xa2\x02\x03LTH\xaa\x02\x08Lethe.V1\xca\x02\x08Lethe\\V1\xea\x02\tLethe::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -23,16 +23,18 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lethe.v1.common_pb2', _glob
 if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['DESCRIPTOR']._options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\010lethe.v1B\013CommonProtoP\001Z\035lethe/gen/go/lethe/v1;lethev1\242\002\003LTH\252\002\010Lethe.V1\312\002\010Lethe\\V1\352\002\tLethe::V1'
-  _globals['_STATE']._serialized_start=616
-  _globals['_STATE']._serialized_end=686
-  _globals['_ROLE']._serialized_start=688
-  _globals['_ROLE']._serialized_end=763
-  _globals['_VIEW']._serialized_start=765
-  _globals['_VIEW']._serialized_end=814
+  _globals['_STATE']._serialized_start=799
+  _globals['_STATE']._serialized_end=869
+  _globals['_ROLE']._serialized_start=871
+  _globals['_ROLE']._serialized_end=946
+  _globals['_ECHOACTION']._serialized_start=948
+  _globals['_ECHOACTION']._serialized_end=1036
+  _globals['_VIEW']._serialized_start=1038
+  _globals['_VIEW']._serialized_end=1087
   _globals['_SOURCEREF']._serialized_start=68
   _globals['_SOURCEREF']._serialized_end=110
   _globals['_DESTINATION']._serialized_start=112
   _globals['_DESTINATION']._serialized_end=204
   _globals['_DELETIONRECEIPT']._serialized_start=207
-  _globals['_DELETIONRECEIPT']._serialized_end=614
+  _globals['_DELETIONRECEIPT']._serialized_end=797
 # @@protoc_insertion_point(module_scope)

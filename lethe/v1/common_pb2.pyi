@@ -132,6 +132,68 @@ TOOL: Role.ValueType  # 4
 """A tool's output."""
 Global___Role: _TypeAlias = Role  # noqa: Y015
 
+class _EchoAction:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _EchoActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EchoAction.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ECHO_ACTION_UNSPECIFIED: _EchoAction.ValueType  # 0
+    """`TAINT`."""
+    REPORT: _EchoAction.ValueType  # 1
+    """Name the echoes on the receipt (`DeletionReceipt.echoes`) and leave them
+    as they are; no guard.
+    """
+    TAINT: _EchoAction.ValueType  # 2
+    """Treat each echo as if it had declared the forgotten record: an echoing
+    turn is tainted (out of retrieval, context and rebuilds; flagged
+    `tainted`), an echoing memory is deleted (a derivative goes with its
+    source). The guard stores a later echoing turn born `tainted` and refuses
+    a later echoing memory (`FAILED_PRECONDITION` / `ECHOES_FORGOTTEN`).
+    """
+    FORGET: _EchoAction.ValueType  # 3
+    """Forget the echoes with the targets (tombstoned, keys destroyed, counted
+    in `DeletionReceipt.deleted`). The guard refuses every later echoing
+    write (`FAILED_PRECONDITION` / `ECHOES_FORGOTTEN`).
+    """
+    IGNORE: _EchoAction.ValueType  # 4
+    """No sweep and no guard: declared lineage only, as before echoes were
+    looked for.
+    """
+
+class EchoAction(_EchoAction, metaclass=_EchoActionEnumTypeWrapper):
+    """What a forget does to its echoes: live records of the same owner, outside
+    the forgotten records' declared lineage, whose text repeats a forgotten
+    text's distinctive content verbatim or nearly (word shingles and
+    containment; docs/api-guide.md, "The limits of lineage"). The same choice
+    rules the forget's echo guard: what a write that echoes the forgotten text
+    gets while the guard stands.
+    """
+
+ECHO_ACTION_UNSPECIFIED: EchoAction.ValueType  # 0
+"""`TAINT`."""
+REPORT: EchoAction.ValueType  # 1
+"""Name the echoes on the receipt (`DeletionReceipt.echoes`) and leave them
+as they are; no guard.
+"""
+TAINT: EchoAction.ValueType  # 2
+"""Treat each echo as if it had declared the forgotten record: an echoing
+turn is tainted (out of retrieval, context and rebuilds; flagged
+`tainted`), an echoing memory is deleted (a derivative goes with its
+source). The guard stores a later echoing turn born `tainted` and refuses
+a later echoing memory (`FAILED_PRECONDITION` / `ECHOES_FORGOTTEN`).
+"""
+FORGET: EchoAction.ValueType  # 3
+"""Forget the echoes with the targets (tombstoned, keys destroyed, counted
+in `DeletionReceipt.deleted`). The guard refuses every later echoing
+write (`FAILED_PRECONDITION` / `ECHOES_FORGOTTEN`).
+"""
+IGNORE: EchoAction.ValueType  # 4
+"""No sweep and no guard: declared lineage only, as before echoes were
+looked for.
+"""
+Global___EchoAction: _TypeAlias = EchoAction  # noqa: Y015
+
 class _View:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -249,6 +311,12 @@ class DeletionReceipt(_message.Message):
     SHRED_HORIZON_TIME_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     DELETED_FIELD_NUMBER: _builtins.int
+    ECHO_ACTION_FIELD_NUMBER: _builtins.int
+    ECHOES_FOUND_FIELD_NUMBER: _builtins.int
+    ECHOES_ACTED_FIELD_NUMBER: _builtins.int
+    ECHOES_FIELD_NUMBER: _builtins.int
+    ECHO_TEXTS_FIELD_NUMBER: _builtins.int
+    ECHO_GUARD_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     STORE_ID_FIELD_NUMBER: _builtins.int
     SIGNING_KEY_ID_FIELD_NUMBER: _builtins.int
     SIGNATURE_FIELD_NUMBER: _builtins.int
@@ -275,7 +343,27 @@ class DeletionReceipt(_message.Message):
     """
     deleted: _builtins.int
     """Total records tombstoned: the targets (turns, memories, the turns of a
-    thread or owner) plus the cascade.
+    thread or owner) plus the cascade, plus the echoes deleted (a memory under
+    `TAINT`, any echo under `FORGET`).
+    """
+    echo_action: Global___EchoAction.ValueType
+    """What was done to echoes (`ForgetRequest.echoes`, its default resolved);
+    `IGNORE` for a deletion that looked for none (expiry, repairs, a whole
+    owner, a receipt written before echoes were looked for).
+    """
+    echoes_found: _builtins.int
+    """Live records of the owner outside the declared lineage whose text echoes
+    a forgotten text (found by the sweep while the forgotten texts could
+    still be read, before their keys were destroyed).
+    """
+    echoes_acted: _builtins.int
+    """Echoes acted on: tainted or deleted (`TAINT`), forgotten (`FORGET`); 0
+    for `REPORT`.
+    """
+    echo_texts: _builtins.int
+    """Forgotten texts looked for: those with distinctive content (enough word
+    shingles); a shorter one has nothing distinctive to find and is not
+    counted.
     """
     store_id: _builtins.str
     """The store that issued the receipt: its keystore's id (32 hex characters),
@@ -323,6 +411,18 @@ class DeletionReceipt(_message.Message):
         rotate (an in-memory `LETHE_KEK`, or `--rotation-interval 0`).
         """
 
+    @_builtins.property
+    def echoes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The echoes' resource names (never their content), at most 1000."""
+
+    @_builtins.property
+    def echo_guard_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the echo guard of this forget ends: until then a write whose text
+        echoes a forgotten text is refused or stored tainted (`echo_action`);
+        then the guard's key is destroyed, and with it the only way to link what
+        the guard kept to any text. Unset when no guard was set.
+        """
+
     def __init__(
         self,
         *,
@@ -337,13 +437,19 @@ class DeletionReceipt(_message.Message):
         shred_horizon_time: _timestamp_pb2.Timestamp | None = ...,
         reason: _builtins.str = ...,
         deleted: _builtins.int = ...,
+        echo_action: Global___EchoAction.ValueType = ...,
+        echoes_found: _builtins.int = ...,
+        echoes_acted: _builtins.int = ...,
+        echoes: _abc.Iterable[_builtins.str] | None = ...,
+        echo_texts: _builtins.int = ...,
+        echo_guard_expire_time: _timestamp_pb2.Timestamp | None = ...,
         store_id: _builtins.str = ...,
         signing_key_id: _builtins.str = ...,
         signature: _builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "request_time", b"request_time", "shred_horizon_time", b"shred_horizon_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "echo_guard_expire_time", b"echo_guard_expire_time", "request_time", b"request_time", "shred_horizon_time", b"shred_horizon_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cascaded", b"cascaded", "complete_time", b"complete_time", "deleted", b"deleted", "destinations", b"destinations", "name", b"name", "reason", b"reason", "rebuilds_requested", b"rebuilds_requested", "request_time", b"request_time", "shred_horizon_time", b"shred_horizon_time", "signature", b"signature", "signing_key_id", b"signing_key_id", "store_id", b"store_id", "tainted", b"tainted", "targets", b"targets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cascaded", b"cascaded", "complete_time", b"complete_time", "deleted", b"deleted", "destinations", b"destinations", "echo_action", b"echo_action", "echo_guard_expire_time", b"echo_guard_expire_time", "echo_texts", b"echo_texts", "echoes", b"echoes", "echoes_acted", b"echoes_acted", "echoes_found", b"echoes_found", "name", b"name", "reason", b"reason", "rebuilds_requested", b"rebuilds_requested", "request_time", b"request_time", "shred_horizon_time", b"shred_horizon_time", "signature", b"signature", "signing_key_id", b"signing_key_id", "store_id", b"store_id", "tainted", b"tainted", "targets", b"targets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

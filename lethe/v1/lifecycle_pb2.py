@@ -19,7 +19,7 @@ from lethe.v1 import memories_pb2 as lethe_dot_v1_dot_memories__pb2
 from lethe.v1 import threads_pb2 as lethe_dot_v1_dot_threads__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lethe/v1/lifecycle.proto\x12\x08lethe.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15lethe/v1/common.proto\x1a\x17lethe/v1/memories.proto\x1a\x16lethe/v1/threads.proto\"7\n\rCommitRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12\x17\n\x0finclude_sources\x18\x02 \x01(\x08\"8\n\x0e\x43ommitResponse\x12&\n\tcommitted\x18\x01 \x03(\x0b\x32\x13.lethe.v1.SourceRef\"M\n\x14\x45xtendPendingRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"=\n\x15\x45xtendPendingResponse\x12$\n\x07records\x18\x01 \x03(\x0b\x32\x13.lethe.v1.SourceRef\"=\n\tTurnRange\x12\x0e\n\x06thread\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x03\x12\x0e\n\x06to_seq\x18\x03 \x01(\x03\"\xc7\x01\n\rForgetRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12\"\n\x05range\x18\x02 \x01(\x0b\x32\x13.lethe.v1.TurnRange\x12\x34\n\tresponses\x18\x03 \x01(\x0e\x32!.lethe.v1.ForgetRequest.Responses\x12\x0e\n\x06reason\x18\x04 \x01(\t\"=\n\tResponses\x12\x19\n\x15RESPONSES_UNSPECIFIED\x10\x00\x12\t\n\x05TAINT\x10\x01\x12\n\n\x06\x44\x45LETE\x10\x02\"\xb6\x01\n\x11GetLineageRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x38\n\tdirection\x18\x02 \x01(\x0e\x32%.lethe.v1.GetLineageRequest.Direction\x12\x11\n\tmax_depth\x18\x03 \x01(\x05\"F\n\tDirection\x12\x19\n\x15\x44IRECTION_UNSPECIFIED\x10\x00\x12\r\n\tANCESTORS\x10\x01\x12\x0f\n\x0b\x44\x45SCENDANTS\x10\x02\"[\n\x0bLineageEdge\x12#\n\x06source\x18\x01 \x01(\x0b\x32\x13.lethe.v1.SourceRef\x12\'\n\nderivative\x18\x02 \x01(\x0b\x32\x13.lethe.v1.SourceRef\":\n\x12GetLineageResponse\x12$\n\x05\x65\x64ges\x18\x01 \x03(\x0b\x32\x15.lethe.v1.LineageEdge\"M\n\x14ListDeletionsRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"]\n\x15ListDeletionsResponse\x12+\n\x08receipts\x18\x01 \x03(\x0b\x32\x19.lethe.v1.DeletionReceipt\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1e\n\x0c\x41uditRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\"\xb3\x01\n\x0b\x41uditReport\x12\x0f\n\x07\x63hecked\x18\x01 \x01(\x03\x12\x0f\n\x07orphans\x18\x02 \x01(\x03\x12\x17\n\x0fstale_summaries\x18\x03 \x01(\x03\x12\x1b\n\x13keys_without_record\x18\x04 \x01(\x03\x12\x1b\n\x13records_without_key\x18\x05 \x01(\x03\x12\x13\n\x0bindex_drift\x18\x06 \x01(\x03\x12\x1a\n\x12unreadable_records\x18\x07 \x01(\x03\"\x16\n\x14GetServerInfoRequest\"\x92\x01\n\nReceiptKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\x0c\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bretire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"J\n\nServerInfo\x12\x10\n\x08store_id\x18\x01 \x01(\t\x12*\n\x0creceipt_keys\x18\x02 \x03(\x0b\x32\x14.lethe.v1.ReceiptKey\"<\n\x12\x45xportOwnerRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x16\n\x0einclude_sealed\x18\x02 \x01(\x08\"x\n\x0c\x45xportHeader\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x10\n\x08store_id\x18\x02 \x01(\t\x12/\n\x0b\x65xport_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0einclude_sealed\x18\x04 \x01(\x08\"i\n\rExportSummary\x12\x0f\n\x07threads\x18\x01 \x01(\x03\x12\r\n\x05turns\x18\x02 \x01(\x03\x12\x17\n\x0fmemory_versions\x18\x03 \x01(\x03\x12\r\n\x05\x65\x64ges\x18\x04 \x01(\x03\x12\x10\n\x08receipts\x18\x05 \x01(\x03\"\xa7\x02\n\nExportItem\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.lethe.v1.ExportHeaderH\x00\x12\"\n\x06thread\x18\x02 \x01(\x0b\x32\x10.lethe.v1.ThreadH\x00\x12\x1e\n\x04turn\x18\x03 \x01(\x0b\x32\x0e.lethe.v1.TurnH\x00\x12\"\n\x06memory\x18\x04 \x01(\x0b\x32\x10.lethe.v1.MemoryH\x00\x12%\n\x04\x65\x64ge\x18\x05 \x01(\x0b\x32\x15.lethe.v1.LineageEdgeH\x00\x12,\n\x07receipt\x18\x06 \x01(\x0b\x32\x19.lethe.v1.DeletionReceiptH\x00\x12*\n\x07summary\x18\x07 \x01(\x0b\x32\x17.lethe.v1.ExportSummaryH\x00\x42\x06\n\x04item\"\x8c\x01\n\x13SetRetentionRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"\x9f\x01\n\x14SetRetentionResponse\x12$\n\x07records\x18\x01 \x03(\x0b\x32\x13.lethe.v1.SourceRef\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\rowner_default\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration2\x86\x05\n\tLifecycle\x12;\n\x06\x43ommit\x12\x17.lethe.v1.CommitRequest\x1a\x18.lethe.v1.CommitResponse\x12P\n\rExtendPending\x12\x1e.lethe.v1.ExtendPendingRequest\x1a\x1f.lethe.v1.ExtendPendingResponse\x12<\n\x06\x46orget\x12\x17.lethe.v1.ForgetRequest\x1a\x19.lethe.v1.DeletionReceipt\x12G\n\nGetLineage\x12\x1b.lethe.v1.GetLineageRequest\x1a\x1c.lethe.v1.GetLineageResponse\x12P\n\rListDeletions\x12\x1e.lethe.v1.ListDeletionsRequest\x1a\x1f.lethe.v1.ListDeletionsResponse\x12\x36\n\x05\x41udit\x12\x16.lethe.v1.AuditRequest\x1a\x15.lethe.v1.AuditReport\x12\x45\n\rGetServerInfo\x12\x1e.lethe.v1.GetServerInfoRequest\x1a\x14.lethe.v1.ServerInfo\x12\x43\n\x0b\x45xportOwner\x12\x1c.lethe.v1.ExportOwnerRequest\x1a\x14.lethe.v1.ExportItem0\x01\x12M\n\x0cSetRetention\x12\x1d.lethe.v1.SetRetentionRequest\x1a\x1e.lethe.v1.SetRetentionResponseBc\n\x08lethe.v1B\x0eLifecycleProtoP\x01Z\x1dlethe/gen/go/lethe/v1;lethev1\xa2\x02\x03LTH\xaa\x02\x08Lethe.V1\xca\x02\x08Lethe\\V1\xea\x02\tLethe::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lethe/v1/lifecycle.proto\x12\x08lethe.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15lethe/v1/common.proto\x1a\x17lethe/v1/memories.proto\x1a\x16lethe/v1/threads.proto\"7\n\rCommitRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12\x17\n\x0finclude_sources\x18\x02 \x01(\x08\"8\n\x0e\x43ommitResponse\x12&\n\tcommitted\x18\x01 \x03(\x0b\x32\x13.lethe.v1.SourceRef\"M\n\x14\x45xtendPendingRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"=\n\x15\x45xtendPendingResponse\x12$\n\x07records\x18\x01 \x03(\x0b\x32\x13.lethe.v1.SourceRef\"=\n\tTurnRange\x12\x0e\n\x06thread\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x03\x12\x0e\n\x06to_seq\x18\x03 \x01(\x03\"\x9c\x02\n\rForgetRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12\"\n\x05range\x18\x02 \x01(\x0b\x32\x13.lethe.v1.TurnRange\x12\x34\n\tresponses\x18\x03 \x01(\x0e\x32!.lethe.v1.ForgetRequest.Responses\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12$\n\x06\x65\x63hoes\x18\x14 \x01(\x0e\x32\x14.lethe.v1.EchoAction\x12-\n\necho_guard\x18\x15 \x01(\x0b\x32\x19.google.protobuf.Duration\"=\n\tResponses\x12\x19\n\x15RESPONSES_UNSPECIFIED\x10\x00\x12\t\n\x05TAINT\x10\x01\x12\n\n\x06\x44\x45LETE\x10\x02\"\xb6\x01\n\x11GetLineageRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x38\n\tdirection\x18\x02 \x01(\x0e\x32%.lethe.v1.GetLineageRequest.Direction\x12\x11\n\tmax_depth\x18\x03 \x01(\x05\"F\n\tDirection\x12\x19\n\x15\x44IRECTION_UNSPECIFIED\x10\x00\x12\r\n\tANCESTORS\x10\x01\x12\x0f\n\x0b\x44\x45SCENDANTS\x10\x02\"[\n\x0bLineageEdge\x12#\n\x06source\x18\x01 \x01(\x0b\x32\x13.lethe.v1.SourceRef\x12\'\n\nderivative\x18\x02 \x01(\x0b\x32\x13.lethe.v1.SourceRef\":\n\x12GetLineageResponse\x12$\n\x05\x65\x64ges\x18\x01 \x03(\x0b\x32\x15.lethe.v1.LineageEdge\"M\n\x14ListDeletionsRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"]\n\x15ListDeletionsResponse\x12+\n\x08receipts\x18\x01 \x03(\x0b\x32\x19.lethe.v1.DeletionReceipt\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1e\n\x0c\x41uditRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\"\xb3\x01\n\x0b\x41uditReport\x12\x0f\n\x07\x63hecked\x18\x01 \x01(\x03\x12\x0f\n\x07orphans\x18\x02 \x01(\x03\x12\x17\n\x0fstale_summaries\x18\x03 \x01(\x03\x12\x1b\n\x13keys_without_record\x18\x04 \x01(\x03\x12\x1b\n\x13records_without_key\x18\x05 \x01(\x03\x12\x13\n\x0bindex_drift\x18\x06 \x01(\x03\x12\x1a\n\x12unreadable_records\x18\x07 \x01(\x03\"\x16\n\x14GetServerInfoRequest\"\x92\x01\n\nReceiptKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\x0c\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bretire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"J\n\nServerInfo\x12\x10\n\x08store_id\x18\x01 \x01(\t\x12*\n\x0creceipt_keys\x18\x02 \x03(\x0b\x32\x14.lethe.v1.ReceiptKey\"<\n\x12\x45xportOwnerRequest\x12\x0e\n\x06parent\x18\x01 \x01(\t\x12\x16\n\x0einclude_sealed\x18\x02 \x01(\x08\"x\n\x0c\x45xportHeader\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x10\n\x08store_id\x18\x02 \x01(\t\x12/\n\x0b\x65xport_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0einclude_sealed\x18\x04 \x01(\x08\"i\n\rExportSummary\x12\x0f\n\x07threads\x18\x01 \x01(\x03\x12\r\n\x05turns\x18\x02 \x01(\x03\x12\x17\n\x0fmemory_versions\x18\x03 \x01(\x03\x12\r\n\x05\x65\x64ges\x18\x04 \x01(\x03\x12\x10\n\x08receipts\x18\x05 \x01(\x03\"\xa7\x02\n\nExportItem\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.lethe.v1.ExportHeaderH\x00\x12\"\n\x06thread\x18\x02 \x01(\x0b\x32\x10.lethe.v1.ThreadH\x00\x12\x1e\n\x04turn\x18\x03 \x01(\x0b\x32\x0e.lethe.v1.TurnH\x00\x12\"\n\x06memory\x18\x04 \x01(\x0b\x32\x10.lethe.v1.MemoryH\x00\x12%\n\x04\x65\x64ge\x18\x05 \x01(\x0b\x32\x15.lethe.v1.LineageEdgeH\x00\x12,\n\x07receipt\x18\x06 \x01(\x0b\x32\x19.lethe.v1.DeletionReceiptH\x00\x12*\n\x07summary\x18\x07 \x01(\x0b\x32\x17.lethe.v1.ExportSummaryH\x00\x42\x06\n\x04item\"\x8c\x01\n\x13SetRetentionRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"\x9f\x01\n\x14SetRetentionResponse\x12$\n\x07records\x18\x01 \x03(\x0b\x32\x13.lethe.v1.SourceRef\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\rowner_default\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration2\x86\x05\n\tLifecycle\x12;\n\x06\x43ommit\x12\x17.lethe.v1.CommitRequest\x1a\x18.lethe.v1.CommitResponse\x12P\n\rExtendPending\x12\x1e.lethe.v1.ExtendPendingRequest\x1a\x1f.lethe.v1.ExtendPendingResponse\x12<\n\x06\x46orget\x12\x17.lethe.v1.ForgetRequest\x1a\x19.lethe.v1.DeletionReceipt\x12G\n\nGetLineage\x12\x1b.lethe.v1.GetLineageRequest\x1a\x1c.lethe.v1.GetLineageResponse\x12P\n\rListDeletions\x12\x1e.lethe.v1.ListDeletionsRequest\x1a\x1f.lethe.v1.ListDeletionsResponse\x12\x36\n\x05\x41udit\x12\x16.lethe.v1.AuditRequest\x1a\x15.lethe.v1.AuditReport\x12\x45\n\rGetServerInfo\x12\x1e.lethe.v1.GetServerInfoRequest\x1a\x14.lethe.v1.ServerInfo\x12\x43\n\x0b\x45xportOwner\x12\x1c.lethe.v1.ExportOwnerRequest\x1a\x14.lethe.v1.ExportItem0\x01\x12M\n\x0cSetRetention\x12\x1d.lethe.v1.SetRetentionRequest\x1a\x1e.lethe.v1.SetRetentionResponseBc\n\x08lethe.v1B\x0eLifecycleProtoP\x01Z\x1dlethe/gen/go/lethe/v1;lethev1\xa2\x02\x03LTH\xaa\x02\x08Lethe.V1\xca\x02\x08Lethe\\V1\xea\x02\tLethe::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,43 +38,43 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_TURNRANGE']._serialized_start=432
   _globals['_TURNRANGE']._serialized_end=493
   _globals['_FORGETREQUEST']._serialized_start=496
-  _globals['_FORGETREQUEST']._serialized_end=695
-  _globals['_FORGETREQUEST_RESPONSES']._serialized_start=634
-  _globals['_FORGETREQUEST_RESPONSES']._serialized_end=695
-  _globals['_GETLINEAGEREQUEST']._serialized_start=698
-  _globals['_GETLINEAGEREQUEST']._serialized_end=880
-  _globals['_GETLINEAGEREQUEST_DIRECTION']._serialized_start=810
-  _globals['_GETLINEAGEREQUEST_DIRECTION']._serialized_end=880
-  _globals['_LINEAGEEDGE']._serialized_start=882
-  _globals['_LINEAGEEDGE']._serialized_end=973
-  _globals['_GETLINEAGERESPONSE']._serialized_start=975
-  _globals['_GETLINEAGERESPONSE']._serialized_end=1033
-  _globals['_LISTDELETIONSREQUEST']._serialized_start=1035
-  _globals['_LISTDELETIONSREQUEST']._serialized_end=1112
-  _globals['_LISTDELETIONSRESPONSE']._serialized_start=1114
-  _globals['_LISTDELETIONSRESPONSE']._serialized_end=1207
-  _globals['_AUDITREQUEST']._serialized_start=1209
-  _globals['_AUDITREQUEST']._serialized_end=1239
-  _globals['_AUDITREPORT']._serialized_start=1242
-  _globals['_AUDITREPORT']._serialized_end=1421
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=1423
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=1445
-  _globals['_RECEIPTKEY']._serialized_start=1448
-  _globals['_RECEIPTKEY']._serialized_end=1594
-  _globals['_SERVERINFO']._serialized_start=1596
-  _globals['_SERVERINFO']._serialized_end=1670
-  _globals['_EXPORTOWNERREQUEST']._serialized_start=1672
-  _globals['_EXPORTOWNERREQUEST']._serialized_end=1732
-  _globals['_EXPORTHEADER']._serialized_start=1734
-  _globals['_EXPORTHEADER']._serialized_end=1854
-  _globals['_EXPORTSUMMARY']._serialized_start=1856
-  _globals['_EXPORTSUMMARY']._serialized_end=1961
-  _globals['_EXPORTITEM']._serialized_start=1964
-  _globals['_EXPORTITEM']._serialized_end=2259
-  _globals['_SETRETENTIONREQUEST']._serialized_start=2262
-  _globals['_SETRETENTIONREQUEST']._serialized_end=2402
-  _globals['_SETRETENTIONRESPONSE']._serialized_start=2405
-  _globals['_SETRETENTIONRESPONSE']._serialized_end=2564
-  _globals['_LIFECYCLE']._serialized_start=2567
-  _globals['_LIFECYCLE']._serialized_end=3213
+  _globals['_FORGETREQUEST']._serialized_end=780
+  _globals['_FORGETREQUEST_RESPONSES']._serialized_start=719
+  _globals['_FORGETREQUEST_RESPONSES']._serialized_end=780
+  _globals['_GETLINEAGEREQUEST']._serialized_start=783
+  _globals['_GETLINEAGEREQUEST']._serialized_end=965
+  _globals['_GETLINEAGEREQUEST_DIRECTION']._serialized_start=895
+  _globals['_GETLINEAGEREQUEST_DIRECTION']._serialized_end=965
+  _globals['_LINEAGEEDGE']._serialized_start=967
+  _globals['_LINEAGEEDGE']._serialized_end=1058
+  _globals['_GETLINEAGERESPONSE']._serialized_start=1060
+  _globals['_GETLINEAGERESPONSE']._serialized_end=1118
+  _globals['_LISTDELETIONSREQUEST']._serialized_start=1120
+  _globals['_LISTDELETIONSREQUEST']._serialized_end=1197
+  _globals['_LISTDELETIONSRESPONSE']._serialized_start=1199
+  _globals['_LISTDELETIONSRESPONSE']._serialized_end=1292
+  _globals['_AUDITREQUEST']._serialized_start=1294
+  _globals['_AUDITREQUEST']._serialized_end=1324
+  _globals['_AUDITREPORT']._serialized_start=1327
+  _globals['_AUDITREPORT']._serialized_end=1506
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=1508
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=1530
+  _globals['_RECEIPTKEY']._serialized_start=1533
+  _globals['_RECEIPTKEY']._serialized_end=1679
+  _globals['_SERVERINFO']._serialized_start=1681
+  _globals['_SERVERINFO']._serialized_end=1755
+  _globals['_EXPORTOWNERREQUEST']._serialized_start=1757
+  _globals['_EXPORTOWNERREQUEST']._serialized_end=1817
+  _globals['_EXPORTHEADER']._serialized_start=1819
+  _globals['_EXPORTHEADER']._serialized_end=1939
+  _globals['_EXPORTSUMMARY']._serialized_start=1941
+  _globals['_EXPORTSUMMARY']._serialized_end=2046
+  _globals['_EXPORTITEM']._serialized_start=2049
+  _globals['_EXPORTITEM']._serialized_end=2344
+  _globals['_SETRETENTIONREQUEST']._serialized_start=2347
+  _globals['_SETRETENTIONREQUEST']._serialized_end=2487
+  _globals['_SETRETENTIONRESPONSE']._serialized_start=2490
+  _globals['_SETRETENTIONRESPONSE']._serialized_end=2649
+  _globals['_LIFECYCLE']._serialized_start=2652
+  _globals['_LIFECYCLE']._serialized_end=3298
 # @@protoc_insertion_point(module_scope)

@@ -205,11 +205,18 @@ class ForgetRequest(_message.Message):
     RANGE_FIELD_NUMBER: _builtins.int
     RESPONSES_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    ECHOES_FIELD_NUMBER: _builtins.int
+    ECHO_GUARD_FIELD_NUMBER: _builtins.int
     responses: Global___ForgetRequest.Responses.ValueType
     """Default `TAINT`."""
     reason: _builtins.str
     """Free text kept on the receipt, at most 256 bytes of UTF-8; default
     "FORGET". Stored in plaintext: it must not carry content.
+    """
+    echoes: _common_pb2.EchoAction.ValueType
+    """What to do with echoes of the forgotten texts outside their declared
+    lineage (see `EchoAction`); default `TAINT`. Not for a whole owner
+    (nothing of it remains to echo).
     """
     @_builtins.property
     def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -221,6 +228,13 @@ class ForgetRequest(_message.Message):
     def range(self) -> Global___TurnRange:
         """Optional range of turns to forget."""
 
+    @_builtins.property
+    def echo_guard(self) -> _duration_pb2.Duration:
+        """How long the echo guard stands after the forget, 0..366 days; unset
+        means the server's `--echo-guard-window` (default: the pending TTL, 72 h),
+        0 means no guard. Ignored for `REPORT` and `IGNORE`.
+        """
+
     def __init__(
         self,
         *,
@@ -228,10 +242,12 @@ class ForgetRequest(_message.Message):
         range: Global___TurnRange | None = ...,
         responses: Global___ForgetRequest.Responses.ValueType = ...,
         reason: _builtins.str = ...,
+        echoes: _common_pb2.EchoAction.ValueType = ...,
+        echo_guard: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["range", b"range"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["echo_guard", b"echo_guard", "range", b"range"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["names", b"names", "range", b"range", "reason", b"reason", "responses", b"responses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["echo_guard", b"echo_guard", "echoes", b"echoes", "names", b"names", "range", b"range", "reason", b"reason", "responses", b"responses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -63,12 +63,15 @@ class LifecycleStub:
     whole ring) and purges the rows. Returns when the deletion is effective
     for every reader; the cryptographic completion follows at the next
     rotation (`DeletionReceipt.shred_horizon_time`). A crash mid-way is
-    resumed at start-up.
+    resumed at start-up. Before anything is deleted, the forgotten texts are
+    looked for in the owner's other live records (the echo sweep,
+    `echoes`), and a guard against their return is set (`echo_guard`).
     Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (a named record
     never existed or is gone: nothing is deleted); `INVALID_ARGUMENT` /
     `BAD_FIELD` (no target, more than 1000 names, several owners, a bad
-    range, an unknown `responses`, a `reason` over 256 bytes);
-    `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    range, an unknown `responses` or `echoes`, a negative or over-long
+    `echo_guard`, a `reason` over 256 bytes); `RESOURCE_EXHAUSTED` /
+    `STORE_FULL`.
     """
     GetLineage: _grpc.UnaryUnaryMultiCallable[_lifecycle_pb2.GetLineageRequest, _lifecycle_pb2.GetLineageResponse]
     """Lists the lineage edges around a live turn or memory, breadth first up to
@@ -162,12 +165,15 @@ class LifecycleAsyncStub(LifecycleStub):
     whole ring) and purges the rows. Returns when the deletion is effective
     for every reader; the cryptographic completion follows at the next
     rotation (`DeletionReceipt.shred_horizon_time`). A crash mid-way is
-    resumed at start-up.
+    resumed at start-up. Before anything is deleted, the forgotten texts are
+    looked for in the owner's other live records (the echo sweep,
+    `echoes`), and a guard against their return is set (`echo_guard`).
     Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (a named record
     never existed or is gone: nothing is deleted); `INVALID_ARGUMENT` /
     `BAD_FIELD` (no target, more than 1000 names, several owners, a bad
-    range, an unknown `responses`, a `reason` over 256 bytes);
-    `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+    range, an unknown `responses` or `echoes`, a negative or over-long
+    `echo_guard`, a `reason` over 256 bytes); `RESOURCE_EXHAUSTED` /
+    `STORE_FULL`.
     """
     GetLineage: _aio.UnaryUnaryMultiCallable[_lifecycle_pb2.GetLineageRequest, _lifecycle_pb2.GetLineageResponse]  # type: ignore[assignment]
     """Lists the lineage edges around a live turn or memory, breadth first up to
@@ -276,12 +282,15 @@ class LifecycleServicer(metaclass=_abc_1.ABCMeta):
         whole ring) and purges the rows. Returns when the deletion is effective
         for every reader; the cryptographic completion follows at the next
         rotation (`DeletionReceipt.shred_horizon_time`). A crash mid-way is
-        resumed at start-up.
+        resumed at start-up. Before anything is deleted, the forgotten texts are
+        looked for in the owner's other live records (the echo sweep,
+        `echoes`), and a guard against their return is set (`echo_guard`).
         Errors: `NOT_FOUND` / `NOT_FOUND` or `RECORD_DELETED` (a named record
         never existed or is gone: nothing is deleted); `INVALID_ARGUMENT` /
         `BAD_FIELD` (no target, more than 1000 names, several owners, a bad
-        range, an unknown `responses`, a `reason` over 256 bytes);
-        `RESOURCE_EXHAUSTED` / `STORE_FULL`.
+        range, an unknown `responses` or `echoes`, a negative or over-long
+        `echo_guard`, a `reason` over 256 bytes); `RESOURCE_EXHAUSTED` /
+        `STORE_FULL`.
         """
 
     @_abc_1.abstractmethod

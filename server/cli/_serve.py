@@ -111,6 +111,13 @@ def add(sub: Subcommands) -> None:
         help="a PENDING turn or memory expires this long after it was written",
     )
     serve.add_argument(
+        "--echo-guard-window",
+        type=_window,
+        default=None,
+        help="after a forget, refuse or taint for this long a write that echoes what it "
+        "forgot (a forget's echo_guard overrides it; 0: no guard); default: --pending-ttl",
+    )
+    serve.add_argument(
         "--sweep-interval",
         type=parse_duration,
         default="5s",
@@ -281,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
         kek_file=args.kek_file,
         embedder=args.embedder,
         pending_ttl=args.pending_ttl,
+        echo_guard_window=args.echo_guard_window,
         sweep_interval=args.sweep_interval,
         tagger=args.tagger,
         rotation_interval=args.rotation_interval,
@@ -350,3 +358,12 @@ def run(args: argparse.Namespace) -> int:
     stopped.wait()
     server.stop(grace=args.drain_grace)
     return EXIT_OK
+
+
+def _window(text: str) -> float:
+    """``--echo-guard-window``: a duration (``72h``, ``30m``), or ``0`` for no guard.
+
+    Raises:
+        argparse.ArgumentTypeError: malformed.
+    """
+    return 0.0 if text.strip() == "0" else parse_duration(text)

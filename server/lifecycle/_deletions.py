@@ -32,8 +32,10 @@ from collections import defaultdict
 
 from server._metrics import Metrics
 from server.errors import NotFound
+from server.lifecycle._echoes import expire_guards, sweep_echoes
 from server.retrieval import Retriever
 from server.store import (
+    ECHO_IGNORE,
     DeletionEntry,
     ForgetTargets,
     MemMeta,
@@ -47,6 +49,8 @@ REASON_FORGET = "FORGET"
 REASON_EXPIRED = "EXPIRED"
 REASON_RETENTION = "RETENTION"
 REASON_KEY_DESTROYED = "KEY_DESTROYED"
+DEFAULT_ECHO_GUARD_WINDOW = 72 * 3600.0
+"""Seconds an echo guard stands by default: the default pending TTL."""
 
 
 class Deletions:
@@ -58,6 +62,8 @@ class Deletions:
         metrics: deletion latency and outstanding gauges.
         rotation_interval: seconds between rotations (0: never); only a KEK
             file can be rotated, so an in-memory KEK makes it 0.
+        echo_guard_window: seconds a forget's echo guard stands unless the
+            request says otherwise (``--echo-guard-window``; 0: no guard).
     """
 
     def __init__(
@@ -66,10 +72,13 @@ class Deletions:
         retriever: Retriever,
         metrics: Metrics,
         rotation_interval: float = 3600.0,
+        echo_guard_window: float = DEFAULT_ECHO_GUARD_WINDOW,
     ) -> None:
         self.store = store
         self.retriever = retriever
         self.metrics = metrics
+        self.echo_guard_window = echo_guard_window
+        self._guard_hits_seen = 0
         self.rotation_interval = rotation_interval if store.kek_rotatable else 0.0
         self.last_rotation = time.time()
 
@@ -136,7 +145,13 @@ class Deletions:
         return done
 
     def forget(
-        self, owner: str, targets: ForgetTargets, *, reason: str = REASON_FORGET
+        self,
+        owner: str,
+        targets: ForgetTargets,
+        *,
+        reason: str = REASON_FORGET,
+        echoes: str = ECHO_IGNORE,
+        echo_guard: float | None = None,
     ) -> DeletionEntry:
         """Forget turns, turn ranges, threads, memories or a whole owner.
 
@@ -148,6 +163,12 @@ class Deletions:
             owner: whose records.
             targets: what to forget.
             reason: the receipt's reason (``FORGET``, ``EXPIRED``, …).
+            echoes: what to do with echoes of the forgotten texts outside their
+                declared lineage (``REPORT``, ``TAINT``, ``FORGET``), found
+                before step 1 (:mod:`server.lifecycle._echoes`); ``IGNORE``
+                (expiry, recovery, a whole owner) looks for none.
+            echo_guard: seconds the echo guard stands (None: the default
+                window; 0: no guard).
 
         Returns:
             The completed log entry (the receipt).
@@ -157,8 +178,24 @@ class Deletions:
                 (nothing deleted).
         """
         started = time.time()
-        entry = self.store.plan_forget(owner, targets, reason=reason, request_time=started)
+        sweep = None
+        if echoes != ECHO_IGNORE and not targets.whole_owner:
+            window = self.echo_guard_window if echo_guard is None else echo_guard
+            sweep = sweep_echoes(self.store, self.retriever, owner, targets, echoes, window)
+        entry = self.store.plan_forget(
+            owner, targets, reason=reason, request_time=started, echoes=sweep
+        )
+        self.metrics.echoes_found.inc(entry.echoes_found)
+        self.metrics.echoes_acted.inc(entry.echoes_acted)
         return self.complete(entry, requested=started)
+
+    def expire_guards(self, now: float | None = None) -> int:
+        """End the echo guards whose window passed (the sweeper; start-up).
+
+        Returns:
+            How many guards ended.
+        """
+        return expire_guards(self.store, time.time() if now is None else now)
 
     def seal(self, owner: str, thread: str, from_seq: int) -> ThreadView:
         """Seal a stretch into a new repair.

@@ -82,6 +82,10 @@ class Lifecycle(Deletions):
         self.metrics.index_vectors.set(self.retriever.cache.total_vectors())
         self.metrics.index_bytes.set(self.retriever.cache.total_bytes())
         self.metrics.keystore_keys.set(self.store.key_count())
+        self.metrics.echo_guard_keys.set(self.store.guard_count())
+        hits = self.store.echo_guard_hits
+        self.metrics.echo_guard_hits.inc(max(0, hits - self._guard_hits_seen))
+        self._guard_hits_seen = hits
         self.metrics.stray_key_files.set(self.store.stray_key_files())
         self.metrics.disk_reserve_bytes.set(self.store.disk_reserve.held())
         self.metrics.unreadable_records.set(self.store.unreadable_count())

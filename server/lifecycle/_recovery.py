@@ -40,6 +40,8 @@ class Recovery:
         tokens: what bringing the data's copy of the tokens in line with the
             keystore's ledger changed (tokens revoked or created after a
             restored backup); None when the step was deferred.
+        echo_guards_ended: echo guards whose window passed (one a crash cut
+            short between destroying its key and deleting its rows included).
         deferred: steps that could not write (full disk or store) and wait for
             the next start.
     """
@@ -52,6 +54,7 @@ class Recovery:
     stray_keys_destroyed: int
     tokens: TokenReconcile | None = None
     deferred: list[str] = field(default_factory=list)
+    echo_guards_ended: int = 0
 
     def changed(self) -> bool:
         """Whether recovery changed anything or deferred a step (start-up logs it then)."""
@@ -64,6 +67,7 @@ class Recovery:
             or self.stray_keys_destroyed
             or (self.tokens is not None and self.tokens != TokenReconcile())
             or self.deferred
+            or self.echo_guards_ended
         )
 
     def summary(self) -> str:
@@ -74,6 +78,7 @@ class Recovery:
             f"{self.keys_relocated} keys relocated, {self.stray_keys_destroyed} stray keys "
             f"destroyed, KEK versions {self.kek_versions_retired} retired"
             + (f"; {self.tokens.summary()}" if self.tokens is not None else "")
+            + (f"; {self.echo_guards_ended} echo guards ended" if self.echo_guards_ended else "")
             + (f"; deferred: {', '.join(self.deferred)}" if self.deferred else "")
         )
 
@@ -90,10 +95,11 @@ def recover(deletions: Deletions) -> Recovery:
     keys were destroyed on purpose since the data was written (the shred
     log names them: a restored backup); keep and report loudly every live
     record whose key is missing with no decided deletion; destroy keys no
-    record uses (made for writes that never committed); bring the data's copy
-    of the tokens in line with the keystore's ledger (a revocation or a token
-    newer than a restored backup). Start-up never forgets what nobody decided
-    to forget.
+    record uses (made for writes that never committed; an echo guard's key
+    whose rows never committed among them); bring the data's copy of the
+    tokens in line with the keystore's ledger (a revocation or a token newer
+    than a restored backup); end the echo guards whose window passed. Start-up
+    never forgets what nobody decided to forget.
 
     A step that cannot write (a full disk, ``--max-store-size`` reached) is
     deferred to the next start, logged at error level: the store still
@@ -143,7 +149,10 @@ def recover(deletions: Deletions) -> Recovery:
         )
     deletions.metrics.records_without_key.set(len(kept))
     tokens = attempt("reconciling tokens", deletions.store.reconcile_tokens, lambda: None)
-    return Recovery(retired, relocated, resumed, forgotten + more, kept, stray, tokens, deferred)
+    guards = attempt("ending echo guards", deletions.expire_guards, lambda: 0)
+    return Recovery(
+        retired, relocated, resumed, forgotten + more, kept, stray, tokens, deferred, guards
+    )
 
 
 def _forget_decided_threads(deletions: Deletions, check: KeyCheck) -> int:

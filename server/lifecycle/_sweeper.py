@@ -24,7 +24,7 @@ running back to back with the searches."""
 
 
 class Sweeper:
-    """Background thread: the expiry sweep, the gauges, the audit and event pruning, on a schedule.
+    """Background thread: expiry, echo guards, gauges, the audit and event pruning, on a schedule.
 
     The expiry sweep and gauges run every ``interval`` seconds; the audit
     gauges and event pruning every ``audit_interval`` seconds, or less often on
@@ -62,6 +62,7 @@ class Sweeper:
                 self._lifecycle.store.writer.tidy()  # what a storage fault left undone
                 self._lifecycle.store.disk_reserve.ensure()  # after a deletion spent it
                 self._lifecycle.sweep()
+                self._lifecycle.expire_guards()
                 self._lifecycle.rotate_if_due(time.time())
                 self._lifecycle.store.warn_expiring(time.time(), self._expiry_warning)
                 overdue = self._lifecycle.store.announce_due_commitments(time.time())

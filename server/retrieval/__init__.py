@@ -17,6 +17,8 @@ module              holds
 ``_drift``          the audit's ``index_drift`` of a loaded bundle
 ``_reembed``        re-embedding an owner's records after the embedder changed
 ``_context``        context assembly and context manifests
+``_echoes``         where a forget's echo sweep looks (the owner's own bundles)
+                    and the word shingles its guard digests
 ==================  ===========================================================
 
 May import: the floor (``server.errors``, ``server._logs``, ``server._metrics``),
@@ -34,6 +36,7 @@ from server.retrieval._context import (
     assemble,
 )
 from server.retrieval._drift import index_drift
+from server.retrieval._echoes import ECHO_RULE, echo_shingles, echo_terms, find_owner_echoes
 from server.retrieval._indexed_text import (
     TermMemo,
     date_text,
@@ -55,6 +58,7 @@ __all__ = [
     "DEFAULT_MAX_CHARS",
     "DEFAULT_RECENT",
     "DEFAULT_TOP_K",
+    "ECHO_RULE",
     "MODE_DENSE",
     "MODE_HYBRID",
     "MODE_LEXICAL",
@@ -65,6 +69,9 @@ __all__ = [
     "assemble",
     "check_embedder",
     "date_text",
+    "echo_shingles",
+    "echo_terms",
+    "find_owner_echoes",
     "index_drift",
     "indexed_text",
     "plain_text",

@@ -129,7 +129,14 @@ def receipt_proto(
         request_time=timestamp(entry.request_time),
         reason=entry.reason,
         deleted=entry.deleted,
+        echo_action=common_pb2.EchoAction.Value(entry.echo_action),
+        echoes_found=entry.echoes_found,
+        echoes_acted=entry.echoes_acted,
+        echoes=entry.echoes,
+        echo_texts=entry.echo_texts,
     )
+    if entry.echo_guard_expire_time:
+        receipt.echo_guard_expire_time.CopyFrom(timestamp(entry.echo_guard_expire_time))
     for dest, status in entry.destinations.items():
         d = receipt.destinations.add(name=dest, done=status.done)
         if status.done:

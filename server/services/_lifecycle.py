@@ -22,12 +22,13 @@ from server._names import (
 from server.edge import StreamContext, authorize
 from server.errors import InvalidArgument
 from server.lifecycle import Lifecycle
-from server.retrieval import Retriever
+from server.retrieval import Retriever, echo_shingles
 from server.services._common import (
     MAX_BATCH,
     MAX_LINEAGE_DEPTH,
     MAX_REASON_BYTES,
     MAX_RETENTION_SECONDS,
+    MAX_TTL_SECONDS,
     check_text,
     duration,
     fit,
@@ -38,7 +39,7 @@ from server.services._common import (
 )
 from server.services._convert import receipt_proto, set_time
 from server.services._export import export_items
-from server.store import ForgetTargets, Store
+from server.store import ECHO_IGNORE, ECHO_TAINT, ForgetTargets, Store
 
 
 def _record_names_owner(names: Sequence[str]) -> str:
@@ -88,7 +89,7 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
         owner = _record_names_owner(request.names)
         authorize(owner)
         names = list(dict.fromkeys(request.names))  # a name given twice is committed once
-        metas = self.store.commit_records(names, request.include_sources)
+        metas = self.store.commit_records(names, request.include_sources, echo_shingles)
         self.retriever.on_write(owner, metas)
         return lifecycle_pb2.CommitResponse(
             committed=[common_pb2.SourceRef(name=m.name, version=m.version) for m in metas]
@@ -253,5 +254,35 @@ class LifecycleService(lifecycle_pb2_grpc.LifecycleServicer):
             memories=[t.memory for _, t in parsed if isinstance(t, MemoryName)],
             delete_responses=request.responses == lifecycle_pb2.ForgetRequest.DELETE,
         )
-        entry = self.lifecycle.forget(owner, targets, reason=reason or "FORGET")
+        echoes, echo_guard = _echo_choice(request)
+        if targets.whole_owner:
+            echoes = ECHO_IGNORE  # nothing of the owner remains to echo
+        entry = self.lifecycle.forget(
+            owner, targets, reason=reason or "FORGET", echoes=echoes, echo_guard=echo_guard
+        )
         return receipt_proto(entry, self.store.sign_receipt)
+
+
+def _echo_choice(request: lifecycle_pb2.ForgetRequest) -> tuple[str, float | None]:
+    """The request's echo action (default ``TAINT``) and guard window (None: the server's).
+
+    Raises:
+        InvalidArgument: ``echoes`` is not an ``EchoAction``; ``echo_guard`` is
+            negative, over 366 days or malformed.
+    """
+    if request.echoes not in common_pb2.EchoAction.values():
+        raise InvalidArgument("echoes", "must be REPORT, TAINT, FORGET or IGNORE")
+    action = (
+        ECHO_TAINT
+        if request.echoes == common_pb2.ECHO_ACTION_UNSPECIFIED
+        else common_pb2.EchoAction.Name(request.echoes)
+    )
+    if not request.HasField("echo_guard"):
+        return action, None
+    guard = request.echo_guard
+    window = guard.seconds + guard.nanos / 1e9
+    if guard.seconds < 0 or guard.nanos < 0 or guard.nanos >= 1_000_000_000:
+        raise InvalidArgument("echo_guard", "must not be negative")
+    if window > MAX_TTL_SECONDS:
+        raise InvalidArgument("echo_guard", f"must be at most {MAX_TTL_SECONDS:.0f} s")
+    return action, window

@@ -23,7 +23,7 @@ from server import _tagger as tagger
 from server._names import check_id, new_id, parse_memory, parse_owner, parse_record
 from server.edge import authorize
 from server.errors import InvalidArgument, Reason
-from server.retrieval import Retriever
+from server.retrieval import Retriever, echo_shingles
 from server.services._common import (
     MAX_BATCH,
     MAX_TEXT_BYTES,
@@ -241,6 +241,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
                 draft,
                 commit=request.memory.state == common_pb2.COMMITTED,
                 pending_ttl=self.pending_ttl,
+                shingler=echo_shingles,
             )
         except SlotConflict as conflict:
             self.store.emit_event(owner, "SLOT_CONFLICT", conflict.holder)
@@ -333,6 +334,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             request.expected_version,
             self.pending_ttl,
             keep_embedding="text" not in paths and "edge" not in paths and "embedding" not in paths,
+            shingler=echo_shingles,
         )
 
     def TransitionMemory(  # noqa: N802

@@ -11,7 +11,7 @@ from lethe.v1 import common_pb2, threads_pb2, threads_pb2_grpc
 from server._names import check_id, new_id, parse_manifest, parse_owner, parse_thread, parse_turn
 from server.edge import authorize
 from server.errors import InvalidArgument, Reason
-from server.retrieval import Retriever, plain_text
+from server.retrieval import Retriever, echo_shingles, plain_text
 from server.services._common import (
     MAX_BATCH,
     MAX_SPEAKER_BYTES,
@@ -180,6 +180,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
             request.request_id,
             candidates=candidates,
             pending_ttl=self.pending_ttl,
+            shingler=echo_shingles,
         )
         if retried:
             return self._replay([m.rid for m in metas], request.echo_text)

@@ -24,6 +24,8 @@ module              holds
 ``_pending``        commit, ExtendPending, expiry queue, ``PENDING_EXPIRING``
 ``_retention``      retention of committed records, threads and an owner's new records
 ``_forget``         the forget plan, cascade, purge and the deletion log
+``_echoes``         a forget's echo guard: keyed digests under a key of its own,
+                    the check of every write, the end of its window
 ``_repairs``        sealing, reopening and pausing repairs
 ``_events``         reading, emitting and pruning events
 ``_manifests``      context manifests
@@ -43,6 +45,19 @@ May import: ``lethe`` (names, generated messages), ``server.errors`` and
 
 from server.store._audit import AuditCounts, KeyCheck
 from server.store._base import record_ring
+from server.store._echoes import (
+    ECHO_ACTIONS,
+    ECHO_FORGET,
+    ECHO_IGNORE,
+    ECHO_REPORT,
+    ECHO_TAINT,
+    EchoSweep,
+    GuardKeyRow,
+    GuardPlan,
+    GuardRow,
+    Shingler,
+    guard_end,
+)
 from server.store._events import EVENT_RETENTION
 from server.store._forget import DESTINATIONS, DeletionEntry, Destination, ForgetTargets
 from server.store._moves import MoveRefused, OwnerExport
@@ -97,6 +112,11 @@ __all__ = [
     "DEFAULT_DISK_RESERVE",
     "DEFAULT_MAX_STORE_SIZE",
     "DESTINATIONS",
+    "ECHO_ACTIONS",
+    "ECHO_FORGET",
+    "ECHO_IGNORE",
+    "ECHO_REPORT",
+    "ECHO_TAINT",
     "EVENT_RETENTION",
     "KEK_ENV",
     "KIND_DEFAULTS",
@@ -109,9 +129,13 @@ __all__ = [
     "AuditCounts",
     "DeletionEntry",
     "Destination",
+    "EchoSweep",
     "EmbedderChange",
     "EventRow",
     "ForgetTargets",
+    "GuardKeyRow",
+    "GuardPlan",
+    "GuardRow",
     "KeyCheck",
     "ManifestRow",
     "MemMeta",
@@ -123,6 +147,7 @@ __all__ = [
     "OwnerExport",
     "RecordMeta",
     "RecordView",
+    "Shingler",
     "SlotConflict",
     "Store",
     "StoreLockedError",
@@ -137,6 +162,7 @@ __all__ = [
     "data_paths",
     "effective_state",
     "general_visible",
+    "guard_end",
     "indexable",
     "open_store_for",
     "pending_indexable",

@@ -39,6 +39,7 @@ from lethe.names import InvalidName, TurnName, parse_record
 from server.errors import DataLoss, RecordDeleted
 from server.store import _schema as sk
 from server.store._base import StoreBase, memory_ring, record_ring
+from server.store._echoes import guard_keys_in
 from server.store._records import MemMeta, RecordMeta, ThreadMeta, TurnMeta
 from server.store._shapes import SLOT_KEY_ID
 from server.store._visibility import effective_state
@@ -131,9 +132,10 @@ class AuditPart(StoreBase):
                     counts.stale_summaries += 1
             if integrity:
                 counts.unreadable_records = self._unreadable(txn, turns, memories, now)
+            guards = guard_keys_in(txn, self.t, owner)  # a standing echo guard's key is used
         if not integrity:
             counts.unreadable_records = self.unreadable_count(owner)
-        used = self._used_keys(owner, threads.values(), turns, memories)
+        used = self._used_keys(owner, threads.values(), turns, memories) | guards
         counts.keys_without_record = len(self._unused(owner, used))
         return counts
 
@@ -219,12 +221,16 @@ class AuditPart(StoreBase):
         return [ref for ref in self.keystore.list_record_keys(owner) if ref not in used]
 
     def unreferenced_keys(self, owner: str) -> list[tuple[RingRef, str]]:
-        """Record keys of ``owner`` that no record uses (``keys_without_record``)."""
+        """Record keys of ``owner`` that no record uses (``keys_without_record``).
+
+        An echo guard's key is used while its guard's rows stand.
+        """
         with self.env.begin() as txn:
             threads = self._owner_threads(txn, owner)
             turns = self._owner_turn_metas(txn, owner)
             memories = self._owner_memory_metas(txn, owner)
-        return self._unused(owner, self._used_keys(owner, threads, turns, memories))
+            guards = guard_keys_in(txn, self.t, owner)
+        return self._unused(owner, self._used_keys(owner, threads, turns, memories) | guards)
 
     def destroy_unreferenced_keys(self, check: KeyCheck | None = None) -> int:
         """Destroy record keys no record uses; returns how many.
@@ -277,6 +283,7 @@ class AuditPart(StoreBase):
         check = KeyCheck()
         named: set[tuple[RingRef, str]] = set()
         with self.env.begin() as txn:
+            named |= guard_keys_in(txn, self.t)  # an echo guard's key, while it stands
             for record, ring, key_id, needed in self._record_keys_named(txn):
                 named.add((ring, key_id))
                 if not needed or (ring, key_id) in inventory:

@@ -4,16 +4,23 @@ A forget follows ARCHITECTURE.md "Lineage and deletion":
 
 1. :meth:`ForgetPart.plan_forget` — one write transaction: tombstones for the
    targets and every transitive descendant (:class:`Planner`), tainted
-   responses, events, and a :class:`DeletionEntry` in the deletion log with
-   every destination outstanding;
+   responses, what the echo sweep found acted on (``EchoSweep``: found by the
+   lifecycle before this step, from :meth:`ForgetPart.forget_texts`) and the
+   echo guard's rows (:mod:`server.store._echoes`), events, and a
+   :class:`DeletionEntry` in the deletion log with every destination
+   outstanding;
 2. the caller removes the ids from the in-memory indexes;
 3. and 4. :meth:`ForgetPart.finish_forget` — the keys are destroyed in the
    keystore (synced) by the writer group, then the ciphertext rows are purged
    and the entry is marked complete, in the group's data transaction.
 
 A crash between the steps leaves the entry outstanding; start-up resumes it
-(:meth:`ForgetPart.outstanding_deletions`). The log holds identifiers, kinds,
-destinations, times and counts only — never content, nor digests of content.
+(:meth:`ForgetPart.outstanding_deletions`). The sweep ran before step 1 and its
+results are part of the plan, so a resumed entry never sweeps again (it could
+not: from step 3 on the forgotten texts' keys are gone). The log holds
+identifiers, kinds, destinations, times and counts only — never content, nor
+digests of content (the guard's keyed digests live in its own rows, under its
+own key, and go when its window ends).
 
 Thread rules: as every part of the store (writes on the writer thread).
 """
@@ -32,10 +39,18 @@ from server.errors import RecordDeleted
 from server.store import _json
 from server.store import _schema as sk
 from server.store._base import StoreBase, thread_name
+from server.store._echoes import (
+    ECHO_FORGET,
+    ECHO_IGNORE,
+    ECHO_REPORT,
+    EchoPart,
+    EchoSweep,
+)
 from server.store._lineage import children_of, remove_edges_from, remove_edges_of
 from server.store._records import (
     REPAIR,
     REPAIR_CONCLUDED,
+    SEALED,
     MemMeta,
     RecordMeta,
     TurnMeta,
@@ -46,6 +61,8 @@ from shredder import RingRef
 
 DESTINATIONS = ("lmdb", "index", "lexical", "keystore", "cache")
 """The cleanup destinations of every deletion, in receipt order."""
+MAX_ECHO_NAMES = 1000
+"""Most echo names a deletion-log entry (and its receipt) lists."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +150,13 @@ class DeletionEntry:
         rings: thread ids whose whole ring is destroyed.
         whole_owner: every ring of the owner is destroyed.
         deleted, cascaded, tainted, rebuilds_requested: receipt counts.
+        echo_action: what was done to echoes (``REPORT``, ``TAINT``,
+            ``FORGET``; ``IGNORE`` when none were looked for).
+        echoes: names of the echoes found (names only), at most
+            :data:`MAX_ECHO_NAMES`; ``echoes_found`` counts them all.
+        echoes_found, echoes_acted, echo_texts: the sweep's counts (found,
+            acted on, forgotten texts looked for).
+        echo_guard_expire_time: when the echo guard ends (0: no guard).
         request_time, complete_time, shred_horizon_time: seconds since the
             epoch (0 while not reached).
         positions: ``rid -> (thread, seq)`` of the turns among ``rids`` and
@@ -158,6 +182,12 @@ class DeletionEntry:
     cascaded: int = 0
     tainted: int = 0
     rebuilds_requested: int = 0
+    echo_action: str = ECHO_IGNORE
+    echoes: list[str] = field(default_factory=list)
+    echoes_found: int = 0
+    echoes_acted: int = 0
+    echo_texts: int = 0
+    echo_guard_expire_time: float = 0.0
     complete_time: float = 0.0
     shred_horizon_time: float = 0.0
     destinations: dict[str, Destination] = field(
@@ -206,6 +236,12 @@ class DeletionEntry:
             cascaded=int(data.get("cascaded", 0)),
             tainted=int(data.get("tainted", 0)),
             rebuilds_requested=int(data.get("rebuilds_requested", 0)),
+            echo_action=str(data.get("echo_action", ECHO_IGNORE)),
+            echoes=[str(n) for n in data.get("echoes", [])],
+            echoes_found=int(data.get("echoes_found", 0)),
+            echoes_acted=int(data.get("echoes_acted", 0)),
+            echo_texts=int(data.get("echo_texts", 0)),
+            echo_guard_expire_time=float(data.get("echo_guard_expire_time", 0.0)),
             complete_time=float(data.get("complete_time", 0.0)),
             shred_horizon_time=float(data.get("shred_horizon_time", 0.0)),
             destinations={
@@ -252,6 +288,12 @@ class Planner:
         self.cascaded_memories: list[MemMeta] = []
         self.cascaded = 0
         self.tainted = 0
+        self.echo_action = ECHO_IGNORE
+        self.echoes: list[str] = []
+        self.echoes_acted = 0
+        self.echo_texts = 0
+        self.echo_memories: list[MemMeta] = []
+        self.echo_guard_expire_time = 0.0
         # (type, subject, sources) of the events the deletion announces.
         self.events: list[tuple[str, str, list[tuple[str, int]]]] = []
 
@@ -300,8 +342,13 @@ class Planner:
         deleted (and cascades) when ``delete_responses``; what was derived
         from a tainted response cascades too.
         """
-        store, txn = self.store, self.txn
         explicit = set(self.deleted_names)
+        self.follow(delete_responses)
+        self.announce(explicit)
+
+    def follow(self, delete_responses: bool) -> None:
+        """The lineage walk of :meth:`cascade`, without the events (they come once, at the end)."""
+        store, txn = self.store, self.txn
         while self.queue:
             source = self.queue.pop()
             for child, _ in list(children_of(txn, store.t, source)):
@@ -328,7 +375,13 @@ class Planner:
                 self.delete_memory(meta)
                 self.cascaded += 1
                 self.cascaded_memories.append(meta)
-        for meta in self.cascaded_memories:
+
+    def announce(self, explicit: set[str]) -> None:
+        """The events of the deletion: ``REBUILD_REQUESTED`` and ``RECORD_DELETED``.
+
+        ``explicit``: the names deleted before the lineage walk (the targets).
+        """
+        for meta in [*self.cascaded_memories, *self.echo_memories]:
             surviving = [
                 (name, version)
                 for name, version in meta.sources
@@ -337,9 +390,55 @@ class Planner:
             if surviving:
                 self.events.append(("REBUILD_REQUESTED", meta.name, surviving))
         targets = set(self.targets)  # a list: 'in' on it made a 1,000-turn range O(n^2)
-        for name in [*self.targets, *(m.name for m in self.cascaded_memories)]:
+        echoed = [m.name for m in self.echo_memories]
+        if self.echo_action == ECHO_FORGET:
+            echoed = [n for n in self.echoes if n in self.deleted_names]
+        for name in [*self.targets, *(m.name for m in self.cascaded_memories), *echoed]:
             if name not in explicit or name in targets:
                 self.events.append(("RECORD_DELETED", name, []))
+
+    def act_on_echoes(self, sweep: EchoSweep, delete_responses: bool) -> None:
+        """Act on what the echo sweep found, after the declared lineage was followed.
+
+        An echo is a live, unsealed record of the owner that this forget did
+        not already delete or taint by lineage (declared lineage wins: such a
+        record is a descendant, not an echo). ``REPORT`` names it; ``TAINT``
+        treats it as if it had declared the forgotten record (a turn tainted,
+        a memory deleted); ``FORGET`` deletes it with the targets. Lineage is
+        then followed down from what was tainted or deleted.
+        """
+        store, txn = self.store, self.txn
+        self.echo_action = sweep.action
+        self.echo_texts = sweep.texts
+        for rid in sweep.echoes:
+            meta = store._record(txn, rid)
+            if (
+                meta is None
+                or meta.owner != self.owner
+                or meta.deleted
+                or meta.tainted
+                or meta.name in self.deleted_names
+                or effective_state(meta, self.now) in (None, SEALED)
+            ):
+                continue
+            self.echoes.append(meta.name)
+            if sweep.action == ECHO_REPORT:
+                continue
+            self.echoes_acted += 1
+            if isinstance(meta, TurnMeta):
+                if sweep.action == ECHO_FORGET:
+                    self.delete_turn(meta, key_in_ring=meta.thread in self.done_threads)
+                    self.touched_threads.add(meta.thread)
+                else:
+                    meta.tainted = True
+                    store._put_turn(txn, meta)
+                    self.tainted_rids.append(meta.rid)
+                    self.positions[meta.rid] = (meta.thread, meta.seq)
+                    self.queue.append(meta.name)
+            else:
+                self.delete_memory(meta)
+                self.echo_memories.append(meta)
+        self.follow(delete_responses)
 
     def _alive(self, name: str) -> bool:
         meta = self.store.resolve(self.txn, name)
@@ -364,6 +463,12 @@ class Planner:
             cascaded=self.cascaded,
             tainted=self.tainted,
             rebuilds_requested=sum(1 for e in self.events if e[0] == "REBUILD_REQUESTED"),
+            echo_action=self.echo_action,
+            echoes=self.echoes[:MAX_ECHO_NAMES],
+            echoes_found=len(self.echoes),
+            echoes_acted=self.echoes_acted,
+            echo_texts=self.echo_texts,
+            echo_guard_expire_time=self.echo_guard_expire_time,
             positions=self.positions,
         )
 
@@ -377,7 +482,7 @@ class Planner:
         return entry
 
 
-class ForgetPart(StoreBase):
+class ForgetPart(EchoPart):
     """Forget and the deletion log of :class:`~server.store.Store`."""
 
     def plan_forget(
@@ -387,6 +492,7 @@ class ForgetPart(StoreBase):
         *,
         reason: str,
         request_time: float,
+        echoes: EchoSweep | None = None,
     ) -> DeletionEntry:
         """Step 1 of a forget, in one transaction (see :class:`Planner`).
 
@@ -395,6 +501,9 @@ class ForgetPart(StoreBase):
             targets: what to forget (:class:`ForgetTargets`).
             reason: the receipt's reason (``FORGET``, ``EXPIRED``, …).
             request_time: when the request arrived (seconds).
+            echoes: what the echo sweep found and the guard to set, or None
+                (the guard's bucket key exists: ``ensure_guard_key``); the
+                guard's rows commit with the plan.
 
         Raises:
             NotFound / RecordDeleted: a named record or a range's thread never
@@ -403,7 +512,13 @@ class ForgetPart(StoreBase):
 
         def apply(txn: lmdb.Transaction) -> DeletionEntry:
             return self._plan(
-                txn, owner, time.time(), targets, reason=reason, request_time=request_time
+                txn,
+                owner,
+                time.time(),
+                targets,
+                reason=reason,
+                request_time=request_time,
+                echoes=echoes,
             )
 
         return self.writer.run(WriteOp(apply, owner=owner, name="forget.plan"))
@@ -417,6 +532,7 @@ class ForgetPart(StoreBase):
         *,
         reason: str,
         request_time: float,
+        echoes: EchoSweep | None = None,
     ) -> DeletionEntry:
         """Step 1 of a forget inside the caller's transaction (see :meth:`plan_forget`)."""
         whole_owner = targets.whole_owner
@@ -497,7 +613,14 @@ class ForgetPart(StoreBase):
             if not whole_owner:
                 plan.targets.append(name)
             plan.delete_memory(mem)
-        plan.cascade(targets.delete_responses)
+        explicit = set(plan.deleted_names)
+        plan.follow(targets.delete_responses)
+        if echoes is not None and not whole_owner:
+            plan.act_on_echoes(echoes, targets.delete_responses)
+            guard = echoes.guard
+            if guard is not None and self._install_guard(txn, owner, plan.deletion_id, guard):
+                plan.echo_guard_expire_time = guard.expire_time
+        plan.announce(explicit)
         for thread in plan.touched_threads - plan.done_threads:
             touched = self._thread_row(txn, owner, thread)
             if touched is not None:
@@ -541,6 +664,7 @@ class ForgetPart(StoreBase):
                 sk.delete_prefix(txn, self.t.requests, sk.thread_prefix(owner, thread))
             if entry.whole_owner:
                 txn.delete(sk.owner_key(owner), db=self.t.owners)
+                self._drop_owner_guards(txn, owner)  # their keys went with the owner's rings
             for dest in ("index", "lexical", "cache"):
                 entry.destinations[dest] = Destination(True, index_done_time)
             entry.destinations["keystore"] = Destination(True, now)
@@ -600,6 +724,42 @@ class ForgetPart(StoreBase):
         txn.delete(sk.seq_key(owner, thread, seq), db=self.t.seqs)
         txn.delete(sk.owner_record_key(owner, rid), db=self.t.owner_records)
 
+    # ------------------------------------------------------------------ the sweep's reads
+
+    def forget_texts(self, owner: str, targets: ForgetTargets) -> list[tuple[RecordMeta, str]]:
+        """The texts a forget of ``targets`` is about to forget, decrypted while their keys exist.
+
+        Turns (named, in ranges, of whole threads) give their text, memories
+        their current version's text. Targets that do not exist or are gone are
+        left out (the plan reports them). Never for a whole owner.
+
+        Returns:
+            ``(record, text)`` per readable target record, in target order.
+        """
+        metas: list[RecordMeta] = []
+        with self.env.begin() as txn:
+            for thread, seq in targets.turns:
+                meta = self._turn_at(txn, owner, thread, seq)
+                if meta is not None and not meta.deleted:
+                    metas.append(meta)
+            for thread, lo, hi in targets.ranges:
+                metas.extend(self._thread_metas(txn, owner, thread, lo=lo, hi=hi))
+            for thread in targets.threads:
+                metas.extend(self._thread_metas(txn, owner, thread))
+            for memory_id in targets.memories:
+                mem = self._mem_by_id(txn, owner, memory_id)
+                if mem is not None and not mem.deleted:
+                    metas.append(mem)
+            unique = list({m.rid: m for m in metas}.values())
+            rows = [(m, self._payloads_of(txn, m)) for m in unique]
+        return self.open_each(rows, lambda m, cts: (m, _text_of(self.view_of(m, cts))))
+
+    def _payloads_of(self, txn: lmdb.Transaction, meta: RecordMeta) -> dict[str, bytes]:
+        if isinstance(meta, MemMeta):
+            ct = self._memory_ct(txn, meta, meta.version)
+            return {} if ct is None else {"memory": ct}
+        return self._read_payloads(txn, meta.rid, with_embedding=False)
+
     # ------------------------------------------------------------------ the log
 
     def outstanding_deletions(self) -> list[DeletionEntry]:
@@ -631,3 +791,16 @@ class ForgetPart(StoreBase):
                     break
                 out.append(DeletionEntry.decode(raw))
         return out, (out[-1].id if more and out else "")
+
+
+def _text_of(view: object) -> str:
+    """The text a record says: a turn's text, a memory's text (or its edge's words)."""
+    text = getattr(view, "text", None)
+    if isinstance(text, str):
+        return text
+    content = getattr(view, "content", None)
+    if content is None:
+        return ""
+    if content.text or content.edge is None:
+        return str(content.text)
+    return " ".join(content.edge)

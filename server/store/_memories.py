@@ -43,7 +43,8 @@ from server.errors import (
     RecordDeleted,
 )
 from server.store import _schema as sk
-from server.store._base import StoreBase, lineage_expiry_of
+from server.store._base import lineage_expiry_of
+from server.store._echoes import EchoPart, Shingler
 from server.store._lineage import add_edges, ancestors_of, children_of, remove_edges_of
 from server.store._records import (
     COMMITTED,
@@ -86,7 +87,7 @@ def _record_name(name: str) -> TurnName | MemoryName | None:
         return None
 
 
-class MemoriesPart(StoreBase):
+class MemoriesPart(EchoPart):
     """Memory operations of :class:`server.store.Store` (see the module docstring)."""
 
     _slot_key_guard = threading.Lock()
@@ -206,13 +207,19 @@ class MemoriesPart(StoreBase):
         *,
         commit: bool,
         pending_ttl: float,
+        shingler: Shingler | None = None,
     ) -> MemoryView:
         """Publish a memory with its lineage, in one transaction.
+
+        ``shingler``: a text's word shingles, for the owner's echo guards
+        (:mod:`server.store._echoes`); None: no check.
 
         Raises:
             AlreadyExists: the id is taken (also by a deleted memory not yet purged),
                 or ``SLOT_CONFLICT``.
-            FailedPrecondition: a source is deleted, stale or sealed.
+            FailedPrecondition: a source is deleted, stale or sealed;
+                ``ECHOES_FORGOTTEN``: the text echoes a text forgotten within
+                an echo guard's window.
             InvalidArgument: a source never existed or belongs to another owner.
         """
         ring_thread = self.ring_for_sources(owner, draft.sources) if draft.sources else ""
@@ -221,6 +228,8 @@ class MemoriesPart(StoreBase):
             self.ensure_slot_key(owner)
 
         def apply(txn: lmdb.Transaction) -> MemoryView:
+            if self._echo_check(txn, owner, [_guarded_text(draft.content)], shingler)[0]:
+                raise self._refuse_echo("memory.text")
             return self._insert_memory(
                 txn,
                 owner,
@@ -526,6 +535,7 @@ class MemoriesPart(StoreBase):
         pending_ttl: float,
         *,
         keep_embedding: bool = False,
+        shingler: Shingler | None = None,
     ) -> MemoryView:
         """Write a new version of a memory (the version is the etag).
 
@@ -538,10 +548,12 @@ class MemoriesPart(StoreBase):
         version. A ``FACT`` or ``PREFERENCE`` update is a correction: the old
         version becomes ``SUPERSEDED`` (readable only by explicit version).
 
+        ``shingler``: as :meth:`create_memory` (the new version's text is checked).
+
         Raises:
             NotFound / RecordDeleted: the memory. Aborted: ``expected_version``
             (when non-zero) is not current. FailedPrecondition: a new source is
-            deleted, stale or sealed.
+            deleted, stale or sealed; ``ECHOES_FORGOTTEN`` (as :meth:`create_memory`).
         """
         key_id = secrets.token_hex(8)
         with self.env.begin() as txn:
@@ -584,6 +596,8 @@ class MemoriesPart(StoreBase):
                 draft.content.edge if "edge" in paths else old.content.edge,
                 metadata=draft.content.metadata if "metadata" in paths else old.content.metadata,
             )
+            if self._echo_check(txn, owner, [_guarded_text(content)], shingler)[0]:
+                raise self._refuse_echo("memory.text")
             sources_state, sources_expiry = self._sources_window(txn, owner, sources, now)
             if meta.kind in SLOTTED_KINDS:
                 self._claim_slot(txn, meta, content, now)
@@ -775,3 +789,10 @@ class MemoriesPart(StoreBase):
             lambda m, ct: (m.rid, self.open_memory(m, m.version, PAYLOAD_EMBEDDING, bytes(ct))),
         )
         return stack_vectors(opened)
+
+
+def _guarded_text(content: MemoryContent) -> str:
+    """What an echo guard checks of a memory: its text, or its graph edge's words."""
+    if content.text or content.edge is None:
+        return content.text
+    return " ".join(content.edge)

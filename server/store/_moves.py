@@ -101,6 +101,9 @@ _OWNER_PREFIXED = (
     "events",
     "slots",
     "manifests",
+    "echo_keys",
+    "echo_guards",
+    "echo_digests",
 )
 # Databases keyed by resource names (``owners/{owner}/…``).
 _NAMED = ("tombstones", "lineage_down", "lineage_up")

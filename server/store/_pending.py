@@ -21,29 +21,40 @@ import lmdb
 from lethe.names import owner_of
 from server.errors import FailedPrecondition, Reason, RecordDeleted
 from server.store import _schema as sk
-from server.store._base import StoreBase
-from server.store._records import COMMITTED, PENDING, SEALED, MemMeta, RecordMeta
+from server.store._echoes import ECHO_FORGET, EchoPart, Shingler
+from server.store._records import COMMITTED, PENDING, SEALED, MemMeta, RecordMeta, TurnMeta
 from server.store._visibility import effective_state, source_alive
 from server.store._writer import WriteOp
 
 
-class PendingPart(StoreBase):
+class PendingPart(EchoPart):
     """Pending-window operations of :class:`server.store.Store`."""
 
-    def commit_records(self, names: Sequence[str], include_sources: bool) -> list[RecordMeta]:
+    def commit_records(
+        self, names: Sequence[str], include_sources: bool, shingler: Shingler | None = None
+    ) -> list[RecordMeta]:
         """Commit turns and memories in one transaction.
 
         A memory with a pending source fails with ``SOURCE_PENDING`` naming it,
         unless ``include_sources``, which commits those sources (transitively).
 
+        ``shingler``: a text's word shingles, for the owner's echo guards
+        (:mod:`server.store._echoes`): a pending record written before a forget
+        that echoes its text enters general retrieval only through a commit,
+        which the guard checks as it checks a write: a turn is committed
+        tainted (``TAINT``), a memory (or any record, ``FORGET``) refuses the
+        commit. None: no check.
+
         Raises:
             NotFound / RecordDeleted: a record never existed / is gone.
-            FailedPrecondition: ``SOURCE_PENDING``, or a record is sealed.
+            FailedPrecondition: ``SOURCE_PENDING``, or a record is sealed;
+                ``ECHOES_FORGOTTEN`` (naming the record).
         """
 
         def apply(txn: lmdb.Transaction) -> list[RecordMeta]:
             now = time.time()
             out: list[RecordMeta] = []
+            changed: list[RecordMeta] = []
             done: set[str] = set()
 
             def commit_one(name: str, explicit: bool) -> RecordMeta:
@@ -85,15 +96,52 @@ class PendingPart(StoreBase):
                 meta.expire_time = meta.retain_until  # its retention, if it has one
                 self._queue_expiry(txn, meta)
                 self._put_record(txn, meta)
+                changed.append(meta)
                 done.add(name)
                 if not explicit:
                     out.append(meta)
                 return meta
 
             explicit = [commit_one(name, True) for name in names]
+            self._guard_commit(txn, changed, shingler, now)
             return explicit + out
 
         return self.writer.run(WriteOp(apply, owner=_owner_of(names), name="commit"))
+
+    def _guard_commit(
+        self,
+        txn: lmdb.Transaction,
+        changed: Sequence[RecordMeta],
+        shingler: Shingler | None,
+        now: float,
+    ) -> None:
+        """Check the records a commit makes general against the owner's echo guards."""
+        if not changed or shingler is None:
+            return
+        owner = changed[0].owner
+        keys = self._live_keys(txn, owner, now)
+        if not keys:
+            return
+        texts = []
+        for meta in changed:
+            if isinstance(meta, MemMeta):
+                view = self.memory_view(
+                    meta, meta.version, self._memory_ct(txn, meta, meta.version)
+                )
+                content = view.content
+                texts.append(content.text or " ".join(content.edge or ()))
+            else:
+                texts.append(
+                    self.turn_view(meta, self._read_payloads(txn, meta.rid, False), False).text
+                )
+        verdicts = self._echo_check(txn, owner, texts, shingler, keys)
+        for meta, verdict in zip(changed, verdicts, strict=True):
+            if not verdict:
+                continue
+            if verdict == ECHO_FORGET or not isinstance(meta, TurnMeta):
+                raise self._refuse_echo(meta.name)
+            self._taint_echo(meta)
+            self._put_turn(txn, meta)
 
     def extend_pending(self, names: Sequence[str], ttl: float) -> list[RecordMeta]:
         """Give pending records ``ttl`` seconds from now; committed ones are returned unchanged.

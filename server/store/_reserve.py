@@ -36,7 +36,16 @@ from pathlib import Path
 
 _log = logging.getLogger(__name__)
 
-ESSENTIAL = frozenset({"forget.plan", "forget.finish", "repair.conclude", "owner.purge"})
+ESSENTIAL = frozenset(
+    {
+        "forget.plan",
+        "forget.finish",
+        "repair.conclude",
+        "owner.purge",
+        "echo.key",  # a forget's guard bucket key: made before its plan
+        "echo.expire",
+    }
+)
 """Write ops that may use the reserves: the steps of a deletion. An owner's placement
 markers (a move's steps, which add no data) may too (``WriteOp.essential``)."""
 

@@ -35,6 +35,11 @@ events          owner 0x00 event number (8 bytes BE)           :class:`EventRow`
 slots           owner 0x00 keyed digest of kind/slot/scope     rid of the memory holding it
 manifests       owner 0x00 manifest id                         :class:`ManifestRow` JSON
 moved           owner                                          :class:`MovedRow` JSON (ids only)
+echo_keys       owner 0x00 key id (``echo-<bucket>-<end>``)    ``GuardKeyRow`` JSON (its end)
+echo_guards     owner 0x00 key id 0x00 guard id                ``GuardRow`` JSON (ids, times,
+                                                               counts: :mod:`._echoes`)
+echo_digests    owner 0x00 key id 0x00 digest (32 bytes)       (guard id 8 bytes, text index
+                                                               uint32 BE) per guard text
 ==============  =============================================  ==================================
 
 Ids never contain 0x00 and resource names never do, so no prefix of one
@@ -95,6 +100,9 @@ class Tables:
     slots: Any
     manifests: Any
     moved: Any
+    echo_keys: Any
+    echo_guards: Any
+    echo_digests: Any
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -204,6 +212,21 @@ def slot_key(owner: str, digest_hex: str) -> bytes:
 
 def manifest_key(owner: str, manifest_id: str) -> bytes:
     return f"{owner}\x00{manifest_id}".encode()
+
+
+def echo_key_key(owner: str, key_id: str) -> bytes:
+    """Key of an echo guard key's row: ``owner 0x00 key id``."""
+    return f"{owner}\x00{key_id}".encode()
+
+
+def echo_digest_prefix(owner: str, key_id: str) -> bytes:
+    """``owner 0x00 key id 0x00``: the prefix of a guard bucket's guard and digest rows."""
+    return echo_key_key(owner, key_id) + b"\x00"
+
+
+def echo_guard_key(owner: str, key_id: str, guard_id: str) -> bytes:
+    """Key of an echo guard's row: ``owner 0x00 key id 0x00 guard id``."""
+    return echo_digest_prefix(owner, key_id) + guard_id.encode()
 
 
 def edge_key(first: str, second: str) -> bytes:

@@ -30,6 +30,7 @@ from server.errors import (
 from server.store import _json
 from server.store import _schema as sk
 from server.store._base import lineage_expiry_of, thread_name
+from server.store._echoes import ECHO_FORGET, ECHO_TAINT, Shingler
 from server.store._lineage import add_edges
 from server.store._memories import MemoriesPart
 from server.store._records import (
@@ -165,6 +166,7 @@ class ThreadsPart(MemoriesPart):
         *,
         candidates: Sequence[Sequence[MemoryDraft]] = (),
         pending_ttl: float = 0.0,
+        shingler: Shingler | None = None,
     ) -> tuple[list[TurnMeta], bool, list[MemoryView]]:
         """Append turns at the end of a thread, with their tagger candidates, in one transaction.
 
@@ -186,6 +188,11 @@ class ThreadsPart(MemoriesPart):
                 made for a turn that is sealed or born tainted; one whose slot is
                 held is skipped with a ``SLOT_CONFLICT`` event.
             pending_ttl: lifetime of the candidates, seconds.
+            shingler: a text's word shingles, for the owner's echo guards
+                (:mod:`server.store._echoes`): a turn whose text echoes a text
+                forgotten within a guard's window is stored born tainted
+                (``TAINT``) or refuses the whole append (``FORGET``). None: no
+                check.
 
         Returns:
             (the stored turns' metadata, True if this was a retry of
@@ -197,6 +204,8 @@ class ThreadsPart(MemoriesPart):
                 (reason ``REPAIR_NOT_CONTINUED``).
             InvalidArgument: an embedding's dimension differs from the owner's
                 (reason ``DIMENSION_MISMATCH``), or a named manifest is missing.
+            FailedPrecondition: ``ECHOES_FORGOTTEN``: a turn's text echoes a
+                text forgotten with ``FORGET`` within its guard's window.
         """
         now = time.time()
         ring = RingRef(owner, thread)
@@ -227,6 +236,10 @@ class ThreadsPart(MemoriesPart):
                     subject=name,
                 )
             self._check_dims(txn, owner, drafts, now)
+            verdicts = self._echo_check(txn, owner, [d.text for d in drafts], shingler)
+            for i, verdict in enumerate(verdicts):
+                if verdict == ECHO_FORGET:
+                    raise self._refuse_echo(f"turns[{i}].text")
             next_rid = self._next_rids(txn, len(drafts))
             # A sealed turn never expires; the others carry the owner's default
             # retention and the thread's, whichever ends first.
@@ -257,6 +270,8 @@ class ThreadsPart(MemoriesPart):
                     lineage = self._response_lineage(txn, meta, now)
                     if meta.context_refs:
                         meta.context_refs = lineage[: len(meta.context_refs)]
+                if verdicts[i] == ECHO_TAINT:
+                    self._taint_echo(meta)
                 self._write_turn(txn, meta, draft)
                 metas.append(meta)
             tmeta.last_seq += len(drafts)

@@ -85,6 +85,8 @@ OPERATIONS = {
     "commitments.due": "the scheduler's COMMITMENT_DUE announcements",
     "forget.plan": "step 1 of a forget: tombstones, cascade and the deletion-log entry",
     "forget.finish": "steps 3-4 of a forget: keys destroyed, then rows purged",
+    "echo.key": "the key of an echo guard bucket (the keystore, then its row)",
+    "echo.expire": "the end of an echo guard bucket: its key destroyed, then its guards' rows",
     "seal": "SealRepair (record keys moved to the repair's ring, then the data)",
     "repair.state": "ReopenRepair, PauseRepair, PRESERVE_RESTRICTED",
     "repair.conclude": "ConcludeRepair DESTROY / DISTILL: lesson, conclusion and step 1",

@@ -6,6 +6,12 @@ import index
 def test_public_names_are_pinned() -> None:
     assert sorted(index.__all__) == [
         "DimensionMismatchError",
+        "ECHO_DEPTH",
+        "ECHO_MIN_SHINGLES",
+        "ECHO_SCAN_ABOVE",
+        "ECHO_THRESHOLD",
+        "ECHO_WIDTH",
+        "EchoRule",
         "Embedder",
         "HYBRID_LOWER_BOUNDS",
         "HYBRID_SESSIONS",
@@ -25,16 +31,19 @@ def test_public_names_are_pinned() -> None:
         "WordLlamaEmbedder",
         "analyze",
         "asks_when",
+        "containment",
         "convex_fusion",
+        "find_echoes",
         "load_embedder",
         "named_periods",
         "normalize",
         "release_free_heap",
         "rrf",
+        "shingles",
         "time_expression_score",
     ]
     for name in index.__all__:
-        if name.startswith(("HYBRID_", "WINDOW_")):
+        if name.startswith(("HYBRID_", "WINDOW_", "ECHO_")):
             continue  # constants carry no __module__
         assert getattr(index, name).__module__.startswith("index")
 

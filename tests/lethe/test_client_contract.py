@@ -71,6 +71,7 @@ API_REASONS = {
     "OWNER_MOVED": "FAILED_PRECONDITION",
     "SHARD_UNAVAILABLE": "UNAVAILABLE",
     "OWNER_MOVING": "UNAVAILABLE",
+    "ECHOES_FORGOTTEN": "FAILED_PRECONDITION",
 }
 SERVICES = {
     threads_pb2: "Threads",
@@ -121,7 +122,8 @@ def test_public_names_are_pinned() -> None:
         [
             "DEFAULT_TIMEOUT", "DOMAIN", "MAX_MESSAGE_BYTES", "RETRIED_METHODS", "Aborted",
             "AlreadyExists", "AsyncClient", "AsyncEventStream", "BadField", "Cancelled", "Client",
-            "DataLoss", "DeadlineExceeded", "DimensionMismatch", "Draining", "ErrorReason",
+            "DataLoss", "DeadlineExceeded", "DimensionMismatch", "Draining", "EchoesForgotten",
+            "ErrorReason",
             "EventStream", "FailedPrecondition", "FieldViolation", "IllegalTransition", "Integrity",
             "Internal", "InvalidArgument", "InvalidToken", "LetheError", "MalformedRequest",
             "MissingToken", "NotFound", "OutOfRange", "OwnerHeaderMismatch", "OwnerHeaderMissing",

@@ -183,3 +183,36 @@ def test_probe_passes_without_an_embedder(
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "DENSE not served: the server has no embedder" in out.splitlines()[-1]
+
+
+def test_probe_reports_a_leak_when_forget_ignores_echoes(
+    lethe: Lethe, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injected on the probe's side: every forget asks for declared lineage only."""
+    from lethe.client import Client
+
+    real = Client.forget
+
+    def lineage_only(self: Client, *args: object, **kw: object) -> common_pb2.DeletionReceipt:
+        kw.update(echoes="IGNORE", echo_guard=0)
+        return real(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Client, "forget", lineage_only)
+    token = lethe.token("lethe-probe")
+    rc = main(["probe", "--target", f"127.0.0.1:{lethe.port}", "--token", token])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    failed = {stage: text for _, stage, text in _stage_lines(out) if text != "ok"}
+    assert list(failed) == ["echoes"], out
+    assert "echo sweep did not find the repetition" in failed["echoes"]
+    assert "holding the forgotten fact" in failed["echoes"]  # the repetition is still served
+
+
+def test_probe_counts_echoes_and_guard_hits(
+    lethe: Lethe, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = lethe.token("lethe-probe")
+    rc = main(["probe", "--target", f"127.0.0.1:{lethe.port}", "--token", token, "--cycles", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "echoes found 2, acted on 2, guard hits 2, guards set 2" in out.splitlines()[-1]

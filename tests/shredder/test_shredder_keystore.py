@@ -576,3 +576,19 @@ def test_concurrent_readers_while_writer_destroys(store: Keystore) -> None:
     assert errors == []
     assert store.key_count() == 0
     assert store._cache == {}
+
+
+# ------------------------------------------------------------------ keyed digests
+
+
+def test_keyed_digests_match_keyed_digest_and_die_with_their_key(store: Keystore) -> None:
+    store.create_record_keys([(ALICE, "guard"), (ALICE, "other")])
+    items = [b"grandmoth violin", b"violin made"]
+    got = store.keyed_digests(ALICE, "guard", items)
+    assert got == [store.keyed_digest(ALICE, "guard", item) for item in items]
+    assert all(len(d) == 32 for d in got)
+    assert store.keyed_digests(ALICE, "other", items) != got  # another key, unlinkable
+    store.destroy(record_keys=[(ALICE, "guard")])
+    with pytest.raises(KeyNotFoundError):
+        store.keyed_digests(ALICE, "guard", items)
+    assert store.shredded_at(ALICE, "guard") is not None

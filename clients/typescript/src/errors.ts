@@ -16,7 +16,8 @@
 //   ├── ResourceExhausted      StoreFull, TooManyRequests, TooManyStreams
 //   ├── FailedPrecondition     SourceDeleted, SourceStale, SourceSealed,
 //   │                          SourcePending, IllegalTransition,
-//   │                          RepairNotContinued, Restricted, Sealed, OwnerMoved
+//   │                          RepairNotContinued, Restricted, Sealed, OwnerMoved,
+//   │                          EchoesForgotten
 //   ├── Aborted                VersionMismatch
 //   ├── Unavailable            StorageUnavailable, Draining, ShardUnavailable,
 //   │                          OwnerMoving
@@ -225,6 +226,10 @@ export class Sealed extends FailedPrecondition {
 export class OwnerMoved extends FailedPrecondition {
   static override readonly reasonName = "OWNER_MOVED";
 }
+/** The write repeats a text forgotten within the echo guard's window: refused. */
+export class EchoesForgotten extends FailedPrecondition {
+  static override readonly reasonName = "ECHOES_FORGOTTEN";
+}
 /** `expected_version` is not the current one. */
 export class VersionMismatch extends Aborted {
   static override readonly reasonName = "VERSION_MISMATCH";
@@ -297,6 +302,7 @@ const BY_REASON = new Map<string, ErrorClass>(
     Restricted,
     Sealed,
     OwnerMoved,
+    EchoesForgotten,
     VersionMismatch,
     StorageUnavailable,
     Draining,

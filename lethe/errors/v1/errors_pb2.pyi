@@ -158,6 +158,14 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     owner to its new shard. The ErrorInfo metadata `shard` names the other
     side of the move.
     """
+    ECHOES_FORGOTTEN: _ErrorReason.ValueType  # 31
+    """FAILED_PRECONDITION: the write's text echoes a text forgotten within the
+    echo guard's window (`ForgetRequest.echo_guard`): it repeats the
+    forgotten text's distinctive content verbatim or nearly. Nothing was
+    written; the PreconditionFailure names the offending field
+    (`turns[i].text`, `memory.text`) or record (a commit). Rebuild it from
+    what is still remembered.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The `reason` of the `google.rpc.ErrorInfo` detail (domain "lethe") that
@@ -298,5 +306,13 @@ call for the owner until the move is activated there. Nothing was
 written; retry with backoff: after the cut-over the proxy routes the
 owner to its new shard. The ErrorInfo metadata `shard` names the other
 side of the move.
+"""
+ECHOES_FORGOTTEN: ErrorReason.ValueType  # 31
+"""FAILED_PRECONDITION: the write's text echoes a text forgotten within the
+echo guard's window (`ForgetRequest.echo_guard`): it repeats the
+forgotten text's distinctive content verbatim or nearly. Nothing was
+written; the PreconditionFailure names the offending field
+(`turns[i].text`, `memory.text`) or record (a commit). Rebuild it from
+what is still remembered.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

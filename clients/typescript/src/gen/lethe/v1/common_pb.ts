@@ -49,7 +49,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file lethe/v1/common.proto.
  */
 export const file_lethe_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("ChVsZXRoZS92MS9jb21tb24ucHJvdG8SCGxldGhlLnYxIioKCVNvdXJjZVJlZhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAMiXAoLRGVzdGluYXRpb24SDAoEbmFtZRgBIAEoCRIMCgRkb25lGAIgASgIEjEKDWNvbXBsZXRlX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpcDCg9EZWxldGlvblJlY2VpcHQSDAoEbmFtZRgBIAEoCRIPCgd0YXJnZXRzGAIgAygJEhAKCGNhc2NhZGVkGAMgASgDEg8KB3RhaW50ZWQYBCABKAMSGgoScmVidWlsZHNfcmVxdWVzdGVkGAUgASgDEisKDGRlc3RpbmF0aW9ucxgGIAMoCzIVLmxldGhlLnYxLkRlc3RpbmF0aW9uEjAKDHJlcXVlc3RfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMQoNY29tcGxldGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSc2hyZWRfaG9yaXpvbl90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZyZWFzb24YCiABKAkSDwoHZGVsZXRlZBgLIAEoAxIQCghzdG9yZV9pZBgeIAEoCRIWCg5zaWduaW5nX2tleV9pZBgfIAEoCRIRCglzaWduYXR1cmUYICABKAwqRgoFU3RhdGUSFQoRU1RBVEVfVU5TUEVDSUZJRUQQABILCgdQRU5ESU5HEAESDQoJQ09NTUlUVEVEEAISCgoGU0VBTEVEEAMqSwoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASCAoEVVNFUhABEg0KCUFTU0lTVEFOVBACEgoKBlNZU1RFTRADEggKBFRPT0wQBCoxCgRWaWV3EhQKEFZJRVdfVU5TUEVDSUZJRUQQABIJCgVCQVNJQxABEggKBEZVTEwQAkJgCghsZXRoZS52MUILQ29tbW9uUHJvdG9QAVodbGV0aGUvZ2VuL2dvL2xldGhlL3YxO2xldGhldjGiAgNMVEiqAghMZXRoZS5WMcoCCExldGhlXFYx6gIJTGV0aGU6OlYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
+  fileDesc("ChVsZXRoZS92MS9jb21tb24ucHJvdG8SCGxldGhlLnYxIioKCVNvdXJjZVJlZhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAMiXAoLRGVzdGluYXRpb24SDAoEbmFtZRgBIAEoCRIMCgRkb25lGAIgASgIEjEKDWNvbXBsZXRlX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIs4ECg9EZWxldGlvblJlY2VpcHQSDAoEbmFtZRgBIAEoCRIPCgd0YXJnZXRzGAIgAygJEhAKCGNhc2NhZGVkGAMgASgDEg8KB3RhaW50ZWQYBCABKAMSGgoScmVidWlsZHNfcmVxdWVzdGVkGAUgASgDEisKDGRlc3RpbmF0aW9ucxgGIAMoCzIVLmxldGhlLnYxLkRlc3RpbmF0aW9uEjAKDHJlcXVlc3RfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMQoNY29tcGxldGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSc2hyZWRfaG9yaXpvbl90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZyZWFzb24YCiABKAkSDwoHZGVsZXRlZBgLIAEoAxIpCgtlY2hvX2FjdGlvbhgUIAEoDjIULmxldGhlLnYxLkVjaG9BY3Rpb24SFAoMZWNob2VzX2ZvdW5kGBUgASgDEhQKDGVjaG9lc19hY3RlZBgWIAEoAxIOCgZlY2hvZXMYFyADKAkSEgoKZWNob190ZXh0cxgYIAEoAxI6ChZlY2hvX2d1YXJkX2V4cGlyZV90aW1lGBkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghzdG9yZV9pZBgeIAEoCRIWCg5zaWduaW5nX2tleV9pZBgfIAEoCRIRCglzaWduYXR1cmUYICABKAwqRgoFU3RhdGUSFQoRU1RBVEVfVU5TUEVDSUZJRUQQABILCgdQRU5ESU5HEAESDQoJQ09NTUlUVEVEEAISCgoGU0VBTEVEEAMqSwoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASCAoEVVNFUhABEg0KCUFTU0lTVEFOVBACEgoKBlNZU1RFTRADEggKBFRPT0wQBCpYCgpFY2hvQWN0aW9uEhsKF0VDSE9fQUNUSU9OX1VOU1BFQ0lGSUVEEAASCgoGUkVQT1JUEAESCQoFVEFJTlQQAhIKCgZGT1JHRVQQAxIKCgZJR05PUkUQBCoxCgRWaWV3EhQKEFZJRVdfVU5TUEVDSUZJRUQQABIJCgVCQVNJQxABEggKBEZVTEwQAkJgCghsZXRoZS52MUILQ29tbW9uUHJvdG9QAVodbGV0aGUvZ2VuL2dvL2xldGhlL3YxO2xldGhldjGiAgNMVEiqAghMZXRoZS5WMcoCCExldGhlXFYx6gIJTGV0aGU6OlYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
 
 /**
  * A record (turn or memory) at an exact version: the unit of lineage. A
@@ -216,11 +216,64 @@ export type DeletionReceipt = Message<"lethe.v1.DeletionReceipt"> & {
 
   /**
    * Total records tombstoned: the targets (turns, memories, the turns of a
-   * thread or owner) plus the cascade.
+   * thread or owner) plus the cascade, plus the echoes deleted (a memory under
+   * `TAINT`, any echo under `FORGET`).
    *
    * @generated from field: int64 deleted = 11;
    */
   deleted: bigint;
+
+  /**
+   * What was done to echoes (`ForgetRequest.echoes`, its default resolved);
+   * `IGNORE` for a deletion that looked for none (expiry, repairs, a whole
+   * owner, a receipt written before echoes were looked for).
+   *
+   * @generated from field: lethe.v1.EchoAction echo_action = 20;
+   */
+  echoAction: EchoAction;
+
+  /**
+   * Live records of the owner outside the declared lineage whose text echoes
+   * a forgotten text (found by the sweep while the forgotten texts could
+   * still be read, before their keys were destroyed).
+   *
+   * @generated from field: int64 echoes_found = 21;
+   */
+  echoesFound: bigint;
+
+  /**
+   * Echoes acted on: tainted or deleted (`TAINT`), forgotten (`FORGET`); 0
+   * for `REPORT`.
+   *
+   * @generated from field: int64 echoes_acted = 22;
+   */
+  echoesActed: bigint;
+
+  /**
+   * The echoes' resource names (never their content), at most 1000.
+   *
+   * @generated from field: repeated string echoes = 23;
+   */
+  echoes: string[];
+
+  /**
+   * Forgotten texts looked for: those with distinctive content (enough word
+   * shingles); a shorter one has nothing distinctive to find and is not
+   * counted.
+   *
+   * @generated from field: int64 echo_texts = 24;
+   */
+  echoTexts: bigint;
+
+  /**
+   * When the echo guard of this forget ends: until then a write whose text
+   * echoes a forgotten text is refused or stored tainted (`echo_action`);
+   * then the guard's key is destroyed, and with it the only way to link what
+   * the guard kept to any text. Unset when no guard was set.
+   *
+   * @generated from field: google.protobuf.Timestamp echo_guard_expire_time = 25;
+   */
+  echoGuardExpireTime?: Timestamp | undefined;
 
   /**
    * The store that issued the receipt: its keystore's id (32 hex characters),
@@ -359,6 +412,67 @@ export const RoleSchema: GenEnum<Role> = /*@__PURE__*/
   enumDesc(file_lethe_v1_common, 1);
 
 /**
+ * What a forget does to its echoes: live records of the same owner, outside
+ * the forgotten records' declared lineage, whose text repeats a forgotten
+ * text's distinctive content verbatim or nearly (word shingles and
+ * containment; docs/api-guide.md, "The limits of lineage"). The same choice
+ * rules the forget's echo guard: what a write that echoes the forgotten text
+ * gets while the guard stands.
+ *
+ * @generated from enum lethe.v1.EchoAction
+ */
+export enum EchoAction {
+  /**
+   * `TAINT`.
+   *
+   * @generated from enum value: ECHO_ACTION_UNSPECIFIED = 0;
+   */
+  ECHO_ACTION_UNSPECIFIED = 0,
+
+  /**
+   * Name the echoes on the receipt (`DeletionReceipt.echoes`) and leave them
+   * as they are; no guard.
+   *
+   * @generated from enum value: REPORT = 1;
+   */
+  REPORT = 1,
+
+  /**
+   * Treat each echo as if it had declared the forgotten record: an echoing
+   * turn is tainted (out of retrieval, context and rebuilds; flagged
+   * `tainted`), an echoing memory is deleted (a derivative goes with its
+   * source). The guard stores a later echoing turn born `tainted` and refuses
+   * a later echoing memory (`FAILED_PRECONDITION` / `ECHOES_FORGOTTEN`).
+   *
+   * @generated from enum value: TAINT = 2;
+   */
+  TAINT = 2,
+
+  /**
+   * Forget the echoes with the targets (tombstoned, keys destroyed, counted
+   * in `DeletionReceipt.deleted`). The guard refuses every later echoing
+   * write (`FAILED_PRECONDITION` / `ECHOES_FORGOTTEN`).
+   *
+   * @generated from enum value: FORGET = 3;
+   */
+  FORGET = 3,
+
+  /**
+   * No sweep and no guard: declared lineage only, as before echoes were
+   * looked for.
+   *
+   * @generated from enum value: IGNORE = 4;
+   */
+  IGNORE = 4,
+}
+
+/**
+ * Describes the enum lethe.v1.EchoAction.
+ */
+export const EchoActionSchema: GenEnum<EchoAction> = /*@__PURE__*/
+  enumDesc(file_lethe_v1_common, 2);
+
+/**
  * How much of a record a read returns.
  *
  * @generated from enum lethe.v1.View
@@ -390,5 +504,5 @@ export enum View {
  * Describes the enum lethe.v1.View.
  */
 export const ViewSchema: GenEnum<View> = /*@__PURE__*/
-  enumDesc(file_lethe_v1_common, 2);
+  enumDesc(file_lethe_v1_common, 3);
 
