@@ -7,6 +7,7 @@ imported when the command runs, never when the parser is built.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import sys
 import threading
@@ -356,8 +357,18 @@ def run(args: argparse.Namespace) -> int:
         if http is not None:
             print(f"lethe serving Connect (HTTP) on {http}", flush=True)
     stopped.wait()
+    # A shutdown that outlives the drain by SHUTDOWN_SLACK seconds is hung (grpc aio's
+    # Server.stop has been seen to wait forever holding the interpreter lock):
+    # faulthandler's own thread prints every stack and exits, so a supervisor's
+    # SIGTERM still ends the process. Nothing is lost: every write is committed.
+    faulthandler.dump_traceback_later(args.drain_grace + SHUTDOWN_SLACK, exit=True)
     server.stop(grace=args.drain_grace)
+    faulthandler.cancel_dump_traceback_later()
     return EXIT_OK
+
+
+SHUTDOWN_SLACK = 30.0
+"""Seconds past ``--drain-grace`` after which ``lethe serve``'s shutdown is taken as hung."""
 
 
 def _window(text: str) -> float:

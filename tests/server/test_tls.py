@@ -3,6 +3,7 @@
 The token is still required over TLS; gRPC's own call credentials carry it; a
 plaintext client, a client without a certificate (mTLS) or with one from
 another CA cannot connect; bad TLS flags are refused before anything is served.
+Each server is a real ``lethe serve`` process (see ``_served``).
 The Connect listener serves TLS from the same files, with ALPN (``h2``,
 ``http/1.1``) and the same client-certificate rule.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import http.client
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ import pytest
 from _connect import ConnectStubs
 from _helpers import append, create_thread, error_reason, get_turn
 from _pki import Pki, make_pki
-from conftest import Client, Lethe
+from _served import Served
+from conftest import Client
 
 from lethe._rpc import Stubs
 from lethe.client import TLSConfig
@@ -29,12 +31,26 @@ from lethe.v1 import threads_pb2
 from server import LetheServer, ServerConfig
 
 
+@pytest.fixture
+def served(kek_env: str) -> Iterator[Callable[..., Served]]:
+    """Start ``lethe serve`` processes with chosen TLS files; all stop at teardown."""
+    started: list[Served] = []
+
+    def start(data_dir: Path, **settings: Path) -> Served:
+        started.append(Served(data_dir, **settings))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-def _secure(srv: Lethe, pki: Pki, token: str, *, client: str | None = None) -> Client:
+def _secure(srv: Served, pki: Pki, token: str, *, client: str | None = None) -> Client:
     key = pki.read(f"{client}_key") if client else None
     cert = pki.read(f"{client}_cert") if client else None
     tls = TLSConfig(root_certificates=pki.read("ca"), private_key=key, certificate_chain=cert)
@@ -59,9 +75,9 @@ def _refusal(fn: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
 
 
 def test_tls_serves_with_the_token_as_call_credentials(
-    lethe_at: Callable[..., Lethe], tmp_path: Path, pki: Pki
+    served: Callable[..., Served], tmp_path: Path, pki: Pki
 ) -> None:
-    srv = lethe_at(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key)
+    srv = served(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key)
     c = _secure(srv, pki, srv.token("alice"))
     assert c.md == ()  # gRPC attaches the token itself over TLS
     thread = create_thread(c, "alice")
@@ -71,9 +87,9 @@ def test_tls_serves_with_the_token_as_call_credentials(
 
 
 def test_tls_still_requires_the_token(
-    lethe_at: Callable[..., Lethe], tmp_path: Path, pki: Pki
+    served: Callable[..., Served], tmp_path: Path, pki: Pki
 ) -> None:
-    srv = lethe_at(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key)
+    srv = served(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key)
     creds = grpc.ssl_channel_credentials(pki.read("ca"))
     channel = grpc.secure_channel(f"127.0.0.1:{srv.port}", creds)
     srv.channels.append(channel)
@@ -88,9 +104,9 @@ def test_tls_still_requires_the_token(
 
 
 def test_plaintext_client_cannot_talk_to_a_tls_server(
-    lethe_at: Callable[..., Lethe], tmp_path: Path, pki: Pki
+    served: Callable[..., Served], tmp_path: Path, pki: Pki
 ) -> None:
-    srv = lethe_at(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key)
+    srv = served(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key)
     plain = Stubs.insecure(f"127.0.0.1:{srv.port}", srv.token("alice"))
     srv.channels.append(plain.channel)
     code, _ = _refusal(lambda: _list_threads(plain))
@@ -98,11 +114,9 @@ def test_plaintext_client_cannot_talk_to_a_tls_server(
 
 
 def test_mutual_tls_needs_a_client_certificate_from_the_ca(
-    lethe_at: Callable[..., Lethe], tmp_path: Path, pki: Pki
+    served: Callable[..., Served], tmp_path: Path, pki: Pki
 ) -> None:
-    srv = lethe_at(
-        tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key, client_ca=pki.ca
-    )
+    srv = served(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key, client_ca=pki.ca)
     token = srv.token("alice")
     good = _secure(srv, pki, token, client="client")
     thread = create_thread(good, "alice")
@@ -141,7 +155,7 @@ def test_bad_tls_settings_are_refused_before_serving(
     assert not (tmp_path / "d").exists()  # refused before the store was opened
 
 
-def _https(srv: Lethe, pki: Pki, *, client: str | None = None) -> ConnectStubs:
+def _https(srv: Served, pki: Pki, *, client: str | None = None) -> ConnectStubs:
     context = ssl.create_default_context(cafile=pki.ca)
     if client is not None:
         context.load_cert_chain(getattr(pki, f"{client}_cert"), getattr(pki, f"{client}_key"))
@@ -159,9 +173,9 @@ def _alpn(port: int, pki: Pki, offered: list[str]) -> str | None:
 
 
 def test_connect_over_tls_serves_http2_and_http1_and_still_requires_the_token(
-    lethe_at: Callable[..., Lethe], tmp_path: Path, pki: Pki
+    served: Callable[..., Served], tmp_path: Path, pki: Pki
 ) -> None:
-    srv = lethe_at(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key)
+    srv = served(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key)
     token = srv.token("alice")
     md = (("authorization", f"Bearer {token}"),)
     https = _https(srv, pki)
@@ -181,11 +195,9 @@ def test_connect_over_tls_serves_http2_and_http1_and_still_requires_the_token(
 
 
 def test_connect_over_mutual_tls_needs_a_client_certificate_from_the_ca(
-    lethe_at: Callable[..., Lethe], tmp_path: Path, pki: Pki
+    served: Callable[..., Served], tmp_path: Path, pki: Pki
 ) -> None:
-    srv = lethe_at(
-        tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key, client_ca=pki.ca
-    )
+    srv = served(tmp_path / "d", tls_cert=pki.server_cert, tls_key=pki.server_key, client_ca=pki.ca)
     md = (("authorization", f"Bearer {srv.token('alice')}"),)
     good = _https(srv, pki, client="client")
     assert _list_threads(good, md=md) == []
