@@ -22,7 +22,9 @@ Parameters: ``k1 = 1.2`` and ``b = 0.75`` (Lucene's defaults): session documents
 long (hundreds of terms) and vary in length, unlike single turns.
 
 Threads: any thread may call any method; one mutex guards the index (a search costs
-microseconds per session holding a query term). Refuses pickling.
+microseconds per session holding a query term). Refuses pickling and writes no file;
+:meth:`SessionIndex.to_state` hands its whole state to a caller that seals it
+(Lethe's encrypted index snapshots) and :meth:`SessionIndex.from_state` makes it again.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
 
 from index._lexical import analyze
+from index._state import State, strings_from_arrays, strings_to_arrays
 
 __all__ = ["SessionIndex"]
 
@@ -72,6 +75,46 @@ def _as_id_list(ids: npt.ArrayLike) -> list[int]:
     if min(out) < int(_INT64.min) or max(out) > int(_INT64.max):
         raise ValueError("ids must fit in int64")
     return out
+
+
+def _counts_to_arrays(
+    counts: Sequence[Counter[str]], vocab: dict[str, int]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Term counts as CSR arrays ``(ptr (n + 1,), term ids, counts)``, all int64.
+
+    Terms are numbered in ``vocab`` (term -> id), which grows as new terms are met.
+    """
+    ptr = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, counts), np.int64, count=len(counts)), out=ptr[1:])
+    total = int(ptr[-1])
+    terms = np.fromiter(
+        (vocab.setdefault(t, len(vocab)) for c in counts for t in c), np.int64, count=total
+    )
+    tfs = np.fromiter((tf for c in counts for tf in c.values()), np.int64, count=total)
+    return ptr, terms, tfs
+
+
+def _counts_from_arrays(
+    ptr: npt.NDArray[Any], terms: npt.NDArray[Any], tfs: npt.NDArray[Any], vocab: Sequence[str]
+) -> list[Counter[str]]:
+    """The term counts :func:`_counts_to_arrays` made.
+
+    Raises:
+        ValueError: The arrays disagree or name an unknown term or a count below 1.
+    """
+    bounds = ptr.tolist()
+    if not bounds or bounds[0] != 0 or bounds[-1] != len(terms) or len(tfs) != len(terms):
+        raise ValueError("malformed SessionIndex term counts")
+    if len(terms) and (int(terms.min()) < 0 or int(terms.max()) >= len(vocab)):
+        raise ValueError("SessionIndex term counts name unknown terms")
+    if len(tfs) and int(tfs.min()) < 1:
+        raise ValueError("SessionIndex term counts below 1")
+    words = [vocab[t] for t in terms.tolist()]
+    counts = tfs.tolist()
+    return [
+        Counter(dict(zip(words[a:b], counts[a:b], strict=True)))
+        for a, b in itertools.pairwise(bounds)
+    ]
 
 
 class SessionIndex:
@@ -396,6 +439,99 @@ class SessionIndex:
             return False
         with self._lock:
             return int(id_) in self._of
+
+    def to_state(self) -> State:
+        """The whole index as a :data:`index.State` (see :mod:`index._state`).
+
+        Each member's term counts and session, each session's key and header
+        counts, under the mutex. Postings, lengths and totals are not kept: they
+        are sums of these (:meth:`from_state` adds them up again). Updates are
+        exact, so nothing of a removed member is held to begin with.
+
+        Returns:
+            ``(meta, arrays)``; see the source for the array names.
+        """
+        with self._lock:
+            keys = list(self._members)
+            key_at = {key: i for i, key in enumerate(keys)}
+            vocab: dict[str, int] = {}
+            ids = np.fromiter(self._of.keys(), np.int64, count=len(self._of))
+            member_session = np.fromiter(
+                (key_at[k] for k in self._of.values()), np.int64, count=len(self._of)
+            )
+            m_ptr, m_terms, m_counts = _counts_to_arrays([self._terms[i] for i in self._of], vocab)
+            h_ptr, h_terms, h_counts = _counts_to_arrays([self._header[k] for k in keys], vocab)
+            meta: dict[str, Any] = {"kind": "SessionIndex", "k1": self._k1, "b": self._b}
+        key_blob, key_ptr = strings_to_arrays(keys)
+        term_blob, term_ptr = strings_to_arrays(list(vocab))
+        return meta, {
+            "term_blob": term_blob,
+            "term_ptr": term_ptr,
+            "key_blob": key_blob,
+            "key_ptr": key_ptr,
+            "member_ids": ids,
+            "member_session": member_session,
+            "member_ptr": m_ptr,
+            "member_terms": m_terms,
+            "member_counts": m_counts,
+            "header_ptr": h_ptr,
+            "header_terms": h_terms,
+            "header_counts": h_counts,
+        }
+
+    @classmethod
+    def from_state(cls, state: State) -> SessionIndex:
+        """The index :meth:`to_state` described, ranking as it did.
+
+        Args:
+            state: ``(meta, arrays)`` from :meth:`to_state`.
+
+        Returns:
+            A new index with the same members, sessions, headers and statistics.
+
+        Raises:
+            ValueError: The state is not a :meth:`to_state` of this version, or
+                its parts disagree.
+        """
+        meta, arrays = state
+        try:
+            if meta["kind"] != "SessionIndex":
+                raise ValueError(f"not a SessionIndex state: {meta['kind']!r}")
+            out = cls(float(meta["k1"]), float(meta["b"]))
+            vocab = strings_from_arrays(arrays["term_blob"], arrays["term_ptr"])
+            keys = strings_from_arrays(arrays["key_blob"], arrays["key_ptr"])
+            ids = arrays["member_ids"].tolist()
+            sessions = arrays["member_session"].tolist()
+            members = _counts_from_arrays(
+                arrays["member_ptr"], arrays["member_terms"], arrays["member_counts"], vocab
+            )
+            headers = _counts_from_arrays(
+                arrays["header_ptr"], arrays["header_terms"], arrays["header_counts"], vocab
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed SessionIndex state: {exc!r}") from None
+        if not len(ids) == len(sessions) == len(members) or len(headers) != len(keys):
+            raise ValueError("the SessionIndex state's parts disagree")
+        if sessions and (min(sessions) < 0 or max(sessions) >= len(keys)):
+            raise ValueError("the SessionIndex state's members name unknown sessions")
+        if len(set(ids)) != len(ids) or len(set(keys)) != len(keys):
+            raise ValueError("the SessionIndex state holds a member or a session twice")
+        for key, head in zip(keys, headers, strict=True):
+            out._members[key] = set()
+            out._header[key] = head
+            out._length[key] = 0
+            out._count(key, head, +1)
+        for id_, at, counts in zip(ids, sessions, members, strict=True):
+            key = keys[at]
+            out._members[key].add(id_)
+            out._of[id_] = key
+            out._terms[id_] = counts
+            out._distinct += len(counts)
+            out._count(key, counts, +1)
+        if any(not m for m in out._members.values()):
+            raise ValueError("the SessionIndex state holds a session without members")
+        out._sorted.clear()
+        return out
 
     def __repr__(self) -> str:
         with self._lock:

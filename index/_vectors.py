@@ -43,8 +43,11 @@ readers-writer lock lets searches, ``len``, ``in`` and :meth:`VectorIndex.ids` s
 index while ``add`` and ``remove`` run alone. Writers are preferred so a stream of
 searches cannot starve a commit or a forget.
 
-The index holds plaintext-derived vectors and is never written to disk; it refuses
-pickling.
+The index holds plaintext-derived vectors. It refuses pickling and writes no file;
+:meth:`VectorIndex.to_state` hands its whole state (the FAISS index as
+``faiss.serialize_index`` writes it) to a caller that seals it (Lethe's encrypted
+index snapshots) and :meth:`VectorIndex.from_state` makes it again, layout and
+``nprobe`` included.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ import numpy as np
 import numpy.typing as npt
 
 from index._embedder import normalize
+from index._state import State
 from index.errors import InvalidVectorError
 
 __all__ = ["IVF_CALIBRATION_RECALL", "IVF_MIN_VECTORS", "VectorIndex", "choose_layout"]
@@ -248,6 +252,17 @@ def _ivf_held(
     if not parts:
         return np.zeros((0, dim), np.float32), np.zeros(0, np.int64)
     return np.concatenate(parts), np.concatenate(id_parts)
+
+
+def _ivf_held_ids(index: faiss.Index) -> npt.NDArray[np.int64]:
+    """Every id an inverted file holds, ``(n,) int64`` in list order."""
+    lists = _lists(index)
+    parts = [
+        faiss.rev_swig_ptr(lists.get_ids(i), n).astype(np.int64)
+        for i in range(lists.nlist)
+        if (n := lists.list_size(i))
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 class VectorIndex:
@@ -489,13 +504,7 @@ class VectorIndex:
             ``(len(self),) int64``, ascending.
         """
         with self._lock.read():
-            if self._nprobe:
-                lists = _lists(self._index)
-                sizes = [lists.list_size(i) for i in range(lists.nlist)]
-                parts = [faiss.rev_swig_ptr(lists.get_ids(i), n) for i, n in enumerate(sizes) if n]
-                held = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-            else:
-                held = self._ids.copy()
+            held = _ivf_held_ids(self._index) if self._nprobe else self._ids.copy()
         return np.sort(held.astype(np.int64, copy=False))
 
     def nbytes(self) -> int:
@@ -520,6 +529,86 @@ class VectorIndex:
             return False
         with self._lock.read():
             return int(id_) in self._pos
+
+    def to_state(self) -> State:
+        """The whole index as a :data:`index.State` (see :mod:`index._state`).
+
+        The FAISS index as ``faiss.serialize_index`` writes it (the layout, an
+        inverted file's trained centroids and lists, every held vector and no
+        removed one: removed rows were overwritten and dropped, and only held
+        rows are written), the exact layout's ids, and the layout's parameters
+        (``nprobe``, ``nlist``, the size it was chosen at). Holds the read lock.
+
+        Returns:
+            ``(meta, arrays)``: arrays ``faiss`` ``(b,) uint8`` and ``ids``
+            ``(n,) int64`` (empty for an inverted file, which holds its own ids).
+        """
+        with self._lock.read():
+            meta: dict[str, Any] = {
+                "kind": "VectorIndex",
+                "dim": self._dim,
+                "ivf_min": self._ivf_min,
+                "nprobe": self._nprobe,
+                "nlist": self._nlist,
+                "chosen_at": self._chosen_at,
+            }
+            blob = faiss.serialize_index(self._index)
+            ids = np.zeros(0, np.int64) if self._nprobe else self._ids.copy()
+        return meta, {"faiss": blob, "ids": ids}
+
+    @classmethod
+    def from_state(cls, state: State) -> VectorIndex:
+        """The index :meth:`to_state` described, searching as it did.
+
+        Args:
+            state: ``(meta, arrays)`` from :meth:`to_state` (arrays may be views
+                of a buffer: what is kept is copied).
+
+        Returns:
+            A new index with the same layout, ``nprobe``, vectors and ids.
+
+        Raises:
+            ValueError: The state is not a :meth:`to_state` of this version, or
+                its parts disagree (dimension, layout, id count).
+        """
+        meta, arrays = state
+        try:
+            if meta["kind"] != "VectorIndex":
+                raise ValueError(f"not a VectorIndex state: {meta['kind']!r}")
+            dim, ivf_min = int(meta["dim"]), int(meta["ivf_min"])
+            nprobe, nlist, chosen_at = (
+                int(meta["nprobe"]),
+                int(meta["nlist"]),
+                int(meta["chosen_at"]),
+            )
+            blob, ids = arrays["faiss"], arrays["ids"]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed VectorIndex state: {exc!r}") from None
+        out = cls(dim, ivf_min)
+        try:
+            index = faiss.deserialize_index(np.ascontiguousarray(blob, dtype=np.uint8))
+        except RuntimeError:
+            raise ValueError("the VectorIndex state's FAISS index does not read") from None
+        if index.d != dim or index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise ValueError("the VectorIndex state's FAISS index has another dimension or metric")
+        if nprobe:
+            if not isinstance(index, faiss.IndexIVFFlat) or index.nlist != nlist:
+                raise ValueError("the VectorIndex state's inverted file is not IVF{nlist},Flat")
+            out._index, out._nprobe, out._nlist = index, nprobe, nlist
+            held = _ivf_held_ids(index)
+            out._pos = dict.fromkeys(held.tolist(), -1)
+            if len(out._pos) != index.ntotal:
+                raise ValueError("the VectorIndex state holds an id twice")
+        else:
+            if not isinstance(index, faiss.IndexFlatIP) or index.ntotal != len(ids):
+                raise ValueError("the VectorIndex state's flat index and ids disagree")
+            out._index = index
+            out._ids = np.array(ids, dtype=np.int64)
+            out._pos = dict(zip(out._ids.tolist(), range(len(out._ids)), strict=True))
+            if len(out._pos) != len(out._ids):
+                raise ValueError("the VectorIndex state holds an id twice")
+        out._chosen_at = chosen_at
+        return out
 
     def __repr__(self) -> str:
         return f"VectorIndex(dim={self._dim}, size={len(self)})"
