@@ -16,9 +16,10 @@ Public names:
   :func:`time_expression_score`, :class:`NamedPeriod` — their English-only rules.
 - :func:`convex_fusion`, :func:`rrf` and the tuned ``HYBRID_*`` constants — fusion.
 - :class:`IndexCache` — LRU of indexes by key; :func:`release_free_heap` after a large build.
-- :data:`State`, :func:`dump_state`, :func:`load_state`, :func:`combine_states`,
-  :func:`separate_states` — an index's whole state (each index's ``to_state`` /
-  ``from_state``) as bytes and back: the versioned container of :mod:`index._state`.
+- :data:`State`, :func:`dump_state`, :func:`pack_state`, :func:`load_state`,
+  :func:`combine_states`, :func:`separate_states` — an index's whole state (each
+  index's ``to_state`` / ``from_state``) as bytes and back: the versioned container
+  of :mod:`index._state`.
 - :class:`VectorIndexError`, :class:`DimensionMismatchError`,
   :class:`InvalidVectorError` — see :mod:`index.errors`.
 """
@@ -40,6 +41,7 @@ from index._state import State
 from index._state import combine as combine_states
 from index._state import dumps as dump_state
 from index._state import loads as load_state
+from index._state import pack as pack_state
 from index._state import separate as separate_states
 from index._temporal import NamedPeriod, asks_when, named_periods, time_expression_score
 from index._timeline import WINDOW_DEPTH, WINDOW_SLACK, TimeIndex
@@ -75,6 +77,7 @@ __all__ = [
     "load_state",
     "named_periods",
     "normalize",
+    "pack_state",
     "release_free_heap",
     "rrf",
     "separate_states",

@@ -594,7 +594,8 @@ class LexicalIndex:
             out = cls(float(meta["k1"]), float(meta["b"]))
             length, rebuilds = int(meta["length"]), int(meta["rebuilds"])
             doc_ids, doc_ptr = arrays["doc_ids"].tolist(), arrays["doc_ptr"].tolist()
-            flat = arrays["doc_terms"].tolist()
+            flat_array = arrays["doc_terms"]
+            flat = flat_array.tolist()
             terms = strings_from_arrays(arrays["term_blob"], arrays["term_ptr"])
             refs, free = arrays["refs"].tolist(), arrays["free"].tolist()
             delta = arrays["delta"].tolist()
@@ -608,7 +609,7 @@ class LexicalIndex:
         vocab_size = len(terms)
         if len(refs) != vocab_size or len(doc_ptr) != len(doc_ids) + 1 or doc_ptr[-1] != len(flat):
             raise ValueError("the LexicalIndex state's parts disagree")
-        if flat and (min(flat) < 0 or max(flat) >= vocab_size):
+        if flat and (int(flat_array.min()) < 0 or int(flat_array.max()) >= vocab_size):
             raise ValueError("the LexicalIndex state's documents name unknown terms")
         if len(indptr) > vocab_size + 1 or any(t < 0 or t >= len(indptr) - 1 for t in built_vocab):
             raise ValueError("the LexicalIndex state's main segment names unknown terms")

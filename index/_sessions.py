@@ -78,7 +78,7 @@ def _as_id_list(ids: npt.ArrayLike) -> list[int]:
 
 
 def _counts_to_arrays(
-    counts: Sequence[Counter[str]], vocab: dict[str, int]
+    counts: Sequence[dict[str, int]], vocab: dict[str, int]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Term counts as CSR arrays ``(ptr (n + 1,), term ids, counts)``, all int64.
 
@@ -96,7 +96,7 @@ def _counts_to_arrays(
 
 def _counts_from_arrays(
     ptr: npt.NDArray[Any], terms: npt.NDArray[Any], tfs: npt.NDArray[Any], vocab: Sequence[str]
-) -> list[Counter[str]]:
+) -> list[dict[str, int]]:
     """The term counts :func:`_counts_to_arrays` made.
 
     Raises:
@@ -109,12 +109,40 @@ def _counts_from_arrays(
         raise ValueError("SessionIndex term counts name unknown terms")
     if len(tfs) and int(tfs.min()) < 1:
         raise ValueError("SessionIndex term counts below 1")
-    words = [vocab[t] for t in terms.tolist()]
+    words = np.asarray(vocab, dtype=object)[terms].tolist() if len(terms) else []
     counts = tfs.tolist()
-    return [
-        Counter(dict(zip(words[a:b], counts[a:b], strict=True)))
-        for a, b in itertools.pairwise(bounds)
-    ]
+    return [dict(zip(words[a:b], counts[a:b], strict=True)) for a, b in itertools.pairwise(bounds)]
+
+
+def _postings(
+    arrays: dict[str, npt.NDArray[Any]], keys: Sequence[str], vocab: Sequence[str]
+) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """The postings (term -> {session: tf}) and lengths (session -> terms) of a state.
+
+    A session's term counts are its header's plus its members' (what
+    :meth:`SessionIndex._count` keeps up to date), summed here with numpy.
+    """
+    spans = np.diff(arrays["member_ptr"])
+    heads = np.diff(arrays["header_ptr"])
+    sessions = np.concatenate(
+        [
+            np.repeat(np.asarray(arrays["member_session"], np.int64), spans),
+            np.repeat(np.arange(len(keys), dtype=np.int64), heads),
+        ]
+    )
+    terms = np.concatenate([arrays["member_terms"], arrays["header_terms"]]).astype(np.int64)
+    tfs = np.concatenate([arrays["member_counts"], arrays["header_counts"]]).astype(np.int64)
+    length = np.bincount(sessions, weights=tfs, minlength=len(keys)).astype(np.int64)
+    width = max(len(keys), 1)
+    pairs, inverse = np.unique(terms * width + sessions, return_inverse=True)
+    sums = np.bincount(inverse, weights=tfs).astype(np.int64).tolist()
+    by_term, at = np.divmod(pairs, width)
+    named = np.asarray(keys, dtype=object)[at].tolist() if len(pairs) else []
+    starts = np.flatnonzero(np.diff(by_term, prepend=-1)).tolist()
+    post: dict[str, dict[str, int]] = {}
+    for a, b in itertools.pairwise([*starts, len(pairs)]):
+        post[vocab[int(by_term[a])]] = dict(zip(named[a:b], sums[a:b], strict=True))
+    return post, dict(zip(keys, length.tolist(), strict=True))
 
 
 class SessionIndex:
@@ -137,9 +165,9 @@ class SessionIndex:
         self._b = b
         self._lock = threading.Lock()
         self._of: dict[int, str] = {}  # member id -> session key
-        self._terms: dict[int, Counter[str]] = {}  # member id -> its term counts
+        self._terms: dict[int, dict[str, int]] = {}  # member id -> its term counts
         self._members: dict[str, set[int]] = {}  # session key -> member ids
-        self._header: dict[str, Counter[str]] = {}  # session key -> header term counts
+        self._header: dict[str, dict[str, int]] = {}  # session key -> header term counts
         self._post: dict[str, dict[str, int]] = {}  # term -> {session key: tf}
         self._length: dict[str, int] = {}  # session key -> document length (terms)
         self._total = 0  # sum of document lengths
@@ -244,7 +272,7 @@ class SessionIndex:
         with self._lock:
             return sum(self._drop(i) for i in set(id_list))
 
-    def _count(self, session: str, terms: Counter[str], sign: int) -> None:
+    def _count(self, session: str, terms: dict[str, int], sign: int) -> None:
         """Add (``sign=+1``) or subtract (``-1``) term counts to a session; holds the lock."""
         for term, tf in terms.items():
             post = self._post.setdefault(term, {})
@@ -516,21 +544,17 @@ class SessionIndex:
             raise ValueError("the SessionIndex state's members name unknown sessions")
         if len(set(ids)) != len(ids) or len(set(keys)) != len(keys):
             raise ValueError("the SessionIndex state holds a member or a session twice")
-        for key, head in zip(keys, headers, strict=True):
-            out._members[key] = set()
-            out._header[key] = head
-            out._length[key] = 0
-            out._count(key, head, +1)
-        for id_, at, counts in zip(ids, sessions, members, strict=True):
-            key = keys[at]
+        out._of = {id_: keys[at] for id_, at in zip(ids, sessions, strict=True)}
+        out._terms = dict(zip(ids, members, strict=True))
+        out._header = dict(zip(keys, headers, strict=True))
+        out._members = {key: set() for key in keys}
+        for id_, key in out._of.items():
             out._members[key].add(id_)
-            out._of[id_] = key
-            out._terms[id_] = counts
-            out._distinct += len(counts)
-            out._count(key, counts, +1)
         if any(not m for m in out._members.values()):
             raise ValueError("the SessionIndex state holds a session without members")
-        out._sorted.clear()
+        out._distinct = len(arrays["member_terms"])
+        out._post, out._length = _postings(arrays, keys, vocab)
+        out._total = sum(out._length.values())
         return out
 
     def __repr__(self) -> str:

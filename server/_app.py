@@ -26,7 +26,8 @@ Stopping (:meth:`LetheServer.stop`, SIGTERM from the CLI) drains: health turns
 ``NOT_SERVING`` at once, new calls are refused with ``UNAVAILABLE`` /
 ``DRAINING``, open ``Watch`` streams end with that error (clients resume with
 ``after``), calls in flight finish within the grace period, then the server
-stops and the store closes once every worker has returned.
+stops, the index snapshots of loaded owners that changed are written (so the
+next start is warm) and the store closes once every worker has returned.
 """
 
 from __future__ import annotations
@@ -467,6 +468,7 @@ class LetheServer:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
+        self.lifecycle.save_snapshots_at_stop()  # the next start is warm
         self.store.close()
         self._stopped.set()
 

@@ -59,6 +59,9 @@ def test_store_face_is_pinned() -> None:
             "RecordMeta",
             "RecordView",
             "SlotConflict",
+            "SnapshotCleanup",
+            "SnapshotRows",
+            "StagedSnapshot",
             "Store",
             "StoreLockedError",
             "ThreadMeta",
@@ -156,6 +159,8 @@ def test_lifecycle_face_is_pinned() -> None:
     assert sorted(server.lifecycle.__all__) == sorted(
         [
             "AUDIT_DUTY",
+            "SNAPSHOT_DUTY",
+            "SNAPSHOT_SETTLE",
             "REASON_EXPIRED",
             "REASON_FORGET",
             "REASON_KEY_DESTROYED",

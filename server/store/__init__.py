@@ -31,6 +31,7 @@ module              holds
 ``_placement``      moved-away markers: owners this shard no longer holds
 ``_moves``          moving an owner between shards: export, import, release
 ``_vectors``        which embedder made an owner's vectors; swapping them all at once
+``_snapshots``      sealed index snapshots on disk (outside ``data/``) and their key
 ``_store``          opening a data directory; ``Store`` composes the parts
 ==================  ===========================================================
 
@@ -60,6 +61,7 @@ from server.store._records import (
 )
 from server.store._reserve import DEFAULT_DISK_RESERVE
 from server.store._shapes import KIND_DEFAULTS, SlotConflict, scope_chain
+from server.store._snapshots import SnapshotCleanup, SnapshotRows, StagedSnapshot
 from server.store._store import (
     DEFAULT_MAX_STORE_SIZE,
     KEK_ENV,
@@ -121,6 +123,9 @@ __all__ = [
     "RecordMeta",
     "RecordView",
     "SlotConflict",
+    "SnapshotCleanup",
+    "SnapshotRows",
+    "StagedSnapshot",
     "Store",
     "StoreLockedError",
     "ThreadMeta",

@@ -19,6 +19,11 @@ A hint, reported but not a failure:
   and the last turn a summary names (in one thread) was forgotten or expired
   after the summary was built. An unrelated turn of the same thread does not
   make it stale. Rebuild it from the sources ``Search`` still finds.
+The owner's index-snapshot key, like its slot-digest key, belongs to no record:
+it is never counted in ``keys_without_record`` nor destroyed as unused; stray
+snapshots and snapshot keys are counted apart
+(:meth:`server.store.Store.snapshot_strays`, the periodic audit's
+``lethe_index_snapshot_strays``).
 
 ``index_drift`` needs the in-memory indexes, which the store does not hold:
 the retriever measures it (:meth:`server.retrieval.Retriever.index_drift`).
@@ -38,9 +43,10 @@ import lmdb
 from lethe.names import InvalidName, TurnName, parse_record
 from server.errors import DataLoss, RecordDeleted
 from server.store import _schema as sk
-from server.store._base import StoreBase, memory_ring, record_ring
+from server.store._base import memory_ring, record_ring
 from server.store._records import MemMeta, RecordMeta, ThreadMeta, TurnMeta
 from server.store._shapes import SLOT_KEY_ID
+from server.store._snapshots import SNAPSHOT_KEY_ID, SnapshotsPart
 from server.store._visibility import effective_state
 from server.store._writer import WriteOp
 from shredder import RingRef
@@ -55,7 +61,7 @@ class KeyCheck:
         misplaced: ``(ring it is in, key id, ring the data names)`` of keys an
             interrupted move left in another ring of the owner.
         unreferenced: record keys in the keystore that no stored row names
-            (deleted rows included) and that are no owner's slot key: what
+            (deleted rows included) and that are no owner's slot or snapshot key: what
             :meth:`AuditPart.destroy_unreferenced_keys` destroys.
     """
 
@@ -91,7 +97,7 @@ def _noop(txn: lmdb.Transaction) -> None:
     del txn
 
 
-class AuditPart(StoreBase):
+class AuditPart(SnapshotsPart):
     """Audit and reconciliation queries of :class:`server.store.Store`."""
 
     def owners(self) -> list[str]:
@@ -204,8 +210,12 @@ class AuditPart(StoreBase):
         turns: list[TurnMeta],
         memories: list[MemMeta],
     ) -> set[tuple[RingRef, str]]:
-        # The owner's slot-digest key indexes slots; it belongs to no single record.
-        used: set[tuple[RingRef, str]] = {(RingRef(owner, None), SLOT_KEY_ID)}
+        # The owner's slot-digest key indexes slots, its snapshot key seals its
+        # index snapshot: they belong to no single record.
+        used: set[tuple[RingRef, str]] = {
+            (RingRef(owner, None), SLOT_KEY_ID),
+            (RingRef(owner, None), SNAPSHOT_KEY_ID),
+        }
         for meta in threads:
             used.add((RingRef(owner, meta.thread), meta.title_key))
         for turn in turns:
@@ -289,7 +299,8 @@ class AuditPart(StoreBase):
         check.unreferenced = [
             (ring, key_id)
             for ring, key_id in sorted(inventory, key=lambda ref: (ref[0].owner, ref[1]))
-            if (ring, key_id) not in named and not (ring.thread is None and key_id == SLOT_KEY_ID)
+            if (ring, key_id) not in named
+            and not (ring.thread is None and key_id in (SLOT_KEY_ID, SNAPSHOT_KEY_ID))
         ]
         return check
 

@@ -33,6 +33,7 @@ def test_public_names_are_pinned() -> None:
         "load_state",
         "named_periods",
         "normalize",
+        "pack_state",
         "release_free_heap",
         "rrf",
         "separate_states",
