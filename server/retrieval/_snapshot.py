@@ -233,10 +233,9 @@ class IndexSnapshots(IndexUpkeep):
             return 0
         del buffers
         with self._lock(owner):
-            if self._changes.get(owner, 0) != count:
+            if self._changes.get(owner, 0) != count or not staged.publish():
                 staged.discard()
                 return 0
-            staged.publish()
             self._saved[owner] = count
         return size
 

@@ -72,7 +72,7 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -181,24 +181,42 @@ class StagedSnapshot:
     removes it; one of them once. Made by :meth:`SnapshotsPart.stage_snapshot`.
     """
 
-    __slots__ = ("_done", "final", "generation", "owner", "size", "temp")
+    __slots__ = ("_done", "_key_alive", "final", "generation", "owner", "size", "temp")
 
-    def __init__(self, owner: str, generation: int, temp: Path, final: Path, size: int) -> None:
+    def __init__(
+        self,
+        owner: str,
+        generation: int,
+        temp: Path,
+        final: Path,
+        size: int,
+        key_alive: Callable[[], bool],
+    ) -> None:
         self.owner = owner
         self.generation = generation
         self.temp = temp
         self.final = final
         self.size = size
+        self._key_alive = key_alive
         self._done = False
 
-    def publish(self) -> None:
-        """Rename it into place and sync the directory.
+    def publish(self) -> bool:
+        """Rename it into place and sync the directory, if its key still exists.
+
+        A deletion that destroyed the key since it was sealed made it
+        unopenable: it is discarded instead.
+
+        Returns:
+            Whether it was put in place.
 
         Raises:
             OSError: the rename or the sync failed (the temporary file is removed).
         """
         if self._done:
-            return
+            return False
+        if not self._key_alive():
+            self.discard()
+            return False
         self._done = True
         try:
             os.replace(self.temp, self.final)
@@ -207,6 +225,7 @@ class StagedSnapshot:
             raise
         failpoint(FP_AFTER_RENAME)
         _fsync_dir(self.final.parent)
+        return True
 
     def discard(self) -> None:
         """Remove the temporary file (idempotent; nothing after :meth:`publish`)."""
@@ -321,7 +340,11 @@ class SnapshotsPart(StoreBase):
                 temp.unlink(missing_ok=True)
                 raise
             failpoint(FP_AFTER_TEMP)
-        return StagedSnapshot(owner, generation, temp, final, size)
+
+        def key_alive() -> bool:
+            return self.keystore.has_record_key(ring, SNAPSHOT_KEY_ID)
+
+        return StagedSnapshot(owner, generation, temp, final, size, key_alive)
 
     def read_snapshot(self, owner: str) -> tuple[int, bytearray] | None:
         """Open the owner's snapshot: ``(generation, plaintext)``, or None.
