@@ -117,7 +117,7 @@ def test_a_snapshot_write_killed_at_each_step_converges(
 def test_a_forget_killed_before_the_snapshot_is_removed_leaves_nothing_to_open(
     tmp_path: Path, kek_env: str
 ) -> None:
-    """``forget.finish.after_commit``: keys destroyed, rows purged, the snapshot file not removed."""
+    """``forget.finish.after_commit``: keys destroyed, rows purged, the snapshot not removed."""
     data = tmp_path / "d"
     env = base_env(kek_env)
     token = make_token(data, env, OWNER)
