@@ -117,32 +117,29 @@ def _counts_from_arrays(
 def _postings(
     arrays: dict[str, npt.NDArray[Any]], keys: Sequence[str], vocab: Sequence[str]
 ) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-    """The postings (term -> {session: tf}) and lengths (session -> terms) of a state.
+    """The postings (term -> {session: tf}) and the lengths (session -> terms) of a state.
 
-    A session's term counts are its header's plus its members' (what
-    :meth:`SessionIndex._count` keeps up to date), summed here with numpy.
+    Raises:
+        ValueError: They disagree with the sessions and the vocabulary.
     """
-    spans = np.diff(arrays["member_ptr"])
-    heads = np.diff(arrays["header_ptr"])
-    sessions = np.concatenate(
-        [
-            np.repeat(np.asarray(arrays["member_session"], np.int64), spans),
-            np.repeat(np.arange(len(keys), dtype=np.int64), heads),
-        ]
-    )
-    terms = np.concatenate([arrays["member_terms"], arrays["header_terms"]]).astype(np.int64)
-    tfs = np.concatenate([arrays["member_counts"], arrays["header_counts"]]).astype(np.int64)
-    length = np.bincount(sessions, weights=tfs, minlength=len(keys)).astype(np.int64)
-    width = max(len(keys), 1)
-    pairs, inverse = np.unique(terms * width + sessions, return_inverse=True)
-    sums = np.bincount(inverse, weights=tfs).astype(np.int64).tolist()
-    by_term, at = np.divmod(pairs, width)
-    named = np.asarray(keys, dtype=object)[at].tolist() if len(pairs) else []
-    starts = np.flatnonzero(np.diff(by_term, prepend=-1)).tolist()
-    post: dict[str, dict[str, int]] = {}
-    for a, b in itertools.pairwise([*starts, len(pairs)]):
-        post[vocab[int(by_term[a])]] = dict(zip(named[a:b], sums[a:b], strict=True))
-    return post, dict(zip(keys, length.tolist(), strict=True))
+    try:
+        terms, bounds = arrays["post_terms"].tolist(), arrays["post_ptr"].tolist()
+        at, tfs = arrays["post_sessions"], arrays["post_tfs"].tolist()
+        lengths = arrays["lengths"].tolist()
+    except KeyError as exc:
+        raise ValueError(f"malformed SessionIndex state: {exc!r}") from None
+    if len(bounds) != len(terms) + 1 or bounds[0] != 0 or bounds[-1] != len(at) != len(tfs):
+        raise ValueError("malformed SessionIndex postings")
+    if len(lengths) != len(keys) or (terms and (min(terms) < 0 or max(terms) >= len(vocab))):
+        raise ValueError("malformed SessionIndex postings")
+    if len(at) and (int(at.min()) < 0 or int(at.max()) >= len(keys)):
+        raise ValueError("SessionIndex postings name unknown sessions")
+    named = np.asarray(keys, dtype=object)[at].tolist() if len(at) else []
+    post = {
+        vocab[t]: dict(zip(named[a:b], tfs[a:b], strict=True))
+        for t, (a, b) in zip(terms, itertools.pairwise(bounds), strict=True)
+    }
+    return post, dict(zip(keys, lengths, strict=True))
 
 
 class SessionIndex:
@@ -471,9 +468,8 @@ class SessionIndex:
     def to_state(self) -> State:
         """The whole index as a :data:`index.State` (see :mod:`index._state`).
 
-        Each member's term counts and session, each session's key and header
-        counts, under the mutex. Postings, lengths and totals are not kept: they
-        are sums of these (:meth:`from_state` adds them up again). Updates are
+        Each member's term counts and session, each session's key, header
+        counts and length, and the postings, under the mutex. Updates are
         exact, so nothing of a removed member is held to begin with.
 
         Returns:
@@ -489,6 +485,21 @@ class SessionIndex:
             )
             m_ptr, m_terms, m_counts = _counts_to_arrays([self._terms[i] for i in self._of], vocab)
             h_ptr, h_terms, h_counts = _counts_to_arrays([self._header[k] for k in keys], vocab)
+            posted = list(self._post.items())
+            p_ptr = np.zeros(len(posted) + 1, np.int64)
+            np.cumsum(
+                np.fromiter((len(p) for _, p in posted), np.int64, count=len(posted)),
+                out=p_ptr[1:],
+            )
+            count = int(p_ptr[-1])
+            p_sessions = np.fromiter(
+                (key_at[k] for _, p in posted for k in p), np.int64, count=count
+            )
+            p_tfs = np.fromiter((tf for _, p in posted for tf in p.values()), np.int64, count=count)
+            p_terms = np.fromiter(
+                (vocab.setdefault(t, len(vocab)) for t, _ in posted), np.int64, count=len(posted)
+            )
+            lengths = np.fromiter((self._length[k] for k in keys), np.int64, count=len(keys))
             meta: dict[str, Any] = {"kind": "SessionIndex", "k1": self._k1, "b": self._b}
         key_blob, key_ptr = strings_to_arrays(keys)
         term_blob, term_ptr = strings_to_arrays(list(vocab))
@@ -505,6 +516,11 @@ class SessionIndex:
             "header_ptr": h_ptr,
             "header_terms": h_terms,
             "header_counts": h_counts,
+            "lengths": lengths,
+            "post_terms": p_terms,
+            "post_ptr": p_ptr,
+            "post_sessions": p_sessions,
+            "post_tfs": p_tfs,
         }
 
     @classmethod
