@@ -137,3 +137,28 @@ def test_the_move_benchmark_runs_and_loses_no_write(tmp_path: Path) -> None:
     assert row["every_acknowledged_write_on_destination"] is True
     assert row["rows_removed_at_source"] > 300
     assert _positive(row["writes_refused_seconds"])
+
+
+def test_the_restart_benchmark_measures_cold_and_warm_restarts(tmp_path: Path) -> None:
+    """``bench/bench_restart.py --smoke`` restarts each owner cold and warm.
+
+    Every figure is a positive number, the warm restart loaded a snapshot
+    (its stop wrote one) and answered what the cold one answered; speed is
+    not checked.
+    """
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_restart.py"), "--smoke",
+         "--out-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "restart-smoke.json").read_text())
+    assert [s["n"] for s in result["sizes"]] == [300, 1000]
+    for size in result["sizes"]:
+        assert size["same_hits"] is True
+        assert _positive(size["snapshot_bytes"])
+        assert _positive(size["cold_over_warm"])
+        for kind in ("cold", "warm"):
+            for key in ("serving_s", "first_search_s", "restart_to_first_search_s"):
+                assert _positive(size[kind][key]), (size["n"], kind, key)
+    assert "| 1,000 | warm |" in (tmp_path / "restart-smoke.md").read_text()
