@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -183,6 +184,7 @@ class IndexSnapshots(IndexUpkeep):
         self._saved: dict[str, int] = {}
         self.loads = {"snapshot": 0, "replayed": 0, "built": 0}
         """How owners' bundles were made on first use since start (for tests and benchmarks)."""
+        self._loads_guard = threading.Lock()
 
     # ------------------------------------------------------------------ saving
 
@@ -279,11 +281,17 @@ class IndexSnapshots(IndexUpkeep):
         """
         self._touch(owner)
         start = time.perf_counter()
-        bundle, replayed = self._load_snapshot(owner)
+        try:
+            bundle, replayed = self._load_snapshot(owner)
+        except Exception as exc:  # a snapshot is only a cache: build, never fail the search
+            why = type(exc).__name__
+            _log.error("owners/%s: loading its index snapshot failed: %s", owner, why)
+            self.store.discard_snapshot(owner)
+            bundle, replayed = None, 0
+        with self._loads_guard:
+            self.loads["built" if bundle is None else "replayed" if replayed else "snapshot"] += 1
         if bundle is None:
-            self.loads["built"] += 1
             return self._timed_build(owner)
-        self.loads["replayed" if replayed else "snapshot"] += 1
         if not replayed:
             self._saved[owner] = self._changes.get(owner, 0)
         _log.info(

@@ -315,3 +315,19 @@ def test_a_damaged_snapshot_is_rebuilt(parts: Parts) -> None:
     assert parts.retriever.loads == {"snapshot": 0, "replayed": 0, "built": 1}
     assert not parts.snapshot.exists()
     assert content == _built(parts)
+
+
+def test_a_snapshot_that_fails_to_load_never_fails_the_search(
+    parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _history(parts)
+    parts.restart()
+
+    def broken(owner: str) -> dict[int, int]:
+        raise OSError(5, "injected read error")
+
+    monkeypatch.setattr(parts.store, "row_digests", broken)
+    content = _content(parts)
+    assert parts.retriever.loads == {"snapshot": 0, "replayed": 0, "built": 1}
+    assert not parts.snapshot.exists()
+    assert content == _built(parts)
