@@ -24,6 +24,8 @@ Writes ``bench/results/restart[-smoke].{json,md}``::
 
     .venv/bin/python bench/bench_restart.py             # 20k and 100k, 3 rounds
     .venv/bin/python bench/bench_restart.py --large     # adds 1M (about 12 GB RAM, an hour)
+    .venv/bin/python bench/bench_restart.py --sizes 1000000 --rounds 1 --cold-rounds 0 \
+        --name restart-1m    # 1M warm only: its cold figure is the first build after ingest
     .venv/bin/python bench/bench_restart.py --smoke     # seconds; proves it runs
 
 The machine is shared and noisy: quote medians and ratios from one run.
@@ -107,7 +109,7 @@ def _restart(proc: LetheProcess, *, warm: bool, query: tuple[str, np.ndarray]) -
     """Stop, (cold: remove the snapshot), start, first search: the figures of one restart."""
     snapshot = proc.data / "index" / f"{OWNER}.snapshot"
     t0 = time.perf_counter()
-    proc.stop()
+    proc.stop(timeout=900)  # a large owner's snapshot is written at the stop
     stop_s = time.perf_counter() - t0
     size = snapshot.stat().st_size if snapshot.exists() else 0
     if not warm:
@@ -130,7 +132,9 @@ def _restart(proc: LetheProcess, *, warm: bool, query: tuple[str, np.ndarray]) -
     }
 
 
-def measure(n: int, rounds: int, texts: list[str], serve_args: list[str]) -> dict[str, Any]:
+def measure(
+    n: int, rounds: int, cold_rounds: int, texts: list[str], serve_args: list[str]
+) -> dict[str, Any]:
     """Ingest ``n`` turns into a data directory of their own; restart it cold and warm."""
     vectors = random_unit(n, seed=1)
     query_vec = random_unit(1, seed=2)[0]
@@ -141,13 +145,14 @@ def measure(n: int, rounds: int, texts: list[str], serve_args: list[str]) -> dic
         stubs = Stubs.insecure(proc.address, proc.token)
         try:
             ingest_s = _ingest(stubs, texts[:n], vectors)
-            build_s, _ = _search(stubs, *query)
+            build_s, built_hits = _search(stubs, *query)
         finally:
             stubs.close()
         _log(f"  {n:,} turns ingested in {ingest_s:.1f} s, first build {build_s:.1f} s")
         runs = []
         for r in range(rounds):
-            for kind_warm in (True, False) if r % 2 else (False, True):
+            kinds = (True, False) if r % 2 else (False, True)
+            for kind_warm in kinds if r < cold_rounds else (True,):
                 run = _restart(proc, warm=kind_warm, query=query)
                 runs.append(run)
                 _log(
@@ -162,31 +167,39 @@ def measure(n: int, rounds: int, texts: list[str], serve_args: list[str]) -> dic
     def med(rows: list[dict[str, Any]], key: str) -> float:
         return round(float(median(r[key] for r in rows)), 3)
 
-    figures = {
+    figures: dict[str, Any] = {
         kind: {
             key: med(rows, key)
             for key in ("serving_s", "first_search_s", "restart_to_first_search_s", "stop_s")
         }
+        if rows
+        else None
         for kind, rows in (("cold", cold), ("warm", warm))
     }
+    ratio = (
+        round(
+            figures["cold"]["restart_to_first_search_s"]
+            / figures["warm"]["restart_to_first_search_s"],
+            2,
+        )
+        if cold
+        else None
+    )
     return {
         "n": n,
         "ingest_s": round(ingest_s, 2),
         "first_build_s": round(build_s, 3),
         "rounds": rounds,
+        "cold_rounds": min(rounds, cold_rounds),
         "cold": figures["cold"],
         "warm": figures["warm"],
-        "cold_over_warm": round(
-            figures["cold"]["restart_to_first_search_s"]
-            / figures["warm"]["restart_to_first_search_s"],
-            2,
-        ),
+        "cold_over_warm": ratio,
         "snapshot_bytes": max(r["snapshot_bytes"] for r in warm),
         "rss_peak_bytes": {
-            "cold": max(r["rss_peak_bytes"] for r in cold),
+            "cold": max((r["rss_peak_bytes"] for r in cold), default=None),
             "warm": max(r["rss_peak_bytes"] for r in warm),
         },
-        "same_hits": all(r["hits"] == cold[0]["hits"] for r in runs),
+        "same_hits": all(r["hits"] == built_hits for r in runs),
         "runs": [{k: v for k, v in r.items() if k != "hits"} for r in runs],
     }
 
@@ -208,6 +221,12 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
     for size in result["sizes"]:
         for kind in ("cold", "warm"):
             f = size[kind]
+            if f is None:
+                lines.append(
+                    f"| {size['n']:,} | {kind} | | (first build after ingest: "
+                    f"{size['first_build_s']:.2f}) | | | | |"
+                )
+                continue
             snap = f"{size['snapshot_bytes'] / 1e6:.0f}" if kind == "warm" else ""
             lines.append(
                 f"| {size['n']:,} | {kind} | {f['serving_s']:.2f} | {f['first_search_s']:.2f} | "
@@ -234,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--large", action="store_true", help="add a 1M-turn owner")
     parser.add_argument("--sizes", type=str, default="", help="comma-separated owner sizes")
     parser.add_argument("--rounds", type=int, default=0, help="rounds (default 3; smoke 1)")
+    parser.add_argument(
+        "--cold-rounds",
+        type=int,
+        default=-1,
+        help="rounds with a cold restart (default: every round; 0: warm only)",
+    )
     parser.add_argument("--locomo", type=Path, default=None, help="path of locomo10.json")
     parser.add_argument("--out-dir", type=Path, default=BENCH / "results")
     parser.add_argument("--name", type=str, default="", help="output file stem")
@@ -245,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sizes:
         sizes = [int(s) for s in args.sizes.split(",")]
     rounds = args.rounds or (1 if args.smoke else 3)
+    cold_rounds = rounds if args.cold_rounds < 0 else args.cold_rounds
     corpus = load_corpus(args.locomo)
     texts = varied_texts(corpus.turns, max(sizes))
     result: dict[str, Any] = {
@@ -258,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for n in sizes:
         _log(f"{n:,} turns ...")
-        result["sizes"].append(measure(n, rounds, texts, args.server_arg))
+        result["sizes"].append(measure(n, rounds, cold_rounds, texts, args.server_arg))
     result["total_seconds"] = round(time.perf_counter() - started, 1)
     result["machine"]["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
     stem = args.name or ("restart-smoke" if args.smoke else "restart")
@@ -266,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     write_markdown(result, args.out_dir / f"{stem}.md")
     for size in result["sizes"]:
+        cold_s = size["cold"]["restart_to_first_search_s"] if size["cold"] else None
         print(
-            f"{size['n']:,} turns: cold {size['cold']['restart_to_first_search_s']} s, "
+            f"{size['n']:,} turns: cold {cold_s} s (first build {size['first_build_s']} s), "
             f"warm {size['warm']['restart_to_first_search_s']} s "
             f"({size['cold_over_warm']}x), same hits: {size['same_hits']}"
         )

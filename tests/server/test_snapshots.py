@@ -331,3 +331,20 @@ def test_a_snapshot_that_fails_to_load_never_fails_the_search(
     assert parts.retriever.loads == {"snapshot": 0, "replayed": 0, "built": 1}
     assert not parts.snapshot.exists()
     assert content == _built(parts)
+
+
+def test_start_up_removes_stray_snapshots_and_the_audit_counts_them(parts: Parts) -> None:
+    _history(parts)
+    parts.restart()
+    stray = parts.snapshot.with_name("alice.snapshot.tmp")
+    stray.write_bytes(b"a write cut short")
+    parts.lifecycle.periodic_audit()
+    assert parts.lifecycle.metrics.index_snapshot_strays._value.get() == 1
+    recovery = parts.lifecycle.recover()
+    assert recovery.stray_snapshots_removed == 1
+    assert recovery.changed()
+    assert "1 stray index snapshots removed" in recovery.summary()
+    assert not stray.exists()
+    assert parts.snapshot.exists()
+    parts.lifecycle.periodic_audit()
+    assert parts.lifecycle.metrics.index_snapshot_strays._value.get() == 0
