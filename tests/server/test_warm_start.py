@@ -7,10 +7,12 @@ snapshot and answers exactly as before; a snapshot is never in a backup.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from _helpers import append, create_thread, forget, run_cli, unique
 from conftest import Client, Lethe
 
@@ -99,3 +101,47 @@ def test_a_backup_carries_no_snapshot(lethe: Lethe, tmp_path: Path) -> None:
     out = tmp_path / "backup"
     assert run_cli(["backup", "--data", str(lethe.data_dir), "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["MANIFEST.json", "data.mdb"]
+
+
+def _opens_snapshot(data_dir: Path, kek_file: Path) -> bool:
+    """Whether a copy of a data directory (keystore included) opens alice's snapshot in it."""
+    from server import Store
+
+    store = Store(data_dir, kek_file=kek_file, lock=False)
+    try:
+        return store.read_snapshot("alice") is not None
+    except Exception:
+        return False
+    finally:
+        store.close()
+
+
+def test_rotation_makes_a_pre_forget_copy_of_a_snapshot_useless(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As tests/server/test_rotation.py for a turn, for the index snapshot.
+
+    A copy of the whole directory (snapshot and keystore) taken before a
+    forget still opens the snapshot with the live KEK until the next rotation,
+    and never after it; the live directory holds none from before the forget.
+    """
+    monkeypatch.delenv("LETHE_KEK", raising=False)
+    kek_file = tmp_path / "config" / "kek.json"
+    data = tmp_path / "d"
+    lethe = Lethe(data, kek_file=kek_file)
+    try:
+        c, _, names = _filled(lethe)
+        c.search("owners/alice", query_text="sailing")
+        lethe.stop()  # writes the snapshot
+        copy = tmp_path / "copy"
+        shutil.copytree(data, copy, ignore=shutil.ignore_patterns("lethe.lock"))
+        assert _opens_snapshot(copy, kek_file)
+        lethe.start()
+        forget(lethe.client("alice"), names[0])
+        lethe.stop()
+        assert not (data / "index" / "alice.snapshot").exists()
+        assert _opens_snapshot(copy, kek_file)  # the gap rotation closes
+        assert run_cli(["rotate", "--data", str(data), "--kek-file", str(kek_file)]) == 0
+        assert not _opens_snapshot(copy, kek_file)
+    finally:
+        lethe.stop()
