@@ -496,6 +496,11 @@ class LexicalIndex:
             return held
 
     @property
+    def parameters(self) -> tuple[float, float]:
+        """``(k1, b)``, the BM25 parameters this index ranks with."""
+        return self._k1, self._b
+
+    @property
     def rebuilds(self) -> int:
         """How many times the main segment has been built (for benchmarks and tests)."""
         return self._rebuilds

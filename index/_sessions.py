@@ -419,6 +419,11 @@ class SessionIndex:
 
     # ------------------------------------------------------------------ inspection
 
+    @property
+    def parameters(self) -> tuple[float, float]:
+        """``(k1, b)``, the BM25 parameters this index ranks sessions with."""
+        return self._k1, self._b
+
     def session_of(self, id_: int) -> str | None:
         """The session key a member is held under, or None when it is not held."""
         with self._lock:

@@ -89,7 +89,11 @@ _log = logging.getLogger(__name__)
 BUNDLE_STATE = "lethe-bundle"
 """The ``kind`` of a bundle's state."""
 BUNDLE_VERSION = 1
-"""Layout of a bundle's state written and the only one read (the legs carry their own)."""
+"""Layout of a bundle's state written and the only one read (the legs carry their own).
+
+Bump it with any change of what a leg holds for the same records: the analyzer
+(:func:`index.analyze`), the indexed texts (:mod:`server.retrieval._indexed_text`),
+the contexts, the session keys. (The BM25 parameters are checked on load.)"""
 LEGS = ("dense", "plain", "ctx", "sessions", "times")
 REPLAY_MIN = 1000
 """Changed rows a load may replay whatever the owner's size (see the module docstring)."""
@@ -172,6 +176,13 @@ def bundle_of(state: State) -> tuple[Bundle, str, dict[int, int]]:
         due=min(watch.values(), default=math.inf),
         versions=_unpairs(parts["versions"]),
     )
+    for leg, fresh in (
+        (bundle.plain, LexicalIndex()),
+        (bundle.ctx, LexicalIndex()),
+        (bundle.sessions, SessionIndex()),
+    ):
+        if leg.parameters != fresh.parameters:
+            raise ValueError("the snapshot's BM25 parameters are not this version's")
     return bundle, str(head.get("embedder", "")), _unpairs(parts["rows"])
 
 

@@ -348,3 +348,20 @@ def test_start_up_removes_stray_snapshots_and_the_audit_counts_them(parts: Parts
     assert parts.snapshot.exists()
     parts.lifecycle.periodic_audit()
     assert parts.lifecycle.metrics.index_snapshot_strays._value.get() == 0
+
+
+def test_a_snapshot_ranked_with_other_bm25_parameters_is_not_used(
+    parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import server.retrieval._snapshot as snapshot
+
+    _history(parts)
+    parts.restart()
+
+    class Retuned(LexicalIndex):
+        def __init__(self, k1: float = 1.5, b: float = 0.4) -> None:
+            super().__init__(k1, b)
+
+    monkeypatch.setattr(snapshot, "LexicalIndex", Retuned)  # a version with another k1
+    parts.retriever.owner_bundle(OWNER)
+    assert parts.retriever.loads == {"snapshot": 0, "replayed": 0, "built": 1}
