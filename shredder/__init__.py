@@ -56,7 +56,7 @@ from shredder._kek import KekRing, check_kek_placement, default_kek_path
 from shredder._keystore import Keystore
 from shredder._keystore_records import FreshKeys
 from shredder._keystore_sealing import KeyReader
-from shredder._lmdbenv import open_durable_env
+from shredder._lmdbenv import fsync_dir, open_durable_env
 from shredder.errors import (
     CryptoError,
     EnvironmentConfigError,
@@ -90,6 +90,7 @@ __all__ = [
     "declare",
     "default_kek_path",
     "failpoint",
+    "fsync_dir",
     "open_bundle",
     "open_durable_env",
     "read_manifest",

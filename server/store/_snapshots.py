@@ -91,6 +91,7 @@ from shredder import (
     RingRef,
     declare,
     failpoint,
+    fsync_dir,
 )
 
 _log = logging.getLogger(__name__)
@@ -133,14 +134,6 @@ def row_digest(raw: bytes) -> int:
     """BLAKE2b-64 of a stored metadata row, as a signed int (what a snapshot records per row)."""
     digest = hashlib.blake2b(raw, digest_size=8, person=b"lethe-ix-row").digest()
     return int.from_bytes(digest, "little", signed=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +217,7 @@ class StagedSnapshot:
             self.temp.unlink(missing_ok=True)
             raise
         failpoint(FP_AFTER_RENAME)
-        _fsync_dir(self.final.parent)
+        fsync_dir(self.final.parent)
         return True
 
     def discard(self) -> None:
@@ -438,7 +431,7 @@ class SnapshotsPart(StoreBase):
                 path.unlink()
                 found = True
         if found:
-            _fsync_dir(self.snapshot_dir)
+            fsync_dir(self.snapshot_dir)
         return found
 
     def _snapshot_files(self) -> list[tuple[str, Path, bool]]:
@@ -506,7 +499,7 @@ class SnapshotsPart(StoreBase):
             refs = [(RingRef(o, None), SNAPSHOT_KEY_ID) for o in stray]
             self.writer.run(WriteOp(_noop, destroy_keys=refs, name="keys.destroy_stray"))
         if removed:
-            _fsync_dir(self.snapshot_dir)
+            fsync_dir(self.snapshot_dir)
         return SnapshotCleanup(removed, len(stray))
 
 
