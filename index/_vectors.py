@@ -533,15 +533,17 @@ class VectorIndex:
     def to_state(self) -> State:
         """The whole index as a :data:`index.State` (see :mod:`index._state`).
 
-        The FAISS index as ``faiss.serialize_index`` writes it (the layout, an
-        inverted file's trained centroids and lists, every held vector and no
-        removed one: removed rows were overwritten and dropped, and only held
-        rows are written), the exact layout's ids, and the layout's parameters
-        (``nprobe``, ``nlist``, the size it was chosen at). Holds the read lock.
+        The exact layout as its vectors and ids; an inverted file as
+        ``faiss.serialize_index`` writes it (its trained centroids and lists,
+        which hold the ids). Either way every held vector and no removed one:
+        removed rows were overwritten and dropped, and only held rows are
+        copied. Plus the layout's parameters (``nprobe``, ``nlist``, the size
+        it was chosen at). Copied under the read lock.
 
         Returns:
-            ``(meta, arrays)``: arrays ``faiss`` ``(b,) uint8`` and ``ids``
-            ``(n,) int64`` (empty for an inverted file, which holds its own ids).
+            ``(meta, arrays)``: arrays ``vectors`` ``(n, dim) float32`` and
+            ``ids`` ``(n,) int64`` (exact layout), or ``faiss`` ``(b,) uint8``
+            (inverted file).
         """
         with self._lock.read():
             meta: dict[str, Any] = {
@@ -552,9 +554,10 @@ class VectorIndex:
                 "nlist": self._nlist,
                 "chosen_at": self._chosen_at,
             }
-            blob = faiss.serialize_index(self._index)
-            ids = np.zeros(0, np.int64) if self._nprobe else self._ids.copy()
-        return meta, {"faiss": blob, "ids": ids}
+            if self._nprobe:
+                return meta, {"faiss": faiss.serialize_index(self._index)}
+            vectors, ids = self._held()
+        return meta, {"vectors": vectors, "ids": ids}
 
     @classmethod
     def from_state(cls, state: State) -> VectorIndex:
@@ -562,7 +565,7 @@ class VectorIndex:
 
         Args:
             state: ``(meta, arrays)`` from :meth:`to_state` (arrays may be views
-                of a buffer: what is kept is copied).
+                of a buffer: FAISS copies what it keeps).
 
         Returns:
             A new index with the same layout, ``nprobe``, vectors and ids.
@@ -581,34 +584,47 @@ class VectorIndex:
                 int(meta["nlist"]),
                 int(meta["chosen_at"]),
             )
-            blob, ids = arrays["faiss"], arrays["ids"]
+            out = cls(dim, ivf_min)
+            if nprobe:
+                out._load_ivf(arrays["faiss"], nprobe, nlist)
+            else:
+                out._load_exact(arrays["vectors"], arrays["ids"])
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed VectorIndex state: {exc!r}") from None
-        out = cls(dim, ivf_min)
+        out._chosen_at = chosen_at
+        return out
+
+    def _load_ivf(self, blob: npt.NDArray[Any], nprobe: int, nlist: int) -> None:
+        """Take an inverted file's ``faiss.serialize_index`` bytes (a new index only)."""
         try:
             index = faiss.deserialize_index(np.ascontiguousarray(blob, dtype=np.uint8))
         except RuntimeError:
             raise ValueError("the VectorIndex state's FAISS index does not read") from None
-        if index.d != dim or index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        if index.d != self._dim or index.metric_type != faiss.METRIC_INNER_PRODUCT:
             raise ValueError("the VectorIndex state's FAISS index has another dimension or metric")
-        if nprobe:
-            if not isinstance(index, faiss.IndexIVFFlat) or index.nlist != nlist:
-                raise ValueError("the VectorIndex state's inverted file is not IVF{nlist},Flat")
-            out._index, out._nprobe, out._nlist = index, nprobe, nlist
-            held = _ivf_held_ids(index)
-            out._pos = dict.fromkeys(held.tolist(), -1)
-            if len(out._pos) != index.ntotal:
-                raise ValueError("the VectorIndex state holds an id twice")
-        else:
-            if not isinstance(index, faiss.IndexFlatIP) or index.ntotal != len(ids):
-                raise ValueError("the VectorIndex state's flat index and ids disagree")
-            out._index = index
-            out._ids = np.array(ids, dtype=np.int64)
-            out._pos = dict(zip(out._ids.tolist(), range(len(out._ids)), strict=True))
-            if len(out._pos) != len(out._ids):
-                raise ValueError("the VectorIndex state holds an id twice")
-        out._chosen_at = chosen_at
-        return out
+        if not isinstance(index, faiss.IndexIVFFlat) or index.nlist != nlist:
+            raise ValueError("the VectorIndex state's inverted file is not IVF{nlist},Flat")
+        self._index, self._nprobe, self._nlist = index, nprobe, nlist
+        self._pos = dict.fromkeys(_ivf_held_ids(index).tolist(), -1)
+        if len(self._pos) != index.ntotal:
+            raise ValueError("the VectorIndex state holds an id twice")
+
+    def _load_exact(self, vectors: npt.NDArray[Any], ids: npt.NDArray[Any]) -> None:
+        """Take the exact layout's vectors and ids (a new index only).
+
+        The vectors were held, so they are unit rows already: FAISS copies them
+        as they are (one copy, no normalisation pass).
+        """
+        if vectors.ndim != 2 or vectors.shape != (len(ids), self._dim):
+            raise ValueError("the VectorIndex state's vectors and ids disagree")
+        if vectors.dtype != np.float32 or not np.all(np.isfinite(vectors)):
+            raise ValueError("the VectorIndex state's vectors are not finite float32")
+        self._ids = np.array(ids, dtype=np.int64)
+        self._pos = dict(zip(self._ids.tolist(), range(len(self._ids)), strict=True))
+        if len(self._pos) != len(self._ids) or (len(ids) and int(self._ids.min()) == -1):
+            raise ValueError("the VectorIndex state holds an id twice, or id -1")
+        if len(ids):
+            self._index.add(np.ascontiguousarray(vectors))
 
     def __repr__(self) -> str:
         return f"VectorIndex(dim={self._dim}, size={len(self)})"

@@ -137,7 +137,7 @@ def test_ivf_vector_index_round_trips_with_its_layout_and_nprobe() -> None:
     assert index.layout[0].startswith("IVF")
     index.remove(np.arange(1, 6001, 11))
     state = index.to_state()
-    assert len(state[1]["ids"]) == 0  # the inverted file keeps its own ids
+    assert sorted(state[1]) == ["faiss"]  # serialised: the inverted file keeps its own ids
     back = VectorIndex.from_state(_round(state))
     _same_search(index, back, _clustered(30, 2))
     assert 1 not in back
@@ -148,10 +148,19 @@ def test_a_vector_state_of_another_dimension_is_refused() -> None:
     index = VectorIndex(D)
     index.add([1], _unit(1, 3))
     meta, arrays = index.to_state()
-    with pytest.raises(ValueError, match="dimension"):
+    assert sorted(arrays) == ["ids", "vectors"]  # the exact layout: its rows as they are
+    with pytest.raises(ValueError, match="disagree"):
         VectorIndex.from_state(({**meta, "dim": D + 1}, arrays))
     with pytest.raises(ValueError, match="disagree"):
         VectorIndex.from_state((meta, {**arrays, "ids": np.arange(2)}))
+    with pytest.raises(ValueError, match="finite"):
+        VectorIndex.from_state((meta, {**arrays, "vectors": arrays["vectors"] * np.nan}))
+    ivf = VectorIndex(D, ivf_min=3000)
+    ivf.add(np.arange(6000), _clustered(6000, 4))
+    ivf_meta, ivf_arrays = ivf.to_state()
+    assert ivf_meta["nprobe"] > 0
+    with pytest.raises(ValueError, match="dimension"):
+        VectorIndex.from_state(({**ivf_meta, "dim": D + 1}, ivf_arrays))
     with pytest.raises(ValueError, match="not a VectorIndex state"):
         VectorIndex.from_state(({**meta, "kind": "LexicalIndex"}, arrays))
 
