@@ -133,13 +133,13 @@ class _Child:
         with contextlib.suppress(OSError):
             Path(f"/proc/{self.pid}/clear_refs").write_text("5")
 
-    def stop(self) -> None:
-        """Terminate the child (SIGTERM) and wait up to 60 s, then kill it."""
+    def stop(self, timeout: float = 60.0) -> None:
+        """Terminate the child (SIGTERM) and wait up to ``timeout`` seconds, then kill it."""
         if self.proc is None:
             return
         self.proc.terminate()
         try:
-            self.proc.wait(timeout=60)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

@@ -19,6 +19,10 @@ Public names:
   :func:`time_expression_score`, :class:`NamedPeriod` — their English-only rules.
 - :func:`convex_fusion`, :func:`rrf` and the tuned ``HYBRID_*`` constants — fusion.
 - :class:`IndexCache` — LRU of indexes by key; :func:`release_free_heap` after a large build.
+- :data:`State`, :func:`dump_state`, :func:`pack_state`, :func:`load_state`,
+  :func:`combine_states`, :func:`separate_states` — an index's whole state (each
+  index's ``to_state`` / ``from_state``) as bytes and back: the versioned container
+  of :mod:`index._state`.
 - :class:`VectorIndexError`, :class:`DimensionMismatchError`,
   :class:`InvalidVectorError` — see :mod:`index.errors`.
 """
@@ -47,6 +51,12 @@ from index._shingles import (
     find_echoes,
     shingles,
 )
+from index._state import State
+from index._state import combine as combine_states
+from index._state import dumps as dump_state
+from index._state import loads as load_state
+from index._state import pack as pack_state
+from index._state import separate as separate_states
 from index._temporal import NamedPeriod, asks_when, named_periods, time_expression_score
 from index._timeline import WINDOW_DEPTH, WINDOW_SLACK, TimeIndex
 from index._vectors import VectorIndex
@@ -73,20 +83,26 @@ __all__ = [
     "NamedPeriod",
     "OnnxEmbedder",
     "SessionIndex",
+    "State",
     "TimeIndex",
     "VectorIndex",
     "VectorIndexError",
     "WordLlamaEmbedder",
     "analyze",
     "asks_when",
+    "combine_states",
     "containment",
     "convex_fusion",
+    "dump_state",
     "find_echoes",
     "load_embedder",
+    "load_state",
     "named_periods",
     "normalize",
+    "pack_state",
     "release_free_heap",
     "rrf",
+    "separate_states",
     "shingles",
     "time_expression_score",
 ]

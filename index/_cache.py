@@ -154,6 +154,11 @@ class IndexCache(Generic[T]):
                 self._entries.move_to_end(key)
             return found
 
+    def peek(self, key: str) -> T | None:
+        """Return the cached index for ``key`` without marking it used (``None`` if absent)."""
+        with self._lock:
+            return self._entries.get(key)
+
     def get_or_build(self, key: str, build: Callable[[], T]) -> T:
         """Return the cached index for ``key``, building and caching it if absent.
 

@@ -64,11 +64,18 @@ search takes the current built scorer (immutable once built) without locking, so
 searches run concurrently with each other. A search that starts after ``remove``
 returns never sees the removed ids.
 
-The index holds plaintext terms and is never written to disk; it refuses pickling.
+The index holds plaintext terms. It refuses pickling and writes no file;
+:meth:`LexicalIndex.to_state` hands its whole state to a caller that seals it
+(Lethe's encrypted index snapshots) and :meth:`LexicalIndex.from_state` makes it
+again. A state never holds a removed document: before it is taken, a main segment
+with masked rows is rebuilt (masked rows, their vocabulary and the statistics they
+entered would otherwise travel with it), and the vocabulary slots of freed term
+ids are written empty.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 from collections.abc import Iterable, Sequence
@@ -80,6 +87,8 @@ import numpy as np
 import numpy.typing as npt
 import Stemmer
 from bm25s.stopwords import STOPWORDS_EN_PLUS
+
+from index._state import State, strings_from_arrays, strings_to_arrays
 
 __all__ = ["LexicalIndex", "analyze"]
 
@@ -487,6 +496,11 @@ class LexicalIndex:
             return held
 
     @property
+    def parameters(self) -> tuple[float, float]:
+        """``(k1, b)``, the BM25 parameters this index ranks with."""
+        return self._k1, self._b
+
+    @property
     def rebuilds(self) -> int:
         """How many times the main segment has been built (for benchmarks and tests)."""
         return self._rebuilds
@@ -533,6 +547,131 @@ class LexicalIndex:
             return False
         with self._lock:
             return int(id_) in self._docs
+
+    def to_state(self) -> State:
+        """The whole index as a :data:`index.State` (see :mod:`index._state`).
+
+        Under the mutex: first the main segment is rebuilt if it has masked
+        rows or was never built (so the state holds no removed document, and a
+        restored index searches without a rebuild), then the documents (term
+        ids, in insertion order), the vocabulary by term id (freed ids empty),
+        the free list, the delta's ids and the main segment's arrays are copied
+        out. The delta's postings are not kept: they follow from its documents.
+
+        Returns:
+            ``(meta, arrays)``; see the source for the array names.
+        """
+        with self._lock:
+            if self._built is None or self._masked:
+                self._built = self._build()
+            built = self._built
+            docs = self._docs
+            lengths = np.fromiter(map(len, docs.values()), np.int64, count=len(docs))
+            doc_ptr = np.zeros(len(docs) + 1, np.int64)
+            np.cumsum(lengths, out=doc_ptr[1:])
+            flat = np.fromiter(
+                itertools.chain.from_iterable(docs.values()), np.int32, count=int(doc_ptr[-1])
+            )
+            terms = [t if r > 0 else "" for t, r in zip(self._terms, self._refs, strict=True)]
+            blob, term_ptr = strings_to_arrays(terms)
+            meta: dict[str, Any] = {
+                "kind": "LexicalIndex",
+                "k1": self._k1,
+                "b": self._b,
+                "length": self._length,
+                "rebuilds": self._rebuilds,
+            }
+            arrays: dict[str, npt.NDArray[Any]] = {
+                "doc_ids": np.fromiter(docs.keys(), np.int64, count=len(docs)),
+                "doc_ptr": doc_ptr,
+                "doc_terms": flat,
+                "term_blob": blob,
+                "term_ptr": term_ptr,
+                "refs": np.asarray(self._refs, np.int64),
+                "free": np.asarray(self._free, np.int64),
+                "delta": np.fromiter(self._delta, np.int64, count=len(self._delta)),
+                "built_vocab": np.fromiter(built.vocab.values(), np.int64, count=len(built.vocab)),
+                "built_ids": built.ids.copy(),
+                "built_data": built.data.copy(),
+                "built_indices": built.indices.copy(),
+                "built_indptr": built.indptr.copy(),
+            }
+        return meta, arrays
+
+    @classmethod
+    def from_state(cls, state: State) -> LexicalIndex:
+        """The index :meth:`to_state` described, ranking as it did.
+
+        Args:
+            state: ``(meta, arrays)`` from :meth:`to_state` (arrays may be views
+                of a buffer: what is kept is copied).
+
+        Returns:
+            A new index with the same documents, vocabulary, main segment and delta.
+
+        Raises:
+            ValueError: The state is not a :meth:`to_state` of this version, or
+                its parts disagree.
+        """
+        meta, arrays = state
+        try:
+            if meta["kind"] != "LexicalIndex":
+                raise ValueError(f"not a LexicalIndex state: {meta['kind']!r}")
+            out = cls(float(meta["k1"]), float(meta["b"]))
+            length, rebuilds = int(meta["length"]), int(meta["rebuilds"])
+            doc_ids, doc_ptr = arrays["doc_ids"].tolist(), arrays["doc_ptr"].tolist()
+            flat_array = arrays["doc_terms"]
+            flat = flat_array.tolist()
+            terms = strings_from_arrays(arrays["term_blob"], arrays["term_ptr"])
+            refs, free = arrays["refs"].tolist(), arrays["free"].tolist()
+            delta = arrays["delta"].tolist()
+            built_vocab = arrays["built_vocab"].tolist()
+            ids = np.array(arrays["built_ids"], dtype=np.int64)
+            data = np.array(arrays["built_data"], dtype=np.float32)
+            indices = np.array(arrays["built_indices"], dtype=np.int32)
+            indptr = np.array(arrays["built_indptr"], dtype=np.int64)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed LexicalIndex state: {exc!r}") from None
+        vocab_size = len(terms)
+        if len(refs) != vocab_size or len(doc_ptr) != len(doc_ids) + 1 or doc_ptr[-1] != len(flat):
+            raise ValueError("the LexicalIndex state's parts disagree")
+        if flat and (int(flat_array.min()) < 0 or int(flat_array.max()) >= vocab_size):
+            raise ValueError("the LexicalIndex state's documents name unknown terms")
+        if len(indptr) > vocab_size + 1 or any(t < 0 or t >= len(indptr) - 1 for t in built_vocab):
+            raise ValueError("the LexicalIndex state's main segment names unknown terms")
+        if len(indices) != len(data) or (len(indices) and int(indices.max()) >= len(ids)):
+            raise ValueError("the LexicalIndex state's main segment is malformed")
+        docs = {
+            i: flat[a:b] for i, (a, b) in zip(doc_ids, itertools.pairwise(doc_ptr), strict=True)
+        }
+        if len(docs) != len(doc_ids) or not set(delta) <= docs.keys():
+            raise ValueError("the LexicalIndex state's documents are malformed")
+        rows = dict(zip(ids.tolist(), range(len(ids)), strict=True))
+        if not rows.keys() <= docs.keys() or len(rows) != len(ids):
+            raise ValueError("the LexicalIndex state's main segment holds unknown documents")
+        out._docs = docs
+        out._terms = terms
+        out._refs = refs
+        out._free = free
+        out._vocab = {terms[t]: t for t in range(vocab_size) if refs[t] > 0}
+        out._length = length
+        out._rebuilds = rebuilds
+        built = _Built(
+            {terms[t]: t for t in built_vocab},
+            ids,
+            data,
+            indices,
+            indptr,
+            rows,
+            np.ones(len(ids), dtype=np.bool_),
+        )
+        out._built = built
+        out._delta = set(delta)
+        for id_ in delta:
+            for tid in docs[id_]:
+                post = out._post.setdefault(tid, {})
+                post[id_] = post.get(id_, 0) + 1
+        return out
 
     def __repr__(self) -> str:
         return f"LexicalIndex(k1={self._k1}, b={self._b}, size={len(self)})"

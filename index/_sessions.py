@@ -22,7 +22,9 @@ Parameters: ``k1 = 1.2`` and ``b = 0.75`` (Lucene's defaults): session documents
 long (hundreds of terms) and vary in length, unlike single turns.
 
 Threads: any thread may call any method; one mutex guards the index (a search costs
-microseconds per session holding a query term). Refuses pickling.
+microseconds per session holding a query term). Refuses pickling and writes no file;
+:meth:`SessionIndex.to_state` hands its whole state to a caller that seals it
+(Lethe's encrypted index snapshots) and :meth:`SessionIndex.from_state` makes it again.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
 
 from index._lexical import analyze
+from index._state import State, strings_from_arrays, strings_to_arrays
 
 __all__ = ["SessionIndex"]
 
@@ -74,6 +77,71 @@ def _as_id_list(ids: npt.ArrayLike) -> list[int]:
     return out
 
 
+def _counts_to_arrays(
+    counts: Sequence[dict[str, int]], vocab: dict[str, int]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Term counts as CSR arrays ``(ptr (n + 1,), term ids, counts)``, all int64.
+
+    Terms are numbered in ``vocab`` (term -> id), which grows as new terms are met.
+    """
+    ptr = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, counts), np.int64, count=len(counts)), out=ptr[1:])
+    total = int(ptr[-1])
+    terms = np.fromiter(
+        (vocab.setdefault(t, len(vocab)) for c in counts for t in c), np.int64, count=total
+    )
+    tfs = np.fromiter((tf for c in counts for tf in c.values()), np.int64, count=total)
+    return ptr, terms, tfs
+
+
+def _counts_from_arrays(
+    ptr: npt.NDArray[Any], terms: npt.NDArray[Any], tfs: npt.NDArray[Any], vocab: Sequence[str]
+) -> list[dict[str, int]]:
+    """The term counts :func:`_counts_to_arrays` made.
+
+    Raises:
+        ValueError: The arrays disagree or name an unknown term or a count below 1.
+    """
+    bounds = ptr.tolist()
+    if not bounds or bounds[0] != 0 or bounds[-1] != len(terms) or len(tfs) != len(terms):
+        raise ValueError("malformed SessionIndex term counts")
+    if len(terms) and (int(terms.min()) < 0 or int(terms.max()) >= len(vocab)):
+        raise ValueError("SessionIndex term counts name unknown terms")
+    if len(tfs) and int(tfs.min()) < 1:
+        raise ValueError("SessionIndex term counts below 1")
+    words = np.asarray(vocab, dtype=object)[terms].tolist() if len(terms) else []
+    counts = tfs.tolist()
+    return [dict(zip(words[a:b], counts[a:b], strict=True)) for a, b in itertools.pairwise(bounds)]
+
+
+def _postings(
+    arrays: dict[str, npt.NDArray[Any]], keys: Sequence[str], vocab: Sequence[str]
+) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """The postings (term -> {session: tf}) and the lengths (session -> terms) of a state.
+
+    Raises:
+        ValueError: They disagree with the sessions and the vocabulary.
+    """
+    try:
+        terms, bounds = arrays["post_terms"].tolist(), arrays["post_ptr"].tolist()
+        at, tfs = arrays["post_sessions"], arrays["post_tfs"].tolist()
+        lengths = arrays["lengths"].tolist()
+    except KeyError as exc:
+        raise ValueError(f"malformed SessionIndex state: {exc!r}") from None
+    if len(bounds) != len(terms) + 1 or bounds[0] != 0 or bounds[-1] != len(at) != len(tfs):
+        raise ValueError("malformed SessionIndex postings")
+    if len(lengths) != len(keys) or (terms and (min(terms) < 0 or max(terms) >= len(vocab))):
+        raise ValueError("malformed SessionIndex postings")
+    if len(at) and (int(at.min()) < 0 or int(at.max()) >= len(keys)):
+        raise ValueError("SessionIndex postings name unknown sessions")
+    named = np.asarray(keys, dtype=object)[at].tolist() if len(at) else []
+    post = {
+        vocab[t]: dict(zip(named[a:b], tfs[a:b], strict=True))
+        for t, (a, b) in zip(terms, itertools.pairwise(bounds), strict=True)
+    }
+    return post, dict(zip(keys, lengths, strict=True))
+
+
 class SessionIndex:
     """BM25 over sessions of turns keyed by int64 ids, held only in memory.
 
@@ -94,9 +162,9 @@ class SessionIndex:
         self._b = b
         self._lock = threading.Lock()
         self._of: dict[int, str] = {}  # member id -> session key
-        self._terms: dict[int, Counter[str]] = {}  # member id -> its term counts
+        self._terms: dict[int, dict[str, int]] = {}  # member id -> its term counts
         self._members: dict[str, set[int]] = {}  # session key -> member ids
-        self._header: dict[str, Counter[str]] = {}  # session key -> header term counts
+        self._header: dict[str, dict[str, int]] = {}  # session key -> header term counts
         self._post: dict[str, dict[str, int]] = {}  # term -> {session key: tf}
         self._length: dict[str, int] = {}  # session key -> document length (terms)
         self._total = 0  # sum of document lengths
@@ -201,7 +269,7 @@ class SessionIndex:
         with self._lock:
             return sum(self._drop(i) for i in set(id_list))
 
-    def _count(self, session: str, terms: Counter[str], sign: int) -> None:
+    def _count(self, session: str, terms: dict[str, int], sign: int) -> None:
         """Add (``sign=+1``) or subtract (``-1``) term counts to a session; holds the lock."""
         for term, tf in terms.items():
             post = self._post.setdefault(term, {})
@@ -351,6 +419,11 @@ class SessionIndex:
 
     # ------------------------------------------------------------------ inspection
 
+    @property
+    def parameters(self) -> tuple[float, float]:
+        """``(k1, b)``, the BM25 parameters this index ranks sessions with."""
+        return self._k1, self._b
+
     def session_of(self, id_: int) -> str | None:
         """The session key a member is held under, or None when it is not held."""
         with self._lock:
@@ -396,6 +469,114 @@ class SessionIndex:
             return False
         with self._lock:
             return int(id_) in self._of
+
+    def to_state(self) -> State:
+        """The whole index as a :data:`index.State` (see :mod:`index._state`).
+
+        Each member's term counts and session, each session's key, header
+        counts and length, and the postings, under the mutex. Updates are
+        exact, so nothing of a removed member is held to begin with.
+
+        Returns:
+            ``(meta, arrays)``; see the source for the array names.
+        """
+        with self._lock:
+            keys = list(self._members)
+            key_at = {key: i for i, key in enumerate(keys)}
+            vocab: dict[str, int] = {}
+            ids = np.fromiter(self._of.keys(), np.int64, count=len(self._of))
+            member_session = np.fromiter(
+                (key_at[k] for k in self._of.values()), np.int64, count=len(self._of)
+            )
+            m_ptr, m_terms, m_counts = _counts_to_arrays([self._terms[i] for i in self._of], vocab)
+            h_ptr, h_terms, h_counts = _counts_to_arrays([self._header[k] for k in keys], vocab)
+            posted = list(self._post.items())
+            p_ptr = np.zeros(len(posted) + 1, np.int64)
+            np.cumsum(
+                np.fromiter((len(p) for _, p in posted), np.int64, count=len(posted)),
+                out=p_ptr[1:],
+            )
+            count = int(p_ptr[-1])
+            p_sessions = np.fromiter(
+                (key_at[k] for _, p in posted for k in p), np.int64, count=count
+            )
+            p_tfs = np.fromiter((tf for _, p in posted for tf in p.values()), np.int64, count=count)
+            p_terms = np.fromiter(
+                (vocab.setdefault(t, len(vocab)) for t, _ in posted), np.int64, count=len(posted)
+            )
+            lengths = np.fromiter((self._length[k] for k in keys), np.int64, count=len(keys))
+            meta: dict[str, Any] = {"kind": "SessionIndex", "k1": self._k1, "b": self._b}
+        key_blob, key_ptr = strings_to_arrays(keys)
+        term_blob, term_ptr = strings_to_arrays(list(vocab))
+        return meta, {
+            "term_blob": term_blob,
+            "term_ptr": term_ptr,
+            "key_blob": key_blob,
+            "key_ptr": key_ptr,
+            "member_ids": ids,
+            "member_session": member_session,
+            "member_ptr": m_ptr,
+            "member_terms": m_terms,
+            "member_counts": m_counts,
+            "header_ptr": h_ptr,
+            "header_terms": h_terms,
+            "header_counts": h_counts,
+            "lengths": lengths,
+            "post_terms": p_terms,
+            "post_ptr": p_ptr,
+            "post_sessions": p_sessions,
+            "post_tfs": p_tfs,
+        }
+
+    @classmethod
+    def from_state(cls, state: State) -> SessionIndex:
+        """The index :meth:`to_state` described, ranking as it did.
+
+        Args:
+            state: ``(meta, arrays)`` from :meth:`to_state`.
+
+        Returns:
+            A new index with the same members, sessions, headers and statistics.
+
+        Raises:
+            ValueError: The state is not a :meth:`to_state` of this version, or
+                its parts disagree.
+        """
+        meta, arrays = state
+        try:
+            if meta["kind"] != "SessionIndex":
+                raise ValueError(f"not a SessionIndex state: {meta['kind']!r}")
+            out = cls(float(meta["k1"]), float(meta["b"]))
+            vocab = strings_from_arrays(arrays["term_blob"], arrays["term_ptr"])
+            keys = strings_from_arrays(arrays["key_blob"], arrays["key_ptr"])
+            ids = arrays["member_ids"].tolist()
+            sessions = arrays["member_session"].tolist()
+            members = _counts_from_arrays(
+                arrays["member_ptr"], arrays["member_terms"], arrays["member_counts"], vocab
+            )
+            headers = _counts_from_arrays(
+                arrays["header_ptr"], arrays["header_terms"], arrays["header_counts"], vocab
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed SessionIndex state: {exc!r}") from None
+        if not len(ids) == len(sessions) == len(members) or len(headers) != len(keys):
+            raise ValueError("the SessionIndex state's parts disagree")
+        if sessions and (min(sessions) < 0 or max(sessions) >= len(keys)):
+            raise ValueError("the SessionIndex state's members name unknown sessions")
+        if len(set(ids)) != len(ids) or len(set(keys)) != len(keys):
+            raise ValueError("the SessionIndex state holds a member or a session twice")
+        out._of = {id_: keys[at] for id_, at in zip(ids, sessions, strict=True)}
+        out._terms = dict(zip(ids, members, strict=True))
+        out._header = dict(zip(keys, headers, strict=True))
+        out._members = {key: set() for key in keys}
+        for id_, key in out._of.items():
+            out._members[key].add(id_)
+        if any(not m for m in out._members.values()):
+            raise ValueError("the SessionIndex state holds a session without members")
+        out._distinct = len(arrays["member_terms"])
+        out._post, out._length = _postings(arrays, keys, vocab)
+        out._total = sum(out._length.values())
+        return out
 
     def __repr__(self) -> str:
         with self._lock:

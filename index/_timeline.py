@@ -17,19 +17,24 @@ Both return ``[]`` for a question they do not apply to, so the caller adds an em
 leg, never a filter. The index holds one float and one flag per id, no text.
 
 Threads: any thread may call any method; one mutex guards the index.
+:meth:`TimeIndex.to_state` and :meth:`TimeIndex.from_state` hand its whole state to a
+caller that keeps it (Lethe's encrypted index snapshots) and make it again.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from index._sessions import _as_id_list
+from index._state import State
 from index._temporal import NamedPeriod, asks_when, named_periods, time_expression_score
 
 __all__ = ["WINDOW_DEPTH", "WINDOW_SLACK", "TimeIndex"]
@@ -218,6 +223,51 @@ class TimeIndex:
         """Number of turns held."""
         with self._lock:
             return len(self._time)
+
+    def to_state(self) -> State:
+        """The whole index as a :data:`index.State` (see :mod:`index._state`).
+
+        Returns:
+            ``(meta, arrays)``: ``times`` ``(n,) float64`` and ``ids`` ``(n,) int64``
+            in time order, and ``expr_ids`` ``(e,) int64`` with their scores
+            ``expr_scores`` ``(e,) float64``.
+        """
+        with self._lock:
+            n, e = len(self._order), len(self._expr)
+            times = np.fromiter((t for t, _ in self._order), np.float64, count=n)
+            ids = np.fromiter((i for _, i in self._order), np.int64, count=n)
+            expr_ids = np.fromiter(self._expr.keys(), np.int64, count=e)
+            expr_scores = np.fromiter(self._expr.values(), np.float64, count=e)
+        meta: dict[str, Any] = {"kind": "TimeIndex"}
+        return meta, {"times": times, "ids": ids, "expr_ids": expr_ids, "expr_scores": expr_scores}
+
+    @classmethod
+    def from_state(cls, state: State) -> TimeIndex:
+        """The index :meth:`to_state` described.
+
+        Raises:
+            ValueError: The state is not a :meth:`to_state` of this version, or
+                its parts disagree.
+        """
+        meta, arrays = state
+        try:
+            if meta["kind"] != "TimeIndex":
+                raise ValueError(f"not a TimeIndex state: {meta['kind']!r}")
+            times, ids = arrays["times"].tolist(), arrays["ids"].tolist()
+            expr = dict(
+                zip(arrays["expr_ids"].tolist(), arrays["expr_scores"].tolist(), strict=True)
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed TimeIndex state: {exc!r}") from None
+        out = cls()
+        out._order = list(zip(times, ids, strict=True))
+        out._time = dict(zip(ids, times, strict=True))
+        if len(out._time) != len(ids) or not expr.keys() <= out._time.keys():
+            raise ValueError("the TimeIndex state's parts disagree")
+        if any(a > b for a, b in itertools.pairwise(out._order)):
+            raise ValueError("the TimeIndex state is not in time order")
+        out._expr = expr
+        return out
 
     def __repr__(self) -> str:
         return f"TimeIndex(size={len(self)})"

@@ -43,8 +43,11 @@ readers-writer lock lets searches, ``len``, ``in`` and :meth:`VectorIndex.ids` s
 index while ``add`` and ``remove`` run alone. Writers are preferred so a stream of
 searches cannot starve a commit or a forget.
 
-The index holds plaintext-derived vectors and is never written to disk; it refuses
-pickling.
+The index holds plaintext-derived vectors. It refuses pickling and writes no file;
+:meth:`VectorIndex.to_state` hands its whole state (the FAISS index as
+``faiss.serialize_index`` writes it) to a caller that seals it (Lethe's encrypted
+index snapshots) and :meth:`VectorIndex.from_state` makes it again, layout and
+``nprobe`` included.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ import numpy as np
 import numpy.typing as npt
 
 from index._embedder import normalize
+from index._state import State
 from index.errors import InvalidVectorError
 
 __all__ = ["IVF_CALIBRATION_RECALL", "IVF_MIN_VECTORS", "VectorIndex", "choose_layout"]
@@ -248,6 +252,17 @@ def _ivf_held(
     if not parts:
         return np.zeros((0, dim), np.float32), np.zeros(0, np.int64)
     return np.concatenate(parts), np.concatenate(id_parts)
+
+
+def _ivf_held_ids(index: faiss.Index) -> npt.NDArray[np.int64]:
+    """Every id an inverted file holds, ``(n,) int64`` in list order."""
+    lists = _lists(index)
+    parts = [
+        faiss.rev_swig_ptr(lists.get_ids(i), n).astype(np.int64)
+        for i in range(lists.nlist)
+        if (n := lists.list_size(i))
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 class VectorIndex:
@@ -489,13 +504,7 @@ class VectorIndex:
             ``(len(self),) int64``, ascending.
         """
         with self._lock.read():
-            if self._nprobe:
-                lists = _lists(self._index)
-                sizes = [lists.list_size(i) for i in range(lists.nlist)]
-                parts = [faiss.rev_swig_ptr(lists.get_ids(i), n) for i, n in enumerate(sizes) if n]
-                held = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-            else:
-                held = self._ids.copy()
+            held = _ivf_held_ids(self._index) if self._nprobe else self._ids.copy()
         return np.sort(held.astype(np.int64, copy=False))
 
     def nbytes(self) -> int:
@@ -520,6 +529,102 @@ class VectorIndex:
             return False
         with self._lock.read():
             return int(id_) in self._pos
+
+    def to_state(self) -> State:
+        """The whole index as a :data:`index.State` (see :mod:`index._state`).
+
+        The exact layout as its vectors and ids; an inverted file as
+        ``faiss.serialize_index`` writes it (its trained centroids and lists,
+        which hold the ids). Either way every held vector and no removed one:
+        removed rows were overwritten and dropped, and only held rows are
+        copied. Plus the layout's parameters (``nprobe``, ``nlist``, the size
+        it was chosen at). Copied under the read lock.
+
+        Returns:
+            ``(meta, arrays)``: arrays ``vectors`` ``(n, dim) float32`` and
+            ``ids`` ``(n,) int64`` (exact layout), or ``faiss`` ``(b,) uint8``
+            (inverted file).
+        """
+        with self._lock.read():
+            meta: dict[str, Any] = {
+                "kind": "VectorIndex",
+                "dim": self._dim,
+                "ivf_min": self._ivf_min,
+                "nprobe": self._nprobe,
+                "nlist": self._nlist,
+                "chosen_at": self._chosen_at,
+            }
+            if self._nprobe:
+                return meta, {"faiss": faiss.serialize_index(self._index)}
+            vectors, ids = self._held()
+        return meta, {"vectors": vectors, "ids": ids}
+
+    @classmethod
+    def from_state(cls, state: State) -> VectorIndex:
+        """The index :meth:`to_state` described, searching as it did.
+
+        Args:
+            state: ``(meta, arrays)`` from :meth:`to_state` (arrays may be views
+                of a buffer: FAISS copies what it keeps).
+
+        Returns:
+            A new index with the same layout, ``nprobe``, vectors and ids.
+
+        Raises:
+            ValueError: The state is not a :meth:`to_state` of this version, or
+                its parts disagree (dimension, layout, id count).
+        """
+        meta, arrays = state
+        try:
+            if meta["kind"] != "VectorIndex":
+                raise ValueError(f"not a VectorIndex state: {meta['kind']!r}")
+            dim, ivf_min = int(meta["dim"]), int(meta["ivf_min"])
+            nprobe, nlist, chosen_at = (
+                int(meta["nprobe"]),
+                int(meta["nlist"]),
+                int(meta["chosen_at"]),
+            )
+            out = cls(dim, ivf_min)
+            if nprobe:
+                out._load_ivf(arrays["faiss"], nprobe, nlist)
+            else:
+                out._load_exact(arrays["vectors"], arrays["ids"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed VectorIndex state: {exc!r}") from None
+        out._chosen_at = chosen_at
+        return out
+
+    def _load_ivf(self, blob: npt.NDArray[Any], nprobe: int, nlist: int) -> None:
+        """Take an inverted file's ``faiss.serialize_index`` bytes (a new index only)."""
+        try:
+            index = faiss.deserialize_index(np.ascontiguousarray(blob, dtype=np.uint8))
+        except RuntimeError:
+            raise ValueError("the VectorIndex state's FAISS index does not read") from None
+        if index.d != self._dim or index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise ValueError("the VectorIndex state's FAISS index has another dimension or metric")
+        if not isinstance(index, faiss.IndexIVFFlat) or index.nlist != nlist:
+            raise ValueError("the VectorIndex state's inverted file is not IVF{nlist},Flat")
+        self._index, self._nprobe, self._nlist = index, nprobe, nlist
+        self._pos = dict.fromkeys(_ivf_held_ids(index).tolist(), -1)
+        if len(self._pos) != index.ntotal:
+            raise ValueError("the VectorIndex state holds an id twice")
+
+    def _load_exact(self, vectors: npt.NDArray[Any], ids: npt.NDArray[Any]) -> None:
+        """Take the exact layout's vectors and ids (a new index only).
+
+        The vectors were held, so they are unit rows already: FAISS copies them
+        as they are (one copy, no normalisation pass).
+        """
+        if vectors.ndim != 2 or vectors.shape != (len(ids), self._dim):
+            raise ValueError("the VectorIndex state's vectors and ids disagree")
+        if vectors.dtype != np.float32 or not np.all(np.isfinite(vectors)):
+            raise ValueError("the VectorIndex state's vectors are not finite float32")
+        self._ids = np.array(ids, dtype=np.int64)
+        self._pos = dict(zip(self._ids.tolist(), range(len(self._ids)), strict=True))
+        if len(self._pos) != len(self._ids) or (len(ids) and int(self._ids.min()) == -1):
+            raise ValueError("the VectorIndex state holds an id twice, or id -1")
+        if len(ids):
+            self._index.add(np.ascontiguousarray(vectors))
 
     def __repr__(self) -> str:
         return f"VectorIndex(dim={self._dim}, size={len(self)})"

@@ -34,8 +34,9 @@ Stopping (:meth:`LetheServer.stop`, SIGTERM from the CLI) drains: health turns
 ``NOT_SERVING`` at once, new calls are refused with ``UNAVAILABLE`` /
 ``DRAINING`` on both listeners, open ``Watch`` streams end with that error
 (clients resume with ``after``), calls in flight finish within the grace
-period, then both listeners stop and the store closes once every worker has
-returned.
+period, then both listeners stop, the index snapshots of loaded owners that
+changed are written (so the next start is warm) and the store closes once
+every worker has returned.
 """
 
 from __future__ import annotations
@@ -587,6 +588,7 @@ class LetheServer:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
+        self.lifecycle.save_snapshots_at_stop()  # the next start is warm
         provider = getattr(self, "_tracer_provider", None)
         if provider is not None and self.config.tracer_provider is None:
             provider.shutdown()  # sends the spans still batched

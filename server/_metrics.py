@@ -185,6 +185,13 @@ class Metrics:
             "KEK write).",
             registry=self.registry,
         )
+        self.index_snapshot_strays = Gauge(
+            "lethe_index_snapshot_strays",
+            "Stray index-snapshot files and keys: a temporary file, a snapshot whose key a "
+            "deletion destroyed, a key without a snapshot (a hint: none opens anything, and "
+            "start-up removes them; a temporary file counts while a snapshot is written).",
+            registry=self.registry,
+        )
         self.records_without_key = Gauge(
             "lethe_records_without_key",
             "Live records whose key is missing with no decided deletion: kept, unreadable, "

@@ -60,7 +60,7 @@ from shredder._keystore import Keystore
 from shredder._keystore_records import FreshKeys
 from shredder._keystore_sealing import KeyReader
 from shredder._keystore_signing import SigningKeyInfo, signing_key_id
-from shredder._lmdbenv import open_durable_env
+from shredder._lmdbenv import fsync_dir, open_durable_env
 from shredder.errors import (
     CryptoError,
     EnvironmentConfigError,
@@ -95,6 +95,7 @@ __all__ = [
     "declare",
     "default_kek_path",
     "failpoint",
+    "fsync_dir",
     "open_bundle",
     "open_durable_env",
     "read_manifest",

@@ -28,7 +28,7 @@ from pathlib import Path
 import lmdb
 
 from shredder._failpoints import declare, failpoint
-from shredder._lmdbenv import open_durable_env
+from shredder._lmdbenv import fsync_dir, open_durable_env
 from shredder.errors import EnvironmentConfigError
 
 BACKUP_FORMAT = "lethe-backup/1"
@@ -69,14 +69,6 @@ def _digest(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def backup_environment(
@@ -129,7 +121,7 @@ def backup_environment(
     manifest_path = out_dir / MANIFEST
     manifest_path.write_text(json.dumps(body, indent=2) + "\n")
     os.chmod(manifest_path, 0o600)
-    _fsync_dir(out_dir)
+    fsync_dir(out_dir)
     return manifest
 
 
@@ -194,5 +186,5 @@ def restore_environment(
     lock = env_path / "lock.mdb"
     if lock.exists():
         lock.unlink()
-    _fsync_dir(env_path)
+    fsync_dir(env_path)
     return manifest

@@ -47,6 +47,7 @@ import platformdirs
 
 from shredder._aead import KEY_SIZE, _Key, _unwrap_key, _wrap_key, _wrapped_version
 from shredder._failpoints import declare, failpoint
+from shredder._lmdbenv import fsync_dir
 from shredder.errors import EnvironmentConfigError, KeyNotFoundError
 
 _FORMAT = "lethe-kek/1"
@@ -291,7 +292,7 @@ class KekRing:
             os.close(fd)
         failpoint(FP_KEK_AFTER_TEMP)
         os.replace(tmp, self._path)
-        _fsync_dir(self._path.parent)
+        fsync_dir(self._path.parent)
         failpoint(FP_KEK_AFTER_REPLACE)
         self.remove_stray_files()
 
@@ -319,7 +320,7 @@ class KekRing:
         for stray in strays:
             _shred_file(stray)
         if strays and self._path is not None:
-            _fsync_dir(self._path.parent)
+            fsync_dir(self._path.parent)
         return len(strays)
 
     def __reduce__(self) -> NoReturn:
@@ -416,14 +417,6 @@ def _parse(raw: bytes, path: Path) -> tuple[dict[int, _Key], int]:
     return keys, current
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_new_file(path: Path, data: bytes) -> None:
     """Atomically create `path` with mode 0600 holding `data`; never replace an existing file.
 
@@ -435,7 +428,7 @@ def _write_new_file(path: Path, data: bytes) -> None:
     if not parent.exists():
         parent.mkdir(mode=0o700, parents=True)
         os.chmod(parent, 0o700)  # mkdir's mode is reduced by the umask
-        _fsync_dir(parent.parent)
+        fsync_dir(parent.parent)
     tmp = _temp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -447,7 +440,7 @@ def _write_new_file(path: Path, data: bytes) -> None:
         os.link(tmp, path)  # unlike rename, fails rather than replace an existing KEK
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(parent)
+    fsync_dir(parent)
 
 
 def _temp_path(path: Path) -> Path:

@@ -1,10 +1,11 @@
-"""Opening LMDB environments with durable settings.
+"""Opening LMDB environments with durable settings, and syncing a directory.
 
 Both the data environment (opened by `server`) and the keystore environment run with ``sync``,
 ``metasync`` and ``meminit`` on and ``writemap`` and ``map_async`` off: a committed write
 transaction is on disk when commit returns, and freed page contents never leak into new pages
 from uninitialised memory. `open_durable_env` refuses to hand out an environment that does not
-report these flags.
+report these flags. `fsync_dir` makes a rename or an unlink in a directory durable (every
+file the package writes by rename, and the server's index snapshots, use it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,20 @@ errors in reference cycles (``server.edge._admission.release_frames`` clears tho
 frames now). The extra slots are headroom, and ``lethe_lmdb_readers`` watches
 the count. A slot costs 64 bytes of lock file."""
 _log = logging.getLogger(__name__)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Sync a directory, so that the renames and unlinks in it so far survive a crash.
+
+    Raises:
+        OSError: The directory cannot be opened or synced.
+    """
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 
 _REQUIRED_FLAGS = {
     "sync": True,

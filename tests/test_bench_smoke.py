@@ -196,3 +196,28 @@ def test_the_echo_benchmarks_run_and_the_shipped_rule_is_the_one_they_find(
         "REPORT": 5,
         "TAINT": 5,
     }
+
+
+def test_the_restart_benchmark_measures_cold_and_warm_restarts(tmp_path: Path) -> None:
+    """``bench/bench_restart.py --smoke`` restarts each owner cold and warm.
+
+    Every figure is a positive number, the warm restart loaded a snapshot
+    (its stop wrote one) and answered what the cold one answered; speed is
+    not checked.
+    """
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_restart.py"), "--smoke",
+         "--out-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "restart-smoke.json").read_text())
+    assert [s["n"] for s in result["sizes"]] == [300, 1000]
+    for size in result["sizes"]:
+        assert size["same_hits"] is True
+        assert _positive(size["snapshot_bytes"])
+        assert _positive(size["cold_over_warm"])
+        for kind in ("cold", "warm"):
+            for key in ("serving_s", "first_search_s", "restart_to_first_search_s"):
+                assert _positive(size[kind][key]), (size["n"], kind, key)
+    assert "| 1,000 | warm |" in (tmp_path / "restart-smoke.md").read_text()

@@ -69,6 +69,9 @@ def test_store_face_is_pinned() -> None:
             "RecordView",
             "Shingler",
             "SlotConflict",
+            "SnapshotCleanup",
+            "SnapshotRows",
+            "StagedSnapshot",
             "Store",
             "StoreLockedError",
             "ThreadMeta",
@@ -115,6 +118,7 @@ def test_edge_face_is_pinned() -> None:
     assert sorted(server.edge.__all__) == sorted(
         [
             "LABEL_RE",
+            "TOKEN_CACHE_SECONDS",
             "Admission",
             "Authenticator",
             "ConnectApp",
@@ -173,6 +177,8 @@ def test_lifecycle_face_is_pinned() -> None:
     assert sorted(server.lifecycle.__all__) == sorted(
         [
             "AUDIT_DUTY",
+            "SNAPSHOT_DUTY",
+            "SNAPSHOT_SETTLE",
             "REASON_EXPIRED",
             "REASON_FORGET",
             "REASON_KEY_DESTROYED",

@@ -25,6 +25,7 @@ stream context; :mod:`server._app` assembles the edge with them.
 from server.edge._admission import Admission, FairExecutor, Limits
 from server.edge._auth import (
     LABEL_RE,
+    TOKEN_CACHE_SECONDS,
     Authenticator,
     Principal,
     authorize,
@@ -39,6 +40,7 @@ from server.edge._routing import Router
 
 __all__ = [
     "LABEL_RE",
+    "TOKEN_CACHE_SECONDS",
     "Admission",
     "Authenticator",
     "ConnectApp",

@@ -8,7 +8,8 @@ module              holds
                     unindex, destroy keys, purge, shred horizon, latency)
 ``_recovery``       start-up recovery after a crash or a restore
 ``_lifecycle``      ``Lifecycle``: the above plus audits and gauges
-``_sweeper``        the background thread: expiry, rotation, audit, gauges
+``_sweeper``        the background thread: expiry, rotation, audit, gauges,
+                    index snapshots
 ==================  ===========================================================
 
 May import: the floor (``server.errors``, ``server._metrics``),
@@ -25,13 +26,15 @@ from server.lifecycle._deletions import (
 )
 from server.lifecycle._lifecycle import Lifecycle
 from server.lifecycle._recovery import Recovery
-from server.lifecycle._sweeper import AUDIT_DUTY, Sweeper
+from server.lifecycle._sweeper import AUDIT_DUTY, SNAPSHOT_DUTY, SNAPSHOT_SETTLE, Sweeper
 
 __all__ = [
     "AUDIT_DUTY",
     "REASON_EXPIRED",
     "REASON_FORGET",
     "REASON_KEY_DESTROYED",
+    "SNAPSHOT_DUTY",
+    "SNAPSHOT_SETTLE",
     "Deletions",
     "Lifecycle",
     "Recovery",

@@ -17,7 +17,14 @@ from typing import TypeVar
 
 from server.errors import StoreFull, Unavailable
 from server.lifecycle._deletions import REASON_KEY_DESTROYED, Deletions
-from server.store import ForgetTargets, KeyCheck, MemMeta, TokenReconcile, record_ring
+from server.store import (
+    ForgetTargets,
+    KeyCheck,
+    MemMeta,
+    SnapshotCleanup,
+    TokenReconcile,
+    record_ring,
+)
 from shredder import RingRef
 
 _log = logging.getLogger(__name__)
@@ -37,6 +44,8 @@ class Recovery:
         kept_without_key: names of live records whose key is missing with no
             decided deletion: kept, unreadable (``DATA_LOSS``), reported.
         stray_keys_destroyed: keys no record uses.
+        stray_snapshots_removed: stray index-snapshot files removed and
+            snapshot keys destroyed (:meth:`server.store.Store.clean_snapshots`).
         tokens: what bringing the data's copy of the tokens in line with the
             keystore's ledger changed (tokens revoked or created after a
             restored backup); None when the step was deferred.
@@ -55,6 +64,7 @@ class Recovery:
     tokens: TokenReconcile | None = None
     deferred: list[str] = field(default_factory=list)
     echo_guards_ended: int = 0
+    stray_snapshots_removed: int = 0
 
     def changed(self) -> bool:
         """Whether recovery changed anything or deferred a step (start-up logs it then)."""
@@ -65,6 +75,7 @@ class Recovery:
             or self.forgotten
             or self.kept_without_key
             or self.stray_keys_destroyed
+            or self.stray_snapshots_removed
             or (self.tokens is not None and self.tokens != TokenReconcile())
             or self.deferred
             or self.echo_guards_ended
@@ -76,7 +87,8 @@ class Recovery:
             f"{self.deletions_resumed} deletions resumed, {self.forgotten} records whose keys "
             f"were shredded forgotten, {len(self.kept_without_key)} records without a key kept, "
             f"{self.keys_relocated} keys relocated, {self.stray_keys_destroyed} stray keys "
-            f"destroyed, KEK versions {self.kek_versions_retired} retired"
+            f"destroyed, {self.stray_snapshots_removed} stray index snapshots removed, "
+            f"KEK versions {self.kek_versions_retired} retired"
             + (f"; {self.tokens.summary()}" if self.tokens is not None else "")
             + (f"; {self.echo_guards_ended} echo guards ended" if self.echo_guards_ended else "")
             + (f"; deferred: {', '.join(self.deferred)}" if self.deferred else "")
@@ -98,8 +110,10 @@ def recover(deletions: Deletions) -> Recovery:
     record uses (made for writes that never committed; an echo guard's key
     whose rows never committed among them); bring the data's copy of the
     tokens in line with the keystore's ledger (a revocation or a token newer
-    than a restored backup); end the echo guards whose window passed. Start-up
-    never forgets what nobody decided to forget.
+    than a restored backup); end the echo guards whose window passed; remove
+    stray index snapshots (temporary files, snapshots whose key a deletion
+    destroyed, keys without a snapshot). Start-up never forgets what nobody
+    decided to forget.
 
     A step that cannot write (a full disk, ``--max-store-size`` reached) is
     deferred to the next start, logged at error level: the store still
@@ -150,8 +164,20 @@ def recover(deletions: Deletions) -> Recovery:
     deletions.metrics.records_without_key.set(len(kept))
     tokens = attempt("reconciling tokens", deletions.store.reconcile_tokens, lambda: None)
     guards = attempt("ending echo guards", deletions.expire_guards, lambda: 0)
+    snapshots = attempt(
+        "removing stray index snapshots", deletions.store.clean_snapshots, SnapshotCleanup
+    )
     return Recovery(
-        retired, relocated, resumed, forgotten + more, kept, stray, tokens, deferred, guards
+        retired,
+        relocated,
+        resumed,
+        forgotten + more,
+        kept,
+        stray,
+        tokens,
+        deferred,
+        guards,
+        snapshots.files + snapshots.keys,
     )
 
 

@@ -1,4 +1,4 @@
-"""The sweeper: the background thread that expires, rotates, audits and measures.
+"""The sweeper: the background thread that expires, rotates, audits, measures and snapshots.
 
 Thread rules: :class:`Sweeper` runs its own daemon thread; ``start`` and
 ``stop`` are called by the app.
@@ -23,12 +23,30 @@ AUDIT_DUTY`` if that is later than ``t`` plus the audit interval, instead of
 running back to back with the searches."""
 
 
+SNAPSHOT_SETTLE = 10.0
+"""Seconds an owner's loaded index must go without a change before the sweeper
+writes its snapshot (less on a sweeper faster than a second: ten sweep
+intervals), so a stream of writes is not snapshotted after each one."""
+
+SNAPSHOT_DUTY = 0.1
+"""Most share of the time the sweeper spends writing index snapshots: a pass of
+``d`` seconds that started at ``t`` is followed by the next one no sooner than
+``t + d / SNAPSHOT_DUTY`` (a 100k-turn owner's snapshot takes about a second to
+write), and a pass starts no new owner after :data:`SNAPSHOT_PASS` seconds."""
+
+SNAPSHOT_PASS = 5.0
+"""Seconds after which a snapshot pass starts no further owner (the rest wait
+for the next pass)."""
+
+
 class Sweeper:
     """Background thread: expiry, echo guards, gauges, the audit and event pruning, on a schedule.
 
     The expiry sweep and gauges run every ``interval`` seconds; the audit
     gauges and event pruning every ``audit_interval`` seconds, or less often on
-    a store whose audit takes longer (:data:`AUDIT_DUTY`).
+    a store whose audit takes longer (:data:`AUDIT_DUTY`); the snapshots of
+    loaded owners whose indexes changed and then settled
+    (:data:`SNAPSHOT_SETTLE`) within :data:`SNAPSHOT_DUTY`.
     """
 
     def __init__(
@@ -43,6 +61,8 @@ class Sweeper:
         self._expiry_warning = expiry_warning
         self._audit_interval = audit_interval
         self._next_audit = 0.0  # time.monotonic() at which the next audit is due
+        self._next_snapshots = 0.0  # time.monotonic() at which the next snapshot pass may run
+        self._settle = min(SNAPSHOT_SETTLE, 10 * interval)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lethe-sweeper", daemon=True)
 
@@ -75,5 +95,12 @@ class Sweeper:
                     finally:
                         took = time.monotonic() - started
                         self._next_audit = started + max(self._audit_interval, took / AUDIT_DUTY)
+                if time.monotonic() >= self._next_snapshots:
+                    started = time.monotonic()
+                    try:
+                        self._lifecycle.save_snapshots(self._settle, started + SNAPSHOT_PASS)
+                    finally:
+                        took = time.monotonic() - started
+                        self._next_snapshots = started + took / SNAPSHOT_DUTY
             except Exception as exc:  # keep sweeping; never log content
                 _log.error("sweep failed: %s", type(exc).__name__)

@@ -1,7 +1,8 @@
 """Retrieval: each owner's in-memory indexes, search and context assembly.
 
-Built from the encrypted store when first needed, kept in line with it on
-every write and forget, never written to disk:
+Built from the encrypted store when first needed (or loaded from the owner's
+encrypted snapshot when it is exactly current), kept in line with the store on
+every write and forget, never written to disk in plaintext:
 
 ==================  ===========================================================
 module              holds
@@ -13,6 +14,8 @@ module              holds
 ``_build``          ``IndexBuilds``, the declared base: the bundle cache, the
                     per-owner locks, the embedder, builds from the store
 ``_upkeep``         ``IndexUpkeep``: loaded bundles follow writes and forgets
+``_snapshot``       ``IndexSnapshots``: warm starts from encrypted snapshots,
+                    checked against the store and replayed on load
 ``_query``          ``Retriever``: query vectors, legs, fusion and the recheck
 ``_drift``          the audit's ``index_drift`` of a loaded bundle
 ``_reembed``        re-embedding an owner's records after the embedder changed

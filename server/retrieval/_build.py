@@ -26,6 +26,11 @@ extend it.
 Thread rules: every public method may be called from any thread. Builds and
 updates of one owner's bundles are serialised by a per-owner lock, so a bundle
 built from a snapshot older than a write can never miss that write's update.
+Each change of an owner's committed bundle (a build or load, an update, a
+removal, an eviction) counts one in :meth:`IndexBuilds.changes` under that lock,
+before it touches the bundle: a reader that sees the same count before and after
+reading the legs (each under its own lock) read one consistent state
+(:mod:`server.retrieval._snapshot` saves snapshots so).
 """
 
 from __future__ import annotations
@@ -99,10 +104,31 @@ class IndexBuilds:
         self._current: set[str] = set()  # owners whose vectors are the embedder's
         # owner -> removals from its indexes so far (forgets, drops): see on_write
         self._removals: dict[str, int] = {}
+        # owner -> changes of its committed bundle so far, and when the last one
+        # began (time.monotonic()): see the module docstring and changes()
+        self._changes: dict[str, int] = {}
+        self._changed_at: dict[str, float] = {}
 
     def _lock(self, owner: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault(owner, threading.Lock())
+
+    def _touch(self, owner: str) -> None:
+        """Count a change of the owner's committed bundle; the caller holds the owner's lock.
+
+        Called before the change touches any leg.
+        """
+        self._changes[owner] = self._changes.get(owner, 0) + 1
+        self._changed_at[owner] = time.monotonic()
+
+    def changes(self, owner: str) -> tuple[int, float]:
+        """``(changes so far, time.monotonic() of the last)`` of the owner's committed bundle.
+
+        ``(0, 0.0)`` before any. Read under the owner's lock, so no change is
+        half done.
+        """
+        with self._lock(owner):
+            return self._changes.get(owner, 0), self._changed_at.get(owner, 0.0)
 
     # ------------------------------------------------------------------ embedding
 
@@ -126,6 +152,7 @@ class IndexBuilds:
             if owner in self._current:
                 return
             if self.store.owner_embedder(owner) != embedder.name:
+                self._touch(owner)
                 reembed_owner(self.store, embedder, owner, indexed_text)
                 self.cache.evict(owner_key(owner))
                 self.cache.evict_prefix(pending_prefix(owner))
@@ -139,6 +166,7 @@ class IndexBuilds:
         removed it).
         """
         with self._lock(owner):
+            self._touch(owner)
             self._removals[owner] = self._removals.get(owner, 0) + 1
             self.cache.evict(owner_key(owner))
             self.cache.evict_prefix(pending_prefix(owner))
@@ -214,15 +242,23 @@ class IndexBuilds:
         return [*rids, *held], np.concatenate([vecs, mine])
 
     def _fill_memories(self, bundle: Bundle, mems: Sequence[MemMeta]) -> None:
-        """Index memories' current versions in every leg (context = their own text)."""
+        """Index memories' current versions in every leg (context = their own text).
+
+        ``bundle.versions`` records the version whose text was indexed.
+        """
         if not mems:
             return
-        texts = self._texts(mems)
+        opened = self.store.open_each(
+            self.store.fetch([m.rid for m in mems]).values(),
+            lambda m, cts: (m.rid, m.version, indexed_text(self.store.view_of(m, cts))),
+        )
+        texts = {rid: text for rid, _, text in opened}
         ids = [m.rid for m in mems if m.rid in texts]
         if ids:
             terms = [analyze(texts[r]) for r in ids]
             bundle.plain.add_terms(np.asarray(ids, np.int64), terms)
             bundle.ctx.add_terms(np.asarray(ids, np.int64), terms)
+            bundle.versions.update({rid: version for rid, version, _ in opened if rid in texts})
         rids, vecs = self.store.memory_embeddings([m for m in mems if m.has_embedding])
         if rids:
             if bundle.dense.dim != vecs.shape[1]:
@@ -342,10 +378,18 @@ class IndexBuilds:
         """
         self.ensure_vectors(owner)
         with self._lock(owner):
-            bundle = self.cache.get_or_build(owner_key(owner), lambda: self._timed_build(owner))
+            bundle = self.cache.get_or_build(owner_key(owner), lambda: self._first_use(owner))
             if bundle.due <= time.time():
                 self._expire(owner, bundle)
             return bundle
+
+    def _first_use(self, owner: str) -> Bundle:
+        """The owner's bundle on its first use: built from the store (the caller holds its lock).
+
+        :class:`server.retrieval._snapshot.IndexSnapshots` loads a snapshot first.
+        """
+        self._touch(owner)
+        return self._timed_build(owner)
 
     def _timed_build(self, owner: str) -> Bundle:
         start = time.perf_counter()
@@ -394,12 +438,10 @@ class IndexBuilds:
         gone = [rid for rid in due if rid not in seen or not general_visible(seen[rid], now)]
         if not gone:
             return
-        ids = np.asarray(gone, np.int64)
-        for leg in (bundle.dense, bundle.plain, bundle.ctx, bundle.sessions, bundle.times):
-            leg.remove(ids)
+        self._touch(owner)
+        bundle.forget_ids(gone)
         seqs: dict[str, list[int]] = {}
         for rid in gone:
-            bundle.ctx_prev.pop(rid, None)
             if rid in seen:
                 seqs.setdefault(seen[rid].thread, []).append(seen[rid].seq)
         for thread, lost in seqs.items():

@@ -19,14 +19,15 @@ its memories, and each thread one bundle over its pending turns:
 - ``times``: :class:`index.TimeIndex`, each turn's time and whether its text
   carries a time expression (the time-expression prior and session-date window).
 
-Memories enter the dense and both plain legs only. A bundle also watches the
-times at which a member may stop being visible without any write (a turn's
-``expire_time``: the end of its pending window or of its retention; its
-``lineage_expiry``).
+Memories enter the dense and both plain legs only, and ``versions`` records
+the version each one is indexed at. A bundle also watches the times at which a
+member may stop being visible without any write (a turn's ``expire_time``: the
+end of its pending window or of its retention; its ``lineage_expiry``).
 
-Bundles live in memory only, in an LRU over owners (:class:`index.IndexCache`),
-under the keys :func:`owner_key` and :func:`pending_key`; nothing of them is
-ever written to disk.
+Bundles live in memory, in an LRU over owners (:class:`index.IndexCache`),
+under the keys :func:`owner_key` and :func:`pending_key`. An owner's bundle is
+also kept between processes as an encrypted snapshot
+(:mod:`server.retrieval._snapshot`); a pending bundle never leaves memory.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class Bundle:
     # expiry or its lineage expiry); ``due`` is the earliest (inf: none).
     watch: dict[int, float] = field(default_factory=dict)
     due: float = math.inf
+    # memory rid -> the version its text (and vector) is indexed at.
+    versions: dict[int, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         """Vectors held (``lethe_index_vectors``)."""
@@ -72,7 +75,18 @@ class Bundle:
         The index cache bounds this figure (``lethe_index_bytes``).
         """
         legs = self.dense.nbytes() + self.plain.nbytes() + self.ctx.nbytes()
-        return legs + self.sessions.nbytes() + self.times.nbytes() + 90 * len(self.ctx_prev)
+        maps = 90 * (len(self.ctx_prev) + len(self.versions))
+        return legs + self.sessions.nbytes() + self.times.nbytes() + maps
+
+    def forget_ids(self, ids: Sequence[int]) -> None:
+        """Remove records from every leg and from the bundle's maps (nothing is re-indexed)."""
+        held = np.asarray(ids, np.int64)
+        for leg in (self.dense, self.plain, self.ctx, self.sessions, self.times):
+            leg.remove(held)
+        for rid in ids:
+            self.ctx_prev.pop(rid, None)
+            self.watch.pop(rid, None)
+            self.versions.pop(rid, None)
 
 
 def owner_key(owner: str) -> str:

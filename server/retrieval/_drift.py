@@ -23,11 +23,12 @@ def index_drift(
     0 when none is loaded: an index built from LMDB when needed cannot drift.
 
     Counts ids held that should not be, visible records missing from the
-    plain leg, contextual texts that quote a turn other than the nearest
-    earlier visible one (a forgotten or sealed one must have been re-indexed
-    away), and session documents holding a turn that is not visible, missing
-    one that is, or holding it under another session. ``turns`` and
-    ``memories`` are every stored record of the owner.
+    plain leg, memories indexed at another version than their current one,
+    contextual texts that quote a turn other than the nearest earlier visible
+    one (a forgotten or sealed one must have been re-indexed away), and
+    session documents holding a turn that is not visible, missing one that
+    is, or holding it under another session. ``turns`` and ``memories`` are
+    every stored record of the owner.
     """
     if bundle is None:
         return 0
@@ -42,6 +43,11 @@ def index_drift(
     # Records without text tokens are held but never match; count only ids held
     # that should not be, and visible records missing from the plain leg.
     drift = len(held_dense ^ dense) + len(held_plain - visible) + len(visible - held_plain)
+    drift += sum(
+        1
+        for m in memories
+        if m.rid in held_plain and m.rid in visible and bundle.versions.get(m.rid) != m.version
+    )
     expected_prev: dict[int, int] = {}
     by_thread: dict[str, list[TurnMeta]] = {}
     for turn in turns:

@@ -32,7 +32,7 @@ from index import (
 )
 from server.errors import DataLoss, InvalidArgument, Reason, RecordDeleted
 from server.retrieval._bundle import Bundle, Ranked
-from server.retrieval._upkeep import IndexUpkeep
+from server.retrieval._snapshot import IndexSnapshots
 from server.store import MemMeta, MemoryView, RecordMeta, TurnView, searchable
 
 # A dense search asks FAISS for top_k + OVERFETCH candidates; most survive the
@@ -55,8 +55,8 @@ class SearchHit:
     score: float
 
 
-class Retriever(IndexUpkeep):
-    """Index upkeep and search for every owner of one store.
+class Retriever(IndexSnapshots):
+    """Index upkeep, snapshots and search for every owner of one store.
 
     Args:
         store: The record store.

@@ -65,10 +65,8 @@ class IndexUpkeep(IndexBuilds):
             with self._lock(owner):
                 bundle = self.cache.get(owner_key(owner))
                 if bundle is not None:
-                    ids = np.asarray([m.rid for m in mems], np.int64)
-                    bundle.dense.remove(ids)
-                    bundle.plain.remove(ids)
-                    bundle.ctx.remove(ids)
+                    self._touch(owner)
+                    bundle.forget_ids([m.rid for m in mems])
                     self._fill_memories(bundle, [m for m in mems if general_visible(m, now)])
         if not metas:
             return
@@ -76,6 +74,7 @@ class IndexUpkeep(IndexBuilds):
             owner_b = self.cache.get(owner_key(owner))
             committed = [m for m in metas if general_visible(m, now)]
             if owner_b is not None and committed:
+                self._touch(owner)
                 if written and (removals is None or removals != self._removals.get(owner, 0)):
                     # something left the indexes since: rows as reads see them now
                     committed = [m for m in self.store.metas([m.rid for m in committed])]
@@ -161,6 +160,9 @@ class IndexUpkeep(IndexBuilds):
                 when the caller has them (the forget's plan); None reads them.
         """
         with self._lock(owner):
+            # Counted whether or not the bundle is loaded: a snapshot being saved
+            # from a bundle evicted meanwhile must not be put in place after this.
+            self._touch(owner)
             self._removals[owner] = self._removals.get(owner, 0) + 1
             if whole_owner:
                 self.cache.evict(owner_key(owner))
@@ -170,18 +172,10 @@ class IndexUpkeep(IndexBuilds):
                 self.cache.evict(pending_key(owner, thread))
             if not rids:
                 return
-            ids = np.asarray(rids, dtype=np.int64)
             bundle = self.cache.get(owner_key(owner))
             if bundle is None:
                 return
-            bundle.dense.remove(ids)
-            bundle.plain.remove(ids)
-            bundle.ctx.remove(ids)
-            bundle.sessions.remove(ids)  # its session's document loses its terms
-            bundle.times.remove(ids)
-            for rid in rids:
-                bundle.ctx_prev.pop(rid, None)
-                bundle.watch.pop(rid, None)
+            bundle.forget_ids(list(rids))  # a session's document loses the turn's terms
             # The turn after each removed one gets a new context: in the threads
             # that lost single turns, and in those of responses tainted by this
             # forget (which ``touched_threads`` does not name).

@@ -36,6 +36,7 @@ module              holds
 ``_vectors``        which embedder made an owner's vectors; swapping them all at once
 ``_export``         what an owner's export reads besides the listings: every memory
                     version, lineage edges
+``_snapshots``      sealed index snapshots on disk (outside ``data/``) and their key
 ``_store``          opening a data directory; ``Store`` composes the parts
 ==================  ===========================================================
 
@@ -78,6 +79,7 @@ from server.store._records import (
 )
 from server.store._reserve import DEFAULT_DISK_RESERVE
 from server.store._shapes import KIND_DEFAULTS, SlotConflict, scope_chain
+from server.store._snapshots import SnapshotCleanup, SnapshotRows, StagedSnapshot
 from server.store._store import (
     DEFAULT_MAX_STORE_SIZE,
     KEK_ENV,
@@ -149,6 +151,9 @@ __all__ = [
     "RecordView",
     "Shingler",
     "SlotConflict",
+    "SnapshotCleanup",
+    "SnapshotRows",
+    "StagedSnapshot",
     "Store",
     "StoreLockedError",
     "ThreadMeta",

@@ -19,6 +19,11 @@ A hint, reported but not a failure:
   and the last turn a summary names (in one thread) was forgotten or expired
   after the summary was built. An unrelated turn of the same thread does not
   make it stale. Rebuild it from the sources ``Search`` still finds.
+The owner's index-snapshot key, like its slot-digest key, belongs to no record:
+it is never counted in ``keys_without_record`` nor destroyed as unused; stray
+snapshots and snapshot keys are counted apart
+(:meth:`server.store.Store.snapshot_strays`, the periodic audit's
+``lethe_index_snapshot_strays``).
 
 ``index_drift`` needs the in-memory indexes, which the store does not hold:
 the retriever measures it (:meth:`server.retrieval.Retriever.index_drift`).
@@ -37,11 +42,13 @@ import lmdb
 
 from lethe.names import InvalidName, TurnName, parse_record
 from server.errors import DataLoss, RecordDeleted
+from server.store import _json
 from server.store import _schema as sk
-from server.store._base import StoreBase, memory_ring, record_ring
+from server.store._base import memory_ring, record_ring, thread_name
 from server.store._echoes import guard_keys_in
 from server.store._records import MemMeta, RecordMeta, ThreadMeta, TurnMeta
 from server.store._shapes import SLOT_KEY_ID
+from server.store._snapshots import SNAPSHOT_KEY_ID, SnapshotsPart
 from server.store._visibility import effective_state
 from server.store._writer import WriteOp
 from shredder import RingRef
@@ -56,7 +63,7 @@ class KeyCheck:
         misplaced: ``(ring it is in, key id, ring the data names)`` of keys an
             interrupted move left in another ring of the owner.
         unreferenced: record keys in the keystore that no stored row names
-            (deleted rows included) and that are no owner's slot key: what
+            (deleted rows included) and that are no owner's slot or snapshot key: what
             :meth:`AuditPart.destroy_unreferenced_keys` destroys.
     """
 
@@ -92,7 +99,7 @@ def _noop(txn: lmdb.Transaction) -> None:
     del txn
 
 
-class AuditPart(StoreBase):
+class AuditPart(SnapshotsPart):
     """Audit and reconciliation queries of :class:`server.store.Store`."""
 
     def owners(self) -> list[str]:
@@ -206,8 +213,12 @@ class AuditPart(StoreBase):
         turns: list[TurnMeta],
         memories: list[MemMeta],
     ) -> set[tuple[RingRef, str]]:
-        # The owner's slot-digest key indexes slots; it belongs to no single record.
-        used: set[tuple[RingRef, str]] = {(RingRef(owner, None), SLOT_KEY_ID)}
+        # The owner's slot-digest key indexes slots, its snapshot key seals its
+        # index snapshot: they belong to no single record.
+        used: set[tuple[RingRef, str]] = {
+            (RingRef(owner, None), SLOT_KEY_ID),
+            (RingRef(owner, None), SNAPSHOT_KEY_ID),
+        }
         for meta in threads:
             used.add((RingRef(owner, meta.thread), meta.title_key))
         for turn in turns:
@@ -252,52 +263,77 @@ class AuditPart(StoreBase):
 
     def _record_keys_named(
         self, txn: lmdb.Transaction
-    ) -> Iterator[tuple[RecordMeta | ThreadMeta, RingRef, str, bool]]:
+    ) -> Iterator[tuple[bytes | RecordMeta | ThreadMeta, str, str | None, str, bool]]:
         """Every key a stored row names: a turn's, each memory version's, a thread's title key.
 
-        Yields (record or thread, the ring its data names, key id, whether the
-        data needs the key); the key is needed when the row is live (a repair
-        concluded with DESTROY keeps no title key, by design).
+        Yields (the record or thread, or a turn's stored row to decode with
+        ``TurnMeta.decode``; the owner and thread of the ring its data names,
+        None for the owner ring; key id; whether the data needs the key); the
+        key is needed when the row is live (a repair concluded with DESTROY
+        keeps no title key, by design).
+
+        A turn's row is read for those fields only: start-up reads every row,
+        and at 100k turns whole decodes were most of its time.
         """
         for _, raw in sk.scan(txn, self.t.turns, b""):
-            turn = TurnMeta.decode(raw)
-            yield turn, RingRef(turn.owner, turn.ring_thread), turn.key_id, not turn.deleted
+            row = _json.loads(raw)
+            thread = row.get("key_ring") or row["thread"]
+            yield raw, row["owner"], thread, row["key_id"], not row.get("deleted")
         for _, raw in sk.scan(txn, self.t.memories, b""):
             mem = MemMeta.decode(raw)
             for key_id in mem.key_ids.values():
-                yield mem, memory_ring(mem), key_id, not mem.deleted
+                yield mem, mem.owner, mem.ring_thread or None, key_id, not mem.deleted
         for _, raw in sk.scan(txn, self.t.threads, b""):
             thread = ThreadMeta.decode(raw)
-            ring = RingRef(thread.owner, thread.thread)
-            yield thread, ring, thread.title_key, bool(thread.title_key) and not thread.deleted
+            needed = bool(thread.title_key) and not thread.deleted
+            yield thread, thread.owner, thread.thread, thread.title_key, needed
 
     def check_keys(self) -> KeyCheck:
         """Where the key of every live record is: one pass over the data, one keystore listing.
 
-        Used by start-up recovery and by the audit.
+        Used by start-up recovery and by the audit. Keys are compared as
+        ``(owner, thread or None, key id)`` tuples of strings.
         """
-        inventory = set(self.keystore.list_record_keys())
+        inventory = {
+            (ring.owner, ring.thread, key_id): ring
+            for ring, key_id in self.keystore.list_record_keys()
+        }
         by_id: dict[tuple[str, str], list[RingRef]] = {}
-        for ring, key_id in inventory:
-            by_id.setdefault((ring.owner, key_id), []).append(ring)
+        for (owner, _, key_id), ring in inventory.items():
+            by_id.setdefault((owner, key_id), []).append(ring)
         check = KeyCheck()
-        named: set[tuple[RingRef, str]] = set()
+        named: set[tuple[str, str | None, str]] = set()
+        missing: set[str] = set()
         with self.env.begin() as txn:
-            named |= guard_keys_in(txn, self.t)  # an echo guard's key, while it stands
-            for record, ring, key_id, needed in self._record_keys_named(txn):
-                named.add((ring, key_id))
-                if not needed or (ring, key_id) in inventory:
+            # An echo guard's key, while it stands.
+            named |= {(r.owner, r.thread, key_id) for r, key_id in guard_keys_in(txn, self.t)}
+            for found, owner, thread, key_id, needed in self._record_keys_named(txn):
+                ident = (owner, thread, key_id)
+                named.add(ident)
+                if not needed or ident in inventory:
                     continue
-                elsewhere = [r for r in by_id.get((ring.owner, key_id), []) if r != ring]
+                ring = RingRef(owner, thread)
+                elsewhere = [r for r in by_id.get((owner, key_id), []) if r != ring]
                 if len(elsewhere) == 1:
                     check.misplaced.append((elsewhere[0], key_id, ring))
-                elif not any(r is record for r in check.missing):
+                    continue
+                record = TurnMeta.decode(found) if isinstance(found, bytes) else found
+                name = (
+                    thread_name(record.owner, record.thread)
+                    if isinstance(record, ThreadMeta)
+                    else record.name
+                )
+                if name not in missing:
+                    missing.add(name)
                     check.missing.append(record)
-        check.unreferenced = [
-            (ring, key_id)
-            for ring, key_id in sorted(inventory, key=lambda ref: (ref[0].owner, ref[1]))
-            if (ring, key_id) not in named and not (ring.thread is None and key_id == SLOT_KEY_ID)
-        ]
+        check.unreferenced = sorted(
+            (
+                (inventory[ident], ident[2])
+                for ident in inventory.keys() - named
+                if not (ident[1] is None and ident[2] in (SLOT_KEY_ID, SNAPSHOT_KEY_ID))
+            ),
+            key=lambda ref: (ref[0].owner, ref[1]),
+        )
         return check
 
     def relocate_keys(self, misplaced: Sequence[tuple[RingRef, str, RingRef]]) -> int:

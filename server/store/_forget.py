@@ -11,8 +11,10 @@ A forget follows ARCHITECTURE.md "Lineage and deletion":
    outstanding;
 2. the caller removes the ids from the in-memory indexes;
 3. and 4. :meth:`ForgetPart.finish_forget` — the keys are destroyed in the
-   keystore (synced) by the writer group, then the ciphertext rows are purged
-   and the entry is marked complete, in the group's data transaction.
+   keystore (synced) by the writer group, the owner's index-snapshot key with
+   them (:mod:`server.store._snapshots`), then the ciphertext rows are purged
+   and the entry is marked complete, in the group's data transaction; the
+   snapshot file goes after it.
 
 A crash between the steps leaves the entry outstanding; start-up resumes it
 (:meth:`ForgetPart.outstanding_deletions`). The sweep ran before step 1 and its
@@ -55,6 +57,7 @@ from server.store._records import (
     RecordMeta,
     TurnMeta,
 )
+from server.store._snapshots import SNAPSHOT_KEY_ID, SnapshotsPart
 from server.store._visibility import effective_state
 from server.store._writer import WriteOp
 from shredder import RingRef
@@ -482,7 +485,7 @@ class Planner:
         return entry
 
 
-class ForgetPart(EchoPart):
+class ForgetPart(EchoPart, SnapshotsPart):
     """Forget and the deletion log of :class:`~server.store.Store`."""
 
     def plan_forget(
@@ -635,6 +638,11 @@ class ForgetPart(EchoPart):
     ) -> DeletionEntry:
         """Steps 3 and 4: destroy the keys (synced), purge the rows, close the log entry.
 
+        The owner's index-snapshot key is destroyed in the same keystore
+        transaction as the deletion's keys, and the snapshot file is removed
+        once the entry is complete: no snapshot written before this deletion
+        opens again.
+
         Args:
             entry: the entry from :meth:`plan_forget` (or from the log on resume).
             index_done_time: when the index entries were removed (seconds).
@@ -646,6 +654,7 @@ class ForgetPart(EchoPart):
         owner = entry.owner
         rings = [RingRef(owner, t) for t in entry.rings]
         keys = [(RingRef(o, t or None), k) for o, t, k in entry.record_keys]
+        keys.append((RingRef(owner, None), SNAPSHOT_KEY_ID))
 
         def apply(txn: lmdb.Transaction) -> DeletionEntry:
             now = time.time()
@@ -674,7 +683,7 @@ class ForgetPart(EchoPart):
             txn.put(sk.deletion_key(owner, entry.id), entry.encode(), db=self.t.deletions)
             return entry
 
-        return self.writer.run(
+        done = self.writer.run(
             WriteOp(
                 apply,
                 destroy_keys=keys,
@@ -683,6 +692,8 @@ class ForgetPart(EchoPart):
                 name="forget.finish",
             )
         )
+        self.discard_snapshot(owner)  # its key is gone: nothing left to open
+        return done
 
     def _purge_memory(self, txn: lmdb.Transaction, rid: int) -> None:
         meta = self._memory(txn, rid)

@@ -5,6 +5,8 @@ Layout of a data directory ``DIR``::
     DIR/data/       the data environment (ciphertext and non-content metadata;
                     databases and keys in :mod:`server.store._schema`)
     DIR/keystore/   the keystore environment (wrapped keys), never backed up
+    DIR/index/      sealed index snapshots, one per owner (:mod:`server.store._snapshots`),
+                    never backed up
     DIR/lethe.lock  held (flock) by the one server process using DIR
 
 Thread rules: every write goes through the one :class:`~server.store._writer.Writer`

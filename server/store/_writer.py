@@ -82,6 +82,7 @@ OPERATIONS = {
     "memory.update": "UpdateMemory, a correction",
     "memory.transition": "TransitionMemory",
     "slot.key": "creating an owner's slot-digest key",
+    "snapshot.key": "creating an owner's index-snapshot key (before its first snapshot)",
     "commitments.due": "the scheduler's COMMITMENT_DUE announcements",
     "forget.plan": "step 1 of a forget: tombstones, cascade and the deletion-log entry",
     "forget.finish": "steps 3-4 of a forget: keys destroyed, then rows purged",

@@ -1,6 +1,7 @@
 """No plaintext on disk: planted text, speakers and titles never appear in a file or a backup.
 
-Not in any file under the data directory, nor in a backup.
+Not in any file under the data directory (the index snapshots written at the
+stop included), nor in a backup.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def test_no_planted_plaintext_in_data_dir_files(lethe: Lethe) -> None:
     lethe.stop()
     files = [p for p in lethe.data_dir.rglob("*") if p.is_file()]
     assert any(p.name == "data.mdb" for p in files)
+    assert any(p.suffix == ".snapshot" for p in files)  # the index snapshot written at the stop
     assert files_containing(lethe.data_dir, planted) == []
 
 

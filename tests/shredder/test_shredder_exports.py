@@ -31,6 +31,7 @@ def test_public_names_are_pinned() -> None:
         "declare",
         "default_kek_path",
         "failpoint",
+        "fsync_dir",
         "open_bundle",
         "open_durable_env",
         "read_manifest",

@@ -1,0 +1,261 @@
+"""An index's state as bytes: one versioned container of named arrays and a small header.
+
+Each index (:class:`index.VectorIndex`, :class:`index.LexicalIndex`,
+:class:`index.SessionIndex`, :class:`index.TimeIndex`) can hand its whole state
+over as a :data:`State` (``to_state``) and be made again from one
+(``from_state``), so that a caller can keep it between processes (Lethe keeps an
+owner's indexes in a sealed snapshot, see ``server/retrieval/_snapshot.py``).
+This module turns a state into bytes and back. It knows arrays and names only;
+what they mean is each index's business, and whatever holds the bytes must
+protect them: they are derived from plaintext (vectors, terms). Nothing here
+writes a file.
+
+Layout of a container (every integer little-endian)::
+
+    offset  size  field
+    0       8     magic b"lethe-ix"
+    8       4     format, unsigned (FORMAT = 1)
+    12      4     header length H in bytes, unsigned
+    16      H     header: UTF-8 JSON {"meta": {...}, "arrays": [[name, dtype, shape,
+                  offset, nbytes], ...]}
+    16 + H  pad   zeros up to the next multiple of ALIGN (64) bytes: the body starts there
+    body    ...   each array's bytes, C order, at ``body + offset`` (offsets are
+                  multiples of ALIGN; zeros between arrays)
+
+Only the dtypes of :data:`DTYPES` are accepted (never an object array), so
+reading a container runs no code and allocates only what its header states.
+Readers refuse another magic or format; a change of layout bumps
+:data:`FORMAT`.
+
+Threads: the functions are pure; any thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "ALIGN",
+    "DTYPES",
+    "FORMAT",
+    "MAGIC",
+    "State",
+    "combine",
+    "dumps",
+    "loads",
+    "pack",
+    "separate",
+    "strings_from_arrays",
+    "strings_to_arrays",
+    "unpack",
+]
+
+MAGIC = b"lethe-ix"
+"""The first 8 bytes of every container."""
+FORMAT = 1
+"""Container format written and the only one read."""
+ALIGN = 64
+"""Alignment in bytes of the body and of every array in it."""
+DTYPES = frozenset({"<i8", "<i4", "<f4", "<f8", "|u1", "|b1"})
+"""Array dtypes (numpy ``dtype.str``) a container may hold: int64, int32, float32,
+float64, uint8 and bool."""
+_PREFIX = struct.Struct("<8sII")
+
+State = tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]
+"""``(meta, arrays)``: JSON-able metadata (str keys; str, int, float, bool, None,
+lists and dicts of them) and named arrays of :data:`DTYPES`."""
+
+
+def _pad(n: int) -> int:
+    return -n % ALIGN
+
+
+def pack(meta: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any]]) -> list[memoryview]:
+    """The container of a state, as buffers to write one after the other (no copy of the arrays).
+
+    Args:
+        meta: JSON-able metadata.
+        arrays: Named arrays; each must have a dtype of :data:`DTYPES` (in any
+            byte order: big-endian ones are converted).
+
+    Returns:
+        Buffers whose concatenation is the container; arrays that are already
+        little-endian and C-contiguous are viewed, not copied. They stay valid
+        while the arrays do.
+
+    Raises:
+        ValueError: An array's dtype is not in :data:`DTYPES`, or ``meta`` is not
+            JSON-able.
+    """
+    entries: list[list[Any]] = []
+    bodies: list[npt.NDArray[Any]] = []
+    offset = 0
+    for name, array in arrays.items():
+        arr = np.ascontiguousarray(array)
+        if arr.dtype.str not in DTYPES:
+            little = arr.dtype.newbyteorder("<")
+            if little.str not in DTYPES:
+                raise ValueError(f"array {name!r} has dtype {arr.dtype}, not one of {DTYPES}")
+            arr = arr.astype(little)
+        entries.append([name, arr.dtype.str, list(arr.shape), offset, arr.nbytes])
+        bodies.append(arr)
+        offset += arr.nbytes + _pad(arr.nbytes)
+    try:
+        header = json.dumps({"meta": meta, "arrays": entries}, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"state metadata is not JSON-able: {exc}") from None
+    head = _PREFIX.pack(MAGIC, FORMAT, len(header)) + header
+    out = [memoryview(head + bytes(_pad(len(head))))]
+    for arr in bodies:
+        out.append(memoryview(arr.reshape(-1).view(np.uint8).data))
+        if _pad(arr.nbytes):
+            out.append(memoryview(bytes(_pad(arr.nbytes))))
+    return out
+
+
+def unpack(buf: bytes | bytearray | memoryview) -> State:
+    """Read a container.
+
+    Args:
+        buf: The whole container.
+
+    Returns:
+        ``(meta, arrays)``; each array is a view into ``buf`` (writable only if
+        ``buf`` is), so a caller that keeps an array past ``buf`` copies it.
+
+    Raises:
+        ValueError: ``buf`` is not a container of :data:`FORMAT`: another magic,
+            another format, a header that is not JSON of the layout above, a
+            dtype outside :data:`DTYPES`, or an array outside ``buf``.
+    """
+    view = memoryview(buf).cast("B")
+    if len(view) < _PREFIX.size:
+        raise ValueError("not an index state: too short")
+    magic, fmt, size = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise ValueError("not an index state: bad magic")
+    if fmt != FORMAT:
+        raise ValueError(f"index state format {fmt} is not {FORMAT}")
+    start = _PREFIX.size + size
+    if start > len(view):
+        raise ValueError("index state header runs past the end")
+    try:
+        header = json.loads(bytes(view[_PREFIX.size : start]))
+        meta, entries = header["meta"], header["arrays"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError("index state header is malformed") from None
+    if not isinstance(meta, dict) or not isinstance(entries, list):
+        raise ValueError("index state header is malformed")
+    body = start + _pad(start)
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    for entry in entries:
+        try:
+            name, dtype, shape, offset, nbytes = entry
+            shape = tuple(int(s) for s in shape)
+        except (ValueError, TypeError):
+            raise ValueError("index state header is malformed") from None
+        if not isinstance(name, str) or dtype not in DTYPES or min(shape, default=0) < 0:
+            raise ValueError(f"index state array {name!r} is malformed")
+        kind = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        if not isinstance(offset, int) or offset < 0 or nbytes != count * kind.itemsize:
+            raise ValueError(f"index state array {name!r} is malformed")
+        lo = body + offset
+        if lo + nbytes > len(view):
+            raise ValueError(f"index state array {name!r} runs past the end")
+        arrays[name] = np.frombuffer(view, dtype=kind, count=count, offset=lo).reshape(shape)
+    return meta, arrays
+
+
+def dumps(state: State) -> bytes:
+    """The container of ``state`` as one bytes object (see :func:`pack`).
+
+    Raises:
+        ValueError: as :func:`pack`.
+    """
+    return b"".join(pack(*state))
+
+
+def loads(buf: bytes | bytearray | memoryview) -> State:
+    """A state read from one container (see :func:`unpack`).
+
+    Raises:
+        ValueError: as :func:`unpack`.
+    """
+    return unpack(buf)
+
+
+def combine(parts: Mapping[str, State]) -> State:
+    """One state holding several, each under its name: arrays ``"{name}/{array}"``.
+
+    Names must not contain ``/``.
+
+    Raises:
+        ValueError: A part's name contains ``/``.
+    """
+    meta: dict[str, Any] = {}
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    for part, (part_meta, part_arrays) in parts.items():
+        if "/" in part:
+            raise ValueError(f"part name {part!r} contains '/'")
+        meta[part] = part_meta
+        arrays.update({f"{part}/{name}": arr for name, arr in part_arrays.items()})
+    return meta, arrays
+
+
+def separate(state: State, names: Sequence[str]) -> dict[str, State]:
+    """The parts :func:`combine` put in ``state``, by name.
+
+    Raises:
+        ValueError: A named part is missing.
+    """
+    meta, arrays = state
+    out: dict[str, State] = {}
+    for part in names:
+        if not isinstance(meta.get(part), dict):
+            raise ValueError(f"index state has no part {part!r}")
+        prefix = f"{part}/"
+        out[part] = (
+            meta[part],
+            {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)},
+        )
+    return out
+
+
+def strings_to_arrays(
+    strings: Sequence[str],
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """Strings as one UTF-8 blob and their offsets: ``(blob (b,) uint8, offsets (n + 1,) int64)``.
+
+    String ``i`` is ``blob[offsets[i]:offsets[i + 1]]``.
+    """
+    raw = [s.encode() for s in strings]
+    offsets = np.zeros(len(raw) + 1, dtype=np.int64)
+    if raw:
+        np.cumsum(np.fromiter(map(len, raw), np.int64, count=len(raw)), out=offsets[1:])
+    return np.frombuffer(b"".join(raw), dtype=np.uint8).copy(), offsets
+
+
+def strings_from_arrays(blob: npt.NDArray[Any], offsets: npt.NDArray[Any]) -> list[str]:
+    """The strings :func:`strings_to_arrays` made.
+
+    Raises:
+        ValueError: The offsets do not fit the blob, or a string is not UTF-8.
+    """
+    if blob.ndim != 1 or offsets.ndim != 1 or len(offsets) < 1:
+        raise ValueError("malformed string arrays")
+    ends = offsets.tolist()
+    if ends[0] != 0 or ends[-1] != len(blob) or any(a > b for a, b in itertools.pairwise(ends)):
+        raise ValueError("malformed string offsets")
+    raw = blob.tobytes()
+    try:
+        return [raw[a:b].decode() for a, b in itertools.pairwise(ends)]
+    except UnicodeDecodeError:
+        raise ValueError("a string is not UTF-8") from None
