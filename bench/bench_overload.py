@@ -66,6 +66,10 @@ LETHE = [sys.executable, "-m", "server.cli"]
 WORDS = ["puppy", "garden", "violin", "marathon", "recipe", "tokyo", "chess", "lantern"]
 
 
+PHASES = ("streams", "burst", "flood", "appends")
+"""The phases after the floor (the module docstring's 2-3, 4, 5 and 6); ``--phases``."""
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -388,65 +392,70 @@ class Bench:
             "Health": await self.health(h_ch),
         }
 
-        # 2. many idle streams of one token
-        events = events_pb2_grpc.EventsStub(a_ch)
-        streams = [
-            events.Watch(
-                events_pb2.WatchRequest(parent="owners/alice", types=[events_pb2.RECORD_DELETED]),
+        if "streams" in a.phases:
+            # 2. many idle streams of one token
+            events = events_pb2_grpc.EventsStub(a_ch)
+            streams = [
+                events.Watch(
+                    events_pb2.WatchRequest(
+                        parent="owners/alice", types=[events_pb2.RECORD_DELETED]
+                    ),
+                    metadata=self.md(alice),
+                )
+                for _ in range(a.streams)
+            ]
+            first = [asyncio.ensure_future(s.read()) for s in streams]
+            await asyncio.sleep(2.0)  # every stream open and waiting
+            r["with_streams"] = {
+                **await self.other_owner(b_ch, bob, b_thread),
+                "Health": await self.health(h_ch),
+            }
+            threads = threads_pb2_grpc.ThreadsStub(a_ch)
+            victim = await threads.AppendTurns(
+                threads_pb2.AppendTurnsRequest(
+                    parent=a_thread, turns=[threads_pb2.TurnInput(role=common_pb2.USER, text="bye")]
+                ),
                 metadata=self.md(alice),
             )
-            for _ in range(a.streams)
-        ]
-        first = [asyncio.ensure_future(s.read()) for s in streams]
-        await asyncio.sleep(2.0)  # every stream open and waiting
-        r["with_streams"] = {
-            **await self.other_owner(b_ch, bob, b_thread),
-            "Health": await self.health(h_ch),
-        }
-        threads = threads_pb2_grpc.ThreadsStub(a_ch)
-        victim = await threads.AppendTurns(
-            threads_pb2.AppendTurnsRequest(
-                parent=a_thread, turns=[threads_pb2.TurnInput(role=common_pb2.USER, text="bye")]
-            ),
-            metadata=self.md(alice),
-        )
-        t0 = time.perf_counter()
-        await lifecycle_pb2_grpc.LifecycleStub(a_ch).Forget(
-            lifecycle_pb2.ForgetRequest(names=[victim.turns[0].name]), metadata=self.md(alice)
-        )
-        acked = time.perf_counter() - t0
-        got: list[Any] = await asyncio.gather(*first)
-        fanout = time.perf_counter() - t0
-        assert all(e.subject == victim.turns[0].name for e in got)
-        r["fanout"] = {
-            "streams": a.streams,
-            "forget_ms": round(acked * 1e3, 2),
-            "forget_to_last_stream_ms": round(fanout * 1e3, 2),
-        }
+            t0 = time.perf_counter()
+            await lifecycle_pb2_grpc.LifecycleStub(a_ch).Forget(
+                lifecycle_pb2.ForgetRequest(names=[victim.turns[0].name]), metadata=self.md(alice)
+            )
+            acked = time.perf_counter() - t0
+            got: list[Any] = await asyncio.gather(*first)
+            fanout = time.perf_counter() - t0
+            assert all(e.subject == victim.turns[0].name for e in got)
+            r["fanout"] = {
+                "streams": a.streams,
+                "forget_ms": round(acked * 1e3, 2),
+                "forget_to_last_stream_ms": round(fanout * 1e3, 2),
+            }
 
-        # 3. the streams, plus hot call loops of the same token (another process)
-        hot = self.start_load([alice], "alice", a.hot, "hot")
-        await asyncio.sleep(3.0)  # the loops are running
-        r["with_streams_and_hot_token"] = await self.other_owner(b_ch, bob, b_thread)
-        r["hot_token"] = self.stop_load(hot)
-        for s in streams:
-            s.cancel()
+            # 3. the streams, plus hot call loops of the same token (another process)
+            hot = self.start_load([alice], "alice", a.hot, "hot")
+            await asyncio.sleep(3.0)  # the loops are running
+            r["with_streams_and_hot_token"] = await self.other_owner(b_ch, bob, b_thread)
+            r["hot_token"] = self.stop_load(hot)
+            for s in streams:
+                s.cancel()
 
-        # 4. a burst past the bounds (another process), B measured meanwhile;
-        # then a load within the bounds for comparison.
-        for label, n in (("burst", a.burst), ("within_bounds", 8)):
-            load = self.start_load(burst_tokens, "alice", n, label)
+        if "burst" in a.phases:
+            # 4. a burst past the bounds (another process), B measured meanwhile;
+            # then a load within the bounds for comparison.
+            for label, n in (("burst", a.burst), ("within_bounds", 8)):
+                load = self.start_load(burst_tokens, "alice", n, label)
+                await asyncio.sleep(3.0)
+                r[f"other_owner_during_{label}"] = await self.other_owner(b_ch, bob, b_thread)
+                r[label] = self.stop_load(load)
+        if "flood" in a.phases:
+            # 5. a flood of one token's closed Search loops (no streams)
+            flood = self.start_load([alice], "alice", a.flood, "flood")
             await asyncio.sleep(3.0)
-            r[f"other_owner_during_{label}"] = await self.other_owner(b_ch, bob, b_thread)
-            r[label] = self.stop_load(load)
-        # 5. a flood of one token's closed Search loops (no streams)
-        flood = self.start_load([alice], "alice", a.flood, "flood")
-        await asyncio.sleep(3.0)
-        r["other_owner_during_flood"] = await self.other_owner(b_ch, bob, b_thread)
-        r["flood"] = self.stop_load(flood)
+            r["other_owner_during_flood"] = await self.other_owner(b_ch, bob, b_thread)
+            r["flood"] = self.stop_load(flood)
 
         # 6. large concurrent writes of A
-        if a.appends:
+        if a.appends and "appends" in a.phases:
             writes = self.start_load([alice], "alice", a.appends, "appends", kind="append")
             await asyncio.sleep(3.0)
             r["other_owner_during_appends"] = await self.other_owner(b_ch, bob, b_thread)
@@ -476,14 +485,21 @@ class Bench:
             g, s = r[key]["GetThread"], r[key]["Search"]
             row = f"{label:<44}{g['p50_ms']:>10.2f} / {g['p99_ms']:<9.2f}"
             print(f"{row}{s['p50_ms']:>9.2f} / {s['p99_ms']:<9.2f}")
-        f, w = r["floor"], r["with_streams"]
-        print(
-            f"health p50/p99 ms: idle {f['Health']['p50_ms']} / {f['Health']['p99_ms']}, "
-            f"with streams {w['Health']['p50_ms']} / {w['Health']['p99_ms']}"
-        )
-        print(f"fan-out: {r['fanout']}")
-        print(f"A's hot token: {r['hot_token']}")
+        if "with_streams" in r:
+            f, w = r["floor"], r["with_streams"]
+            print(
+                f"health p50/p99 ms: idle {f['Health']['p50_ms']} / {f['Health']['p99_ms']}, "
+                f"with streams {w['Health']['p50_ms']} / {w['Health']['p99_ms']}"
+            )
+            print(f"fan-out: {r['fanout']}")
+            print(f"A's hot token: {r['hot_token']}")
+            ratio = r["with_streams_and_hot_token"]["GetThread"]["p99_ms"] / max(
+                r["floor"]["GetThread"]["p99_ms"], 1e-9
+            )
+            print(f"B's GetThread p99 under load / floor: {ratio:.2f}x")
         for key in ("burst", "within_bounds"):
+            if key not in r:
+                continue
             b = r[key]
             print(
                 f"{key}: {b['loops']} loops, {b['ok']} ok ({b['ok_per_s']}/s, p50 "
@@ -491,17 +507,14 @@ class Bench:
                 f"{b['refused']} refused (p99 {b['refusal_latency']['p99_ms']} ms), "
                 f"other {b['other_errors']}"
             )
-        ratio = r["with_streams_and_hot_token"]["GetThread"]["p99_ms"] / max(
-            r["floor"]["GetThread"]["p99_ms"], 1e-9
-        )
-        print(f"B's GetThread p99 under load / floor: {ratio:.2f}x")
         floor = max(r["floor"]["Search"]["p99_ms"], 1e-9)
-        flood = r["other_owner_during_flood"]["Search"]["p99_ms"]
-        print(
-            f"fairness: B's Search p99 during A's {self.args.flood} loops {flood:.1f} ms = "
-            f"{flood / floor:.2f}x its floor (goal <= 5x); A: {r['flood']['ok']} ok, "
-            f"{r['flood']['refused']} refused"
-        )
+        if "flood" in r:
+            flood = r["other_owner_during_flood"]["Search"]["p99_ms"]
+            print(
+                f"fairness: B's Search p99 during A's {self.args.flood} loops {flood:.1f} ms = "
+                f"{flood / floor:.2f}x its floor (goal <= 5x); A: {r['flood']['ok']} ok, "
+                f"{r['flood']['refused']} refused"
+            )
         if "appends" in r:
             during = r["other_owner_during_appends"]["Search"]["p99_ms"]
             print(
@@ -534,6 +547,12 @@ def main() -> int:
     parser.add_argument("--append-mib", type=float, default=4.0, help="MiB per append")
     parser.add_argument("--calls", type=int, default=200, help="B's calls per phase")
     parser.add_argument("--serve-args", default="", help="more `lethe serve` flags")
+    parser.add_argument(
+        "--phases",
+        type=lambda text: set(text.split(",")),
+        default=set(PHASES),
+        help=f"which phases after the floor, comma-separated (default: all of {','.join(PHASES)})",
+    )
     parser.add_argument("--out", default="bench-overload.json")
     args = parser.parse_args()
     bench = Bench(args)
