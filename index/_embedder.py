@@ -8,13 +8,14 @@ the ``wordllama`` wheel: loading it never touches the network. A stronger model 
 operator downloaded runs through :class:`index.OnnxEmbedder` (``onnx:DIR``).
 
 Threads: :func:`normalize` is pure. :meth:`WordLlamaEmbedder.embed` may be called
-from any number of threads at once; calls are serialised by an internal lock
-(the shared HuggingFace tokenizer holds mutable padding state).
+from any number of threads at once, with no lock: its tokenizer is a private copy
+that is never reconfigured after construction, and the HuggingFace tokenizer's
+``encode_batch`` takes it by shared reference and releases the interpreter lock, so
+a large batch embedding beside a one-line query never makes the query wait for it.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -27,6 +28,12 @@ from index.errors import DimensionMismatchError, InvalidVectorError
 __all__ = ["Embedder", "WordLlamaEmbedder", "load_embedder", "normalize"]
 
 _EMBEDDER_NAMES = ("wordllama", "none", "onnx:DIR")
+
+_TOKENIZE_BATCH = 64
+"""Texts per tokenizer call (WordLlama's own ``batch_size``)."""
+
+_GATHER_TOKENS = 32_768
+"""Most token rows gathered at once: 32 MiB of float32 at 256 dimensions."""
 
 
 @runtime_checkable
@@ -145,7 +152,17 @@ class WordLlamaEmbedder:
         self._model: Any = wordllama.WordLlama.load(
             config="l2_supercat", cache_dir=pkgdir, disable_download=True, dim=256
         )
-        self._lock = threading.Lock()
+        # A private tokenizer without padding: WordLlama's own pads every batch to its
+        # longest text, so one 16 KiB turn made every short text of its batch cost
+        # thousands of tokens and a ``(batch, longest, 256)`` float32 array.
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_str(self._model.tokenizer.to_str())
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        self._table: npt.NDArray[np.float32] = np.ascontiguousarray(
+            self._model.embedding, dtype=np.float32
+        )
         self.name = "wordllama-l2-supercat-256"
         self.dim = 256
 
@@ -167,16 +184,106 @@ class WordLlamaEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         if not all(isinstance(t, str) for t in items):
             raise TypeError("texts must be strings")
-        with self._lock:
-            pooled: Any = self._model.embed(items, norm=False)
+        return self._embed(items, batched=True)
+
+    def _embed(self, items: list[str], *, batched: bool) -> npt.NDArray[np.float32]:
+        """:meth:`embed` of checked strings, tokenized in batches or one by one.
+
+        ``encode_batch`` runs on the tokenizer's shared worker pool (rayon) with the
+        interpreter lock released; a query tokenized there waits behind whatever
+        batches fill the pool, so queries are tokenized one by one on the calling
+        thread (``encode``), which for a short text is microseconds.
+        """
+        pooled = np.zeros((len(items), self.dim), dtype=np.float32)
+        for start in range(0, len(items), _TOKENIZE_BATCH):
+            batch = items[start : start + _TOKENIZE_BATCH]
+            if batched:
+                encodings = self._tokenizer.encode_batch(batch, add_special_tokens=False)
+            else:
+                encodings = [self._tokenizer.encode(t, add_special_tokens=False) for t in batch]
+            self._pool([e.ids for e in encodings], pooled[start : start + len(batch)])
         rows = np.asarray(pooled, dtype=np.float64)
         norms = np.linalg.norm(rows, axis=1, keepdims=True)
         out = np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0.0)
         return np.ascontiguousarray(out, dtype=np.float32)
 
+    def _pool(self, token_ids: list[list[int]], out: npt.NDArray[np.float32]) -> None:
+        """Write the mean token embedding of each text into ``out``.
+
+        This is WordLlama's ``avg_pool`` (``WordLlamaInference.embed``, wordllama
+        0.3) without the padding: the same rows of the same table, summed in
+        float32 in the same order and divided by the token count, so the result is
+        bit-for-bit the library's (``tests/index/test_index_embedder.py`` checks it
+        on LoCoMo turns). Gathers hold at most
+        :data:`_GATHER_TOKENS` rows (``_GATHER_TOKENS * 256 * 4`` bytes); a longer
+        text (about 128 KiB of English) is summed in slices of that many tokens,
+        which rounds less than the library's one running float32 sum (within
+        1e-4).
+
+        Args:
+            token_ids: per text, its token ids (``n`` lists; may be empty).
+            out: ``(n, 256) float32`` zeros, written in place; a text without
+                tokens keeps its zero row.
+        """
+        vocab = self._table.shape[0]
+        group: list[int] = []
+        tokens = 0
+        for i, ids in enumerate([*token_ids, None]):
+            if ids is not None and len(ids) > _GATHER_TOKENS:
+                out[i] = self._long_mean(np.clip(np.asarray(ids, dtype=np.int64), 0, vocab - 1))
+                continue
+            if ids is None or tokens + len(ids) > _GATHER_TOKENS:
+                self._group_means(token_ids, group, out)
+                group, tokens = [], 0
+            if ids:
+                group.append(i)
+                tokens += len(ids)
+
+    def _group_means(
+        self, token_ids: list[list[int]], group: list[int], out: npt.NDArray[np.float32]
+    ) -> None:
+        """Means of the texts ``group`` (each with tokens) from one gather.
+
+        Each text's rows are summed alone (``np.add.reduce`` of its slice), not by
+        one ``np.add.reduceat``: the reduce releases the interpreter lock and
+        ``reduceat`` does not (it held it for 35-45 ms per 32k rows, which other
+        owners' searches waited out).
+        """
+        if not group:
+            return
+        ids = np.concatenate([np.asarray(token_ids[i], dtype=np.int64) for i in group])
+        np.clip(ids, 0, self._table.shape[0] - 1, out=ids)
+        rows = self._table[ids]
+        start = 0
+        for i in group:
+            end = start + len(token_ids[i])
+            out[i] = np.add.reduce(rows[start:end], axis=0, dtype=np.float32) / np.float32(
+                end - start
+            )
+            start = end
+
+    def _long_mean(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        """The mean row of one text longer than :data:`_GATHER_TOKENS` tokens."""
+        total = np.zeros(self.dim, dtype=np.float32)
+        for start in range(0, ids.size, _GATHER_TOKENS):
+            total += self._table[ids[start : start + _GATHER_TOKENS]].sum(axis=0, dtype=np.float32)
+        return total / np.float32(ids.size)
+
     def embed_queries(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """Embed search queries: WordLlama marks queries no differently (:meth:`embed`)."""
-        return self.embed(texts)
+        """Embed search queries as :meth:`embed` does (WordLlama marks queries no differently).
+
+        The texts are tokenized on the calling thread, not on the tokenizer's
+        worker pool, so a query never queues behind a large append's batch.
+
+        Raises:
+            TypeError: An element of ``texts`` is not a ``str``.
+        """
+        items = list(texts)
+        if not all(isinstance(t, str) for t in items):
+            raise TypeError("texts must be strings")
+        if not items:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return self._embed(items, batched=False)
 
     def __repr__(self) -> str:
         return f"WordLlamaEmbedder(name={self.name!r}, dim={self.dim})"

@@ -1,11 +1,15 @@
 """Tests for the WordLlama embedder (real model from the installed wheel)."""
 
+import json
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from index import Embedder, VectorIndex, WordLlamaEmbedder, load_embedder
+from index._embedder import _GATHER_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +99,69 @@ def test_load_embedder_none_returns_none() -> None:
 def test_load_embedder_unknown_name_fails() -> None:
     with pytest.raises(ValueError, match="'wordllama', 'none'"):
         load_embedder("bogus")
+
+
+def _library_rows(embedder: WordLlamaEmbedder, texts: list[str]) -> np.ndarray:
+    """What the embedder returned when it called WordLlama's own padded ``embed``."""
+    rows = np.asarray(embedder._model.embed(texts, norm=False), dtype=np.float64)
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    out = np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0.0)
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def test_embed_equals_wordllamas_padded_pooling(
+    embedder: WordLlamaEmbedder, locomo_path: Path
+) -> None:
+    conversation = json.loads(locomo_path.read_text())[0]["conversation"]
+    texts = [
+        turn["text"]
+        for key, turns in conversation.items()
+        if key.startswith("session_") and isinstance(turns, list)
+        for turn in turns
+    ][:300]
+    texts += ["", "   ", "x" * 20_000, "héllo wörld ☃"]
+    np.testing.assert_array_equal(embedder.embed(texts), _library_rows(embedder, texts))
+
+
+def test_embed_of_a_text_past_one_gather_matches_the_library(
+    embedder: WordLlamaEmbedder,
+) -> None:
+    long_text = " ".join(f"word{i % 997} garden violin" for i in range(15_000))
+    assert len(embedder._tokenizer.encode(long_text, add_special_tokens=False).ids) > (
+        _GATHER_TOKENS
+    )
+    got = embedder.embed([long_text, "my new dog"])
+    np.testing.assert_allclose(got, _library_rows(embedder, [long_text, "my new dog"]), atol=1e-4)
+
+
+def test_a_query_is_not_held_behind_a_large_batch(embedder: WordLlamaEmbedder) -> None:
+    """A one-line query beside a 256 x 16 KiB batch finishes before the batch does.
+
+    With the old lock around WordLlama's ``embed`` the query waited for the whole
+    batch (3.3 s); nothing is timed here beyond that ordering.
+    """
+    big = [" ".join(f"garden{i} violin{j}" for j in range(900))[:16_384] for i in range(256)]
+    done: list[str] = []
+    started = threading.Event()
+
+    def batch() -> None:
+        started.set()
+        embedder.embed(big)
+        done.append("batch")
+
+    worker = threading.Thread(target=batch)
+    worker.start()
+    started.wait()
+    time.sleep(0.05)
+    embedder.embed_queries(["what did I say about the garden"])
+    done.append("query")
+    worker.join(timeout=120)
+    assert done == ["query", "batch"]
+
+
+def test_embed_queries_equals_embed(embedder: WordLlamaEmbedder) -> None:
+    texts = ["what did I say about the garden", "", "héllo ☃", "x " * 5000]
+    np.testing.assert_array_equal(embedder.embed_queries(texts), embedder.embed(texts))
+    assert embedder.embed_queries([]).shape == (0, 256)
+    with pytest.raises(TypeError):
+        embedder.embed_queries([b"bytes"])  # type: ignore[list-item]
