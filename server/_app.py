@@ -206,8 +206,8 @@ class ServerConfig:
     max_store_size: int = DEFAULT_MAX_STORE_SIZE
     disk_reserve: int = DEFAULT_DISK_RESERVE
     index_cache_size: int = DEFAULT_INDEX_CACHE_SIZE
-    max_inflight: int = 64
-    max_inflight_per_principal: int = 16
+    max_inflight: int = 1024
+    max_inflight_per_principal: int = 256
     max_running_per_principal: int = 4
     max_streams: int = 1024
     max_streams_per_principal: int = 128

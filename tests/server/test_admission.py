@@ -269,3 +269,21 @@ def test_rate_limited_log_lets_a_burst_through_then_counts(
         "another kind",
         "later (97 more of this kind suppressed)",
     ]
+
+
+def test_default_bounds_queue_a_flooding_token_instead_of_refusing_it() -> None:
+    """128 closed loops of one token are admitted (and queued), not refused.
+
+    With the old defaults (16 per token) 112 of them were refused, and their
+    retries went through the event loop every other token shares:
+    another owner's Search p99 was 33.5x its floor in bench/bench_overload.py.
+    """
+    admission = Admission(Limits(), Metrics())
+    for _ in range(128):
+        admission.enter_call("flooding")
+    admission.enter_call("other")
+    assert admission.inflight == 129
+    for _ in range(256 - 128):
+        admission.enter_call("flooding")
+    with pytest.raises(Overloaded, match="256 calls in flight"):
+        admission.enter_call("flooding")
