@@ -307,3 +307,23 @@ def test_audit_counts_a_key_without_record_and_exits_one(
     store.close()
     assert main(["audit", "--data", str(tmp_path / "d")]) == 1
     assert "keys_without_record: 1" in capsys.readouterr().out
+
+
+def test_serve_bounds_default_to_the_admission_limits() -> None:
+    """The flags, ServerConfig and Limits say the same bounds (the flags once kept 64/16)."""
+    from server._app import ServerConfig
+    from server.cli import build_parser
+    from server.edge import Limits
+
+    args = build_parser().parse_args(["serve"])
+    config, limits = ServerConfig(), Limits()
+    assert (args.workers, config.max_workers, limits.workers) == (16, 16, 16)
+    for name in (
+        "max_inflight",
+        "max_inflight_per_principal",
+        "max_running_per_principal",
+        "max_streams",
+        "max_streams_per_principal",
+    ):
+        assert getattr(args, name) == getattr(config, name) == getattr(limits, name), name
+    assert (limits.max_inflight, limits.max_inflight_per_principal) == (1024, 256)

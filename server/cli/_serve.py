@@ -172,12 +172,12 @@ def add(sub: Subcommands) -> None:
         "--workers", type=positive_int, default=16, help="threads for blocking work"
     )
     bounds.add_argument(
-        "--max-inflight", type=positive_int, default=64, help="unary calls at once, in all"
+        "--max-inflight", type=positive_int, default=1024, help="unary calls at once, in all"
     )
     bounds.add_argument(
         "--max-inflight-per-principal",
         type=positive_int,
-        default=16,
+        default=256,
         help="unary calls at once per token",
     )
     bounds.add_argument(
