@@ -22,7 +22,9 @@ transaction as the rows). Here every process follows it:
   same way, and drops the cached unwrapped keys of each changed owner
   (:meth:`shredder.Keystore.evict_owner`): a record forgotten through another
   process leaves this process's indexes (vector and text) and key cache within
-  about :data:`FOLLOW_INTERVAL` plus one pass, searched or not.
+  about :data:`FOLLOW_INTERVAL` plus one pass, searched or not. It also reads
+  the KEK file again: after a rotation by the primary, the destroyed KEK
+  versions and every cached ring key leave this process's memory too.
 - **This process's own writes and forgets** take the same path
   (:meth:`on_write` and :meth:`on_forget` catch the owner up), so a bundle
   is changed in one way only and every change is applied once per entry.
@@ -185,6 +187,8 @@ class IndexFollow(IndexSnapshots):
             held = {k.split("/", 2)[1] for k in keys}
             owners = held | set(self._applied) | set(self._pending_seen)
         self._feed_seen = last
+        if self.store.kek.reload():  # another process rotated: old versions and ring keys go
+            self.store.keystore.evict_cached()
         for owner in sorted(owners):
             with self._lock(owner):
                 self._catch_up(owner)
