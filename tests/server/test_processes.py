@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -95,6 +96,44 @@ def test_each_member_sees_every_write_and_forget_made_through_the_other(group: S
     left = sorted(text for name, text in written if name != gone_name)
     assert _texts(first, "quixotic") == left
     assert gone_text not in _texts(second, "quixotic")
+
+
+@pytest.mark.slow
+def test_searches_hammering_one_member_never_return_what_the_other_forgot(
+    group: Served,
+) -> None:
+    """Searches run on B in a loop while A forgets: none begun after the forget returns it."""
+    token = group.token("alice")
+    first, second = _on_each_member(group, token)
+    first.create_thread(OWNER, thread_id="t1")
+    turns = [{"role": "USER", "text": f"quixotic {i}", "commit": True} for i in range(20)]
+    names = [t.name for t in first.append_turns(THREAD, turns).turns]
+    gone = set(names[5:15])
+    seen: list[tuple[float, bool]] = []  # (when the search began, whether it held a gone turn)
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            began = time.monotonic()
+            reply = second.search(OWNER, query_text="quixotic", include_turns=True, top_k=100)
+            seen.append((began, any(h.turn.name in gone for h in reply.hits)))
+
+    worker = threading.Thread(target=hammer)
+    worker.start()
+    try:
+        time.sleep(0.5)
+        for name in sorted(gone):
+            first.forget([name])
+        forgotten_at = time.monotonic()
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        worker.join(timeout=60)
+    before = [held for began, held in seen if began < forgotten_at]
+    after = [held for began, held in seen if began > forgotten_at]
+    assert any(before)  # the loop saw the turns while they lived
+    assert after
+    assert not any(after)
 
 
 @pytest.mark.slow
