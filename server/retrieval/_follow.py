@@ -85,9 +85,8 @@ class IndexFollow(IndexSnapshots):
         """
         moved = False
         seq = self.store.change_seq(owner)
-        if self._pending_seen.get(owner, seq) != seq:
-            self.cache.evict_prefix(pending_prefix(owner))  # small: rebuilt on next use
-            moved = True
+        if self._pending_seen.get(owner) != seq:  # unknown: what is loaded may be older
+            moved = self.cache.evict_prefix(pending_prefix(owner)) > 0  # rebuilt on next use
         self._pending_seen[owner] = seq
         key = owner_key(owner)
         bundle = self.cache.peek(key)
@@ -182,18 +181,31 @@ class IndexFollow(IndexSnapshots):
             The owners that had new entries (their cached keys dropped too).
         """
         last, owners = self.store.owners_changed_since(self._feed_seen)
-        if owners is None:  # fell behind the feed: every owner held may have changed
-            keys = self.cache.keys()
-            held = {k.split("/", 2)[1] for k in keys}
-            owners = held | set(self._applied) | set(self._pending_seen)
         self._feed_seen = last
-        if self.store.kek.reload():  # another process rotated: old versions and ring keys go
+        keys = self.cache.keys()
+        held = {k.split("/", 2)[1] for k in keys}  # "o/{owner}", "p/{owner}/{thread}"
+        if self.store.kek.reload() or owners is None:  # a rotation, or fell behind the feed
             self.store.keystore.evict_cached()
+        if owners is None:  # every owner held may have changed
+            owners = set(held)
         for owner in sorted(owners):
-            with self._lock(owner):
-                self._catch_up(owner)
+            if owner in held:
+                with self._lock(owner):
+                    self._catch_up(owner)
             self.store.keystore.evict_owner(owner)
+        for owner in set(self._applied) | set(self._pending_seen):
+            if owner not in held:  # nothing of it loaded: its next use starts afresh
+                with self._lock(owner):
+                    self._forget_seen(owner)
         return sorted(owners)
+
+    def _forget_seen(self, owner: str) -> None:
+        """Drop what is noted of an owner nothing of which is loaded; the caller holds its lock."""
+        if self.cache.peek(owner_key(owner)) is None:
+            self._applied.pop(owner, None)
+        keys = self.cache.keys()
+        if not any(k.startswith(pending_prefix(owner)) for k in keys):
+            self._pending_seen.pop(owner, None)
 
     def follow(
         self,

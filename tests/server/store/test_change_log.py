@@ -263,3 +263,24 @@ def test_another_process_sees_each_write_and_forget_before_its_next_search(
         assert held == {"loaded": True, "dense": False, "text": False, "found": False}
     finally:
         other.close()
+
+
+def test_the_follower_drops_pending_bundles_and_forgets_owners_no_longer_loaded(
+    shared: tuple[Store, Retriever, Lifecycle],
+) -> None:
+    store, retriever, _ = shared
+    rng = np.random.default_rng(5)
+    store.create_thread(OWNER, THREAD, "")
+    store.append_turns(OWNER, THREAD, _drafts(1, 3, rng), "")
+    retriever.owner_bundle(OWNER)
+    retriever.pending_bundle(OWNER, THREAD)
+    assert retriever.follow_once() == [OWNER]
+    assert retriever.cache.peek(f"p/{OWNER}/{THREAD}") is not None  # nothing new since
+    store.append_turns(OWNER, THREAD, _drafts(4, 2, rng, commit=False), "")
+    assert retriever.follow_once() == [OWNER]
+    assert retriever.cache.peek(f"p/{OWNER}/{THREAD}") is None  # rebuilt on its next use
+    assert OWNER in retriever._applied
+    retriever.cache.evict(f"o/{OWNER}")
+    assert retriever.follow_once() == []
+    assert OWNER not in retriever._applied  # nothing of it loaded: nothing noted
+    assert OWNER not in retriever._pending_seen
