@@ -10,6 +10,8 @@ start the group again, and every acknowledged write is there afterwards.
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import threading
@@ -134,6 +136,30 @@ def test_searches_hammering_one_member_never_return_what_the_other_forgot(
     assert any(before)  # the loop saw the turns while they lived
     assert after
     assert not any(after)
+
+
+@pytest.mark.slow
+def test_the_connect_listener_is_shared_by_the_members_too(group: Served) -> None:
+    """``--http-listen``: one port, every member answering Connect calls on it."""
+    token = group.token("alice")
+    writer = group.client(token=token)
+    writer.create_thread(OWNER, thread_id="t1")
+    writer.append_turns(THREAD, [{"role": "USER", "text": "I adopted a puppy", "commit": True}])
+    body = json.dumps({"parent": OWNER, "queryText": "puppy"})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    connections = [http.client.HTTPConnection("127.0.0.1", group.http_port) for _ in range(16)]
+    try:
+        for conn in connections:  # each a TCP connection of its own, kept open
+            conn.request("POST", "/lethe.v1.Retrieval/Search", body, headers)
+            reply = conn.getresponse()
+            assert reply.status == 200
+            assert [h["turn"]["text"] for h in json.loads(reply.read())["hits"]] == [
+                "I adopted a puppy"
+            ]
+        assert sorted(_member_of(group.pids, group.http_port)) == sorted(group.pids)
+    finally:
+        for conn in connections:
+            conn.close()
 
 
 @pytest.mark.slow
