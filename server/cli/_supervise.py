@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import ctypes
 import json
+import select
 import signal
 import socket
 import subprocess
@@ -114,6 +115,9 @@ class Member:
         assert out is not None
         deadline = time.monotonic() + timeout
         while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([out], [], [], left)[0]:
+                raise RuntimeError(f"member {self.index} printed no ready line in {timeout:.0f} s")
             line = out.readline()
             if not line:
                 raise RuntimeError(f"member {self.index} ended before serving")
@@ -121,8 +125,7 @@ class Member:
                 self.ready = json.loads(line)
                 return self.ready
             except json.JSONDecodeError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"member {self.index} printed no ready line") from None
+                continue
 
     def alive(self) -> bool:
         """Whether the process is still running."""

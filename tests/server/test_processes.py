@@ -14,14 +14,17 @@ import http.client
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from _served import Served
+from _served import LETHE, Served
 from conftest import Client
+
+from server.cli._supervise import _member_argv
 
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 """A channel of its own connection: gRPC shares one per target and options otherwise."""
@@ -204,3 +207,45 @@ def test_a_killed_member_restarts_the_group_and_no_acknowledged_write_is_lost(
         raise AssertionError("the group did not serve again")
     assert got == sorted(f"kept {i}" for i in range(20))
     assert group.proc.poll() is None  # the supervisor kept running
+
+
+def test_each_member_gets_the_group_addresses_and_a_metrics_port_of_its_own() -> None:
+    words = ("serve", "--data", "d", "--processes", "4")
+    argv = _member_argv(words, "127.0.0.1:5000", "127.0.0.1:8080", "127.0.0.1:9464", 2)
+    assert argv[: len(words)] == list(words)  # the operator's command line, then the fixes
+    fixed = argv[len(words) :]
+    assert fixed[fixed.index("--listen") + 1] == "127.0.0.1:5000"
+    assert fixed[fixed.index("--processes") + 1] == "1"
+    assert "--member" in fixed
+    assert fixed[fixed.index("--http-listen") + 1] == "127.0.0.1:8080"
+    assert fixed[fixed.index("--metrics-listen") + 1] == "127.0.0.1:9466"
+    off = _member_argv(words, "127.0.0.1:5000", None, None, 1)
+    assert off[off.index("--metrics-listen") + 1] == "off"
+    assert "--http-listen" not in off[len(words) :]
+    any_port = _member_argv(words, "127.0.0.1:5000", None, "127.0.0.1:0", 3)
+    assert any_port[any_port.index("--metrics-listen") + 1] == "127.0.0.1:0"
+
+
+@pytest.mark.slow
+def test_a_group_and_a_single_process_refuse_each_others_data_directory(
+    group: Served, tmp_path: Path
+) -> None:
+    alone = subprocess.run(
+        [*LETHE, "serve", "--data", str(group.data_dir), "--listen", "127.0.0.1:0",
+         "--metrics-listen", "off", "--embedder", "none"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert alone.returncode != 0
+    assert "in use by another lethe process" in alone.stderr
+    group.stop(grace=30)
+    single = Served(tmp_path / "one")
+    try:
+        second = subprocess.run(
+            [*LETHE, "serve", "--data", str(single.data_dir), "--listen", "127.0.0.1:0",
+             "--metrics-listen", "off", "--embedder", "none", "--processes", "2"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert second.returncode != 0
+        assert "in use by another lethe process" in second.stderr
+    finally:
+        single.stop()
