@@ -186,6 +186,11 @@ class ServerConfig:
             (:mod:`server._tracing`).
         tracer_provider: an OpenTelemetry ``TracerProvider`` to send the spans
             to instead of ``tracing``'s (tests collect them in memory).
+        member: serve as one process of a ``lethe serve --processes N`` group
+            (:mod:`server.cli._supervise`): the store opened shared (its
+            change log followed, the one-process duties only in the primary),
+            ``SO_REUSEPORT`` on for the gRPC and HTTP listeners so the group's
+            processes share each port.
     """
 
     data_dir: Path = Path("./lethe-data")
@@ -222,6 +227,7 @@ class ServerConfig:
     require_owner_header: bool = False
     tracing: str = "off"
     tracer_provider: Any = None
+    member: bool = False
 
     def limits(self) -> Limits:
         """The admission bounds and worker count.
@@ -267,7 +273,7 @@ class ServerConfig:
         return [
             ("grpc.max_receive_message_length", self.max_receive_message_bytes),
             ("grpc.max_send_message_length", self.max_send_message_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if self.member else 0),
             # How often a client may ping (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS).
             (
                 "grpc.http2.min_ping_interval_without_data_ms",
@@ -300,6 +306,7 @@ class LetheServer:
             kek_file=config.kek_file,
             max_size=config.max_store_size,
             disk_reserve=config.disk_reserve,
+            shared=config.member,
         )
         self.retriever = Retriever(
             self.store, load_embedder(config.embedder), max_bytes=config.index_cache_size
@@ -332,17 +339,23 @@ class LetheServer:
     def start(self) -> int:
         """Recover, then serve. Returns the bound gRPC port.
 
+        A member of a ``--processes`` group that is not the primary neither
+        recovers nor sweeps (the primary did and does; the supervisor starts it
+        first); it follows the store's change log instead
+        (:mod:`server.retrieval._follow`), as the primary does too.
+
         Raises:
             OSError: the gRPC or the metrics address cannot be bound (the
                 message names it), or the TLS files are unusable.
         """
-        recovery = self.lifecycle.recover()
-        if recovery.changed():
-            _log.info("recovered: %s", recovery.summary())
-        try:
-            check_embedder(self.store, self.retriever.embedder)
-        except LetheError as exc:  # e.g. a full disk: owners are still re-embedded on use
-            _log.error("recording the embedder failed (%s): continuing", type(exc).__name__)
+        if self.store.primary:
+            recovery = self.lifecycle.recover()
+            if recovery.changed():
+                _log.info("recovered: %s", recovery.summary())
+            try:
+                check_embedder(self.store, self.retriever.embedder)
+            except LetheError as exc:  # e.g. a full disk: owners are still re-embedded on use
+                _log.error("recording the embedder failed (%s): continuing", type(exc).__name__)
         self.executor = FairExecutor(
             self._limits.workers,
             "lethe-rpc",
@@ -358,7 +371,9 @@ class LetheServer:
         )
         self._loop_thread.start()
         self.port = asyncio.run_coroutine_threadsafe(self._serve(), loop).result()
-        if self.config.sweep_interval > 0:
+        if self.store.shared and self.hub is not None:
+            self.retriever.follow(on_change=self.hub.notify_threadsafe)
+        if self.config.sweep_interval > 0 and self.store.primary:
             self._sweeper = Sweeper(
                 self.lifecycle,
                 self.config.sweep_interval,
@@ -497,6 +512,8 @@ class LetheServer:
             sock = socket.socket(family, kind, proto)
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if self.config.member:  # the group's processes share the port
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 sock.bind(address)
                 sock.listen(1024)
             except BaseException:
@@ -588,7 +605,9 @@ class LetheServer:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
-        self.lifecycle.save_snapshots_at_stop()  # the next start is warm
+        self.retriever.stop_following()
+        if self.store.primary:  # one writer of the snapshot files
+            self.lifecycle.save_snapshots_at_stop()  # the next start is warm
         provider = getattr(self, "_tracer_provider", None)
         if provider is not None and self.config.tracer_provider is None:
             provider.shutdown()  # sends the spans still batched

@@ -227,9 +227,32 @@ class KekRing:
         """
         version = _wrapped_version(wrapped)
         kek = self._keys.get(version)
+        if kek is None and self._path is not None and version > max(self._keys):
+            self.reload()  # another process sharing the store rotated: a newer version
+            kek = self._keys.get(version)
         if kek is None:
             raise KeyNotFoundError(f"KEK version {version} is not available")
         return _unwrap_key(kek, ad_for_version(version), wrapped)
+
+    def reload(self) -> bool:
+        """Read the KEK file again (another process sharing the store rotated it).
+
+        Versions the file no longer holds leave this ring's memory too; a ring
+        in memory only (``from_env``) never changes.
+
+        Returns:
+            Whether the versions or the current one changed.
+
+        Raises:
+            EnvironmentConfigError: the file is missing, unreadable or malformed.
+        """
+        if self._path is None:
+            return False
+        fresh = KekRing._load(self._path)
+        if fresh._current == self._current and fresh._keys.keys() == self._keys.keys():
+            return False
+        self._keys, self._current = fresh._keys, fresh._current
+        return True
 
     def __repr__(self) -> str:
         where = "env" if self._path is None else str(self._path)

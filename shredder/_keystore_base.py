@@ -32,6 +32,7 @@ import lmdb
 from shredder._aead import RingRef, _Key, _unwrap_key, _wrapped_version
 from shredder._kek import KekRing
 from shredder._keystore_schema import (
+    _KEK_CURRENT,
     _RING_VALUE_SIZE,
     _UNROTATED,
     _key_id_bytes,
@@ -76,6 +77,24 @@ class KeystoreBase:
     _epoch: int
     """Advanced whenever cached keys may have to go (destroy, rewrap, rotation, eviction,
     close): see `_cache_put`."""
+
+    def _kek_to_wrap(self, txn: lmdb.Transaction) -> KekRing:
+        """The KEK ring to wrap a new ring key with, inside the write transaction ``txn``.
+
+        Processes sharing a store each hold the KEK ring; the one that rotates
+        writes the new version to the KEK file, then records it in the
+        keystore in the transaction that moves every ring key to it. A
+        transaction that wraps a new key reads that record first (write
+        transactions run one at a time across processes) and reads the file
+        again if it is newer than this process's current version: a key
+        wrapped before the rotation's transaction is moved by it, one wrapped
+        after uses the new version, so no rotation retires a version a key
+        still needs.
+        """
+        raw = txn.get(_KEK_CURRENT, db=self._meta)
+        if raw is not None and int(bytes(raw)) > self._kek.current_version:
+            self._kek.reload()
+        return self._kek
 
     def _mark_unrotated(self, txn: lmdb.Transaction) -> None:
         """Record now in ``meta`` as the oldest destruction not yet rotated, unless one is there."""

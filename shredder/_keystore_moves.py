@@ -114,7 +114,7 @@ class MovesPart(KeystoreBase):
             if next(_prefixed(txn, self._rings, prefix), None) is not None:
                 raise KeyExistsError(f"this keystore already holds keys of owner {owner!r}")
             for key, (ring, generation, ring_key) in rings.items():
-                value = struct.pack(">I", generation) + self._kek._wrap(
+                value = struct.pack(">I", generation) + self._kek_to_wrap(txn)._wrap(
                     _ring_ad_builder(ring, generation), ring_key
                 )
                 txn.put(key, value, db=self._rings)
@@ -142,6 +142,17 @@ class MovesPart(KeystoreBase):
                     return False
                 return True
         return True
+
+    def evict_cached(self) -> None:
+        """Drop every cached unwrapped key from this process's memory.
+
+        For when another process sharing the store rotated it: ring keys were
+        renewed and KEK versions destroyed.
+        """
+        with self._cache_lock:
+            self._epoch += 1
+            self._cache.clear()
+            self._clear_record_cache()
 
     def evict_owner(self, owner: str) -> None:
         """Drop every cached unwrapped key of ``owner`` from this process's memory.

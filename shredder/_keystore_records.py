@@ -100,7 +100,7 @@ class RecordKeysPart(KeystoreBase):
                     if value is None:
                         ring_key = _Key.generate()
                         generation = _FIRST_GENERATION
-                        value = struct.pack(">I", generation) + self._kek._wrap(
+                        value = struct.pack(">I", generation) + self._kek_to_wrap(txn)._wrap(
                             _ring_ad_builder(ring, generation), ring_key
                         )
                         txn.put(prefix, value, db=self._rings)
@@ -145,7 +145,7 @@ class RecordKeysPart(KeystoreBase):
             if value is None:
                 to_key = _Key.generate()
                 to_generation = _FIRST_GENERATION
-                value = struct.pack(">I", to_generation) + self._kek._wrap(
+                value = struct.pack(">I", to_generation) + self._kek_to_wrap(txn)._wrap(
                     _ring_ad_builder(to_ring, to_generation), to_key
                 )
                 txn.put(to_prefix, value, db=self._rings)

@@ -21,6 +21,7 @@ from shredder._aead import _Key, _unwrap_key, _wrap_key, _wrapped_version
 from shredder._failpoints import declare, failpoint
 from shredder._keystore_base import KeystoreBase
 from shredder._keystore_schema import (
+    _KEK_CURRENT,
     _RING_VALUE_SIZE,
     _UNROTATED,
     _decode_ring_prefix,
@@ -125,6 +126,8 @@ class RotationPart(KeystoreBase):
                 )
                 rewrapped += 1
             rewrap_signing_seed(txn, self._meta, self._kek, self._store_id)
+            # Other processes sharing the store wrap new keys under it from now on.
+            txn.put(_KEK_CURRENT, str(self._kek.current_version).encode(), db=self._meta)
             txn.drop(self._dirty, delete=False)
             txn.delete(_UNROTATED, db=self._meta)
         self._env.sync(True)

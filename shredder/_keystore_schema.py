@@ -85,6 +85,7 @@ _SHREDDED = b"shredded"  # the shred log (see the module docstring)
 _LEDGER = b"ledger"  # records a data restore must never roll back
 _MAX_DBS = 6
 _UNROTATED = b"unrotated_since"  # meta: seconds of the oldest shred not yet rotated
+_KEK_CURRENT = b"kek_current"  # meta: the KEK version the last rotation moved every ring key to
 _SEP = b"\x00"
 _THREAD_RING = b"T"
 _OWNER_RING = b"O"

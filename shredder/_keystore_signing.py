@@ -226,7 +226,7 @@ class SigningPart(KeystoreBase):
             _PUBLIC.pack(public, time.time(), 0.0),
             db=self._meta,
         )
-        wrapped = self._kek._wrap(_seed_ad(self._store_id, key_id), seed)
+        wrapped = self._kek_to_wrap(txn)._wrap(_seed_ad(self._store_id, key_id), seed)
         txn.put(_SEED, key_id.encode("ascii") + wrapped, db=self._meta)
         return key_id
 

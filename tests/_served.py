@@ -28,7 +28,9 @@ FLAGS = {"tls_cert": "--tls-cert", "tls_key": "--tls-key", "client_ca": "--clien
 class Served:
     """``lethe serve --json`` on ``data_dir`` (loopback, port 0, Connect on, no embedder).
 
-    ``settings`` are paths keyed as in :data:`FLAGS`. The KEK is the caller's
+    ``processes`` is ``--processes`` (``pids``: the serving processes, the
+    supervisor's members when more than one). ``settings`` are paths keyed as
+    in :data:`FLAGS`. The KEK is the caller's
     ``LETHE_KEK`` (the ``kek_env`` fixture). ``stop`` sends SIGTERM and, after
     ``grace`` seconds, SIGKILL.
 
@@ -36,7 +38,8 @@ class Served:
         AssertionError: it exited, or printed no JSON document within 60 s.
     """
 
-    def __init__(self, data_dir: Path, **settings: Path) -> None:
+    def __init__(self, data_dir: Path, **settings: Any) -> None:
+        processes = int(settings.pop("processes", 1))
         self.data_dir = data_dir
         self.clients: list[Client] = []
         self.channels: list[grpc.Channel] = []
@@ -58,6 +61,8 @@ class Served:
                 "off",
                 "--embedder",
                 "none",
+                "--processes",
+                str(processes),
                 *flags,
             ],
             cwd=ROOT,
@@ -68,6 +73,7 @@ class Served:
         ready = self._ready()
         self.port = int(ready["port"])
         self.http_port = int(str(ready["http_listen"]).rpartition(":")[2])
+        self.pids: list[int] = [int(p) for p in ready.get("pids", [self.proc.pid])]
 
     def _ready(self) -> dict[str, Any]:
         assert self.proc.stdout is not None

@@ -221,3 +221,27 @@ def test_the_restart_benchmark_measures_cold_and_warm_restarts(tmp_path: Path) -
             for key in ("serving_s", "first_search_s", "restart_to_first_search_s"):
                 assert _positive(size[kind][key]), (size["n"], kind, key)
     assert "| 1,000 | warm |" in (tmp_path / "restart-smoke.md").read_text()
+
+
+def test_the_processes_benchmark_measures_each_count_against_one_process(tmp_path: Path) -> None:
+    """``bench/bench_processes.py --smoke``: 1 and 2 processes searched, a member killed.
+
+    Every count has positive figures and the floor's ratios are 1; the group
+    answered again after the kill; speed is not checked.
+    """
+    out = tmp_path / "processes-smoke.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_processes.py"), "--smoke", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [row["processes"] for row in result["table"]] == [1, 2]
+    floor, group = result["table"]
+    assert (floor["qps_ratio"], floor["p50_ratio"]) == (1.0, 1.0)
+    for row in (floor, group):
+        for key in ("qps", "p50_ms", "p99_ms", "rss_bytes"):
+            assert _positive(row[key]), (row["processes"], key)
+    assert group["rss_bytes"] > floor["rss_bytes"]  # two processes hold two copies
+    assert _positive(result["kill"]["kill_to_first_search_s"])
+    assert "| 2 |" in out.with_suffix(".md").read_text()

@@ -181,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lethe: {exc}", file=sys.stderr)
         return EXIT_USAGE
     args = parser.parse_args(words)
+    args.argv = tuple(words)  # the command line as given (lethe serve --processes N reuses it)
     try:
         status: int = args.run(args)
     except KeyboardInterrupt:

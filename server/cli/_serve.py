@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
+import os
 import signal
 import sys
 import threading
@@ -246,6 +248,14 @@ def add(sub: Subcommands) -> None:
         help="on SIGTERM, time given to calls in flight",
     )
     serve.add_argument(
+        "--processes",
+        type=positive_int,
+        default=1,
+        help="serving processes over the one data directory and port (a supervisor "
+        "starts them, restarts the group when one ends, forwards SIGTERM)",
+    )
+    serve.add_argument("--member", action="store_true", help=argparse.SUPPRESS)
+    serve.add_argument(
         "--require-owner-header",
         action="store_true",
         help=f"refuse calls without {OWNER_HEADER} metadata (OWNER_HEADER_MISSING): "
@@ -275,6 +285,11 @@ def run(args: argparse.Namespace) -> int:
         TLS or bounds setting.
     """
     import gc
+
+    if args.processes > 1 and not args.member:
+        from server.cli._supervise import supervise
+
+        return supervise(args, kek_line)
 
     from server._app import LetheServer, ServerConfig
 
@@ -312,6 +327,7 @@ def run(args: argparse.Namespace) -> int:
         index_cache_size=args.index_cache_size,
         require_owner_header=args.require_owner_header,
         tracing=args.tracing,
+        member=args.member,
     )
     try:
         config.limits()
@@ -340,7 +356,12 @@ def run(args: argparse.Namespace) -> int:
     if config.http_listen is not None:
         http = f"{config.http_listen.rpartition(':')[0]}:{server.http_port}"
     kek = server.store.kek.path
-    if args.json:
+    if args.member:  # the supervisor's ready line (server.cli._supervise)
+        ready: dict[str, object] = {"port": port, "http_port": server.http_port}
+        ready |= {"primary": server.store.primary, "pid": os.getpid()}
+        ready["kek"] = str(kek) if kek is not None else None
+        print(json.dumps(ready), flush=True)
+    elif args.json:
         emit(
             {
                 "listen": f"{host}:{port}",

@@ -16,6 +16,8 @@ module              holds
 ``_upkeep``         ``IndexUpkeep``: loaded bundles follow writes and forgets
 ``_snapshot``       ``IndexSnapshots``: warm starts from encrypted snapshots,
                     checked against the store and replayed on load
+``_follow``         ``IndexFollow``: with several processes on one directory,
+                    bundles follow the store's change log (others' writes)
 ``_query``          ``Retriever``: query vectors, legs, fusion and the recheck
 ``_drift``          the audit's ``index_drift`` of a loaded bundle
 ``_reembed``        re-embedding an owner's records after the embedder changed

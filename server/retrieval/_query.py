@@ -32,7 +32,7 @@ from index import (
 )
 from server.errors import DataLoss, InvalidArgument, Reason, RecordDeleted
 from server.retrieval._bundle import Bundle, Ranked
-from server.retrieval._snapshot import IndexSnapshots
+from server.retrieval._follow import IndexFollow
 from server.store import MemMeta, MemoryView, RecordMeta, TurnView, searchable
 
 # A dense search asks FAISS for top_k + OVERFETCH candidates; most survive the
@@ -55,7 +55,7 @@ class SearchHit:
     score: float
 
 
-class Retriever(IndexSnapshots):
+class Retriever(IndexFollow):
     """Index upkeep, snapshots and search for every owner of one store.
 
     Args:

@@ -82,7 +82,7 @@ from server.errors import LetheError
 from server.retrieval._bundle import Bundle, owner_key
 from server.retrieval._drift import index_drift
 from server.retrieval._upkeep import IndexUpkeep
-from server.store import TurnMeta, general_visible, indexable
+from server.store import MemMeta, TurnMeta, general_visible, indexable
 
 _log = logging.getLogger(__name__)
 
@@ -345,13 +345,47 @@ class IndexSnapshots(IndexUpkeep):
     def _replay(self, owner: str, bundle: Bundle, changed: set[int]) -> bool:
         """Bring a loaded bundle in line with rows written since its snapshot; False to build.
 
-        Each changed record leaves every leg and comes back if it is visible
-        now, as the upkeep would do it; the turns that quoted one that left get
-        new contexts. Then the whole bundle is checked against every row.
+        Each changed record is reapplied (:meth:`_reapply`); then the whole
+        bundle is checked against every row.
         """
         now = time.time()
         turns = {m.rid: m for m in self.store.owner_turns(owner)}
         mems = {m.rid: m for m in self.store.owner_memories(owner)}
+        if not self._reapply(owner, bundle, changed, turns, mems, now):
+            return False
+        drift = index_drift(bundle, list(turns.values()), list(mems.values()), now)
+        if drift:
+            _log.error("owners/%s: a replayed snapshot drifts by %d: rebuilding", owner, drift)
+        return not drift
+
+    def _reapply(
+        self,
+        owner: str,
+        bundle: Bundle,
+        changed: set[int],
+        turns: Mapping[int, TurnMeta],
+        mems: Mapping[int, MemMeta],
+        now: float,
+    ) -> bool:
+        """Bring ``bundle`` in line with the rows of ``changed``; False if it cannot be.
+
+        Each changed record leaves every leg and comes back if it is visible
+        now, as the upkeep would do it; the turns that quoted one that left get
+        new contexts. Reapplying a row that did not change changes nothing.
+
+        Args:
+            owner: the bundle's owner.
+            bundle: the owner's committed bundle (the caller holds its lock).
+            changed: record numbers whose rows changed (or are gone).
+            turns: rows as reads see them now, of at least every changed turn
+                and every turn the bundle holds that quotes one (rid -> meta).
+            mems: rows of at least every changed memory (rid -> meta).
+            now: the time the rows were read (seconds since the epoch).
+
+        Returns:
+            False when the changed vectors are of another dimension than the
+            dense leg's (the owner must be built again).
+        """
         quoting = [
             turns[r]
             for r, p in bundle.ctx_prev.items()
@@ -376,7 +410,4 @@ class IndexSnapshots(IndexUpkeep):
         self._fill_memories(
             bundle, [mems[r] for r in changed if r in mems and general_visible(mems[r], now)]
         )
-        drift = index_drift(bundle, list(turns.values()), list(mems.values()), now)
-        if drift:
-            _log.error("owners/%s: a replayed snapshot drifts by %d: rebuilding", owner, drift)
-        return not drift
+        return True

@@ -37,6 +37,8 @@ module              holds
 ``_export``         what an owner's export reads besides the listings: every memory
                     version, lineage edges
 ``_snapshots``      sealed index snapshots on disk (outside ``data/``) and their key
+``_changes``        the change log: which rows of an owner each write changed, for
+                    the processes that share a data directory
 ``_store``          opening a data directory; ``Store`` composes the parts
 ==================  ===========================================================
 

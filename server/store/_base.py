@@ -500,9 +500,20 @@ class StoreBase:
 
     def _put_turn(self, txn: lmdb.Transaction, meta: TurnMeta) -> None:
         txn.put(sk.rid_key(meta.rid), meta.encode(), db=self.t.turns)
+        self._note_change(meta.owner, meta.rid)
 
     def _put_memory(self, txn: lmdb.Transaction, meta: MemMeta) -> None:
         txn.put(sk.rid_key(meta.rid), meta.encode(), db=self.t.memories)
+        self._note_change(meta.owner, meta.rid)
+
+    def _note_change(self, owner: str, rid: int) -> None:
+        """Note a changed turn or memory row for the change log (:mod:`._changes`)."""
+
+    def _note_reset(self, owner: str) -> None:
+        """Note that the owner's indexes must be loaded again (:mod:`._changes`)."""
+
+    def _note_event(self, owner: str) -> None:
+        """Note that the owner got events, for the change log (:mod:`._changes`)."""
 
     def _put_record(self, txn: lmdb.Transaction, meta: RecordMeta) -> None:
         if isinstance(meta, MemMeta):
@@ -643,6 +654,7 @@ class StoreBase:
             txn.put(sk.event_key(owner, number), row.encode(), db=self.t.events)
             number += 1
         self._event_owners.add(owner)  # announced after the commit (see ._events)
+        self._note_event(owner)
 
     def _tombstone(
         self,
@@ -658,6 +670,9 @@ class StoreBase:
         """Write a tombstone (see :class:`~server.store._records.Tombstone`)."""
         stone = Tombstone(now, reason, deletion_id, last_seq, last_version)
         txn.put(sk.tombstone_key(name), stone.encode(), db=self.t.tombstones)
+        parts = name.split("/")
+        if len(parts) in (2, 4) and parts[0] == "owners":  # the owner, or a whole thread
+            self._note_reset(parts[1])
 
     def _release_slot(self, txn: lmdb.Transaction, meta: MemMeta) -> None:
         """Free the slot ``meta`` holds, if it holds one."""

@@ -701,6 +701,7 @@ class ForgetPart(EchoPart, SnapshotsPart):
             return
         sk.delete_prefix(txn, self.t.mpayloads, sk.rid_key(rid))
         txn.delete(sk.rid_key(rid), db=self.t.memories)
+        self._note_change(meta.owner, rid)
         txn.delete(sk.memory_id_key(meta.owner, meta.memory_id), db=self.t.memory_ids)
         txn.delete(sk.owner_record_key(meta.owner, rid), db=self.t.owner_records)
         self._unqueue_expiry(txn, meta)
@@ -732,6 +733,7 @@ class ForgetPart(EchoPart, SnapshotsPart):
         for ptype in sk.TURN_PAYLOAD_TYPES:
             txn.delete(sk.payload_key(rid, ptype), db=self.t.payloads)
         txn.delete(sk.rid_key(rid), db=self.t.turns)
+        self._note_change(owner, rid)
         txn.delete(sk.seq_key(owner, thread, seq), db=self.t.seqs)
         txn.delete(sk.owner_record_key(owner, rid), db=self.t.owner_records)
 

@@ -447,6 +447,7 @@ class MovesPart(PlacementPart, StoreBase):
         embedder: str,
     ) -> dict[str, int]:
         """Write exported rows with fresh record numbers; returns rows per database."""
+        self._note_reset(owner)
         prefix = sk.owner_prefix(owner)
         named = f"owners/{owner}/".encode()
         old = sorted(key[len(prefix) :] for name, key, _ in rows if name == b"owner_records")
@@ -612,6 +613,7 @@ class MovesPart(PlacementPart, StoreBase):
         Its tokens go too unless ``tokens`` is False: an interrupted import
         keeps the ones the operator stored.
         """
+        self._note_reset(owner)
         doomed = [(name, key) for name, key, _ in self._owner_rows(txn, owner)]
         counts: dict[str, int] = {}
         for name, key in doomed:

@@ -40,6 +40,10 @@ echo_guards     owner 0x00 key id 0x00 guard id                ``GuardRow`` JSON
                                                                counts: :mod:`._echoes`)
 echo_digests    owner 0x00 key id 0x00 digest (32 bytes)       (guard id 8 bytes, text index
                                                                uint32 BE) per guard text
+changes         owner 0x00 change seq (8 bytes BE)             the rids whose turn or memory row
+                                                               changed (8 bytes BE each), or
+                                                               ``*``: reload the owner
+                                                               (:mod:`._changes`)
 ==============  =============================================  ==================================
 
 Ids never contain 0x00 and resource names never do, so no prefix of one
@@ -64,6 +68,7 @@ from server.store._records import PAYLOAD_CONTENT, PAYLOAD_EMBEDDING, PAYLOAD_ME
 STORE_ID = b"store_id"
 NEXT_RID = b"next_rid"
 NEXT_EVENT = b"next_event"
+CHANGES = b"changes"  # counter: change-log entries written so far, over every owner
 EMBEDDER = b"embedder"  # JSON {"name", "dim"}: the embedder recorded at the last start
 
 # The last byte of a ``payloads`` key / ``mpayloads`` key by payload type.
@@ -103,6 +108,7 @@ class Tables:
     echo_keys: Any
     echo_guards: Any
     echo_digests: Any
+    changes: Any
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -136,6 +142,11 @@ def owner_key(owner: str) -> bytes:
 def owner_prefix(owner: str) -> bytes:
     """``owner 0x00``: the prefix of every per-owner key."""
     return f"{owner}\x00".encode()
+
+
+def change_key(owner: str, seq: int) -> bytes:
+    """Key of the owner's change-log entry number ``seq`` in ``changes``."""
+    return owner_prefix(owner) + struct.pack(">Q", seq)
 
 
 def thread_key(owner: str, thread: str) -> bytes:

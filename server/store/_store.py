@@ -7,7 +7,9 @@ Layout of a data directory ``DIR``::
     DIR/keystore/   the keystore environment (wrapped keys), never backed up
     DIR/index/      sealed index snapshots, one per owner (:mod:`server.store._snapshots`),
                     never backed up
-    DIR/lethe.lock  held (flock) by the one server process using DIR
+    DIR/lethe.lock  held (flock) by the one server process using DIR, exclusively;
+                    or shared by every process of one ``lethe serve --processes N``
+    DIR/lethe.primary  held (flock, exclusively) by the primary among those processes
 
 Thread rules: every write goes through the one :class:`~server.store._writer.Writer`
 thread; read methods open their own read transactions and are safe from any
@@ -29,6 +31,7 @@ from lethe.v1 import common_pb2, lifecycle_pb2
 from server.errors import LetheError
 from server.store import _schema as sk
 from server.store._audit import AuditPart
+from server.store._changes import ChangesPart
 from server.store._events import EventsPart
 from server.store._export import ExportPart
 from server.store._forget import ForgetPart
@@ -104,23 +107,53 @@ def load_kek(data_dir: Path, store_id: str, kek_file: Path | None, *, create: bo
     return KekRing.load_or_create(path, create=create)
 
 
-def acquire_lock(data_dir: Path) -> int:
-    """Take the exclusive lock of a data directory; returns its file descriptor.
+def acquire_lock(data_dir: Path, *, shared: bool = False) -> int:
+    """Take the lock of a data directory; returns its file descriptor.
 
     Close the descriptor to release the lock.
 
+    Args:
+        data_dir: The data directory.
+        shared: Take it shared, as every process of one ``lethe serve
+            --processes N`` does (each alongside the others, none alongside a
+            process that took it exclusively).
+
     Raises:
-        StoreLockedError: another process holds it.
+        StoreLockedError: another process holds it (exclusively, or at all
+            when taking it exclusively).
     """
     path = data_dir / "lethe.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise StoreLockedError(
             f"{data_dir} is in use by another lethe process (one server per data directory)"
         ) from None
+    return fd
+
+
+def acquire_primary(data_dir: Path, *, wait: bool = False) -> int | None:
+    """Take the primary role among the processes sharing a data directory.
+
+    The role is an exclusive flock on ``DIR/lethe.primary``: the kernel drops
+    it when its holder dies, so another process can take over.
+
+    Args:
+        data_dir: The data directory.
+        wait: Block until the role is free (a standby taking over).
+
+    Returns:
+        The lock's file descriptor (close it to give the role up), or None
+        when another process holds the role and ``wait`` is False.
+    """
+    fd = os.open(data_dir / "lethe.primary", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
     return fd
 
 
@@ -138,6 +171,7 @@ class Store(
     VectorsPart,
     ExportPart,
     RetentionPart,
+    ChangesPart,
 ):
     """The data environment, the keystore and the writer for one data directory.
 
@@ -150,11 +184,17 @@ class Store(
             :func:`~server.store._reserve.map_reserve` bytes more.
         disk_reserve: Bytes of the ballast file a deletion may free on a full
             filesystem (``--disk-reserve``); 0 for none. Only a locking (serving)
-            process holds it.
+            process holds it (of several sharing the directory, the primary).
+        shared: Open the directory as one of several serving processes
+            (``lethe serve --processes N``): the directory lock is taken
+            shared, the primary role (:func:`acquire_primary`) if it is free,
+            and the change log is kept (:mod:`server.store._changes`). Needs
+            ``lock``.
 
     Raises:
         ValueError: ``max_size`` is below 1 MiB.
-        StoreLockedError: another process holds ``data_dir``.
+        StoreLockedError: another process holds ``data_dir`` (exclusively, or
+            at all unless ``shared``).
         EnvironmentConfigError: LMDB flags or KEK placement are unsafe, or the
             data environment belongs to another keystore.
     """
@@ -167,12 +207,20 @@ class Store(
         lock: bool = True,
         max_size: int = DEFAULT_MAX_STORE_SIZE,
         disk_reserve: int = 0,
+        shared: bool = False,
     ) -> None:
         if max_size < MIN_STORE_SIZE:
             raise ValueError(f"the store's maximum size must be at least {MIN_STORE_SIZE} bytes")
+        if shared and not lock:
+            raise ValueError("a shared store takes the directory lock")
         self.data_dir = data_dir.resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd: int | None = acquire_lock(self.data_dir) if lock else None
+        self._lock_fd: int | None = acquire_lock(self.data_dir, shared=shared) if lock else None
+        self.shared = shared
+        self.change_log = shared
+        self._pending_changes = {}
+        self._primary_fd = acquire_primary(self.data_dir) if shared else None
+        lock = lock and (not shared or self._primary_fd is not None)  # the primary's duties
         data_path, ks_path = data_paths(self.data_dir)
         first_start = Keystore.read_store_id(ks_path) is None
         store_id = Keystore.init_store_id(ks_path)
@@ -221,6 +269,8 @@ class Store(
             guard=self.refuse_moved,
             ceiling_reached=self.ceiling_reached,
             release_reserve=self.disk_reserve.release,
+            on_begin=self._begin_changes,
+            before_commit=self._write_changes,
         )
         with _OPEN_GUARD:
             _OPEN[self.data_dir] = self
@@ -233,9 +283,21 @@ class Store(
         self.writer.close()
         self.env.close()
         self.keystore.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        for fd in (self._primary_fd, self._lock_fd):
+            if fd is not None:
+                os.close(fd)
+        self._primary_fd = self._lock_fd = None
+
+    @property
+    def primary(self) -> bool:
+        """Whether this process does the directory's one-process duties.
+
+        A store of one process always does; of several sharing the directory
+        (``shared``), the one holding the primary role (:func:`acquire_primary`):
+        start-up recovery, the sweeper, the audit, rotation, index snapshots,
+        the disk reserve, the signing key.
+        """
+        return not self.shared or self._primary_fd is not None
 
     def sign_receipt(self, receipt: common_pb2.DeletionReceipt) -> common_pb2.DeletionReceipt:
         """Name this store on ``receipt`` and sign it with the store's key, in place.

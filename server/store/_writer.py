@@ -181,6 +181,10 @@ class Writer:
         release_reserve: frees the disk reserve; returns the bytes freed. A
             deletion refused for want of disk space is run again, alone, once
             it freed some (:mod:`server.store._reserve`).
+        on_begin: called on the writer thread as each data transaction begins.
+        before_commit: called on the writer thread with each data transaction
+            once its ops ran, just before it commits (the store writes its
+            change log with it); what it raises fails the whole group.
     """
 
     def __init__(
@@ -193,7 +197,11 @@ class Writer:
         guard: Callable[[lmdb.Transaction, str], None] | None = None,
         ceiling_reached: Callable[[], bool] | None = None,
         release_reserve: Callable[[], int] | None = None,
+        on_begin: Callable[[], None] | None = None,
+        before_commit: Callable[[lmdb.Transaction], None] | None = None,
     ) -> None:
+        self._on_begin = on_begin
+        self._before_commit = before_commit
         self._ceiling_reached = ceiling_reached
         self._release_reserve = release_reserve
         self._env = env
@@ -412,6 +420,8 @@ class Writer:
             Exception: the transaction failed as a whole (disk error, …).
         """
         results: list[tuple[WriteOp[Any], bool, Any]] = []
+        if self._on_begin is not None:
+            self._on_begin()
         with self._env.begin(write=True) as parent:
             for op in ops:
                 try:
@@ -424,6 +434,8 @@ class Writer:
                     raise
                 except Exception as exc:
                     results.append((op, False, exc))
+            if self._before_commit is not None:
+                self._before_commit(parent)
             failpoint(FP_BEFORE_COMMIT)
         return results
 

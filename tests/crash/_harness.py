@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -97,6 +98,9 @@ class Server:
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
+        # --processes N: "... (N processes: PID, PID)"; one process: its own pid
+        listed = line.partition("processes: ")[2].rstrip().rstrip(")")
+        self.pids = [int(p) for p in listed.split(", ")] if listed else [self.proc.pid]
         if "serving" not in line:
             self.proc.wait(timeout=30)
             err = self.stderr()
@@ -107,6 +111,14 @@ class Server:
 
     def stubs(self, token: str) -> Stubs:
         return Stubs.insecure(f"127.0.0.1:{self.port}", token)
+
+    def crash(self) -> None:
+        """SIGKILL every serving process (the members first, then the supervisor)."""
+        for pid in [p for p in self.pids if p != self.proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.kill()
+        self.proc.wait(timeout=30)
 
     def killed(self, timeout: float = 30.0) -> bool:
         """Whether the process died of SIGKILL (a failpoint) within ``timeout`` s."""

@@ -23,9 +23,15 @@ end one more ``lethe rotate`` completes every shred, and then no file in the
 KEK's directory may open, in any of those copies, a turn acknowledged as
 forgotten (a temporary KEK file a killed rotation left behind once did).
 
-Short form (CI): ``tests/crash/test_random_kills.py`` runs 10 kills. Full form::
+With ``--processes N`` the server is ``lethe serve --processes N`` and the
+client spreads its calls over 4 connections (which the kernel spreads over the
+N processes); each kill SIGKILLs every process, at the random moment, while
+several of them write.
 
-    .venv/bin/python tests/crash/random_kills.py --kills 100
+Short form (CI): ``tests/crash/test_random_kills.py`` runs 10 kills, and 5
+with ``--processes 2``. Full form::
+
+    .venv/bin/python tests/crash/random_kills.py --kills 100 [--processes 2]
 
 prints the figures (kills survived, acknowledged operations checked).
 """
@@ -92,10 +98,35 @@ class Log:
         self.f.close()
 
 
-def client_main(port: int, token: str, log_path: Path, seed: int) -> int:
-    """Drive the mixed load until the server dies; exit 0."""
+class _Rotating:
+    """Stubs on several connections, a different one for each attribute read (each call)."""
+
+    def __init__(self, stubs: list[Stubs]) -> None:
+        self._stubs = stubs
+        self._n = 0
+
+    def __getattr__(self, name: str) -> Any:
+        self._n += 1
+        return getattr(self._stubs[self._n % len(self._stubs)], name)
+
+    def close(self) -> None:
+        for stubs in self._stubs:
+            stubs.close()
+
+
+def client_main(port: int, token: str, log_path: Path, seed: int, connections: int = 1) -> int:
+    """Drive the mixed load until the server dies; exit 0.
+
+    With ``connections`` above 1 each call goes over the next of that many
+    connections of their own (so over the processes of a ``--processes`` group).
+    """
     rng = random.Random(seed)
-    s = Stubs.insecure(f"127.0.0.1:{port}", token)
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    target = f"127.0.0.1:{port}"
+    s: Any = Stubs.insecure(target, token)
+    if connections > 1:
+        channels = [grpc.insecure_channel(target, own) for _ in range(connections)]
+        s = _Rotating([Stubs(channel, token) for channel in channels])
     log = Log(log_path)
     state = replay(log_path)
     tag = f"r{seed}"
@@ -585,8 +616,16 @@ def _forgotten_openers(copy: Path, kek_dir: Path, names: list[str]) -> list[str]
     return found
 
 
-def run(root: Path, kills: int, seed: int = 0, out: Callable[[str], None] = print) -> Report:
+def run(
+    root: Path,
+    kills: int,
+    seed: int = 0,
+    out: Callable[[str], None] = print,
+    processes: int = 1,
+) -> Report:
     """Kill the server ``kills`` times under load; check after each restart.
+
+    ``processes`` is ``lethe serve --processes`` (see the module docstring).
 
     Raises:
         AssertionError: the store disagrees with an acknowledged operation, or
@@ -605,7 +644,8 @@ def run(root: Path, kills: int, seed: int = 0, out: Callable[[str], None] = prin
     report = Report()
     started = time.perf_counter()
     for k in range(kills):
-        server = Server(data, env, "--rotation-interval", "1s", "--sweep-interval", "1s")
+        group = ("--processes", str(processes))
+        server = Server(data, env, "--rotation-interval", "1s", "--sweep-interval", "1s", *group)
         client = subprocess.Popen(
             [
                 sys.executable,
@@ -619,6 +659,8 @@ def run(root: Path, kills: int, seed: int = 0, out: Callable[[str], None] = prin
                 str(log),
                 "--seed",
                 str(seed * 100_000 + k),
+                "--connections",
+                "1" if processes == 1 else "4",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -631,12 +673,11 @@ def run(root: Path, kills: int, seed: int = 0, out: Callable[[str], None] = prin
                 break
             time.sleep(0.02)
         time.sleep(rng.uniform(0.05, 1.2))  # a random moment of the load
-        server.proc.kill()
-        server.proc.wait(timeout=30)
+        server.crash()
         server.stop()
         _, err = client.communicate(timeout=60)
         assert client.returncode == 0, err
-        again = Server(data, env, "--sweep-interval", "1h")
+        again = Server(data, env, "--sweep-interval", "1h", *group)
         try:
             with again.stubs(token) as s:
                 report.settled += settle(s, log)  # all-or-nothing of the cut calls
@@ -685,13 +726,15 @@ def main(argv: list[str] | None = None) -> int:
     client.add_argument("--token", required=True)
     client.add_argument("--log", type=Path, required=True)
     client.add_argument("--seed", type=int, default=0)
+    client.add_argument("--connections", type=int, default=1)
     parser.add_argument("--kills", type=int, default=100)
+    parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "client":
-        return client_main(args.port, args.token, args.log, args.seed)
+        return client_main(args.port, args.token, args.log, args.seed, args.connections)
     with tempfile.TemporaryDirectory(prefix="lethe-kills-") as tmp:
-        r = run(Path(tmp), args.kills, args.seed)
+        r = run(Path(tmp), args.kills, args.seed, processes=args.processes)
     print(
         f"{r.kills} kills survived; {r.acknowledged} acknowledged operations; "
         f"{r.judged} record checks; {r.seconds:.0f} s; lethe audit clean; "

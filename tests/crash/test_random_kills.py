@@ -22,3 +22,15 @@ def test_ten_random_kills_under_load_lose_nothing_acknowledged(tmp_path: Path) -
     assert report.acknowledged > 50, lines
     assert report.judged > 200, lines
     assert report.forgotten_checked > 0, lines  # the keystore-copy check had turns to try
+
+
+@pytest.mark.slow
+def test_five_random_kills_of_a_two_process_group_lose_nothing_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """``lethe serve --processes 2``: both processes write; each kill SIGKILLs both."""
+    lines: list[str] = []
+    report = run(tmp_path, kills=5, seed=2, out=lines.append, processes=2)
+    assert report.kills == 5
+    assert report.acknowledged > 25, lines
+    assert report.judged > 100, lines

@@ -64,3 +64,34 @@ def test_an_in_memory_kek_refuses_rotation(tmp_path: Path) -> None:
         with pytest.raises(EnvironmentConfigError):
             ks.rotate()
         assert ks.open(T1, "k1", AD, ks.seal(T1, "k1", AD, b"x")) == b"x"
+
+
+def test_a_process_whose_kek_ring_predates_a_rotation_wraps_under_the_new_version(
+    tmp_path: Path,
+) -> None:
+    """Processes sharing a store (``lethe serve --processes N``) each hold the KEK ring.
+
+    One rotates; another, its ring still at the retired version, must neither
+    fail to open the re-wrapped keys nor wrap a new ring key under the retired
+    version (which nothing could open any more: the acknowledged write's key
+    lost). It found the version in the keystore and read the file again.
+    """
+    kek_path = tmp_path / "config" / "kek.json"
+    rotating = KekRing.load_or_create(kek_path, create=True)
+    stale = KekRing.load_or_create(kek_path, create=False)
+    ks_path = tmp_path / "keystore"
+    with Keystore(ks_path, rotating) as ks:
+        ks.create_record_keys([(T1, "k1")])
+        kept = ks.seal(T1, "k1", AD, b"keep me")
+        assert ks.rotate()[2] == [1]
+    assert stale.versions == frozenset({1})  # the other process has not looked yet
+    t2 = RingRef("alice", "t2")
+    ad2 = AssociatedData("alice", "owners/alice/threads/t2/turns/1", 1, "content")
+    with Keystore(ks_path, stale) as ks:
+        assert ks.open(T1, "k1", AD, kept) == b"keep me"  # a ring key under version 2
+        ks.create_record_keys([(t2, "k1")])  # a new ring key, after the rotation
+        fresh = ks.seal(t2, "k1", ad2, b"written after the rotation")
+    assert stale.current_version == 2
+    assert stale.versions == frozenset({2})  # the retired version left its memory too
+    with Keystore(ks_path, KekRing.load_or_create(kek_path, create=False)) as ks:
+        assert ks.open(t2, "k1", ad2, fresh) == b"written after the rotation"

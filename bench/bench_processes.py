@@ -1,0 +1,236 @@
+"""Searches a second with ``lethe serve --processes N``, against one process, in the same run.
+
+One owner of ``--records`` committed turns (LoCoMo-derived texts, random unit
+256-d vectors sent by the client: ``--embedder none``) in one data directory.
+Then, in rounds, for each process count of ``--processes`` (interleaved, so
+every count meets the same noise): the group is started on that data (its
+index snapshot, written at the previous stop, loads in each process), every
+process's indexes are warmed, and ``--clients`` client *processes* (each its
+own connection, so the kernel spreads them over the group) search in a closed
+loop for ``--seconds`` (DENSE, top 10, like ``bench_scale``). Per count:
+searches a second (all calls over the wall span), p50 and p99 latency, and the
+resident set of the serving processes together after the run; the medians over
+rounds and their ratios to the first count (the floor: one process).
+
+Then, for the largest count, a member is SIGKILLed: the supervisor starts the
+group again (recovery in the new primary first) and ``kill_to_first_search_s``
+is the time from the kill until a new connection's search of the owner
+answers (``--records`` decides the owner's size: the warm snapshot load).
+
+Writes ``bench/results/processes[-smoke].{json,md}``::
+
+    .venv/bin/python bench/bench_processes.py                      # 20k, 1 and 2 processes
+    .venv/bin/python bench/bench_processes.py --processes 1,2,4,8,16   # on a larger machine
+    .venv/bin/python bench/bench_processes.py --smoke              # seconds; proves it runs
+
+The machine is shared and noisy: quote medians and ratios from one run, with
+the load average (``machine``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import numpy as np
+from _scale_data import load_corpus, random_unit, varied_texts
+from _scale_procs import CallBatch, ClientPool, LetheProcess, memory_of
+from _scale_report import machine_info
+from bench_restart import OWNER, _ingest, _log
+
+from lethe._rpc import Stubs
+from lethe.v1 import retrieval_pb2
+
+BENCH = Path(__file__).resolve().parent
+
+
+def _members(proc: LetheProcess) -> list[int]:
+    """The serving processes: the supervisor's members, or the one process."""
+    text = proc.log.read_text(errors="replace")
+    line = text[text.rfind("lethe serving") :].splitlines()[0]
+    listed = line.partition("processes: ")[2].rstrip().rstrip(")")
+    return [int(p) for p in listed.split(", ")] if listed else [proc.pid]
+
+
+def _search_once(address: str, token: str, vector: np.ndarray) -> float:
+    """One search on a connection of its own; seconds."""
+    stubs = Stubs.insecure(address, token)
+    try:
+        request = retrieval_pb2.SearchRequest(
+            parent=f"owners/{OWNER}",
+            query_embedding=vector.tolist(),
+            top_k=10,
+            mode=retrieval_pb2.SearchRequest.DENSE,
+        )
+        t0 = time.perf_counter()
+        stubs.retrieval.Search(request, metadata=stubs.md, timeout=600)
+        return time.perf_counter() - t0
+    finally:
+        stubs.close()
+
+
+def _run(pool: ClientPool, batch: CallBatch, clients: int) -> dict[str, float]:
+    """One closed-loop run: searches a second over the wall span, p50 and p99 in ms."""
+    results = pool.run(batch, clients)
+    calls = [lat for r in results for lat in r.latencies]
+    span = max(r.end for r in results) - min(r.start for r in results)
+    return {
+        "qps": len(calls) / span,
+        "p50_ms": float(np.percentile(calls, 50)) * 1e3,
+        "p99_ms": float(np.percentile(calls, 99)) * 1e3,
+        "calls": float(len(calls)),
+    }
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Ingest, then the rounds and the kill (module docstring); the report."""
+    counts = [int(c) for c in args.processes.split(",")]
+    texts = varied_texts(load_corpus(None).turns, args.records)
+    vectors = random_unit(args.records, seed=1)
+    queries = [q.tolist() for q in random_unit(64, seed=3)]
+    proc = LetheProcess(["--processes", str(counts[0])])
+    pool = ClientPool(args.clients)
+    runs: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
+    memory: dict[int, list[int]] = {n: [] for n in counts}
+    try:
+        proc.start()
+        stubs = Stubs.insecure(proc.address, proc.token)
+        _log(f"ingest {args.records} turns")
+        ingest_s = _ingest(stubs, texts, vectors)
+        stubs.close()
+        _search_once(proc.address, proc.token, vectors[0])  # built: the stop writes its snapshot
+        for r in range(args.rounds):
+            for n in counts:
+                proc.stop(timeout=900)
+                proc.serve_args = [*proc.serve_args[:-1], str(n)]
+                proc.start()
+                batch = CallBatch(proc.address, "search", f"owners/{OWNER}", queries, proc.token, 0)
+                warm = CallBatch(**{**batch.__dict__, "seconds": args.warmup})
+                pool.run(warm, args.clients)  # every process has loaded the owner
+                run = _run(
+                    pool, CallBatch(**{**batch.__dict__, "seconds": args.seconds}), args.clients
+                )
+                rss = sum(memory_of(pid).get("vm_rss", 0) for pid in _members(proc))
+                runs[n].append(run)
+                memory[n].append(rss)
+                _log(
+                    f"round {r + 1}: {n} processes: {run['qps']:.0f} searches/s, "
+                    f"p50 {run['p50_ms']:.2f} ms, p99 {run['p99_ms']:.2f} ms, rss {rss >> 20} MiB"
+                )
+        kill = _kill_to_first_search(proc, counts[-1], vectors[1])
+    finally:
+        pool.close()
+        proc.close()
+    floor = counts[0]
+    table = []
+    for n in counts:
+        qps = median(x["qps"] for x in runs[n])
+        p50 = median(x["p50_ms"] for x in runs[n])
+        table.append(
+            {
+                "processes": n,
+                "qps": round(qps, 1),
+                "p50_ms": round(p50, 3),
+                "p99_ms": round(median(x["p99_ms"] for x in runs[n]), 3),
+                "rss_bytes": int(median(memory[n])),
+                "qps_ratio": round(qps / median(x["qps"] for x in runs[floor]), 3),
+                "p50_ratio": round(p50 / median(x["p50_ms"] for x in runs[floor]), 3),
+            }
+        )
+    return {
+        "records": args.records,
+        "clients": args.clients,
+        "seconds": args.seconds,
+        "rounds": args.rounds,
+        "ingest_s": round(ingest_s, 1),
+        "table": table,
+        "runs": {str(n): runs[n] for n in counts},
+        "kill": kill,
+    }
+
+
+def _kill_to_first_search(proc: LetheProcess, n: int, vector: np.ndarray) -> dict[str, Any]:
+    """SIGKILL one member of an ``n``-process group; seconds until a search answers again."""
+    proc.stop(timeout=900)
+    proc.serve_args = [*proc.serve_args[:-1], str(n)]
+    proc.start()
+    _search_once(proc.address, proc.token, vector)
+    members = _members(proc)
+    victim = members[-1]
+    t0 = time.perf_counter()
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(0.3)  # the supervisor notices within 0.2 s and stops the others
+    while True:
+        try:
+            _search_once(proc.address, proc.token, vector)
+            break
+        except Exception:
+            if time.perf_counter() - t0 > 600:
+                raise
+            time.sleep(0.05)
+    return {"processes": n, "kill_to_first_search_s": round(time.perf_counter() - t0, 3)}
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# --processes: searches a second at {report['records']} turns, "
+        f"{report['clients']} client processes",
+        "",
+        f"Medians of {report['rounds']} rounds of {report['seconds']} s; ratios to "
+        f"{report['table'][0]['processes']} process(es). Machine: "
+        f"{report['machine'].get('cpu_count')} CPUs, load average at start "
+        f"{report['machine'].get('loadavg_start')}.",
+        "",
+        "| processes | searches/s | ratio | p50 ms | p50 ratio | p99 ms | RSS (all, MiB) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["table"]:
+        lines.append(
+            f"| {row['processes']} | {row['qps']:.0f} | {row['qps_ratio']:.2f} | "
+            f"{row['p50_ms']:.2f} | {row['p50_ratio']:.2f} | {row['p99_ms']:.2f} | "
+            f"{row['rss_bytes'] >> 20} |"
+        )
+    kill = report["kill"]
+    lines += [
+        "",
+        f"A member of {kill['processes']} SIGKILLed: the group answers a new connection's "
+        f"search {kill['kill_to_first_search_s']:.2f} s later (restart, recovery, warm load).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write its results; 0."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", default="1,2", help="process counts, the floor first")
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="seconds: 300 records, 1 round")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.records, args.clients, args.seconds, args.warmup, args.rounds = 300, 2, 1.0, 0.5, 1
+    machine = machine_info()
+    report = {"machine": machine, **measure(args)}
+    name = "processes-smoke" if args.smoke else "processes"
+    out = args.out or BENCH / "results" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(_markdown(report))
+    print(_markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
