@@ -32,11 +32,21 @@ Item → memory
 ``put``
     Commits: what is put is searchable when ``put`` returns. A second ``put``
     of the key is ``UpdateMemory``: a new version (a ``FACT``'s old version
-    becomes ``SUPERSEDED``); ``created_at`` stays the first put's.
+    becomes ``SUPERSEDED``); ``created_at`` stays the first put's. A put is
+    one call: ``CreateMemory`` for a key the store has not seen exist,
+    ``UpdateMemory`` for one it has (it keeps the names it wrote or read as a
+    hint, in memory). When the hint is wrong the other call follows
+    (``ALREADY_EXISTS`` → update, ``NOT_FOUND`` / ``RECORD_DELETED`` →
+    create), and so on while a concurrent delete is purging the key, so a
+    ``put`` racing a ``delete`` of its key lands after it instead of failing.
+    A ``ttl`` on an update adds a ``SetRetention`` (see ``ttl`` below).
 ``delete`` (and ``put`` of ``None``)
     Is a Lethe ``Forget``: the memory is tombstoned, everything derived from
     it goes too, its key is destroyed (crypto-shredding), and a receipt is
-    kept. A later ``put`` of the key creates it again. It looks for no echoes
+    kept. A later ``put`` of the key creates it again. The deletes of one
+    ``batch`` are one ``Forget`` per owner (one receipt naming them all);
+    when one of them is gone already, that ``Forget`` is refused whole and
+    each is forgotten on its own (a receipt each). It looks for no echoes
     (``echoes: IGNORE``): a store's items are keys its caller manages, so
     deleting one never touches another item whose value repeats it, and a
     later ``put`` of the same value is accepted, as in ``InMemoryStore``. An
@@ -58,10 +68,16 @@ Item → memory
     conditions (``"*"`` matches any label), ``max_depth``, ``limit`` and
     ``offset``; sorted.
 ``batch``
-    Reads (get, search, list_namespaces) see the state before the batch's
-    writes, and of several writes to one key the last wins, as in
-    ``InMemoryStore``. ``abatch`` runs ``batch`` in the event loop's default
-    executor (the blocking client is thread-safe).
+    Every operation is checked first (labels, owner, JSON values, ``ttl``,
+    ``index=False``), as LangGraph's SQL stores do: a batch with one bad
+    operation raises before any call is sent. Reads (get, search,
+    list_namespaces) see the state before the batch's writes, and of several
+    writes to one key the last wins, as in ``InMemoryStore``. The calls are
+    pipelined on the one channel, at most ``PIPELINE_DEPTH`` (8) in flight:
+    the reads, then the deletes, then the puts (a call each). A write the
+    server refuses (``BadField``, ``OwnerNotAllowed``) raises after the
+    batch's other writes were applied. ``abatch`` runs ``batch`` in the event
+    loop's default executor (the blocking client is thread-safe).
 
 Differences from ``InMemoryStore`` (each tested in
 ``tests/lethe/test_langgraph.py``)
@@ -112,9 +128,13 @@ import datetime as _dt
 import hashlib
 import hmac
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
 from langgraph.store.base import (
@@ -143,9 +163,26 @@ MAX_TEXT_BYTES = 64 * 1024
 """Largest indexed text of an item (UTF-8 bytes): Lethe's limit on a memory's text."""
 SEARCH_WINDOW = 1000
 """Most hits one query search examines (Lethe's ``top_k`` ceiling)."""
+PIPELINE_DEPTH = 8
+"""Most calls one ``batch`` keeps in flight: half the server's default per-token
+bound on calls in flight (``max_inflight_per_principal``, 16), so that the
+token's other calls still get in."""
+_KNOWN_NAMES = 100_000
+_RACE_TRIES = 24
+_T = TypeVar("_T")
 _DEFAULT_ID_KEY = b"lethe.langgraph.v1"
 _META = "langgraph"
 _EXACT = float(2**53)
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A checked put, ready to send: ``text`` None is a delete."""
+
+    name: str
+    text: str | None
+    metadata: dict[str, Any] | None
+    ttl: float | None
 
 
 def _utc(ts: Any) -> _dt.datetime:
@@ -315,11 +352,18 @@ class LetheStore(BaseStore):
         self._paths = [(p, tokenize_path(p) if p != "$" else p) for p in self.fields]
         self._id_key = id_key or _DEFAULT_ID_KEY
         self.ttl_config = dict(ttl) if ttl is not None else None  # type: ignore[assignment]
+        self._known: set[str] = set()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     # -- lifetime -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the client if this store built it (from ``target`` and ``token``)."""
+        """End the store's pipeline threads; close the client if this store built it."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
         if self._owns_client:
             self.client.close()
 
@@ -420,19 +464,30 @@ class LetheStore(BaseStore):
         except NotFound:  # never existed, or deleted (RecordDeleted), or expired
             return None
         found = self._item(memory)
-        if found is not None and getattr(op, "refresh_ttl", False):
-            self._refresh([memory])
+        if found is not None:
+            self._remember(name)
+            if getattr(op, "refresh_ttl", False):
+                self._refresh([memory])
         return None if found is None else found[2]
 
-    def _put(self, op: PutOp) -> None:
+    def _prepare(self, op: PutOp) -> _Write:
+        """Check a put whole and build what it writes; nothing is sent.
+
+        Raises:
+            InvalidNamespaceError: an empty namespace, a bad label, or no owner
+                label when the store has no owner.
+            NotImplementedError: ``index=False``.
+            TypeError / ValueError: a value JSON cannot hold; a ``ttl`` that is
+                not positive.
+        """
         _check_labels(op.namespace)
         if not op.namespace:
             raise InvalidNamespaceError("Namespace cannot be empty.")
+        if not isinstance(op.key, str):
+            raise TypeError(f"key must be a string, not {type(op.key).__name__}")
         name = self.memory_name(op.namespace, op.key)
         if op.value is None:
-            with contextlib.suppress(NotFound):  # nothing to delete: never put, or gone
-                self.client.forget([name], reason="langgraph delete", echoes="IGNORE")
-            return
+            return _Write(name, None, None, None)
         if op.index is False:
             raise NotImplementedError(
                 "LetheStore cannot store an unindexed item (index=False): Lethe indexes "
@@ -445,40 +500,125 @@ class LetheStore(BaseStore):
             if op.ttl <= 0:
                 raise ValueError("ttl must be positive (minutes)")
             item["ttl"] = float(op.ttl)
-        metadata = {_META: item}
         text = self._text(value, op.index if isinstance(op.index, list) else None)
-        memory = {"name": name, "text": text, "metadata": metadata}
-        try:
-            self._update(memory, op.ttl)
-            return
-        except NotFound:
-            pass
-        owner, memory_id = name.split("/")[1], name.rsplit("/", 1)[1]
-        try:
-            self.client.create_memory(
-                f"owners/{owner}",
-                {"kind": self.kind, "text": text, "metadata": metadata, "state": "COMMITTED"},
-                memory_id=memory_id,
-                retention=op.ttl * 60 if op.ttl is not None else None,
-            )
-        except AlreadyExists:  # another writer created it meanwhile: ours is the later put
-            self._update(memory, op.ttl)
+        return _Write(name, text, {_META: item}, op.ttl)
 
-    def _update(self, memory: Mapping[str, Any], ttl: float | None) -> None:
-        """A new version of an item, and its retention as ``ttl`` (minutes) says.
+    def _remember(self, name: str) -> None:
+        """Note that ``name`` exists, so that its next put tries ``UpdateMemory`` first."""
+        if len(self._known) >= _KNOWN_NAMES:
+            self._known.clear()  # a hint, not a truth: forgetting it costs one call
+        self._known.add(name)
+
+    def _write(self, write: _Write) -> None:
+        """Apply one prepared put: one call when the hint is right, more on a race.
+
+        A name this store has seen exist is updated first, any other created
+        first (a new key: one ``CreateMemory``). ``ALREADY_EXISTS`` on create
+        (another writer created it, or a deleted memory that is not yet
+        purged holds its id) turns to an update, ``NOT_FOUND`` /
+        ``RECORD_DELETED`` on update (never existed, or a racing delete) to a
+        create, until one succeeds; a delete racing the put is purged within
+        its ``Forget``, so this ends once it has returned.
+
+        Raises:
+            lethe.client.RecordDeleted: after about 2 s of that cycle (an
+                expired item whose id the server's sweeper has not freed yet).
+            lethe.client.LetheError: any other refusal of the server.
+        """
+        update_first = write.name in self._known
+        for attempt in range(_RACE_TRIES):
+            if update_first:
+                try:
+                    self._update(write)
+                    self._remember(write.name)
+                    return
+                except NotFound:
+                    if attempt == _RACE_TRIES - 1:
+                        raise
+            owner, memory_id = write.name.split("/")[1], write.name.rsplit("/", 1)[1]
+            try:
+                self.client.create_memory(
+                    f"owners/{owner}",
+                    {
+                        "kind": self.kind,
+                        "text": write.text,
+                        "metadata": write.metadata,
+                        "state": "COMMITTED",
+                    },
+                    memory_id=memory_id,
+                    retention=write.ttl * 60 if write.ttl is not None else None,
+                )
+                self._remember(write.name)
+                return
+            except AlreadyExists:
+                if update_first:  # deleted and not yet purged: let the delete finish
+                    time.sleep(min(0.001 * 2**attempt, 0.1))
+                update_first = True
+        raise AssertionError("unreachable")  # the last update attempt raised
+
+    def _update(self, write: _Write) -> None:
+        """A new version of an item, and its retention as ``write.ttl`` (minutes) says.
 
         Raises:
             NotFound: the item does not exist (or is gone).
         """
+        memory = {"name": write.name, "text": write.text, "metadata": write.metadata}
         updated = self.client.update_memory(memory, update_mask=["text", "metadata"])
-        if ttl is not None:
-            self.client.set_retention([updated.name], ttl=ttl * 60)
+        if write.ttl is not None:
+            self.client.set_retention([updated.name], ttl=write.ttl * 60)
         elif updated.HasField("expire_time"):
             # It expires: by this store's ttl of an earlier put (removed now, as
             # a put without ttl asks), or by the owner's default (kept).
             earlier = self.client.get_memory(updated.name, version=updated.version - 1)
             if self._ttl(earlier):
                 self.client.set_retention([updated.name], clear=True)
+
+    def _delete(self, names: Sequence[str]) -> None:
+        """Forget items, in one ``Forget`` per owner when every name is live.
+
+        A name that is gone (never put, or deleted meanwhile) makes the whole
+        ``Forget`` refuse with nothing deleted; then each name is forgotten on
+        its own, the gone ones skipped.
+        """
+        by_owner: dict[str, list[str]] = {}
+        for name in names:
+            self._known.discard(name)
+            by_owner.setdefault(name.split("/")[1], []).append(name)
+
+        def forget(group: list[str]) -> None:
+            self.client.forget(group, reason="langgraph delete", echoes="IGNORE")
+
+        def forget_each(name: str) -> None:
+            with contextlib.suppress(NotFound):  # nothing to delete: never put, or gone
+                forget([name])
+
+        for group in by_owner.values():
+            try:
+                forget(group)
+            except NotFound:
+                if len(group) > 1:
+                    self._run_all(forget_each, group)
+
+    def _run_all(self, fn: Callable[[_T], None], items: Sequence[_T]) -> None:
+        """Call ``fn`` on each of ``items``, at most ``PIPELINE_DEPTH`` at once.
+
+        Every call finishes before the first error (in ``items`` order) is raised.
+        """
+        if len(items) <= 1:
+            for item in items:
+                fn(item)
+            return
+        futures = [self._executor().submit(fn, item) for item in items]
+        errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(PIPELINE_DEPTH, thread_name_prefix="lethe-store")
+            return self._pool
 
     def _owner_items(
         self, owner: str
@@ -554,12 +694,22 @@ class LetheStore(BaseStore):
                 return kept[op.offset : op.offset + op.limit]
             top_k = min(SEARCH_WINDOW, top_k * 4)
 
-    def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+    def _list_scope(self, op: ListNamespacesOp) -> str:
+        """The owner a listing reads, its conditions checked.
+
+        Raises:
+            InvalidNamespaceError: a bad label in a condition.
+            NotImplementedError: no owner label when the store has no owner.
+        """
         conditions = tuple(op.match_conditions or ())
         for condition in conditions:
             _check_labels([label for label in condition.path if label != "*"])
         prefixes = [c.path for c in conditions if c.match_type == "prefix"]
-        owner = self._scope_owner(prefixes[0] if prefixes else (), "list_namespaces")
+        return self._scope_owner(prefixes[0] if prefixes else (), "list_namespaces")
+
+    def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        conditions = tuple(op.match_conditions or ())
+        owner = self._list_scope(op)
         namespaces = {ns for ns, _key, _item, _memory in self._owner_items(owner)}
         selected = [ns for ns in namespaces if all(_condition_holds(c, ns) for c in conditions)]
         if op.max_depth is not None:
@@ -571,10 +721,13 @@ class LetheStore(BaseStore):
     # -- BaseStore ----------------------------------------------------------------------
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        """Run LangGraph store operations in order (see the module docstring).
+        """Run LangGraph store operations (see the module docstring, ``batch``).
 
-        Reads see the state before the batch's writes; of several writes to one
-        ``(namespace, key)`` the last wins, applied where the first stood.
+        Every operation is checked before any call is sent: a batch with one
+        bad operation writes nothing. Reads see the state before the batch's
+        writes; of several writes to one ``(namespace, key)`` the last wins.
+        The calls are pipelined, at most ``PIPELINE_DEPTH`` in flight: the
+        gets, then one ``Forget`` per owner for the deletes, then the puts.
 
         Args:
             ops: ``GetOp``, ``SearchOp``, ``ListNamespacesOp`` and ``PutOp``.
@@ -584,29 +737,47 @@ class LetheStore(BaseStore):
             ``SearchItem``, a list of namespaces, or None for a put.
 
         Raises:
-            InvalidNamespaceError: a bad label, or no owner label when the store has no owner.
-            NotImplementedError: ``index=False`` on a put; a search or
-                listing without an owner label when the store has no owner.
-            TypeError / ValueError: a value JSON cannot hold; an unknown operation.
+            InvalidNamespaceError: a bad label, or no owner label when the store
+                has no owner (nothing is written).
+            NotImplementedError: ``index=False`` on a put; a search or listing
+                without an owner label when the store has no owner (nothing is
+                written).
+            TypeError / ValueError: a value JSON cannot hold; a ``ttl`` that is
+                not positive; an unknown operation (nothing is written).
             lethe.client.LetheError: the server refused a call (e.g.
-                ``OwnerNotAllowed``, ``BadField`` for a value over the limits).
+                ``OwnerNotAllowed``, ``BadField`` for a value over the limits);
+                the other writes of the batch were still applied.
         """
-        results: list[Result] = []
-        puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
-        for op in ops:
-            if isinstance(op, GetOp):
-                results.append(self._get(op))
+        ops = list(ops)
+        writes: dict[str, _Write] = {}
+        for op in ops:  # check everything first
+            if isinstance(op, PutOp):
+                write = self._prepare(op)
+                writes.pop(write.name, None)  # the last write wins, in its own place
+                writes[write.name] = write
+            elif isinstance(op, GetOp):
+                self.memory_name(op.namespace, op.key)
             elif isinstance(op, SearchOp):
-                results.append(self._search(op))
+                _check_labels(op.namespace_prefix)
+                self._scope_owner(op.namespace_prefix, "search")
             elif isinstance(op, ListNamespacesOp):
-                results.append(self._list_namespaces(op))
-            elif isinstance(op, PutOp):
-                puts[(tuple(op.namespace), op.key)] = op
-                results.append(None)
+                self._list_scope(op)
             else:
                 raise ValueError(f"Unknown operation type: {type(op)}")
-        for op in puts.values():
-            self._put(op)
+        results: list[Result] = [None] * len(ops)
+
+        def read(i: int) -> None:
+            op = ops[i]
+            if isinstance(op, GetOp):
+                results[i] = self._get(op)
+            elif isinstance(op, SearchOp):
+                results[i] = self._search(op)
+            elif isinstance(op, ListNamespacesOp):
+                results[i] = self._list_namespaces(op)
+
+        self._run_all(read, [i for i, op in enumerate(ops) if not isinstance(op, PutOp)])
+        self._delete([w.name for w in writes.values() if w.text is None])
+        self._run_all(self._write, [w for w in writes.values() if w.text is not None])
         return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:

@@ -26,10 +26,12 @@ import asyncio
 import datetime as dt
 import os
 import secrets
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -515,3 +517,140 @@ def test_constructor_refuses_what_it_cannot_serve(lethe: Lethe) -> None:
     for make in bad:
         with pytest.raises(ValueError, match=r"client|token|owner|kind"):
             make()
+
+
+# -- writes: calls, races, whole batches ----------------------------------------------
+
+
+class CountingClient:
+    """A real :class:`lethe.client.Client` that counts the RPC methods called on it."""
+
+    def __init__(self, client: lc.Client) -> None:
+        self.client = client
+        self.calls: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.client, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+    def take(self) -> dict[str, int]:
+        """The counts since the last take."""
+        out = dict(self.calls)
+        self.calls.clear()
+        return out
+
+
+def _counting(lethe: Lethe, **kw: Any) -> tuple[LetheStore, CountingClient]:
+    counting = CountingClient(lethe.client(admin=True))
+    return LetheStore(cast(lc.Client, counting), owner="alice", **kw), counting
+
+
+def test_a_put_is_one_call_when_the_store_knows_whether_the_key_exists(lethe: Lethe) -> None:
+    store, calls = _counting(lethe)
+    store.put(("ns",), "k", {"v": 1})
+    assert calls.take() == {"create_memory": 1}  # a new key
+    store.put(("ns",), "k", {"v": 2})
+    assert calls.take() == {"update_memory": 1}  # a key this store has written
+    other, other_calls = _counting(lethe)
+    other.put(("ns",), "k", {"v": 3})  # a key another store wrote: create, then update
+    assert other_calls.take() == {"create_memory": 1, "update_memory": 1}
+    store.put(("ns",), "k", {"v": 4})  # stale hint, still right: updated
+    assert store.get(("ns",), "k").value == {"v": 4}  # type: ignore[union-attr]
+    calls.take()
+    other.delete(("ns",), "k")
+    other.put(("ns",), "k", {"v": 5})
+    assert other_calls.take() == {"forget": 1, "create_memory": 1}
+    store.delete(("ns",), "k")  # its hint says it exists: update_memory found it deleted
+    store.put(("ns",), "k", {"v": 6})
+    assert calls.take() == {"forget": 1, "create_memory": 1}
+    assert store.get(("ns",), "k").value == {"v": 6}  # type: ignore[union-attr]
+
+
+def test_a_put_racing_a_delete_of_the_key_never_fails(lethe: Lethe) -> None:
+    """Two stores, one putting and one deleting the same key, never see an error.
+
+    Before the fix a put raised RecordDeleted here: update NOT_FOUND, create
+    ALREADY_EXISTS (the delete's tombstone, not yet purged), then the update
+    again, on the deleted memory.
+    """
+    client = lethe.client(admin=True)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        store = LetheStore(client, owner="alice")  # its own hints, as a separate process
+        try:
+            for n in range(60):
+                if i % 2:
+                    store.delete(("race",), "k")
+                else:
+                    store.put(("race",), "k", {"n": n, "writer": i})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    store = LetheStore(client, owner="alice")
+    store.put(("race",), "k", {"n": "last"})
+    assert store.get(("race",), "k").value == {"n": "last"}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (PutOp(("ok", "bad.label"), "k", {"v": 1}), InvalidNamespaceError),
+        (PutOp((), "k", {"v": 1}), InvalidNamespaceError),
+        (PutOp(("ok",), "k", {"v": float("nan")}), ValueError),
+        (PutOp(("ok",), "k", {"v": b"bytes"}), TypeError),
+        (PutOp(("ok",), "k", {"v": 1}, ttl=-1.0), ValueError),
+        (PutOp(("ok",), "k", {"v": 1}, index=False), NotImplementedError),
+        (SearchOp(("ok", ""), None, 10, 0, None), InvalidNamespaceError),
+    ],
+)
+def test_a_batch_with_one_bad_op_writes_nothing(
+    lethe: Lethe, bad: Op, error: type[Exception]
+) -> None:
+    store, calls = _counting(lethe)
+    store.put(("ok",), "gone", {"v": 0})
+    calls.take()
+    ops: list[Op] = [PutOp(("ok",), f"k{i}", {"v": i}) for i in range(3)]
+    ops += [PutOp(("ok",), "gone", None), bad, PutOp(("ok",), "after", {"v": 9})]
+    with pytest.raises(error):
+        store.batch(ops)
+    assert calls.take() == {}  # not one call was sent
+    assert [i.key for i in store.search(("ok",))] == ["gone"]
+
+
+def test_a_batch_pipelines_its_calls_and_deletes_in_one_forget(lethe: Lethe) -> None:
+    store, calls = _counting(lethe)
+    store.batch([PutOp(("b",), f"k{i}", {"i": i}) for i in range(40)])
+    assert calls.take() == {"create_memory": 40}
+    got = store.batch(
+        [GetOp(("b",), f"k{i}") for i in range(5)]
+        + [PutOp(("b",), f"k{i}", None) for i in range(5)]
+        + [PutOp(("b",), f"k{i}", {"i": -i}) for i in range(5, 40)]
+    )
+    assert [g.value for g in got[:5]] == [{"i": i} for i in range(5)]  # type: ignore[union-attr]
+    assert got[5:] == [None] * 40
+    assert calls.take() == {"get_memory": 5, "forget": 1, "update_memory": 35}
+    client = lethe.client(admin=True)
+    [receipt] = list(client.iter_deletions("owners/alice"))
+    assert sorted(receipt.targets) == sorted(store.memory_name(("b",), f"k{i}") for i in range(5))
+    assert sorted(i.value["i"] for i in store.search(("b",), limit=100)) == list(range(-39, -4))
+    calls.take()
+    # A Forget naming a gone item is refused whole: then one Forget per name.
+    store.batch([PutOp(("b",), k, None) for k in ("k5", "k0", "k6")])
+    assert calls.take() == {"forget": 1 + 3}
+    assert len(list(client.iter_deletions("owners/alice"))) == 3
+    assert store.get(("b",), "k5") is None
+    assert store.get(("b",), "k6") is None
