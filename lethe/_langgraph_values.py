@@ -1,0 +1,128 @@
+"""The values side of :mod:`lethe.langgraph`: JSON from ``Struct``, LangGraph's filters, cosine.
+
+Pure functions, no calls: how an item's value comes back from its
+memory's ``metadata`` (:func:`from_struct`), LangGraph's filter and
+namespace-condition semantics (:func:`matches_filter`,
+:func:`condition_holds`, as ``langgraph.store.memory.InMemoryStore`` applies
+them), the namespace label rule (:func:`check_labels`), and the cosine
+similarity that scores a query against an item's vectors when the store has
+an ``index`` with ``embed`` (:func:`cosine`).
+
+Imports langgraph-checkpoint and the standard library.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langgraph.store.base import InvalidNamespaceError, MatchCondition
+
+__all__ = [
+    "check_labels",
+    "condition_holds",
+    "cosine",
+    "from_struct",
+    "matches_filter",
+    "truncate",
+]
+
+_EXACT = float(2**53)
+
+
+def from_struct(value: Any) -> Any:
+    """A Struct value as Python, integral doubles back to ints (within ±2**53)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: from_struct(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_struct(v) for v in value]
+    return value
+
+
+def _compare(item_value: Any, filter_value: Any) -> bool:
+    """LangGraph's filter semantics: nested equality and ``$`` operators."""
+    if isinstance(filter_value, dict):
+        if any(k.startswith("$") for k in filter_value):
+            return all(_operator(item_value, op, v) for op, v in filter_value.items())
+        if not isinstance(item_value, dict):
+            return False
+        return all(_compare(item_value.get(k), v) for k, v in filter_value.items())
+    if isinstance(filter_value, (list, tuple)):
+        return (
+            isinstance(item_value, (list, tuple))
+            and len(item_value) == len(filter_value)
+            and all(_compare(i, f) for i, f in zip(item_value, filter_value, strict=True))
+        )
+    return bool(item_value == filter_value)
+
+
+def _operator(value: Any, op: str, operand: Any) -> bool:
+    if op == "$eq":
+        return bool(value == operand)
+    if op == "$ne":
+        return bool(value != operand)
+    if op in ("$gt", "$gte", "$lt", "$lte"):
+        left, right = float(value), float(operand)
+        return {
+            "$gt": left > right,
+            "$gte": left >= right,
+            "$lt": left < right,
+            "$lte": left <= right,
+        }[op]
+    raise ValueError(f"Unsupported operator: {op}")
+
+
+def matches_filter(value: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
+    return not flt or all(_compare(value.get(k), v) for k, v in flt.items())
+
+
+def condition_holds(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:
+    path = tuple(condition.path)
+    if len(namespace) < len(path):
+        return False
+    if condition.match_type == "prefix":
+        pairs = zip(namespace, path, strict=False)
+    elif condition.match_type == "suffix":
+        pairs = zip(reversed(namespace), reversed(path), strict=False)
+    else:
+        raise ValueError(f"Unsupported match type: {condition.match_type}")
+    return all(p == "*" or n == p for n, p in pairs)
+
+
+def check_labels(namespace: Sequence[str]) -> None:
+    for label in namespace:
+        if not isinstance(label, str) or not label or "." in label or "\x00" in label:
+            raise InvalidNamespaceError(
+                f"Invalid namespace label {label!r} in {tuple(namespace)}: labels are "
+                "non-empty strings without periods or NUL bytes"
+            )
+
+
+def truncate(text: str, limit: int) -> str:
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    return raw[:limit].decode(errors="ignore")
+
+
+def cosine(query: Sequence[float], vector: Sequence[float]) -> float:
+    """Cosine similarity of two vectors, as LangGraph's ``InMemoryStore`` scores.
+
+    Args:
+        query: the query's embedding, ``(d,)`` floats.
+        vector: an item's embedding, ``(d,)`` floats.
+
+    Returns:
+        ``q·v / (|q| |v|)`` in [-1, 1]; 0.0 when either is the zero vector.
+
+    Raises:
+        ValueError: the dimensions differ.
+    """
+    if len(query) != len(vector):
+        raise ValueError(f"dimension {len(vector)} differs from the query's {len(query)}")
+    dot = math.fsum(q * v for q, v in zip(query, vector, strict=True))
+    norms = math.sqrt(math.fsum(q * q for q in query)) * math.sqrt(math.fsum(v * v for v in vector))
+    return dot / norms if norms else 0.0
