@@ -75,8 +75,30 @@ def _operator(value: Any, op: str, operand: Any) -> bool:
     raise ValueError(f"Unsupported operator: {op}")
 
 
+def _at(value: Mapping[str, Any], key: str) -> Any:
+    """The value at a filter key: the key itself, else a dotted path into nested objects."""
+    if key in value or "." not in key:
+        return value.get(key)
+    found: Any = value
+    for part in key.split("."):
+        if not isinstance(found, Mapping) or part not in found:
+            return None
+        found = found[part]
+    return found
+
+
 def matches_filter(value: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
-    return not flt or all(_compare(value.get(k), v) for k, v in flt.items())
+    """Whether an item's value passes a LangGraph ``filter``.
+
+    Each key names a top-level field, or, when no field has that name, a
+    dotted path into nested objects (``"user.level"``, as LangGraph's SQL
+    stores read it); its condition is a value (nested equality) or a mapping
+    of ``$eq``, ``$ne``, ``$gt``, ``$gte``, ``$lt``, ``$lte``.
+
+    Raises:
+        ValueError: an unknown ``$`` operator.
+    """
+    return not flt or all(_compare(_at(value, k), v) for k, v in flt.items())
 
 
 def condition_holds(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:

@@ -723,3 +723,16 @@ def test_a_batch_pipelines_its_calls_and_deletes_in_one_forget(lethe: Lethe) -> 
     assert len(list(client.iter_deletions("owners/alice"))) == 3
     assert store.get(("b",), "k5") is None
     assert store.get(("b",), "k6") is None
+
+
+def test_a_dotted_filter_key_reaches_into_nested_values(lethe: Lethe) -> None:
+    """As LangGraph's SQL stores read filter keys; a field named with the dots wins."""
+    store = _store(lethe)
+    store.put(("docs",), "hyphen", {"access-level": "public", "user": {"access-level": "nested"}})
+    store.put(("docs",), "dotted", {"user.access-level": "literal"})
+    assert [i.key for i in store.search(("docs",), filter={"access-level": "public"})] == ["hyphen"]
+    found = store.search(("docs",), filter={"user.access-level": "nested"})
+    assert [i.key for i in found] == ["hyphen"]
+    found = store.search(("docs",), filter={"user.access-level": "literal"})
+    assert [i.key for i in found] == ["dotted"]
+    assert store.search(("docs",), filter={"user.missing.deeper": "x"}) == []

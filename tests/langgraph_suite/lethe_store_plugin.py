@@ -1,0 +1,184 @@
+"""A pytest plugin that runs LangGraph's own store tests against ``LetheStore`` on a real server.
+
+Loaded with ``-p lethe_store_plugin`` by ``test_langgraph_suite.py`` into a
+pytest run of its own, in the unpacked source distribution of a LangGraph
+package (their tests, their configuration; never copied into this
+repository). At configure time it starts one ``lethe serve`` (loopback, port
+0, no embedder, its own data directory and KEK) and makes
+``langgraph.store.memory.InMemoryStore`` a ``LetheStore`` on it, each
+instance on an owner of its own, before the test modules import it: the
+tests run unchanged. ``LETHE_SUITE_REPORT`` names a JSON file that gets each
+test's outcome (``{"nodeid": "passed" | "failed" | "skipped"}``); with
+``LETHE_SUITE_BASELINE`` set, nothing is swapped (LangGraph's own store runs,
+the baseline the Lethe run is compared with).
+
+The SQLite store's tests (``langgraph-checkpoint-sqlite``) make their stores
+in fixtures with ``SqliteStore.from_conn_string`` / ``AsyncSqliteStore.
+from_conn_string`` and ``setup()``: the adapted fixture is those two
+constructors, which here yield a ``LetheStore`` (its ``index``'s
+``text_fields`` taken as ``fields``) on a fresh owner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lethe.client import Client
+from lethe.langgraph import LetheStore
+
+_server: subprocess.Popen[str] | None = None
+_client: Client | None = None
+_outcomes: dict[str, str] = {}
+
+
+def _serve() -> tuple[subprocess.Popen[str], int, str]:
+    """``lethe serve --json`` on a fresh data directory; the process, its port, an admin token.
+
+    Raises:
+        RuntimeError: the server printed no ready document within 60 s.
+    """
+    from shredder import KekRing
+
+    data = Path(tempfile.mkdtemp(prefix="lethe-langgraph-suite-")) / "data"
+    env = {**os.environ, "LETHE_KEK": KekRing.generate_env_value()}
+    lethe = [sys.executable, "-m", "server.cli"]
+    log = (data.parent / "serve.log").open("w")
+    proc = subprocess.Popen(
+        [
+            *lethe,
+            "serve",
+            "--json",
+            "--data",
+            str(data),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "off",
+            "--embedder",
+            "none",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    assert proc.stdout is not None
+    text, deadline = "", time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        text += line
+        if line.rstrip() == "}":
+            port = int(json.loads(text)["port"])
+            token = subprocess.run(
+                [*lethe, "token", "create", "--data", str(data), "--admin"],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            return proc, port, token
+    proc.kill()
+    raise RuntimeError(f"lethe serve did not start: {text}")
+
+
+class SuiteStore(LetheStore):
+    """``LetheStore`` with ``InMemoryStore``'s constructor: each instance a fresh owner."""
+
+    def __init__(self, *, index: Any = None, ttl: Any = None) -> None:
+        """Bind to the plugin's server, on an owner no other instance uses.
+
+        Args:
+            index: LangGraph's index config, as ``LetheStore`` takes it.
+            ttl: LangGraph's ``TTLConfig``, as ``LetheStore`` takes it.
+        """
+        assert _client is not None
+        super().__init__(_client, owner=f"s{secrets.token_hex(8)}", index=index, ttl=ttl)
+
+
+class SqliteSuiteStore(SuiteStore):
+    """``SuiteStore`` as the SQLite store's fixtures use it: ``setup()`` does nothing."""
+
+    def setup(self) -> None:
+        """Nothing to set up: the server's store is ready."""
+
+
+class AsyncSqliteSuiteStore(SuiteStore):
+    """``SuiteStore`` as the async SQLite store's fixtures use it: ``await setup()``."""
+
+    async def setup(self) -> None:
+        """Nothing to set up: the server's store is ready."""
+
+
+def _sqlite_index(index: Any) -> Any:
+    """The SQLite store's index config as ``LetheStore`` takes it (``text_fields``: ``fields``)."""
+    if index is None:
+        return None
+    out = dict(index)
+    fields = out.get("text_fields")
+    if fields is not None and not out.get("fields"):
+        out["fields"] = [fields] if isinstance(fields, str) else fields
+    return out
+
+
+@contextlib.contextmanager
+def _sqlite_store(
+    cls: type[Any], conn_string: str, *, index: Any = None, ttl: Any = None
+) -> Iterator[SqliteSuiteStore]:
+    yield SqliteSuiteStore(index=_sqlite_index(index), ttl=ttl)
+
+
+@contextlib.asynccontextmanager
+async def _async_sqlite_store(
+    cls: type[Any], conn_string: str, *, index: Any = None, ttl: Any = None
+) -> AsyncIterator[AsyncSqliteSuiteStore]:
+    yield AsyncSqliteSuiteStore(index=_sqlite_index(index), ttl=ttl)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the server and swap the stores before any test module is imported."""
+    global _server, _client
+    if os.environ.get("LETHE_SUITE_BASELINE"):
+        return
+    import langgraph.store.memory
+
+    _server, port, token = _serve()
+    _client = Client(f"127.0.0.1:{port}", token)
+    langgraph.store.memory.InMemoryStore = SuiteStore  # type: ignore[misc, assignment]
+    with contextlib.suppress(ImportError):  # only where the SQLite store's tests run
+        sqlite = importlib.import_module("langgraph.store.sqlite")
+        sqlite.SqliteStore.from_conn_string = classmethod(_sqlite_store)
+        sqlite.AsyncSqliteStore.from_conn_string = classmethod(_async_sqlite_store)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Record each test's outcome (a failure in any phase fails it)."""
+    wanted = report.when == "call" or report.outcome != "passed"
+    if wanted and _outcomes.get(report.nodeid) != "failed":
+        _outcomes[report.nodeid] = report.outcome
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Write the outcomes; stop the server."""
+    path = os.environ.get("LETHE_SUITE_REPORT")
+    if path:
+        Path(path).write_text(json.dumps(_outcomes, indent=1, sort_keys=True))
+    if _client is not None:
+        _client.close()
+    if _server is not None:
+        _server.terminate()
+        _server.wait(timeout=30)
