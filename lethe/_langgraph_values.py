@@ -1,14 +1,14 @@
 """The values side of :mod:`lethe.langgraph`: JSON from ``Struct``, LangGraph's filters, cosine.
 
 Pure functions, no calls: how an item's value comes back from its
-memory's ``metadata`` (:func:`from_struct`), LangGraph's filter and
+memory's ``metadata`` (:func:`from_value`), LangGraph's filter and
 namespace-condition semantics (:func:`matches_filter`,
 :func:`condition_holds`, as ``langgraph.store.memory.InMemoryStore`` applies
 them), the namespace label rule (:func:`check_labels`), and the cosine
 similarity that scores a query against an item's vectors when the store has
 an ``index`` with ``embed`` (:func:`cosine`).
 
-Imports langgraph-checkpoint and the standard library.
+Imports langgraph-checkpoint, protobuf and the standard library.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from google.protobuf import struct_pb2
 from langgraph.store.base import InvalidNamespaceError, MatchCondition
 
 __all__ = [
     "check_labels",
     "condition_holds",
     "cosine",
-    "from_struct",
+    "from_value",
     "matches_filter",
     "truncate",
 ]
@@ -31,15 +32,30 @@ __all__ = [
 _EXACT = float(2**53)
 
 
-def from_struct(value: Any) -> Any:
-    """A Struct value as Python, integral doubles back to ints (within ±2**53)."""
-    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: from_struct(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [from_struct(v) for v in value]
-    return value
+def from_value(value: struct_pb2.Value) -> Any:
+    """A ``google.protobuf.Value`` as Python, integral doubles back to ints (within ±2**53).
+
+    One pass over the message (no JSON mapping in between).
+
+    Args:
+        value: a ``Value`` of a memory's ``metadata``.
+
+    Returns:
+        dict, list, str, bool, int, float or None.
+    """
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        return {k: from_value(v) for k, v in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [from_value(v) for v in value.list_value.values]
+    if kind == "number_value":
+        number = value.number_value
+        return int(number) if number.is_integer() and abs(number) <= _EXACT else number
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    return None
 
 
 def _compare(item_value: Any, filter_value: Any) -> bool:

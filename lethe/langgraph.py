@@ -159,7 +159,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
-from google.protobuf import json_format
 from langgraph.store.base import (
     BaseStore,
     GetOp,
@@ -180,7 +179,7 @@ from lethe._langgraph_values import (
     check_labels,
     condition_holds,
     cosine,
-    from_struct,
+    from_value,
     matches_filter,
     truncate,
 )
@@ -225,11 +224,22 @@ class _Write:
 
 @dataclass(frozen=True, slots=True)
 class _Found:
-    """An item of this store as read: the ``Item``, its decoded metadata, the memory."""
+    """An item of this store as read: the ``Item``, the memory, its metadata's fields."""
 
     item: Item
-    data: dict[str, Any]
     memory: memories_pb2.Memory
+    fields: Any  # the item's ``metadata`` entry: a map of str to ``google.protobuf.Value``
+
+    @property
+    def indexed(self) -> bool:
+        """False for an item put with ``index=False``."""
+        flag = self.fields.get("indexed")
+        return flag is None or bool(from_value(flag))
+
+    def vectors(self) -> list[list[float]]:
+        """The item's embedded vectors (an ``index`` with ``embed``), decoded on demand."""
+        found = self.fields.get("vectors")
+        return [] if found is None else list(from_value(found))
 
 
 def _rank(
@@ -246,7 +256,7 @@ def _rank(
     scored: list[tuple[float, int, _Found]] = []
     scoreless: list[_Found] = []
     for i, found in enumerate(listed):
-        vectors = found.data.get("vectors") or []
+        vectors = found.vectors()
         if vectors:
             scored.append((max(cosine(query, v) for v in vectors), i, found))
         else:
@@ -445,25 +455,44 @@ class LetheStore(BaseStore):
             text = json.dumps(value, ensure_ascii=False)
         return truncate(text, MAX_TEXT_BYTES)
 
-    def _item(self, memory: memories_pb2.Memory) -> _Found | None:
-        """The item a memory holds, or None when it is not one of this store's."""
-        if not memory.HasField("metadata") or _META not in memory.metadata.fields:
+    def _item(
+        self,
+        memory: memories_pb2.Memory,
+        prefix: tuple[str, ...] = (),
+        flt: Mapping[str, Any] | None = None,
+    ) -> _Found | None:
+        """The item a memory holds, if it is one of this store's under ``prefix`` passing ``flt``.
+
+        The namespace is checked before the value is decoded, the filter before
+        the name is checked (an HMAC) and the ``Item`` built: a listing decodes
+        little of what it skips.
+        """
+        if not memory.HasField("metadata"):
             return None
-        data = from_struct(json_format.MessageToDict(memory.metadata)).get(_META)
-        if not isinstance(data, dict) or not isinstance(data.get("value"), dict):
+        entry = memory.metadata.fields.get(_META)
+        if entry is None or entry.WhichOneof("kind") != "struct_value":
             return None
-        namespace = tuple(str(label) for label in data.get("namespace", ()))
-        key = str(data.get("key", ""))
+        fields = entry.struct_value.fields
+        raw = fields.get("namespace")
+        namespace = tuple(str(label) for label in from_value(raw) or ()) if raw else ()
+        if namespace[: len(prefix)] != prefix:
+            return None
+        raw = fields.get("value")
+        value = from_value(raw) if raw is not None else None
+        if not isinstance(value, dict) or not matches_filter(value, flt):
+            return None
+        raw = fields.get("key")
+        key = str(from_value(raw)) if raw is not None else ""
         if memory.name != self.memory_name(namespace, key):
             return None  # another store's item (other id_key or owner mode), or not ours
         item = Item(
-            value=data["value"],
+            value=value,
             key=key,
             namespace=namespace,
             created_at=_utc(memory.create_time),
             updated_at=_utc(memory.update_time),
         )
-        return _Found(item, data, memory)
+        return _Found(item, memory, fields)
 
     # -- operations --------------------------------------------------------------------
 
@@ -652,13 +681,22 @@ class LetheStore(BaseStore):
                 self._pool = ThreadPoolExecutor(PIPELINE_DEPTH, thread_name_prefix="lethe-store")
             return self._pool
 
-    def _owner_items(self, owner: str) -> list[_Found]:
-        """Every item of this store in ``owner`` (every committed memory listed and decoded)."""
+    def _owner_items(
+        self,
+        owner: str,
+        prefix: tuple[str, ...] = (),
+        flt: Mapping[str, Any] | None = None,
+    ) -> list[_Found]:
+        """The items of this store in ``owner`` under ``prefix`` passing ``flt``.
+
+        Every committed memory of the owner is listed (and decrypted by the
+        server); only those under ``prefix`` have their value decoded.
+        """
         out = []
         for memory in self.client.iter_memories(
             f"owners/{owner}", kinds=[self.kind], states=["COMMITTED"], page_size=1000
         ):
-            found = self._item(memory)
+            found = self._item(memory, prefix, flt)
             if found is not None:
                 out.append(found)
         return out
@@ -678,13 +716,8 @@ class LetheStore(BaseStore):
         prefix = tuple(op.namespace_prefix)
         check_labels(prefix)
         owner = self._scope_owner(prefix, "search")
-        n = len(prefix)
         if not op.query or query_vector is not None:
-            listed = [
-                f
-                for f in self._owner_items(owner)
-                if f.item.namespace[:n] == prefix and matches_filter(f.item.value, op.filter)
-            ]
+            listed = self._owner_items(owner, prefix, op.filter)
             listed.sort(key=lambda f: (f.item.created_at, f.item.namespace, f.item.key))
             page: list[tuple[_Found, float | None]]
             if query_vector is None:
@@ -700,13 +733,10 @@ class LetheStore(BaseStore):
             ).hits
             kept: list[tuple[_Found, float | None]] = []
             for hit in hits:
-                found = self._item(hit.memory) if hit.HasField("memory") else None
-                if (
-                    found is not None
-                    and found.item.namespace[:n] == prefix
-                    and found.data.get("indexed", True)
-                    and matches_filter(found.item.value, op.filter)
-                ):
+                found = (
+                    self._item(hit.memory, prefix, op.filter) if hit.HasField("memory") else None
+                )
+                if found is not None and found.indexed:
                     kept.append((found, float(hit.score)))
             if len(kept) >= wanted or len(hits) < top_k or top_k >= SEARCH_WINDOW:
                 return self._found(op, kept[op.offset : op.offset + op.limit])
