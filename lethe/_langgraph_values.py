@@ -26,6 +26,7 @@ __all__ = [
     "cosine",
     "from_value",
     "matches_filter",
+    "similarity",
     "truncate",
 ]
 
@@ -164,3 +165,31 @@ def cosine(query: Sequence[float], vector: Sequence[float]) -> float:
     dot = math.fsum(q * v for q, v in zip(query, vector, strict=True))
     norms = math.sqrt(math.fsum(q * q for q in query)) * math.sqrt(math.fsum(v * v for v in vector))
     return dot / norms if norms else 0.0
+
+
+def similarity(query: Sequence[float], vector: Sequence[float], distance: str) -> float:
+    """The score of an item's vector for a query, as LangGraph's stores' ``distance_type`` says.
+
+    Args:
+        query: the query's embedding, ``(d,)`` floats.
+        vector: an item's embedding, ``(d,)`` floats.
+        distance: ``"cosine"`` (cosine similarity), ``"inner_product"`` (the
+            dot product) or ``"l2"`` (the negated Euclidean distance, so that
+            higher is nearer), the ``distance_type`` of LangGraph's Postgres
+            store's index config.
+
+    Returns:
+        The score; higher is more similar.
+
+    Raises:
+        ValueError: an unknown ``distance``; the dimensions differ.
+    """
+    if distance == "cosine":
+        return cosine(query, vector)
+    if len(query) != len(vector):
+        raise ValueError(f"dimension {len(vector)} differs from the query's {len(query)}")
+    if distance == "inner_product":
+        return math.fsum(q * v for q, v in zip(query, vector, strict=True))
+    if distance == "l2":
+        return -math.sqrt(math.fsum((q - v) ** 2 for q, v in zip(query, vector, strict=True)))
+    raise ValueError(f"unknown distance_type {distance!r} (cosine, inner_product or l2)")

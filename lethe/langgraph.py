@@ -74,8 +74,11 @@ Item → memory
     are embedded with ``embed_documents`` (``aembed_documents`` in
     ``abatch``), once per batch, before anything is sent, and the vectors
     travel in the item's encrypted metadata; a query is embedded with
-    ``embed_query``. The server still embeds the memory's text for Lethe's
-    own ``Search`` and ``AssembleContext`` (its embedder need not match).
+    ``embed_query``. ``distance_type`` ``"inner_product"`` (the dot product)
+    or ``"l2"`` (the negated Euclidean distance) scores as LangGraph's
+    Postgres store does, instead of cosine similarity. The server still
+    embeds the memory's text for Lethe's own ``Search`` and
+    ``AssembleContext`` (its embedder need not match).
 ``index=False`` (at ``put``)
     The item is stored, got and listed, but holds no text to find: its
     memory's text is ``(unindexed)`` and query searches skip it (with an
@@ -178,9 +181,9 @@ from langgraph.store.base.embed import ensure_embeddings
 from lethe._langgraph_values import (
     check_labels,
     condition_holds,
-    cosine,
     from_value,
     matches_filter,
+    similarity,
     truncate,
 )
 from lethe.client import AlreadyExists, Client, NotFound
@@ -243,11 +246,12 @@ class _Found:
 
 
 def _rank(
-    listed: list[_Found], query: list[float], offset: int, limit: int
+    listed: list[_Found], query: list[float], offset: int, limit: int, distance: str = "cosine"
 ) -> list[tuple[_Found, float | None]]:
     """LangGraph's vector search over listed items, as ``InMemoryStore`` ranks.
 
-    Each item scores the best cosine similarity of the query with its vectors
+    Each item scores the best similarity (``distance``: cosine by default)
+    of the query with its vectors
     (one per embedded field text, max pooling); best first, ``offset`` and
     ``limit`` over the scored items, then items without vectors (put with
     ``index=False``, or before the store had an ``embed``) fill what is left
@@ -258,7 +262,7 @@ def _rank(
     for i, found in enumerate(listed):
         vectors = found.vectors()
         if vectors:
-            scored.append((max(cosine(query, v) for v in vectors), i, found))
+            scored.append((max(similarity(query, v, distance) for v in vectors), i, found))
         else:
             scoreless.append(found)
     scored.sort(key=lambda s: (-s[0], s[1]))
@@ -345,7 +349,9 @@ class LetheStore(BaseStore):
                 function, or a ``"provider:model"`` string, as LangGraph's
                 ``ensure_embeddings`` takes) with ``dims``: then each put's
                 fields are embedded on the client and query searches are
-                ranked by cosine similarity (the module docstring, "index").
+                ranked by cosine similarity (``distance_type``
+                ``"inner_product"`` or ``"l2"``, as LangGraph's Postgres
+                store takes, score otherwise; the module docstring, "index").
             ttl: LangGraph's ``TTLConfig``: ``default_ttl`` (minutes) for puts
                 that give none, ``refresh_on_read`` (default True);
                 ``sweep_interval_minutes`` is the server's business (its
@@ -356,7 +362,8 @@ class LetheStore(BaseStore):
             ValueError: neither ``client`` nor ``target`` and ``token`` (or
                 both); an owner that is not a Lethe id; an unknown kind; an
                 ``id_key`` shorter than 16 bytes.
-            ValueError: ``index`` with ``dims`` but no ``embed``.
+            ValueError: ``index`` with ``dims`` but no ``embed``; an unknown
+                ``distance_type``.
         """
         if (client is None) == (target is None):
             raise ValueError("give either a client or target and token")
@@ -383,6 +390,7 @@ class LetheStore(BaseStore):
             if index.get("embed") is not None:
                 self.index_config = dict(index)
                 self.embeddings = ensure_embeddings(index["embed"])
+                similarity([1.0], [1.0], index.get("distance_type") or "cosine")  # known?
             elif index.get("dims") is not None:
                 raise ValueError("an index with dims needs embed (or give only fields)")
         self.client = client
@@ -723,7 +731,8 @@ class LetheStore(BaseStore):
             if query_vector is None:
                 page = [(f, None) for f in listed[op.offset : op.offset + op.limit]]
             else:
-                page = _rank(listed, query_vector, op.offset, op.limit)
+                distance = (self.index_config or {}).get("distance_type") or "cosine"
+                page = _rank(listed, query_vector, op.offset, op.limit, distance)
             return self._found(op, page)
         wanted = op.offset + op.limit
         top_k = min(SEARCH_WINDOW, max(10, 4 * wanted))

@@ -736,3 +736,27 @@ def test_a_dotted_filter_key_reaches_into_nested_values(lethe: Lethe) -> None:
     found = store.search(("docs",), filter={"user.access-level": "literal"})
     assert [i.key for i in found] == ["dotted"]
     assert store.search(("docs",), filter={"user.missing.deeper": "x"}) == []
+
+
+def test_distance_type_scores_as_langgraphs_postgres_store(lethe: Lethe) -> None:
+    """``inner_product``: the dot product; ``l2``: the negated Euclidean distance."""
+    item, query = _letters(["aab"])[0], _letters(["bc"])[0]  # (2, 1, 0, 1), (0, 1, 1, 1)
+    want = {
+        "inner_product": 2.0,
+        "l2": -((4.0 + 0 + 1 + 0) ** 0.5),
+        "cosine": 2 / (6**0.5 * 3**0.5),
+    }
+    for distance, score in want.items():
+        index = {"dims": 4, "embed": _letters, "distance_type": distance}
+        store = LetheStore(
+            lethe.client(admin=True), owner=f"o-{distance.replace('_', '-')}", index=index
+        )
+        store.put(("ns",), "k", {"text": "aab"})
+        [hit] = store.search(("ns",), query="bc")
+        assert hit.score == pytest.approx(score), (distance, item, query)
+    with pytest.raises(ValueError, match="distance_type"):
+        LetheStore(
+            lethe.client(admin=True),
+            owner="a",
+            index={"dims": 4, "embed": _letters, "distance_type": "hamming"},
+        )
