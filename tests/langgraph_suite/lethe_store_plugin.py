@@ -3,8 +3,8 @@
 Loaded with ``-p lethe_store_plugin`` by ``test_langgraph_suite.py`` into a
 pytest run of its own, in the unpacked source distribution of a LangGraph
 package (their tests, their configuration; never copied into this
-repository). At configure time it starts one ``lethe serve`` (loopback, port
-0, no embedder, its own data directory and KEK) and makes
+repository). At configure time it starts one ``lethe serve`` (loopback, a
+free port, no embedder, its own data directory and KEK: ``bench/_server.py``) and makes
 ``langgraph.store.memory.InMemoryStore`` a ``LetheStore`` on it, each
 instance on an owner of its own, before the test modules import it: the
 tests run unchanged. ``LETHE_SUITE_REPORT`` names a JSON file that gets each
@@ -26,74 +26,19 @@ import importlib
 import json
 import os
 import secrets
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _server import served  # bench/_server.py: one lethe serve with an admin token
 
 from lethe.client import Client
 from lethe.langgraph import LetheStore
 
-_server: subprocess.Popen[str] | None = None
+_server = contextlib.ExitStack()
 _client: Client | None = None
 _outcomes: dict[str, str] = {}
-
-
-def _serve() -> tuple[subprocess.Popen[str], int, str]:
-    """``lethe serve --json`` on a fresh data directory; the process, its port, an admin token.
-
-    Raises:
-        RuntimeError: the server printed no ready document within 60 s.
-    """
-    from shredder import KekRing
-
-    data = Path(tempfile.mkdtemp(prefix="lethe-langgraph-suite-")) / "data"
-    env = {**os.environ, "LETHE_KEK": KekRing.generate_env_value()}
-    lethe = [sys.executable, "-m", "server.cli"]
-    log = (data.parent / "serve.log").open("w")
-    proc = subprocess.Popen(
-        [
-            *lethe,
-            "serve",
-            "--json",
-            "--data",
-            str(data),
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "off",
-            "--embedder",
-            "none",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-    )
-    assert proc.stdout is not None
-    text, deadline = "", time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        text += line
-        if line.rstrip() == "}":
-            port = int(json.loads(text)["port"])
-            token = subprocess.run(
-                [*lethe, "token", "create", "--data", str(data), "--admin"],
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout.strip()
-            return proc, port, token
-    proc.kill()
-    raise RuntimeError(f"lethe serve did not start: {text}")
 
 
 class SuiteStore(LetheStore):
@@ -151,12 +96,12 @@ async def _async_sqlite_store(
 
 def pytest_configure(config: pytest.Config) -> None:
     """Start the server and swap the stores before any test module is imported."""
-    global _server, _client
+    global _client
     if os.environ.get("LETHE_SUITE_BASELINE"):
         return
     import langgraph.store.memory
 
-    _server, port, token = _serve()
+    port, token = _server.enter_context(served("--embedder", "none", "--metrics-listen", "off"))
     _client = Client(f"127.0.0.1:{port}", token)
     langgraph.store.memory.InMemoryStore = SuiteStore  # type: ignore[misc, assignment]
     with contextlib.suppress(ImportError):  # only where the SQLite store's tests run
@@ -179,6 +124,4 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         Path(path).write_text(json.dumps(_outcomes, indent=1, sort_keys=True))
     if _client is not None:
         _client.close()
-    if _server is not None:
-        _server.terminate()
-        _server.wait(timeout=30)
+    _server.close()

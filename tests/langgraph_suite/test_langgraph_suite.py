@@ -115,7 +115,8 @@ def _fetch(package: str, version: str, sha256: str) -> Path:
 def _run(src: Path, files: list[str], report: Path, *, baseline: bool) -> dict[str, str]:
     """Run LangGraph's ``files`` in ``src``; each test's outcome."""
     env = {**os.environ, "LETHE_SUITE_REPORT": str(report)}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), str(ROOT), str(src)])
+    here = [Path(__file__).parent, ROOT / "bench", ROOT, src]
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in here)
     if baseline:
         env["LETHE_SUITE_BASELINE"] = "1"
     run = subprocess.run(
