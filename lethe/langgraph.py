@@ -97,8 +97,11 @@ Item → memory
     writes to one key the last wins, as in ``InMemoryStore``. The calls are
     pipelined on the one channel, at most ``PIPELINE_DEPTH`` (8) in flight:
     the reads, then the deletes, then the puts (a call each). A write the
-    server refuses (``BadField``, ``OwnerNotAllowed``) raises after the
-    batch's other writes were applied. ``abatch`` awaits the embedding, then
+    server refuses at admission (``TooManyRequests``: the token's bound on
+    calls in flight, which other users of the token share) is sent again
+    after the refusal's ``RetryInfo`` delay, for about 10 s; a write the
+    server refuses otherwise (``BadField``, ``OwnerNotAllowed``) raises
+    after the batch's other writes were applied. ``abatch`` awaits the embedding, then
     sends the calls from the event loop's default executor (the blocking
     client is thread-safe). The puts of one batch are concurrent: their
     ``created_at`` order among themselves is not the batch's order.
@@ -186,7 +189,7 @@ from lethe._langgraph_values import (
     similarity,
     truncate,
 )
-from lethe.client import AlreadyExists, Client, NotFound
+from lethe.client import AlreadyExists, Client, NotFound, TooManyRequests
 from lethe.names import ID_RE
 from lethe.v1 import memories_pb2
 
@@ -202,7 +205,9 @@ bound on calls in flight (``max_inflight_per_principal``, 16), so that the
 token's other calls still get in."""
 _KNOWN_NAMES = 100_000
 _RACE_TRIES = 24
+_ADMISSION_TRIES = 20
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 _DEFAULT_ID_KEY = b"lethe.langgraph.v1"
 _META = "langgraph"
 _UNINDEXED_TEXT = "(unindexed)"
@@ -522,7 +527,7 @@ class LetheStore(BaseStore):
         for ttl, names in by_ttl.items():
             for i in range(0, len(names), 1000):
                 with contextlib.suppress(NotFound):  # deleted meanwhile: nothing to refresh
-                    self.client.set_retention(names[i : i + 1000], ttl=ttl * 60)
+                    self._admitted(self.client.set_retention, names[i : i + 1000], ttl=ttl * 60)
 
     def _get(self, op: GetOp) -> Item | None:
         name = self.memory_name(op.namespace, op.key)
@@ -606,7 +611,8 @@ class LetheStore(BaseStore):
                         raise
             owner, memory_id = write.name.split("/")[1], write.name.rsplit("/", 1)[1]
             try:
-                self.client.create_memory(
+                self._admitted(
+                    self.client.create_memory,
                     f"owners/{owner}",
                     {
                         "kind": self.kind,
@@ -625,6 +631,27 @@ class LetheStore(BaseStore):
                 update_first = True
         raise AssertionError("unreachable")  # the last update attempt raised
 
+    def _admitted(self, call: Callable[..., _R], *args: Any, **kwargs: Any) -> _R:
+        """A write call, sent again while the server refuses it at admission.
+
+        The server refuses a call past its per-token bound on calls in flight
+        (``TooManyRequests``) before it does anything, so sending it again is
+        safe for a write too (the client retries only reads on its own). The
+        wait is the refusal's ``RetryInfo`` delay, else 10 ms doubling, at
+        most 1 s each, for about 10 s in all.
+
+        Raises:
+            lethe.client.TooManyRequests: still refused after :data:`_ADMISSION_TRIES`.
+        """
+        for attempt in range(_ADMISSION_TRIES):
+            try:
+                return call(*args, **kwargs)
+            except TooManyRequests as refused:
+                if attempt == _ADMISSION_TRIES - 1:
+                    raise
+                time.sleep(min(refused.retry_delay or 0.01 * 2**attempt, 1.0))
+        raise AssertionError("unreachable")  # the last attempt returned or raised
+
     def _update(self, write: _Write) -> None:
         """A new version of an item, and its retention as ``write.ttl`` (minutes) says.
 
@@ -632,15 +659,17 @@ class LetheStore(BaseStore):
             NotFound: the item does not exist (or is gone).
         """
         memory = {"name": write.name, "text": write.text, "metadata": write.metadata}
-        updated = self.client.update_memory(memory, update_mask=["text", "metadata"])
+        updated = self._admitted(
+            self.client.update_memory, memory, update_mask=["text", "metadata"]
+        )
         if write.ttl is not None:
-            self.client.set_retention([updated.name], ttl=write.ttl * 60)
+            self._admitted(self.client.set_retention, [updated.name], ttl=write.ttl * 60)
         elif updated.HasField("expire_time"):
             # It expires: by this store's ttl of an earlier put (removed now, as
             # a put without ttl asks), or by the owner's default (kept).
             earlier = self.client.get_memory(updated.name, version=updated.version - 1)
             if self._ttl(earlier):
-                self.client.set_retention([updated.name], clear=True)
+                self._admitted(self.client.set_retention, [updated.name], clear=True)
 
     def _delete(self, names: Sequence[str]) -> None:
         """Forget items, in one ``Forget`` per owner when every name is live.
@@ -655,7 +684,7 @@ class LetheStore(BaseStore):
             by_owner.setdefault(name.split("/")[1], []).append(name)
 
         def forget(group: list[str]) -> None:
-            self.client.forget(group, reason="langgraph delete", echoes="IGNORE")
+            self._admitted(self.client.forget, group, reason="langgraph delete", echoes="IGNORE")
 
         def forget_each(name: str) -> None:
             with contextlib.suppress(NotFound):  # nothing to delete: never put, or gone

@@ -760,3 +760,21 @@ def test_distance_type_scores_as_langgraphs_postgres_store(lethe: Lethe) -> None
             owner="a",
             index={"dims": 4, "embed": _letters, "distance_type": "hamming"},
         )
+
+
+def test_a_batch_beyond_the_servers_per_token_bound_waits_instead_of_failing(
+    lethe_at: Callable[..., Lethe], tmp_path: Path
+) -> None:
+    """A batch deeper than the token's bound on calls in flight still lands whole.
+
+    The server refuses calls past ``max_inflight_per_principal`` before doing
+    anything (``TooManyRequests``); before the fix the batch raised it.
+    """
+    server = lethe_at(tmp_path / "d", max_inflight_per_principal=2, max_running_per_principal=1)
+    store = LetheStore(server.client(admin=True), owner="alice")
+    store.batch([PutOp(("ns",), f"k{i}", {"i": i}) for i in range(60)])
+    store.batch([PutOp(("ns",), f"k{i}", {"i": -i}) for i in range(60)])
+    store.batch([PutOp(("ns",), f"k{i}", None) for i in range(0, 60, 2)])
+    assert sorted(i.value["i"] for i in store.search(("ns",), limit=100)) == sorted(
+        -i for i in range(1, 60, 2)
+    )
