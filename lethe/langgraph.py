@@ -141,9 +141,10 @@ Limits, with a clear error, never silently
       has forgotten it, raises :class:`lethe.client.RecordDeleted` after
       about 2 s of retries (the expired memory holds its id until then).
 
-LangGraph's own store tests (``langgraph-checkpoint``'s ``tests/test_store.py``,
-unchanged, fetched from its sdist at test time) run against this store on a
-real server: ``tests/langgraph_suite/``.
+LangGraph's own store tests (``langgraph-checkpoint``'s ``tests/test_store.py``
+unchanged, and the SQLite and Postgres stores' with their fixtures adapted,
+fetched from their sdists at test time) run against this store on a real
+server: ``tests/langgraph_suite/``; docs/api-guide.md lists what fails, and why.
 
 Errors of the server surface as :mod:`lethe.client` errors (a token not
 allowed for the owner raises :class:`lethe.client.OwnerNotAllowed`).

@@ -16,7 +16,14 @@ The SQLite store's tests (``langgraph-checkpoint-sqlite``) make their stores
 in fixtures with ``SqliteStore.from_conn_string`` / ``AsyncSqliteStore.
 from_conn_string`` and ``setup()``: the adapted fixture is those two
 constructors, which here yield a ``LetheStore`` (its ``index``'s
-``text_fields`` taken as ``fields``) on a fresh owner.
+``text_fields`` taken as ``fields``) on a fresh owner. The Postgres store's
+(``langgraph-checkpoint-postgres``) also create and drop a database per test
+through psycopg: here ``psycopg.Connection.connect`` and
+``AsyncConnection.connect`` give a connection that executes nothing, and
+``PostgresStore.from_conn_string`` / ``AsyncPostgresStore.from_conn_string``
+yield a ``LetheStore`` whose ``setup``, TTL sweeper and ``_cursor`` do
+nothing (SQL run on that cursor has no effect: the tests that rely on it
+are listed as known failures).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from _server import served  # bench/_server.py: one lethe serve with an admin token
@@ -94,6 +101,109 @@ async def _async_sqlite_store(
     yield AsyncSqliteSuiteStore(index=_sqlite_index(index), ttl=ttl)
 
 
+class _NullCursor:
+    """A psycopg cursor (sync and async) that executes nothing and fetches nothing."""
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        return self._done()
+
+    def fetchone(self) -> Any:
+        return self._done(None)
+
+    def fetchall(self) -> Any:
+        return self._done([])
+
+    def _done(self, value: Any = None) -> Any:
+        return value
+
+
+class _AsyncNullCursor(_NullCursor):
+    async def _done(self, value: Any = None) -> Any:
+        return value
+
+
+class _NullConnection:
+    """What ``psycopg.Connection.connect`` gives here: executes nothing."""
+
+    def __enter__(self) -> _NullConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def execute(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class _AsyncNullConnection:
+    """What ``psycopg.AsyncConnection.connect`` gives here: executes nothing."""
+
+    async def __aenter__(self) -> _AsyncNullConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def execute(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class PostgresSuiteStore(SqliteSuiteStore):
+    """``SuiteStore`` as the Postgres store's fixtures use it (no migrations, no sweeper)."""
+
+    MIGRATIONS: ClassVar[list[str]] = []
+
+    def start_ttl_sweeper(self, *args: Any) -> None:
+        """Nothing to start: the Lethe server sweeps."""
+
+    def stop_ttl_sweeper(self, *args: Any) -> bool:
+        """Nothing to stop."""
+        return True
+
+    @contextlib.contextmanager
+    def _cursor(self, *args: Any, **kwargs: Any) -> Iterator[_NullCursor]:
+        yield _NullCursor()
+
+
+class AsyncPostgresSuiteStore(AsyncSqliteSuiteStore):
+    """``SuiteStore`` as the async Postgres store's fixtures use it."""
+
+    MIGRATIONS: ClassVar[list[str]] = []
+
+    async def start_ttl_sweeper(self, *args: Any) -> None:
+        """Nothing to start: the Lethe server sweeps."""
+
+    async def stop_ttl_sweeper(self, *args: Any) -> bool:
+        """Nothing to stop."""
+        return True
+
+    @contextlib.asynccontextmanager
+    async def _cursor(self, *args: Any, **kwargs: Any) -> AsyncIterator[_AsyncNullCursor]:
+        yield _AsyncNullCursor()
+
+
+@contextlib.contextmanager
+def _postgres_store(
+    cls: type[Any], conn_string: str, /, *, index: Any = None, ttl: Any = None, **_: Any
+) -> Iterator[PostgresSuiteStore]:
+    yield PostgresSuiteStore(index=index, ttl=ttl)
+
+
+@contextlib.asynccontextmanager
+async def _async_postgres_store(
+    cls: type[Any], conn_string: str, /, *, index: Any = None, ttl: Any = None, **_: Any
+) -> AsyncIterator[AsyncPostgresSuiteStore]:
+    yield AsyncPostgresSuiteStore(index=index, ttl=ttl)
+
+
+def _null_connect(cls: type[Any], *args: Any, **kwargs: Any) -> _NullConnection:
+    return _NullConnection()
+
+
+async def _async_null_connect(cls: type[Any], *args: Any, **kwargs: Any) -> _AsyncNullConnection:
+    return _AsyncNullConnection()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Start the server and swap the stores before any test module is imported."""
     global _client
@@ -108,6 +218,13 @@ def pytest_configure(config: pytest.Config) -> None:
         sqlite = importlib.import_module("langgraph.store.sqlite")
         sqlite.SqliteStore.from_conn_string = classmethod(_sqlite_store)
         sqlite.AsyncSqliteStore.from_conn_string = classmethod(_async_sqlite_store)
+    with contextlib.suppress(ImportError):  # only where the Postgres store's tests run
+        postgres = importlib.import_module("langgraph.store.postgres")
+        psycopg = importlib.import_module("psycopg")
+        postgres.PostgresStore.from_conn_string = classmethod(_postgres_store)
+        postgres.AsyncPostgresStore.from_conn_string = classmethod(_async_postgres_store)
+        psycopg.Connection.connect = classmethod(_null_connect)
+        psycopg.AsyncConnection.connect = classmethod(_async_null_connect)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
