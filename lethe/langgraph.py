@@ -32,11 +32,21 @@ Item → memory
 ``put``
     Commits: what is put is searchable when ``put`` returns. A second ``put``
     of the key is ``UpdateMemory``: a new version (a ``FACT``'s old version
-    becomes ``SUPERSEDED``); ``created_at`` stays the first put's.
+    becomes ``SUPERSEDED``); ``created_at`` stays the first put's. A put is
+    one call: ``CreateMemory`` for a key the store has not seen exist,
+    ``UpdateMemory`` for one it has (it keeps the names it wrote or read as a
+    hint, in memory). When the hint is wrong the other call follows
+    (``ALREADY_EXISTS`` → update, ``NOT_FOUND`` / ``RECORD_DELETED`` →
+    create), and so on while a concurrent delete is purging the key, so a
+    ``put`` racing a ``delete`` of its key lands after it instead of failing.
+    A ``ttl`` on an update adds a ``SetRetention`` (see ``ttl`` below).
 ``delete`` (and ``put`` of ``None``)
     Is a Lethe ``Forget``: the memory is tombstoned, everything derived from
     it goes too, its key is destroyed (crypto-shredding), and a receipt is
-    kept. A later ``put`` of the key creates it again. It looks for no echoes
+    kept. A later ``put`` of the key creates it again. The deletes of one
+    ``batch`` are one ``Forget`` per owner (one receipt naming them all);
+    when one of them is gone already, that ``Forget`` is refused whole and
+    each is forgotten on its own (a receipt each). It looks for no echoes
     (``echoes: IGNORE``): a store's items are keys its caller manages, so
     deleting one never touches another item whose value repeats it, and a
     later ``put`` of the same value is accepted, as in ``InMemoryStore``. An
@@ -46,22 +56,55 @@ Item → memory
     Without ``query``: the owner's items under the prefix, filtered, oldest
     first (every item of the owner is listed and decrypted by the server to
     find them: namespaces are encrypted, so no index on the server can narrow
-    the listing; the cost grows with the owner's items). With ``query``:
-    Lethe's ``Search`` (``HYBRID``: BM25 and dense, fused) over memories of
-    ``kind``, best first, filtered after retrieval (at most 1000 hits are
-    examined, so a query whose matches rank below that returns fewer than
-    ``limit``); ``score`` is Lethe's fused score. ``filter`` follows
+    the listing; the cost grows with the owner's items). With ``query`` and
+    an ``index`` with ``embed`` (below): the same listing, ranked by the
+    cosine similarity of the query's vector and each item's (the best of its
+    fields' vectors), as LangGraph's stores rank and score. With ``query``
+    and no ``embed``: Lethe's ``Search`` (``HYBRID``: BM25 and dense, fused)
+    over memories of ``kind``, best first, filtered after retrieval (at most
+    1000 hits are examined, so a query whose matches rank below that returns
+    fewer than ``limit``); ``score`` is Lethe's fused rank score, not a
+    similarity (an exact match scores about 0.4). ``filter`` follows
     LangGraph's semantics: equality of nested values, and ``$eq``, ``$ne``,
     ``$gt``, ``$gte``, ``$lt``, ``$lte``.
+``index``
+    ``fields`` (LangGraph's JSON paths) choose the memory's text. With
+    ``embed`` (and ``dims``) the store embeds on the client, as LangGraph's
+    stores do: each put's texts at ``fields`` (or the put's ``index`` list)
+    are embedded with ``embed_documents`` (``aembed_documents`` in
+    ``abatch``), once per batch, before anything is sent, and the vectors
+    travel in the item's encrypted metadata; a query is embedded with
+    ``embed_query``. ``distance_type`` ``"inner_product"`` (the dot product)
+    or ``"l2"`` (the negated Euclidean distance) scores as LangGraph's
+    Postgres store does, instead of cosine similarity. The server still
+    embeds the memory's text for Lethe's own ``Search`` and
+    ``AssembleContext`` (its embedder need not match).
+``index=False`` (at ``put``)
+    The item is stored, got and listed, but holds no text to find: its
+    memory's text is ``(unindexed)`` and query searches skip it (with an
+    ``embed`` index it comes after the scored items with score None, as in
+    ``InMemoryStore``).
 ``list_namespaces``
     Namespaces holding at least one item, with LangGraph's prefix / suffix
     conditions (``"*"`` matches any label), ``max_depth``, ``limit`` and
     ``offset``; sorted.
 ``batch``
-    Reads (get, search, list_namespaces) see the state before the batch's
-    writes, and of several writes to one key the last wins, as in
-    ``InMemoryStore``. ``abatch`` runs ``batch`` in the event loop's default
-    executor (the blocking client is thread-safe).
+    Every operation is checked first (labels, owner, keys, JSON values,
+    ``ttl``), and the puts' texts are embedded (an ``index`` with ``embed``),
+    as LangGraph's SQL stores do: a batch with one bad
+    operation raises before any call is sent. Reads (get, search,
+    list_namespaces) see the state before the batch's writes, and of several
+    writes to one key the last wins, as in ``InMemoryStore``. The calls are
+    pipelined on the one channel, at most ``PIPELINE_DEPTH`` (8) in flight:
+    the reads, then the deletes, then the puts (a call each). A write the
+    server refuses at admission (``TooManyRequests``: the token's bound on
+    calls in flight, which other users of the token share) is sent again
+    after the refusal's ``RetryInfo`` delay, for about 10 s; a write the
+    server refuses otherwise (``BadField``, ``OwnerNotAllowed``) raises
+    after the batch's other writes were applied. ``abatch`` awaits the embedding, then
+    sends the calls from the event loop's default executor (the blocking
+    client is thread-safe). The puts of one batch are concurrent: their
+    ``created_at`` order among themselves is not the batch's order.
 
 Differences from ``InMemoryStore`` (each tested in
 ``tests/lethe/test_langgraph.py``)
@@ -91,14 +134,17 @@ Differences from ``InMemoryStore`` (each tested in
     the items they return their ``ttl`` again from now. The ``ttl`` travels in
     the item's encrypted metadata.
 
-Not supported, with a clear error, never silently
-    - ``index=False`` at ``put`` (``NotImplementedError``): every Lethe memory's
-      text is indexed; keep such values out of the store or in ``fields``
-      that hold nothing to find;
-    - an ``index`` config with ``embed`` (``NotImplementedError``): the
-      server embeds (WordLlama) or takes the client's vectors through
-      :mod:`lethe.client`;
-    - values or texts over Lethe's limits raise :class:`lethe.client.BadField`.
+Limits, with a clear error, never silently
+    - values or texts over Lethe's limits raise :class:`lethe.client.BadField`
+      (an item's vectors count towards its metadata's size);
+    - a ``put`` of a key whose ``ttl`` ended, before the server's sweeper
+      has forgotten it, raises :class:`lethe.client.RecordDeleted` after
+      about 2 s of retries (the expired memory holds its id until then).
+
+LangGraph's own store tests (``langgraph-checkpoint``'s ``tests/test_store.py``
+unchanged, and the SQLite and Postgres stores' with their fixtures adapted,
+fetched from their sdists at test time) run against this store on a real
+server: ``tests/langgraph_suite/``; docs/api-guide.md lists what fails, and why.
 
 Errors of the server surface as :mod:`lethe.client` errors (a token not
 allowed for the owner raises :class:`lethe.client.OwnerNotAllowed`).
@@ -112,18 +158,20 @@ import datetime as _dt
 import hashlib
 import hmac
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
-from google.protobuf import json_format
 from langgraph.store.base import (
     BaseStore,
     GetOp,
     InvalidNamespaceError,
     Item,
     ListNamespacesOp,
-    MatchCondition,
     Op,
     PutOp,
     Result,
@@ -132,8 +180,17 @@ from langgraph.store.base import (
     get_text_at_path,
     tokenize_path,
 )
+from langgraph.store.base.embed import ensure_embeddings
 
-from lethe.client import AlreadyExists, Client, NotFound
+from lethe._langgraph_values import (
+    check_labels,
+    condition_holds,
+    from_value,
+    matches_filter,
+    similarity,
+    truncate,
+)
+from lethe.client import AlreadyExists, Client, NotFound, TooManyRequests
 from lethe.names import ID_RE
 from lethe.v1 import memories_pb2
 
@@ -143,90 +200,114 @@ MAX_TEXT_BYTES = 64 * 1024
 """Largest indexed text of an item (UTF-8 bytes): Lethe's limit on a memory's text."""
 SEARCH_WINDOW = 1000
 """Most hits one query search examines (Lethe's ``top_k`` ceiling)."""
+PIPELINE_DEPTH = 8
+"""Most calls one ``batch`` keeps in flight: half the server's default per-token
+bound on calls in flight (``max_inflight_per_principal``, 16), so that the
+token's other calls still get in."""
+_KNOWN_NAMES = 100_000
+_RACE_TRIES = 24
+_ADMISSION_TRIES = 20
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 _DEFAULT_ID_KEY = b"lethe.langgraph.v1"
 _META = "langgraph"
-_EXACT = float(2**53)
+_UNINDEXED_TEXT = "(unindexed)"
+"""The text of an item put with ``index=False``: a memory needs one; it holds
+nothing of the value, and query searches skip the item."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A checked put, ready to send: ``text`` None is a delete.
+
+    ``embed``: the texts whose vectors go into ``metadata`` before it is sent
+    (the store's ``index`` with ``embed``); empty otherwise.
+    """
+
+    name: str
+    text: str | None
+    metadata: dict[str, Any] | None
+    ttl: float | None
+    embed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """An item of this store as read: the ``Item``, the memory, its metadata's fields."""
+
+    item: Item
+    memory: memories_pb2.Memory
+    fields: Any  # the item's ``metadata`` entry: a map of str to ``google.protobuf.Value``
+
+    @property
+    def indexed(self) -> bool:
+        """False for an item put with ``index=False``."""
+        flag = self.fields.get("indexed")
+        return flag is None or bool(from_value(flag))
+
+    def vectors(self) -> list[list[float]]:
+        """The item's embedded vectors (an ``index`` with ``embed``), decoded on demand."""
+        found = self.fields.get("vectors")
+        return [] if found is None else list(from_value(found))
+
+
+def _rank(
+    listed: list[_Found], query: list[float], offset: int, limit: int, distance: str = "cosine"
+) -> list[tuple[_Found, float | None]]:
+    """LangGraph's vector search over listed items, as ``InMemoryStore`` ranks.
+
+    Each item scores the best similarity (``distance``: cosine by default)
+    of the query with its vectors
+    (one per embedded field text, max pooling); best first, ``offset`` and
+    ``limit`` over the scored items, then items without vectors (put with
+    ``index=False``, or before the store had an ``embed``) fill what is left
+    of ``limit`` with score None.
+    """
+    scored: list[tuple[float, int, _Found]] = []
+    scoreless: list[_Found] = []
+    for i, found in enumerate(listed):
+        vectors = found.vectors()
+        if vectors:
+            scored.append((max(similarity(query, v, distance) for v in vectors), i, found))
+        else:
+            scoreless.append(found)
+    scored.sort(key=lambda s: (-s[0], s[1]))
+    page: list[tuple[_Found, float | None]] = [
+        (f, score) for score, _i, f in scored[offset : offset + limit]
+    ]
+    if len(page) < limit:
+        page.extend((f, None) for f in scoreless[: limit - len(page)])
+    return page
+
+
+class _Plan:
+    """A checked batch: its operations, its writes by name, and the vectors embedded for it."""
+
+    def __init__(self, ops: list[Op]) -> None:
+        self.ops = ops
+        self.writes: dict[str, _Write] = {}
+        self.query_vectors: dict[str, list[float]] = {}
+
+    def texts(self) -> list[str]:
+        """The distinct texts the puts need embedded, in first-seen order."""
+        return list(dict.fromkeys(t for w in self.writes.values() for t in w.embed))
+
+    def queries(self) -> list[str]:
+        """The distinct query texts of the searches."""
+        ops = self.ops
+        return list(dict.fromkeys(o.query for o in ops if isinstance(o, SearchOp) and o.query))
+
+    def embedded(self, docs: Mapping[str, list[float]], queries: Mapping[str, list[float]]) -> None:
+        """Put each write's vectors into its metadata (``vectors``); keep the queries'."""
+        for write in self.writes.values():
+            if write.embed and write.metadata is not None:
+                vectors = [[float(x) for x in docs[t]] for t in write.embed]
+                write.metadata[_META]["vectors"] = vectors
+        self.query_vectors = dict(queries)
 
 
 def _utc(ts: Any) -> _dt.datetime:
     return _dt.datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=_dt.UTC)
-
-
-def _from_struct(value: Any) -> Any:
-    """A Struct value as Python, integral doubles back to ints (within ±2**53)."""
-    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _from_struct(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_struct(v) for v in value]
-    return value
-
-
-def _compare(item_value: Any, filter_value: Any) -> bool:
-    """LangGraph's filter semantics: nested equality and ``$`` operators."""
-    if isinstance(filter_value, dict):
-        if any(k.startswith("$") for k in filter_value):
-            return all(_operator(item_value, op, v) for op, v in filter_value.items())
-        if not isinstance(item_value, dict):
-            return False
-        return all(_compare(item_value.get(k), v) for k, v in filter_value.items())
-    if isinstance(filter_value, (list, tuple)):
-        return (
-            isinstance(item_value, (list, tuple))
-            and len(item_value) == len(filter_value)
-            and all(_compare(i, f) for i, f in zip(item_value, filter_value, strict=True))
-        )
-    return bool(item_value == filter_value)
-
-
-def _operator(value: Any, op: str, operand: Any) -> bool:
-    if op == "$eq":
-        return bool(value == operand)
-    if op == "$ne":
-        return bool(value != operand)
-    if op in ("$gt", "$gte", "$lt", "$lte"):
-        left, right = float(value), float(operand)
-        return {
-            "$gt": left > right,
-            "$gte": left >= right,
-            "$lt": left < right,
-            "$lte": left <= right,
-        }[op]
-    raise ValueError(f"Unsupported operator: {op}")
-
-
-def _matches_filter(value: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
-    return not flt or all(_compare(value.get(k), v) for k, v in flt.items())
-
-
-def _condition_holds(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:
-    path = tuple(condition.path)
-    if len(namespace) < len(path):
-        return False
-    if condition.match_type == "prefix":
-        pairs = zip(namespace, path, strict=False)
-    elif condition.match_type == "suffix":
-        pairs = zip(reversed(namespace), reversed(path), strict=False)
-    else:
-        raise ValueError(f"Unsupported match type: {condition.match_type}")
-    return all(p == "*" or n == p for n, p in pairs)
-
-
-def _check_labels(namespace: Sequence[str]) -> None:
-    for label in namespace:
-        if not isinstance(label, str) or not label or "." in label or "\x00" in label:
-            raise InvalidNamespaceError(
-                f"Invalid namespace label {label!r} in {tuple(namespace)}: labels are "
-                "non-empty strings without periods or NUL bytes"
-            )
-
-
-def _truncate(text: str, limit: int) -> str:
-    raw = text.encode()
-    if len(raw) <= limit:
-        return text
-    return raw[:limit].decode(errors="ignore")
 
 
 class LetheStore(BaseStore):
@@ -269,8 +350,14 @@ class LetheStore(BaseStore):
                 it the ids are an unkeyed digest, which someone who guesses a
                 namespace and key could confirm (ids are not encrypted). Keep
                 it: another key addresses other ids.
-            index: LangGraph's index config; only ``fields`` is taken (it
-                overrides ``fields``).
+            index: LangGraph's index config: ``fields`` (it overrides
+                ``fields``) and, optionally, ``embed`` (an ``Embeddings``, a
+                function, or a ``"provider:model"`` string, as LangGraph's
+                ``ensure_embeddings`` takes) with ``dims``: then each put's
+                fields are embedded on the client and query searches are
+                ranked by cosine similarity (``distance_type``
+                ``"inner_product"`` or ``"l2"``, as LangGraph's Postgres
+                store takes, score otherwise; the module docstring, "index").
             ttl: LangGraph's ``TTLConfig``: ``default_ttl`` (minutes) for puts
                 that give none, ``refresh_on_read`` (default True);
                 ``sweep_interval_minutes`` is the server's business (its
@@ -281,7 +368,8 @@ class LetheStore(BaseStore):
             ValueError: neither ``client`` nor ``target`` and ``token`` (or
                 both); an owner that is not a Lethe id; an unknown kind; an
                 ``id_key`` shorter than 16 bytes.
-            NotImplementedError: ``index`` with ``embed`` or ``dims``.
+            ValueError: ``index`` with ``dims`` but no ``embed``; an unknown
+                ``distance_type``.
         """
         if (client is None) == (target is None):
             raise ValueError("give either a client or target and token")
@@ -301,13 +389,16 @@ class LetheStore(BaseStore):
             raise ValueError(f"unknown memory kind {kind!r}")
         if id_key is not None and len(id_key) < 16:
             raise ValueError("id_key must be at least 16 bytes")
+        self.index_config: dict[str, Any] | None = None
+        self.embeddings: Any = None
         if index is not None:
-            if index.get("embed") is not None or index.get("dims") is not None:
-                raise NotImplementedError(
-                    "LetheStore does not embed on the client: the server embeds every item's "
-                    "text; pass index={'fields': [...]} or fields=[...] only"
-                )
             fields = index.get("fields") or fields
+            if index.get("embed") is not None:
+                self.index_config = dict(index)
+                self.embeddings = ensure_embeddings(index["embed"])
+                similarity([1.0], [1.0], index.get("distance_type") or "cosine")  # known?
+            elif index.get("dims") is not None:
+                raise ValueError("an index with dims needs embed (or give only fields)")
         self.client = client
         self.owner = owner
         self.kind = kind
@@ -315,11 +406,18 @@ class LetheStore(BaseStore):
         self._paths = [(p, tokenize_path(p) if p != "$" else p) for p in self.fields]
         self._id_key = id_key or _DEFAULT_ID_KEY
         self.ttl_config = dict(ttl) if ttl is not None else None  # type: ignore[assignment]
+        self._known: set[str] = set()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     # -- lifetime -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the client if this store built it (from ``target`` and ``token``)."""
+        """End the store's pipeline threads; close the client if this store built it."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
         if self._owns_client:
             self.client.close()
 
@@ -352,7 +450,7 @@ class LetheStore(BaseStore):
         Raises:
             InvalidNamespaceError: a bad label, or no owner label when the store has no owner.
         """
-        _check_labels(namespace)
+        check_labels(namespace)
         owner = self._owner_of(namespace)
         address = json.dumps([list(namespace), key], ensure_ascii=False, separators=(",", ":"))
         digest = hmac.new(self._id_key, address.encode(), hashlib.sha256).hexdigest()
@@ -369,27 +467,46 @@ class LetheStore(BaseStore):
         text = "\n".join(t for t in texts if t.strip())
         if not text.strip():  # nothing at the fields: index the whole value
             text = json.dumps(value, ensure_ascii=False)
-        return _truncate(text, MAX_TEXT_BYTES)
+        return truncate(text, MAX_TEXT_BYTES)
 
-    def _item(self, memory: memories_pb2.Memory) -> tuple[tuple[str, ...], str, Item] | None:
-        """The item a memory holds, or None when it is not one of this store's."""
-        if not memory.HasField("metadata") or _META not in memory.metadata.fields:
+    def _item(
+        self,
+        memory: memories_pb2.Memory,
+        prefix: tuple[str, ...] = (),
+        flt: Mapping[str, Any] | None = None,
+    ) -> _Found | None:
+        """The item a memory holds, if it is one of this store's under ``prefix`` passing ``flt``.
+
+        The namespace is checked before the value is decoded, the filter before
+        the name is checked (an HMAC) and the ``Item`` built: a listing decodes
+        little of what it skips.
+        """
+        if not memory.HasField("metadata"):
             return None
-        data = _from_struct(json_format.MessageToDict(memory.metadata)).get(_META)
-        if not isinstance(data, dict) or not isinstance(data.get("value"), dict):
+        entry = memory.metadata.fields.get(_META)
+        if entry is None or entry.WhichOneof("kind") != "struct_value":
             return None
-        namespace = tuple(str(label) for label in data.get("namespace", ()))
-        key = str(data.get("key", ""))
+        fields = entry.struct_value.fields
+        raw = fields.get("namespace")
+        namespace = tuple(str(label) for label in from_value(raw) or ()) if raw else ()
+        if namespace[: len(prefix)] != prefix:
+            return None
+        raw = fields.get("value")
+        value = from_value(raw) if raw is not None else None
+        if not isinstance(value, dict) or not matches_filter(value, flt):
+            return None
+        raw = fields.get("key")
+        key = str(from_value(raw)) if raw is not None else ""
         if memory.name != self.memory_name(namespace, key):
             return None  # another store's item (other id_key or owner mode), or not ours
         item = Item(
-            value=data["value"],
+            value=value,
             key=key,
             namespace=namespace,
             created_at=_utc(memory.create_time),
             updated_at=_utc(memory.update_time),
         )
-        return namespace, key, item
+        return _Found(item, memory, fields)
 
     # -- operations --------------------------------------------------------------------
 
@@ -411,7 +528,7 @@ class LetheStore(BaseStore):
         for ttl, names in by_ttl.items():
             for i in range(0, len(names), 1000):
                 with contextlib.suppress(NotFound):  # deleted meanwhile: nothing to refresh
-                    self.client.set_retention(names[i : i + 1000], ttl=ttl * 60)
+                    self._admitted(self.client.set_retention, names[i : i + 1000], ttl=ttl * 60)
 
     def _get(self, op: GetOp) -> Item | None:
         name = self.memory_name(op.namespace, op.key)
@@ -420,24 +537,29 @@ class LetheStore(BaseStore):
         except NotFound:  # never existed, or deleted (RecordDeleted), or expired
             return None
         found = self._item(memory)
-        if found is not None and getattr(op, "refresh_ttl", False):
-            self._refresh([memory])
-        return None if found is None else found[2]
+        if found is not None:
+            self._remember(name)
+            if getattr(op, "refresh_ttl", False):
+                self._refresh([memory])
+        return None if found is None else found.item
 
-    def _put(self, op: PutOp) -> None:
-        _check_labels(op.namespace)
+    def _prepare(self, op: PutOp) -> _Write:
+        """Check a put whole and build what it writes; nothing is sent.
+
+        Raises:
+            InvalidNamespaceError: an empty namespace, a bad label, or no owner
+                label when the store has no owner.
+            TypeError / ValueError: a value JSON cannot hold; a ``ttl`` that is
+                not positive.
+        """
+        check_labels(op.namespace)
         if not op.namespace:
             raise InvalidNamespaceError("Namespace cannot be empty.")
+        if not isinstance(op.key, str):
+            raise TypeError(f"key must be a string, not {type(op.key).__name__}")
         name = self.memory_name(op.namespace, op.key)
         if op.value is None:
-            with contextlib.suppress(NotFound):  # nothing to delete: never put, or gone
-                self.client.forget([name], reason="langgraph delete", echoes="IGNORE")
-            return
-        if op.index is False:
-            raise NotImplementedError(
-                "LetheStore cannot store an unindexed item (index=False): Lethe indexes "
-                "every memory's text"
-            )
+            return _Write(name, None, None, None)
         value = dict(op.value)
         json.dumps(value, allow_nan=False)  # TypeError / ValueError for non-JSON values
         item: dict[str, Any] = {"namespace": list(op.namespace), "key": op.key, "value": value}
@@ -445,51 +567,176 @@ class LetheStore(BaseStore):
             if op.ttl <= 0:
                 raise ValueError("ttl must be positive (minutes)")
             item["ttl"] = float(op.ttl)
-        metadata = {_META: item}
-        text = self._text(value, op.index if isinstance(op.index, list) else None)
-        memory = {"name": name, "text": text, "metadata": metadata}
-        try:
-            self._update(memory, op.ttl)
-            return
-        except NotFound:
-            pass
-        owner, memory_id = name.split("/")[1], name.rsplit("/", 1)[1]
-        try:
-            self.client.create_memory(
-                f"owners/{owner}",
-                {"kind": self.kind, "text": text, "metadata": metadata, "state": "COMMITTED"},
-                memory_id=memory_id,
-                retention=op.ttl * 60 if op.ttl is not None else None,
-            )
-        except AlreadyExists:  # another writer created it meanwhile: ours is the later put
-            self._update(memory, op.ttl)
+        if op.index is False:
+            item["indexed"] = False
+            return _Write(name, _UNINDEXED_TEXT, {_META: item}, op.ttl)
+        paths = op.index if isinstance(op.index, list) else None
+        text = self._text(value, paths)
+        embed: tuple[str, ...] = ()
+        if self.embeddings is not None:
+            tokenized = self._paths if paths is None else [(p, tokenize_path(p)) for p in paths]
+            embed = tuple(t for _p, tokens in tokenized for t in get_text_at_path(value, tokens))
+        return _Write(name, text, {_META: item}, op.ttl, embed)
 
-    def _update(self, memory: Mapping[str, Any], ttl: float | None) -> None:
-        """A new version of an item, and its retention as ``ttl`` (minutes) says.
+    def _remember(self, name: str) -> None:
+        """Note that ``name`` exists, so that its next put tries ``UpdateMemory`` first."""
+        if len(self._known) >= _KNOWN_NAMES:
+            self._known.clear()  # a hint, not a truth: forgetting it costs one call
+        self._known.add(name)
+
+    def _write(self, write: _Write) -> None:
+        """Apply one prepared put: one call when the hint is right, more on a race.
+
+        A name this store has seen exist is updated first, any other created
+        first (a new key: one ``CreateMemory``). ``ALREADY_EXISTS`` on create
+        (another writer created it, or a deleted memory that is not yet
+        purged holds its id) turns to an update, ``NOT_FOUND`` /
+        ``RECORD_DELETED`` on update (never existed, or a racing delete) to a
+        create, until one succeeds; a delete racing the put is purged within
+        its ``Forget``, so this ends once it has returned.
+
+        Raises:
+            lethe.client.RecordDeleted: after about 2 s of that cycle (an
+                expired item whose id the server's sweeper has not freed yet).
+            lethe.client.LetheError: any other refusal of the server.
+        """
+        update_first = write.name in self._known
+        for attempt in range(_RACE_TRIES):
+            if update_first:
+                try:
+                    self._update(write)
+                    self._remember(write.name)
+                    return
+                except NotFound:
+                    if attempt == _RACE_TRIES - 1:
+                        raise
+            owner, memory_id = write.name.split("/")[1], write.name.rsplit("/", 1)[1]
+            try:
+                self._admitted(
+                    self.client.create_memory,
+                    f"owners/{owner}",
+                    {
+                        "kind": self.kind,
+                        "text": write.text,
+                        "metadata": write.metadata,
+                        "state": "COMMITTED",
+                    },
+                    memory_id=memory_id,
+                    retention=write.ttl * 60 if write.ttl is not None else None,
+                )
+                self._remember(write.name)
+                return
+            except AlreadyExists:
+                if update_first:  # deleted and not yet purged: let the delete finish
+                    time.sleep(min(0.001 * 2**attempt, 0.1))
+                update_first = True
+        raise AssertionError("unreachable")  # the last update attempt raised
+
+    def _admitted(self, call: Callable[..., _R], *args: Any, **kwargs: Any) -> _R:
+        """A write call, sent again while the server refuses it at admission.
+
+        The server refuses a call past its per-token bound on calls in flight
+        (``TooManyRequests``) before it does anything, so sending it again is
+        safe for a write too (the client retries only reads on its own). The
+        wait is the refusal's ``RetryInfo`` delay, else 10 ms doubling, at
+        most 1 s each, for about 10 s in all.
+
+        Raises:
+            lethe.client.TooManyRequests: still refused after :data:`_ADMISSION_TRIES`.
+        """
+        for attempt in range(_ADMISSION_TRIES):
+            try:
+                return call(*args, **kwargs)
+            except TooManyRequests as refused:
+                if attempt == _ADMISSION_TRIES - 1:
+                    raise
+                time.sleep(min(refused.retry_delay or 0.01 * 2**attempt, 1.0))
+        raise AssertionError("unreachable")  # the last attempt returned or raised
+
+    def _update(self, write: _Write) -> None:
+        """A new version of an item, and its retention as ``write.ttl`` (minutes) says.
 
         Raises:
             NotFound: the item does not exist (or is gone).
         """
-        updated = self.client.update_memory(memory, update_mask=["text", "metadata"])
-        if ttl is not None:
-            self.client.set_retention([updated.name], ttl=ttl * 60)
+        memory = {"name": write.name, "text": write.text, "metadata": write.metadata}
+        updated = self._admitted(
+            self.client.update_memory, memory, update_mask=["text", "metadata"]
+        )
+        if write.ttl is not None:
+            self._admitted(self.client.set_retention, [updated.name], ttl=write.ttl * 60)
         elif updated.HasField("expire_time"):
             # It expires: by this store's ttl of an earlier put (removed now, as
             # a put without ttl asks), or by the owner's default (kept).
             earlier = self.client.get_memory(updated.name, version=updated.version - 1)
             if self._ttl(earlier):
-                self.client.set_retention([updated.name], clear=True)
+                self._admitted(self.client.set_retention, [updated.name], clear=True)
+
+    def _delete(self, names: Sequence[str]) -> None:
+        """Forget items, in one ``Forget`` per owner when every name is live.
+
+        A name that is gone (never put, or deleted meanwhile) makes the whole
+        ``Forget`` refuse with nothing deleted; then each name is forgotten on
+        its own, the gone ones skipped.
+        """
+        by_owner: dict[str, list[str]] = {}
+        for name in names:
+            self._known.discard(name)
+            by_owner.setdefault(name.split("/")[1], []).append(name)
+
+        def forget(group: list[str]) -> None:
+            self._admitted(self.client.forget, group, reason="langgraph delete", echoes="IGNORE")
+
+        def forget_each(name: str) -> None:
+            with contextlib.suppress(NotFound):  # nothing to delete: never put, or gone
+                forget([name])
+
+        for group in by_owner.values():
+            try:
+                forget(group)
+            except NotFound:
+                if len(group) > 1:
+                    self._run_all(forget_each, group)
+
+    def _run_all(self, fn: Callable[[_T], None], items: Sequence[_T]) -> None:
+        """Call ``fn`` on each of ``items``, at most ``PIPELINE_DEPTH`` at once.
+
+        Every call finishes before the first error (in ``items`` order) is raised.
+        """
+        if len(items) <= 1:
+            for item in items:
+                fn(item)
+            return
+        futures = [self._executor().submit(fn, item) for item in items]
+        errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(PIPELINE_DEPTH, thread_name_prefix="lethe-store")
+            return self._pool
 
     def _owner_items(
-        self, owner: str
-    ) -> list[tuple[tuple[str, ...], str, Item, memories_pb2.Memory]]:
+        self,
+        owner: str,
+        prefix: tuple[str, ...] = (),
+        flt: Mapping[str, Any] | None = None,
+    ) -> list[_Found]:
+        """The items of this store in ``owner`` under ``prefix`` passing ``flt``.
+
+        Every committed memory of the owner is listed (and decrypted by the
+        server); only those under ``prefix`` have their value decoded.
+        """
         out = []
         for memory in self.client.iter_memories(
             f"owners/{owner}", kinds=[self.kind], states=["COMMITTED"], page_size=1000
         ):
-            found = self._item(memory)
+            found = self._item(memory, prefix, flt)
             if found is not None:
-                out.append((*found, memory))
+                out.append(found)
         return out
 
     def _scope_owner(self, prefix: Sequence[str], what: str) -> str:
@@ -502,66 +749,72 @@ class LetheStore(BaseStore):
             )
         return self._owner_of(prefix)
 
-    def _search(self, op: SearchOp) -> list[SearchItem]:
+    def _search(self, op: SearchOp, query_vector: list[float] | None = None) -> list[SearchItem]:
+        """A ``SearchOp``: a listing, a vector search (``query_vector``), or Lethe's ``Search``."""
         prefix = tuple(op.namespace_prefix)
-        _check_labels(prefix)
+        check_labels(prefix)
         owner = self._scope_owner(prefix, "search")
-        n = len(prefix)
-        refresh = getattr(op, "refresh_ttl", False)
-        if not op.query:
-            listed = [
-                (item, memory)
-                for ns, _key, item, memory in self._owner_items(owner)
-                if ns[:n] == prefix and _matches_filter(item.value, op.filter)
-            ]
-            listed.sort(key=lambda f: (f[0].created_at, f[0].namespace, f[0].key))
-            page = listed[op.offset : op.offset + op.limit]
-            if refresh:
-                self._refresh(m for _, m in page)
-            return [
-                SearchItem(i.namespace, i.key, i.value, i.created_at, i.updated_at) for i, _ in page
-            ]
+        if not op.query or query_vector is not None:
+            listed = self._owner_items(owner, prefix, op.filter)
+            listed.sort(key=lambda f: (f.item.created_at, f.item.namespace, f.item.key))
+            page: list[tuple[_Found, float | None]]
+            if query_vector is None:
+                page = [(f, None) for f in listed[op.offset : op.offset + op.limit]]
+            else:
+                distance = (self.index_config or {}).get("distance_type") or "cosine"
+                page = _rank(listed, query_vector, op.offset, op.limit, distance)
+            return self._found(op, page)
         wanted = op.offset + op.limit
         top_k = min(SEARCH_WINDOW, max(10, 4 * wanted))
         while True:
             hits = self.client.search(
                 f"owners/{owner}", query_text=op.query, top_k=top_k, kinds=[self.kind]
             ).hits
-            kept: list[SearchItem] = []
-            read: list[memories_pb2.Memory] = []
+            kept: list[tuple[_Found, float | None]] = []
             for hit in hits:
-                if not hit.HasField("memory"):
-                    continue
-                found = self._item(hit.memory)
-                if found is None or found[0][:n] != prefix:
-                    continue
-                item = found[2]
-                if _matches_filter(item.value, op.filter):
-                    kept.append(
-                        SearchItem(
-                            item.namespace,
-                            item.key,
-                            item.value,
-                            item.created_at,
-                            item.updated_at,
-                            score=float(hit.score),
-                        )
-                    )
-                    read.append(hit.memory)
+                found = (
+                    self._item(hit.memory, prefix, op.filter) if hit.HasField("memory") else None
+                )
+                if found is not None and found.indexed:
+                    kept.append((found, float(hit.score)))
             if len(kept) >= wanted or len(hits) < top_k or top_k >= SEARCH_WINDOW:
-                if refresh:
-                    self._refresh(read[op.offset : op.offset + op.limit])
-                return kept[op.offset : op.offset + op.limit]
+                return self._found(op, kept[op.offset : op.offset + op.limit])
             top_k = min(SEARCH_WINDOW, top_k * 4)
+
+    def _found(self, op: SearchOp, page: list[tuple[_Found, float | None]]) -> list[SearchItem]:
+        """A search's page as ``SearchItem`` s, their ``ttl`` refreshed if the op asks."""
+        if getattr(op, "refresh_ttl", False):
+            self._refresh(f.memory for f, _ in page)
+        return [
+            SearchItem(
+                f.item.namespace,
+                f.item.key,
+                f.item.value,
+                f.item.created_at,
+                f.item.updated_at,
+                score=score,
+            )
+            for f, score in page
+        ]
+
+    def _list_scope(self, op: ListNamespacesOp) -> str:
+        """The owner a listing reads, its conditions checked.
+
+        Raises:
+            InvalidNamespaceError: a bad label in a condition.
+            NotImplementedError: no owner label when the store has no owner.
+        """
+        conditions = tuple(op.match_conditions or ())
+        for condition in conditions:
+            check_labels([label for label in condition.path if label != "*"])
+        prefixes = [c.path for c in conditions if c.match_type == "prefix"]
+        return self._scope_owner(prefixes[0] if prefixes else (), "list_namespaces")
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         conditions = tuple(op.match_conditions or ())
-        for condition in conditions:
-            _check_labels([label for label in condition.path if label != "*"])
-        prefixes = [c.path for c in conditions if c.match_type == "prefix"]
-        owner = self._scope_owner(prefixes[0] if prefixes else (), "list_namespaces")
-        namespaces = {ns for ns, _key, _item, _memory in self._owner_items(owner)}
-        selected = [ns for ns in namespaces if all(_condition_holds(c, ns) for c in conditions)]
+        owner = self._list_scope(op)
+        namespaces = {f.item.namespace for f in self._owner_items(owner)}
+        selected = [ns for ns in namespaces if all(condition_holds(c, ns) for c in conditions)]
         if op.max_depth is not None:
             result = sorted({ns[: op.max_depth] for ns in selected})
         else:
@@ -571,10 +824,13 @@ class LetheStore(BaseStore):
     # -- BaseStore ----------------------------------------------------------------------
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        """Run LangGraph store operations in order (see the module docstring).
+        """Run LangGraph store operations (see the module docstring, ``batch``).
 
-        Reads see the state before the batch's writes; of several writes to one
-        ``(namespace, key)`` the last wins, applied where the first stood.
+        Every operation is checked before any call is sent: a batch with one
+        bad operation writes nothing. Reads see the state before the batch's
+        writes; of several writes to one ``(namespace, key)`` the last wins.
+        The calls are pipelined, at most ``PIPELINE_DEPTH`` in flight: the
+        gets, then one ``Forget`` per owner for the deletes, then the puts.
 
         Args:
             ops: ``GetOp``, ``SearchOp``, ``ListNamespacesOp`` and ``PutOp``.
@@ -584,32 +840,79 @@ class LetheStore(BaseStore):
             ``SearchItem``, a list of namespaces, or None for a put.
 
         Raises:
-            InvalidNamespaceError: a bad label, or no owner label when the store has no owner.
-            NotImplementedError: ``index=False`` on a put; a search or
-                listing without an owner label when the store has no owner.
-            TypeError / ValueError: a value JSON cannot hold; an unknown operation.
+            InvalidNamespaceError: a bad label, or no owner label when the store
+                has no owner (nothing is written).
+            NotImplementedError: a search or listing without an owner label
+                when the store has no owner (nothing is written).
+            TypeError / ValueError: a value JSON cannot hold; a ``ttl`` that is
+                not positive; an unknown operation (nothing is written).
             lethe.client.LetheError: the server refused a call (e.g.
-                ``OwnerNotAllowed``, ``BadField`` for a value over the limits).
+                ``OwnerNotAllowed``, ``BadField`` for a value over the limits);
+                the other writes of the batch were still applied.
         """
-        results: list[Result] = []
-        puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
-        for op in ops:
-            if isinstance(op, GetOp):
-                results.append(self._get(op))
-            elif isinstance(op, SearchOp):
-                results.append(self._search(op))
-            elif isinstance(op, ListNamespacesOp):
-                results.append(self._list_namespaces(op))
-            elif isinstance(op, PutOp):
-                puts[(tuple(op.namespace), op.key)] = op
-                results.append(None)
-            else:
-                raise ValueError(f"Unknown operation type: {type(op)}")
-        for op in puts.values():
-            self._put(op)
-        return results
+        plan = self._plan(ops)
+        if self.embeddings is not None:
+            texts = plan.texts()
+            docs = self.embeddings.embed_documents(texts) if texts else []
+            queries = {q: self.embeddings.embed_query(q) for q in plan.queries()}
+            plan.embedded(dict(zip(texts, docs, strict=True)), queries)
+        return self._execute(plan)
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
-        """:meth:`batch` in the running loop's default executor (same results and errors)."""
-        pending = list(ops)
-        return await asyncio.get_running_loop().run_in_executor(None, self.batch, pending)
+        """:meth:`batch`, its embedding awaited and its calls in the loop's default executor.
+
+        The same results and errors as :meth:`batch`; the ``index``'s
+        ``embed`` runs as ``aembed_documents`` / ``aembed_query`` (an async
+        embedding function serves here, a sync one in ``batch``).
+        """
+        plan = self._plan(ops)
+        if self.embeddings is not None:
+            texts = plan.texts()
+            docs = await self.embeddings.aembed_documents(texts) if texts else []
+            queries = {q: await self.embeddings.aembed_query(q) for q in plan.queries()}
+            plan.embedded(dict(zip(texts, docs, strict=True)), queries)
+        return await asyncio.get_running_loop().run_in_executor(None, self._execute, plan)
+
+    def _plan(self, ops: Iterable[Op]) -> _Plan:
+        """Check every operation of a batch and build its writes; nothing is sent.
+
+        Raises:
+            InvalidNamespaceError, NotImplementedError, TypeError, ValueError:
+                as :meth:`batch` says.
+        """
+        plan = _Plan(list(ops))
+        for op in plan.ops:
+            if isinstance(op, PutOp):
+                write = self._prepare(op)
+                plan.writes.pop(write.name, None)  # the last write wins, in its own place
+                plan.writes[write.name] = write
+            elif isinstance(op, GetOp):
+                self.memory_name(op.namespace, op.key)
+            elif isinstance(op, SearchOp):
+                check_labels(op.namespace_prefix)
+                self._scope_owner(op.namespace_prefix, "search")
+            elif isinstance(op, ListNamespacesOp):
+                self._list_scope(op)
+            else:
+                raise ValueError(f"Unknown operation type: {type(op)}")
+        return plan
+
+    def _execute(self, plan: _Plan) -> list[Result]:
+        """Send a checked (and embedded) batch: the reads, the deletes, then the puts."""
+        ops = plan.ops
+        results: list[Result] = [None] * len(ops)
+
+        def read(i: int) -> None:
+            op = ops[i]
+            if isinstance(op, GetOp):
+                results[i] = self._get(op)
+            elif isinstance(op, SearchOp):
+                vector = plan.query_vectors.get(op.query) if op.query else None
+                results[i] = self._search(op, vector)
+            elif isinstance(op, ListNamespacesOp):
+                results[i] = self._list_namespaces(op)
+
+        self._run_all(read, [i for i, op in enumerate(ops) if not isinstance(op, PutOp)])
+        self._delete([w.name for w in plan.writes.values() if w.text is None])
+        self._run_all(self._write, [w for w in plan.writes.values() if w.text is not None])
+        return results

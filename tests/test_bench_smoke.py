@@ -245,3 +245,30 @@ def test_the_processes_benchmark_measures_each_count_against_one_process(tmp_pat
     assert group["rss_bytes"] > floor["rss_bytes"]  # two processes hold two copies
     assert _positive(result["kill"]["kill_to_first_search_s"])
     assert "| 2 |" in out.with_suffix(".md").read_text()
+
+
+def test_the_langgraph_benchmark_runs_beside_in_memory_store(tmp_path: Path) -> None:
+    """``bench/bench_langgraph.py --smoke``: batches, single puts, filter searches.
+
+    Speed never fails it: it checks that every figure is there and positive,
+    beside ``InMemoryStore``'s and the one-turn ``AppendTurns`` floor.
+    """
+    out = tmp_path / "langgraph.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_langgraph.py"), "--smoke", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["config"]["items"] == 200
+    for store in ("lethe", "in_memory"):
+        assert _positive(result["batch"]["new_s_median"][store])
+        assert _positive(result["batch"]["update_s_median"][store])
+        assert len(result["batch"]["new_s"][store]) == 2
+        for kind in ("new", "update"):
+            assert result["put"][kind][store]["n"] == 10
+            assert _positive(result["put"][kind][store]["p50_ms"])
+        assert _positive(result["filter_search"][store]["p50_ms"])
+    assert _positive(result["put"]["append_turns_floor"]["p50_ms"])
+    assert _positive(result["put"]["new_over_append"]["median"])
+    assert _positive(result["filter_search"]["lethe_over_in_memory"]["median"])

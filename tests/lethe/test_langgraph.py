@@ -26,10 +26,12 @@ import asyncio
 import datetime as dt
 import os
 import secrets
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -126,14 +128,17 @@ steps = st.one_of(
 
 
 class Model:
-    """The test's own record of creation order: (namespace, key) → the step that created it."""
+    """The test's own record of creation order: (namespace, key) → the step that created it.
+
+    The puts of one batch are sent concurrently, so they share their step:
+    their order among themselves is not defined.
+    """
 
     def __init__(self) -> None:
         self.born: dict[tuple[tuple[str, ...], str], int] = {}
         self.clock = 0
 
     def write(self, op: PutOp) -> None:
-        self.clock += 1
         where = (tuple(op.namespace), op.key)
         if op.value is None:
             self.born.pop(where, None)
@@ -153,10 +158,18 @@ def _check_search(
     by_key = {(i.namespace, i.key): i.value for i in candidates}
     if op.query is None:
         ordered = sorted(candidates, key=lambda i: model.born[(i.namespace, i.key)])
-        expected = [_view(i) for i in ordered[op.offset : op.offset + op.limit]]
-        assert [_view(i) for i in got] == expected
+        expected = ordered[op.offset : op.offset + op.limit]
+
+        def born(items: list[Any]) -> list[int]:
+            return [model.born[(i.namespace, i.key)] for i in items]
+
+        # Oldest first; items born in one batch may come in any order among themselves.
+        assert born(got) == born(expected)
+        for item in got:
+            assert by_key[(item.namespace, item.key)] == item.value
+        assert len({(i.namespace, i.key) for i in got}) == len(got)
         if len({i.namespace for i in candidates}) <= 1:  # one namespace: InMemoryStore's order
-            assert [_view(i) for i in got] == [_view(i) for i in want]
+            assert born(got) == born(want)
         return
     assert len(got) <= op.limit
     for item in got:
@@ -202,6 +215,7 @@ def _run(step: Op | list[Op], store: LetheStore, ref: InMemoryStore, model: Mode
             _check_search(op, before, model, g, w)  # type: ignore[arg-type]
         else:
             _check_namespaces(op, before, g, w)  # type: ignore[arg-type]
+    model.clock += 1
     for op in {(tuple(o.namespace), o.key): o for o in ops if isinstance(o, PutOp)}.values():
         model.write(op)
 
@@ -322,13 +336,66 @@ def test_list_namespaces_lists_only_namespaces_holding_items(lethe: Lethe) -> No
     assert ref.list_namespaces() == [("emptied",), ("kept",), ("only", "read")]
 
 
-def test_unindexed_items_and_client_embeddings_are_refused(lethe: Lethe) -> None:
-    store = _store(lethe)
-    with pytest.raises(NotImplementedError, match="index=False"):
-        store.put(("ns",), "k", {"v": 1}, index=False)
-    with pytest.raises(NotImplementedError, match="embed"):
-        LetheStore(lethe.client(admin=True), owner="alice", index={"dims": 3, "embed": len})
-    assert store.get(("ns",), "k") is None  # nothing was stored
+def test_an_unindexed_item_is_kept_and_listed_but_no_query_finds_it(lethe: Lethe) -> None:
+    client = lethe.client(admin=True)
+    store, ref = LetheStore(client, owner="alice"), InMemoryStore()
+    for s in (store, ref):
+        s.put(("ns",), "hidden", {"text": "the zebra code"}, index=False)
+        s.put(("ns",), "shown", {"text": "the zebra crossing"})
+    assert store.get(("ns",), "hidden").value == {"text": "the zebra code"}  # type: ignore[union-attr]
+    assert client.get_memory(store.memory_name(("ns",), "hidden")).text == "(unindexed)"
+    assert [i.key for i in store.search(("ns",))] == [i.key for i in ref.search(("ns",))]
+    assert [i.key for i in store.search(("ns",), query="zebra")] == ["shown"]
+
+
+def _letters(texts: list[str]) -> list[list[float]]:
+    """A tiny embedding: counts of a, b and c, and 1 (so no vector is zero)."""
+    return [[float(t.count("a")), float(t.count("b")), float(t.count("c")), 1.0] for t in texts]
+
+
+def test_an_index_with_embed_scores_by_cosine_similarity_as_in_memory_store(
+    lethe: Lethe,
+) -> None:
+    index = {"dims": 4, "embed": _letters, "fields": ["text", "more"]}
+    store = LetheStore(lethe.client(admin=True), owner="alice", index=index)
+    ref = InMemoryStore(index=index)  # type: ignore[arg-type]
+    values = {
+        "a": {"text": "aaa"},
+        "b": {"text": "bbb", "more": "aaa"},  # two vectors: the best one scores
+        "c": {"text": "cab"},
+        "n": {"text": "ccc"},
+    }
+    for s in (store, ref):
+        for key, value in values.items():
+            s.put(("ns",), key, value)
+        s.put(("ns",), "plain", {"text": "aaaa"}, index=False)
+    for query in ("aaa", "bc", "zzz"):
+        for limit, offset in ((10, 0), (2, 1)):
+            got = store.search(("ns",), query=query, limit=limit, offset=offset)
+            want = ref.search(("ns",), query=query, limit=limit, offset=offset)
+            assert [i.key for i in got] == [i.key for i in want]
+            assert [i.score or 0.0 for i in got] == pytest.approx([i.score or 0 for i in want])
+            assert [i.score is None for i in got] == [i.score is None for i in want]
+    [top, *_] = store.search(("ns",), query="aaa")
+    assert top.score == pytest.approx(1.0)  # an exact match, where the fused score was 0.39
+    assert store.index_config is not None
+    assert store.index_config["embed"] is _letters
+
+    async def embed_async(texts: list[str]) -> list[list[float]]:
+        return _letters(texts)
+
+    asynced = LetheStore(
+        lethe.client(admin=True), owner="bob", index={"dims": 4, "embed": embed_async}
+    )
+
+    async def scenario() -> list[Any]:
+        await asynced.aput(("ns",), "k", {"text": "abc"})
+        return await asynced.asearch(("ns",), query="abc")
+
+    [hit] = asyncio.run(scenario())
+    assert hit.score == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="embed"):
+        LetheStore(lethe.client(admin=True), owner="alice", index={"dims": 3})
 
 
 TTL_MINUTES = 0.025
@@ -355,9 +422,13 @@ def test_ttl_is_the_items_retention_gone_from_every_read_then_forgotten(lethe: L
     assert [i.key for i in store.search(("ns",), query="door")] == ["kept"]
     assert store.list_namespaces() == [("ns",)]
     assert lethe.server is not None
+    with pytest.raises(lc.RecordDeleted):  # its id is held until the sweeper forgets it
+        store.put(("ns",), "brief", {"text": "the door code is 1234"})
     assert lethe.server.lifecycle.sweep() == 1
     [receipt] = list(client.iter_deletions("owners/alice"))
     assert (list(receipt.targets), receipt.reason) == ([name], "RETENTION")
+    store.put(("ns",), "brief", {"text": "the door code is 1234"})
+    assert store.get(("ns",), "brief").value == {"text": "the door code is 1234"}  # type: ignore[union-attr]
 
 
 def test_a_read_refreshes_the_ttl_and_a_put_without_one_removes_it(lethe: Lethe) -> None:
@@ -515,3 +586,195 @@ def test_constructor_refuses_what_it_cannot_serve(lethe: Lethe) -> None:
     for make in bad:
         with pytest.raises(ValueError, match=r"client|token|owner|kind"):
             make()
+
+
+# -- writes: calls, races, whole batches ----------------------------------------------
+
+
+class CountingClient:
+    """A real :class:`lethe.client.Client` that counts the RPC methods called on it."""
+
+    def __init__(self, client: lc.Client) -> None:
+        self.client = client
+        self.calls: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.client, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+    def take(self) -> dict[str, int]:
+        """The counts since the last take."""
+        out = dict(self.calls)
+        self.calls.clear()
+        return out
+
+
+def _counting(lethe: Lethe, **kw: Any) -> tuple[LetheStore, CountingClient]:
+    counting = CountingClient(lethe.client(admin=True))
+    return LetheStore(cast(lc.Client, counting), owner="alice", **kw), counting
+
+
+def test_a_put_is_one_call_when_the_store_knows_whether_the_key_exists(lethe: Lethe) -> None:
+    store, calls = _counting(lethe)
+    store.put(("ns",), "k", {"v": 1})
+    assert calls.take() == {"create_memory": 1}  # a new key
+    store.put(("ns",), "k", {"v": 2})
+    assert calls.take() == {"update_memory": 1}  # a key this store has written
+    other, other_calls = _counting(lethe)
+    other.put(("ns",), "k", {"v": 3})  # a key another store wrote: create, then update
+    assert other_calls.take() == {"create_memory": 1, "update_memory": 1}
+    store.put(("ns",), "k", {"v": 4})  # stale hint, still right: updated
+    assert store.get(("ns",), "k").value == {"v": 4}  # type: ignore[union-attr]
+    calls.take()
+    other.delete(("ns",), "k")
+    other.put(("ns",), "k", {"v": 5})
+    assert other_calls.take() == {"forget": 1, "create_memory": 1}
+    store.delete(("ns",), "k")  # its hint says it exists: update_memory found it deleted
+    store.put(("ns",), "k", {"v": 6})
+    assert calls.take() == {"forget": 1, "create_memory": 1}
+    assert store.get(("ns",), "k").value == {"v": 6}  # type: ignore[union-attr]
+
+
+def test_a_put_racing_a_delete_of_the_key_never_fails(lethe: Lethe) -> None:
+    """Two stores, one putting and one deleting the same key, never see an error.
+
+    Before the fix a put raised RecordDeleted here: update NOT_FOUND, create
+    ALREADY_EXISTS (the delete's tombstone, not yet purged), then the update
+    again, on the deleted memory.
+    """
+    client = lethe.client(admin=True)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        store = LetheStore(client, owner="alice")  # its own hints, as a separate process
+        try:
+            for n in range(60):
+                if i % 2:
+                    store.delete(("race",), "k")
+                else:
+                    store.put(("race",), "k", {"n": n, "writer": i})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    store = LetheStore(client, owner="alice")
+    store.put(("race",), "k", {"n": "last"})
+    assert store.get(("race",), "k").value == {"n": "last"}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (PutOp(("ok", "bad.label"), "k", {"v": 1}), InvalidNamespaceError),
+        (PutOp((), "k", {"v": 1}), InvalidNamespaceError),
+        (PutOp(("ok",), "k", {"v": float("nan")}), ValueError),
+        (PutOp(("ok",), "k", {"v": b"bytes"}), TypeError),
+        (PutOp(("ok",), "k", {"v": 1}, ttl=-1.0), ValueError),
+        (PutOp(("ok",), 5, {"v": 1}), TypeError),  # type: ignore[arg-type]
+        (SearchOp(("ok", ""), None, 10, 0, None), InvalidNamespaceError),
+    ],
+)
+def test_a_batch_with_one_bad_op_writes_nothing(
+    lethe: Lethe, bad: Op, error: type[Exception]
+) -> None:
+    store, calls = _counting(lethe)
+    store.put(("ok",), "gone", {"v": 0})
+    calls.take()
+    ops: list[Op] = [PutOp(("ok",), f"k{i}", {"v": i}) for i in range(3)]
+    ops += [PutOp(("ok",), "gone", None), bad, PutOp(("ok",), "after", {"v": 9})]
+    with pytest.raises(error):
+        store.batch(ops)
+    assert calls.take() == {}  # not one call was sent
+    assert [i.key for i in store.search(("ok",))] == ["gone"]
+
+
+def test_a_batch_pipelines_its_calls_and_deletes_in_one_forget(lethe: Lethe) -> None:
+    store, calls = _counting(lethe)
+    store.batch([PutOp(("b",), f"k{i}", {"i": i}) for i in range(40)])
+    assert calls.take() == {"create_memory": 40}
+    got = store.batch(
+        [GetOp(("b",), f"k{i}") for i in range(5)]
+        + [PutOp(("b",), f"k{i}", None) for i in range(5)]
+        + [PutOp(("b",), f"k{i}", {"i": -i}) for i in range(5, 40)]
+    )
+    assert [g.value for g in got[:5]] == [{"i": i} for i in range(5)]  # type: ignore[union-attr]
+    assert got[5:] == [None] * 40
+    assert calls.take() == {"get_memory": 5, "forget": 1, "update_memory": 35}
+    client = lethe.client(admin=True)
+    [receipt] = list(client.iter_deletions("owners/alice"))
+    assert sorted(receipt.targets) == sorted(store.memory_name(("b",), f"k{i}") for i in range(5))
+    assert sorted(i.value["i"] for i in store.search(("b",), limit=100)) == list(range(-39, -4))
+    calls.take()
+    # A Forget naming a gone item is refused whole: then one Forget per name.
+    store.batch([PutOp(("b",), k, None) for k in ("k5", "k0", "k6")])
+    assert calls.take() == {"forget": 1 + 3}
+    assert len(list(client.iter_deletions("owners/alice"))) == 3
+    assert store.get(("b",), "k5") is None
+    assert store.get(("b",), "k6") is None
+
+
+def test_a_dotted_filter_key_reaches_into_nested_values(lethe: Lethe) -> None:
+    """As LangGraph's SQL stores read filter keys; a field named with the dots wins."""
+    store = _store(lethe)
+    store.put(("docs",), "hyphen", {"access-level": "public", "user": {"access-level": "nested"}})
+    store.put(("docs",), "dotted", {"user.access-level": "literal"})
+    assert [i.key for i in store.search(("docs",), filter={"access-level": "public"})] == ["hyphen"]
+    found = store.search(("docs",), filter={"user.access-level": "nested"})
+    assert [i.key for i in found] == ["hyphen"]
+    found = store.search(("docs",), filter={"user.access-level": "literal"})
+    assert [i.key for i in found] == ["dotted"]
+    assert store.search(("docs",), filter={"user.missing.deeper": "x"}) == []
+
+
+def test_distance_type_scores_as_langgraphs_postgres_store(lethe: Lethe) -> None:
+    """``inner_product``: the dot product; ``l2``: the negated Euclidean distance."""
+    item, query = _letters(["aab"])[0], _letters(["bc"])[0]  # (2, 1, 0, 1), (0, 1, 1, 1)
+    want = {
+        "inner_product": 2.0,
+        "l2": -((4.0 + 0 + 1 + 0) ** 0.5),
+        "cosine": 2 / (6**0.5 * 3**0.5),
+    }
+    for distance, score in want.items():
+        index = {"dims": 4, "embed": _letters, "distance_type": distance}
+        store = LetheStore(
+            lethe.client(admin=True), owner=f"o-{distance.replace('_', '-')}", index=index
+        )
+        store.put(("ns",), "k", {"text": "aab"})
+        [hit] = store.search(("ns",), query="bc")
+        assert hit.score == pytest.approx(score), (distance, item, query)
+    with pytest.raises(ValueError, match="distance_type"):
+        LetheStore(
+            lethe.client(admin=True),
+            owner="a",
+            index={"dims": 4, "embed": _letters, "distance_type": "hamming"},
+        )
+
+
+def test_a_batch_beyond_the_servers_per_token_bound_waits_instead_of_failing(
+    lethe_at: Callable[..., Lethe], tmp_path: Path
+) -> None:
+    """A batch deeper than the token's bound on calls in flight still lands whole.
+
+    The server refuses calls past ``max_inflight_per_principal`` before doing
+    anything (``TooManyRequests``); before the fix the batch raised it.
+    """
+    server = lethe_at(tmp_path / "d", max_inflight_per_principal=2, max_running_per_principal=1)
+    store = LetheStore(server.client(admin=True), owner="alice")
+    store.batch([PutOp(("ns",), f"k{i}", {"i": i}) for i in range(60)])
+    store.batch([PutOp(("ns",), f"k{i}", {"i": -i}) for i in range(60)])
+    store.batch([PutOp(("ns",), f"k{i}", None) for i in range(0, 60, 2)])
+    assert sorted(i.value["i"] for i in store.search(("ns",), limit=100)) == sorted(
+        -i for i in range(1, 60, 2)
+    )
