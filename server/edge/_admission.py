@@ -28,8 +28,9 @@ principal's queue, which costs the others at most one call (below), while a
 refused client retries through the one event loop that every principal's
 calls share (``bench/bench_overload.py``: another owner's ``Search`` p99 was
 33.5x its floor beside 128 closed loops of one token bound at 16, 2.6x with
-the excess queued). The bounds are there for memory: requests held per
-principal. Among the admitted calls the executor takes work from each principal
+the excess queued, in a quiet run; under load grpc's accept queue, in arrival
+order and before this module, dominates). The bounds are there for memory:
+requests held per principal. Among the admitted calls the executor takes work from each principal
 with waiting work in turn (round robin), so a principal with many calls
 queued delays another principal's call by at most one call per principal, not
 by its whole queue; and since Python threads share one interpreter lock, a
