@@ -300,8 +300,12 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
                 paths.add("embedding")
             if request.memory.HasField("metadata"):
                 paths.add("metadata")
+        if request.allow_missing:
+            return self._upsert(name.owner, name.memory, paths, request)
         if request.memory.kind:
             raise InvalidArgument("memory.kind", "is immutable")
+        if request.HasField("retention"):
+            raise InvalidArgument("retention", "applies only with allow_missing")
         draft = self._draft(request.memory, name.owner, creating=False)
         if "text" in paths and not draft.content.text.strip() and draft.content.edge is None:
             raise InvalidArgument("memory.text", "must not be empty")
@@ -316,6 +320,44 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             self.store.emit_event(name.owner, "SLOT_CONFLICT", conflict.holder)
             raise
         self.retriever.on_write(name.owner, [view.meta])
+        return memory_proto(view)
+
+    def _upsert(
+        self,
+        owner: str,
+        memory_id: str,
+        paths: set[str],
+        request: memories_pb2.UpdateMemoryRequest,
+    ) -> memories_pb2.Memory:
+        """``UpdateMemory`` with ``allow_missing``: update the memory, or create it.
+
+        ``request.memory`` is checked as ``CreateMemory`` checks a memory (it
+        may be created); which applies is decided in the store (see
+        ``UpdateMemoryRequest.allow_missing``).
+        """
+        if request.memory.state not in (0, common_pb2.PENDING, common_pb2.COMMITTED):
+            raise InvalidArgument("memory.state", "must be PENDING or COMMITTED")
+        draft = self._draft(request.memory, owner, creating=True)
+        if request.HasField("retention"):
+            draft.retention = retention(request.retention, "retention")
+        self._embed(draft, owner)  # the create's vector, and the update's if its text changes
+        keep = "text" not in paths and "edge" not in paths and "embedding" not in paths
+        try:
+            view = self.store.upsert_memory(
+                owner,
+                memory_id,
+                draft,
+                paths,
+                request.expected_version,
+                self.pending_ttl,
+                commit=request.memory.state == common_pb2.COMMITTED,
+                keep_embedding=keep,
+                shingler=echo_shingles,
+            )
+        except SlotConflict as conflict:
+            self.store.emit_event(owner, "SLOT_CONFLICT", conflict.holder)
+            raise
+        self.retriever.on_write(owner, [view.meta])
         return memory_proto(view)
 
     def _update(

@@ -1,0 +1,151 @@
+"""``UpdateMemory`` with ``allow_missing``: create or update in one call (AIP-134).
+
+On a real server: a missing memory is created under the caller's name (its
+kind, sources, metadata, state and retention as ``CreateMemory`` takes them),
+an existing one updated as without ``allow_missing``; an etag on a missing
+memory is ``NOT_FOUND``; a deleted memory whose deletion is not complete is
+``RECORD_DELETED``, never created over.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from conftest import Lethe
+from google.protobuf import json_format
+
+import lethe.client as lc
+from lethe.v1 import common_pb2, memories_pb2
+
+NAME = "owners/alice/memories/up"
+
+
+def _upsert(
+    c: lc.Client, text: str, memory: dict[str, Any] | None = None, **kw: Any
+) -> memories_pb2.Memory:
+    whole = {"name": NAME, "kind": "FACT", "text": text, "state": "COMMITTED", **(memory or {})}
+    return c.update_memory(whole, allow_missing=True, **kw)
+
+
+def test_allow_missing_creates_a_missing_memory_under_the_callers_name(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    src = c.create_memory(
+        "owners/alice", {"kind": "FACT", "text": "a source", "state": "COMMITTED"}, memory_id="s"
+    )
+    made = _upsert(
+        c,
+        "likes tea",
+        memory={"metadata": {"k": "v"}, "sources": [{"name": src.name, "version": 1}]},
+        retention=3600,
+    )
+    assert (made.name, made.version, made.text) == (NAME, 1, "likes tea")
+    assert made.state == common_pb2.COMMITTED
+    assert made.create_time == made.update_time  # created, not updated
+    assert json_format.MessageToDict(made.metadata) == {"k": "v"}
+    assert [(s.name, s.version) for s in made.sources] == [(src.name, 1)]
+    assert made.HasField("expire_time")
+    assert made.expire_time.seconds - made.create_time.seconds == pytest.approx(3600, abs=1)
+    assert c.get_memory(NAME).text == "likes tea"
+    hits = c.search("owners/alice", query_text="likes tea", kinds=["FACT"]).hits
+    assert [h.memory.name for h in hits][:1] == [NAME]
+
+
+def test_allow_missing_updates_an_existing_memory_as_an_update_does(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    c.create_memory(
+        "owners/alice",
+        {"kind": "FACT", "text": "likes tea", "state": "COMMITTED", "metadata": {"v": 1}},
+        memory_id="up",
+    )
+    got = _upsert(c, "likes coffee", update_mask=["text"], retention=60)
+    assert (got.version, got.text) == (2, "likes coffee")
+    assert got.create_time != got.update_time
+    assert json_format.MessageToDict(got.metadata) == {"v": 1.0}  # not in the mask: kept
+    assert not got.HasField("expire_time")  # retention applies only to a creation
+    assert c.get_memory(NAME, version=1).status == memories_pb2.Memory.SUPERSEDED
+    with pytest.raises(lc.VersionMismatch):
+        _upsert(c, "again", expected_version=1)
+    assert _upsert(c, "again", expected_version=2).version == 3
+
+
+def test_allow_missing_with_another_kind_is_a_bad_field(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    c.create_memory("owners/alice", {"kind": "ANNOTATION", "text": "a"}, memory_id="up")
+    with pytest.raises(lc.BadField) as err:
+        _upsert(c, "b")
+    assert err.value.fields == ["memory.kind"]
+    with pytest.raises(lc.BadField) as err:  # a creation needs its kind
+        c.update_memory({"name": "owners/alice/memories/new", "text": "x"}, allow_missing=True)
+    assert err.value.fields == ["memory.kind"]
+    assert c.get_memory(NAME).version == 1
+
+
+def test_an_etag_on_a_missing_memory_is_not_found(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    with pytest.raises(lc.NotFound) as err:
+        _upsert(c, "x", expected_version=1)
+    assert not isinstance(err.value, lc.RecordDeleted)
+    with pytest.raises(lc.NotFound):
+        c.get_memory(NAME)
+
+
+def test_retention_without_allow_missing_is_a_bad_field(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    c.create_memory("owners/alice", {"kind": "FACT", "text": "a"}, memory_id="up")
+    with pytest.raises(lc.BadField) as err:
+        c.update_memory({"name": NAME, "text": "b"}, retention=60)
+    assert err.value.fields == ["retention"]
+
+
+def test_allow_missing_recreates_a_forgotten_id_with_its_versions_numbering_on(
+    lethe: Lethe,
+) -> None:
+    c = lethe.client("alice")
+    _upsert(c, "first")
+    _upsert(c, "second")
+    c.forget([NAME], echoes="IGNORE")
+    again = _upsert(c, "third")
+    assert (again.version, again.text, again.create_time == again.update_time) == (
+        3,
+        "third",
+        True,
+    )
+    assert c.get_memory(NAME).text == "third"
+
+
+def test_an_expired_memory_not_yet_swept_is_record_deleted_not_created_over(
+    lethe: Lethe,
+) -> None:
+    c = lethe.client("alice")
+    made = _upsert(c, "short-lived", retention=1.0)
+    time.sleep(max(0.0, made.expire_time.ToNanoseconds() / 1e9 - time.time()) + 0.05)
+    with pytest.raises(lc.RecordDeleted):
+        _upsert(c, "back")
+    assert lethe.server is not None
+    assert lethe.server.lifecycle.sweep() == 1  # forgotten: the id is free again
+    back = _upsert(c, "back")
+    assert (back.version, back.text) == (2, "back")
+
+
+def test_concurrent_upserts_of_a_missing_id_create_it_once(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    results: list[int] = []
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            results.append(_upsert(c, f"writer {i}").version)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(results) == list(range(1, 9))  # one creation, seven updates
+    assert c.get_memory(NAME).version == 8
