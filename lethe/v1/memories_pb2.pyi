@@ -580,13 +580,14 @@ class UpdateMemoryRequest(_message.Message):
     is not current. 0 updates whatever version is current.
     """
     allow_missing: _builtins.bool
-    """Create or update (AIP-134): when the named memory does not exist, create
-    it under that name, in the same write transaction, as `CreateMemory` with
-    `memory_id` would: `memory` must then be a whole new memory (`kind`
-    required, and `text` or `edge`; `sources`, `metadata`, `state`
-    `COMMITTED`, `direction`, `trigger`, `status`, `origin`, `due_time`,
-    `embedding` apply as in `CreateMemory`), `update_mask` is not applied and
-    `retention` applies. When it exists it is updated as without
+    """Create or update (AIP-134). `memory` is checked as `CreateMemory` checks
+    a memory, whichever happens (`kind` required, and `text` or `edge`).
+    When the named memory does not exist it is created under that name, in
+    one write transaction, as `CreateMemory` with `memory_id` would create it
+    (`sources`, `metadata`, `state` `COMMITTED`, `direction`, `trigger`,
+    `status`, `origin`, `due_time`, `embedding` apply as there), `update_mask`
+    is not applied and `retention` applies; the reply's `create_time` equals
+    its `update_time`. When it exists it is updated as without
     `allow_missing` (`update_mask`, `expected_version`), and `memory.kind`
     must be its kind (`BAD_FIELD` otherwise); `state` and `retention` do not
     apply (use `Commit` and `SetRetention`). A non-zero `expected_version`
@@ -614,7 +615,8 @@ class UpdateMemoryRequest(_message.Message):
     @_builtins.property
     def retention(self) -> _duration_pb2.Duration:
         """With `allow_missing`, when the memory is created: its retention, as
-        `CreateMemoryRequest.retention`. Ignored when the memory exists.
+        `CreateMemoryRequest.retention`. Ignored when the memory exists;
+        `BAD_FIELD` without `allow_missing`.
         """
 
     def __init__(
