@@ -9,11 +9,13 @@ memory is ``NOT_FOUND``; a deleted memory whose deletion is not complete is
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
 
 import pytest
+from _connect import ConnectChannel
 from conftest import Lethe
 from google.protobuf import json_format
 
@@ -149,3 +151,21 @@ def test_concurrent_upserts_of_a_missing_id_create_it_once(lethe: Lethe) -> None
     assert errors == []
     assert sorted(results) == list(range(1, 9))  # one creation, seven updates
     assert c.get_memory(NAME).version == 8
+
+
+def test_allow_missing_over_connect_json_creates_then_updates(lethe: Lethe) -> None:
+    """The Connect listener reads ``allowMissing`` and ``retention`` from JSON as gRPC does."""
+    channel = ConnectChannel(f"127.0.0.1:{lethe.http_port}")
+    auth = [("authorization", f"Bearer {lethe.token('alice')}")]
+    path = "/lethe.v1.Memories/UpdateMemory"
+    memory = {"name": NAME, "kind": "FACT", "text": "likes tea", "state": "COMMITTED"}
+    body = {"memory": memory, "allowMissing": True, "retention": "3600s"}
+    status, _, raw = channel.post(path, json.dumps(body).encode(), "application/json", auth)
+    made = json.loads(raw)
+    assert (status, made["name"], made["version"]) == (200, NAME, "1")
+    assert made["createTime"] == made["updateTime"]
+    assert "expireTime" in made
+    body = {"memory": {**memory, "text": "likes coffee"}, "allowMissing": True}
+    status, _, raw = channel.post(path, json.dumps(body).encode(), "application/json", auth)
+    got = json.loads(raw)
+    assert (status, got["version"], got["text"]) == (200, "2", "likes coffee")
