@@ -193,7 +193,7 @@ from lethe._langgraph_values import (
     similarity,
     truncate,
 )
-from lethe.client import Client, NotFound, RecordDeleted, TooManyRequests
+from lethe.client import Aborted, Client, NotFound, RecordDeleted, TooManyRequests
 from lethe.names import ID_RE
 from lethe.v1 import memories_pb2
 
@@ -582,7 +582,9 @@ class LetheStore(BaseStore):
 
         The server answers ``RECORD_DELETED`` while a deleted (or expired)
         memory still holds the key's id; a delete racing the put is purged
-        within its ``Forget``, so the put lands once that has returned.
+        within its ``Forget``, so the put lands once that has returned. It
+        answers ``ABORTED`` when the id changed hands under it several times
+        in a row (puts and deletes of the key racing): sent again too.
 
         Raises:
             lethe.client.RecordDeleted: still so after about 2 s (an expired
@@ -593,7 +595,7 @@ class LetheStore(BaseStore):
             try:
                 self._upsert(write)
                 return
-            except RecordDeleted:
+            except (RecordDeleted, Aborted):  # no etag is sent: never VersionMismatch
                 if attempt == _RACE_TRIES - 1:
                     raise
                 time.sleep(min(0.001 * 2**attempt, 0.1))

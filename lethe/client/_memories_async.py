@@ -179,7 +179,9 @@ class AsyncMemoriesMethods(AsyncClientBase):
             on a missing one). VersionMismatch: ``expected_version`` is not
             current. SlotConflict, SourceDeleted, SourceStale, SourceSealed: as
             :meth:`create_memory`. Sealed: sealed in a repair. BadField:
-            ``memory.kind`` is not the existing memory's kind.
+            ``memory.kind`` is not the existing memory's kind. Aborted: with
+            ``allow_missing``, the id kept changing hands under the call
+            (created and forgotten meanwhile); retry.
         """
         request = build(
             memories_pb2.UpdateMemoryRequest,

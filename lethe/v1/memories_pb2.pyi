@@ -595,7 +595,9 @@ class UpdateMemoryRequest(_message.Message):
     `allow_missing`. A memory deleted or expired whose id is not yet free
     (its deletion still purging, or the sweeper yet to forget it) is
     `NOT_FOUND` / `RECORD_DELETED`, never created over: retry once the
-    deletion is complete (a `Forget` returns after it).
+    deletion is complete (a `Forget` returns after it). An id that keeps
+    changing hands under the upsert (created, forgotten, created again) is
+    `ABORTED`: retry.
     """
     @_builtins.property
     def memory(self) -> Global___Memory:

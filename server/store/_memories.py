@@ -728,8 +728,7 @@ class MemoriesPart(EchoPart):
             except SlotConflict:
                 raise
             except AlreadyExists:
-                if not self._id_taken(owner, memory_id):
-                    raise
+                continue  # created meanwhile (and maybe purged again since): choose again
         raise Aborted(f"{name} changed concurrently; retry")
 
     def _id_taken(self, owner: str, memory_id: str) -> bool:

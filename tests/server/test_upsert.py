@@ -169,3 +169,43 @@ def test_allow_missing_over_connect_json_creates_then_updates(lethe: Lethe) -> N
     status, _, raw = channel.post(path, json.dumps(body).encode(), "application/json", auth)
     got = json.loads(raw)
     assert (status, got["version"], got["text"]) == (200, "2", "likes coffee")
+
+
+def test_upserts_racing_forgets_of_the_id_answer_only_record_deleted(lethe: Lethe) -> None:
+    """An upsert racing a ``Forget`` of its id lands, or answers ``RECORD_DELETED``.
+
+    Before the fix an upsert answered ``ALREADY_EXISTS``: its create found the
+    id taken, and the purge freed it before the upsert looked again.
+    """
+    c = lethe.client("alice")
+    errors: list[BaseException] = []
+    landed: list[int] = []
+
+    def upsert(i: int) -> None:
+        for n in range(40):
+            try:
+                _upsert(c, f"writer {i} round {n}")
+                landed.append(i)
+            except lc.RecordDeleted:
+                pass  # a deletion not complete yet: the documented answer
+            except BaseException as exc:
+                errors.append(exc)
+
+    def forget() -> None:
+        for _ in range(40):
+            try:
+                c.forget([NAME], echoes="IGNORE")
+            except lc.NotFound:
+                pass  # nothing to forget right now
+            except BaseException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=upsert, args=(i,)) for i in range(4)]
+    threads += [threading.Thread(target=forget) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert landed  # some upserts landed between the forgets
+    assert _upsert(c, "last").text == "last"
