@@ -33,13 +33,14 @@ Item → memory
     Commits: what is put is searchable when ``put`` returns. A second ``put``
     of the key is ``UpdateMemory``: a new version (a ``FACT``'s old version
     becomes ``SUPERSEDED``); ``created_at`` stays the first put's. A put is
-    one call: ``CreateMemory`` for a key the store has not seen exist,
-    ``UpdateMemory`` for one it has (it keeps the names it wrote or read as a
-    hint, in memory). When the hint is wrong the other call follows
-    (``ALREADY_EXISTS`` → update, ``NOT_FOUND`` / ``RECORD_DELETED`` →
-    create), and so on while a concurrent delete is purging the key, so a
-    ``put`` racing a ``delete`` of its key lands after it instead of failing.
-    A ``ttl`` on an update adds a ``SetRetention`` (see ``ttl`` below).
+    one call whatever wrote the key before (this store, another instance, or
+    nobody): ``UpdateMemory`` with ``allow_missing``, which creates the
+    memory when none holds its name and updates it otherwise, in one server
+    transaction. While a concurrent delete is purging the key the server
+    answers ``RECORD_DELETED`` and the put is sent again (backing off) until
+    the purge is done, so a ``put`` racing a ``delete`` of its key lands after
+    it instead of failing. A ``ttl`` on an update adds a ``SetRetention`` (see
+    ``ttl`` below); on a creation it travels in the one call.
 ``delete`` (and ``put`` of ``None``)
     Is a Lethe ``Forget``: the memory is tombstoned, everything derived from
     it goes too, its key is destroyed (crypto-shredding), and a receipt is
@@ -125,7 +126,7 @@ Differences from ``InMemoryStore`` (each tested in
 
 ``ttl`` (minutes, ``put``'s or the store's ``TTLConfig`` ``default_ttl``)
     Is the memory's retention (``Lifecycle.SetRetention``; on a new item
-    ``CreateMemory``'s ``retention``, in the same call): once it ends every
+    ``UpdateMemory``'s ``retention``, in the same call): once it ends every
     read treats the item as deleted — ``get`` returns None, ``search`` and
     ``list_namespaces`` skip it — at once, and the server's sweeper then
     forgets it with a receipt (reason ``RETENTION``), its key destroyed. A
@@ -139,7 +140,9 @@ Limits, with a clear error, never silently
       (an item's vectors count towards its metadata's size);
     - a ``put`` of a key whose ``ttl`` ended, before the server's sweeper
       has forgotten it, raises :class:`lethe.client.RecordDeleted` after
-      about 2 s of retries (the expired memory holds its id until then).
+      about 2 s of retries (the expired memory holds its id until then);
+    - a ``put`` of a key whose memory a store of another ``kind`` wrote
+      raises :class:`lethe.client.BadField` (a memory's kind is immutable).
 
 LangGraph's own store tests (``langgraph-checkpoint``'s ``tests/test_store.py``
 unchanged, and the SQLite and Postgres stores' with their fixtures adapted,
@@ -190,7 +193,7 @@ from lethe._langgraph_values import (
     similarity,
     truncate,
 )
-from lethe.client import AlreadyExists, Client, NotFound, TooManyRequests
+from lethe.client import Aborted, Client, NotFound, RecordDeleted, TooManyRequests
 from lethe.names import ID_RE
 from lethe.v1 import memories_pb2
 
@@ -204,7 +207,6 @@ PIPELINE_DEPTH = 8
 """Most calls one ``batch`` keeps in flight: half the server's default per-token
 bound on calls in flight (``max_inflight_per_principal``, 16), so that the
 token's other calls still get in."""
-_KNOWN_NAMES = 100_000
 _RACE_TRIES = 24
 _ADMISSION_TRIES = 20
 _T = TypeVar("_T")
@@ -406,7 +408,6 @@ class LetheStore(BaseStore):
         self._paths = [(p, tokenize_path(p) if p != "$" else p) for p in self.fields]
         self._id_key = id_key or _DEFAULT_ID_KEY
         self.ttl_config = dict(ttl) if ttl is not None else None  # type: ignore[assignment]
-        self._known: set[str] = set()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -537,10 +538,8 @@ class LetheStore(BaseStore):
         except NotFound:  # never existed, or deleted (RecordDeleted), or expired
             return None
         found = self._item(memory)
-        if found is not None:
-            self._remember(name)
-            if getattr(op, "refresh_ttl", False):
-                self._refresh([memory])
+        if found is not None and getattr(op, "refresh_ttl", False):
+            self._refresh([memory])
         return None if found is None else found.item
 
     def _prepare(self, op: PutOp) -> _Write:
@@ -578,59 +577,28 @@ class LetheStore(BaseStore):
             embed = tuple(t for _p, tokens in tokenized for t in get_text_at_path(value, tokens))
         return _Write(name, text, {_META: item}, op.ttl, embed)
 
-    def _remember(self, name: str) -> None:
-        """Note that ``name`` exists, so that its next put tries ``UpdateMemory`` first."""
-        if len(self._known) >= _KNOWN_NAMES:
-            self._known.clear()  # a hint, not a truth: forgetting it costs one call
-        self._known.add(name)
-
     def _write(self, write: _Write) -> None:
-        """Apply one prepared put: one call when the hint is right, more on a race.
+        """Apply one prepared put: one upsert, sent again while a delete of the key completes.
 
-        A name this store has seen exist is updated first, any other created
-        first (a new key: one ``CreateMemory``). ``ALREADY_EXISTS`` on create
-        (another writer created it, or a deleted memory that is not yet
-        purged holds its id) turns to an update, ``NOT_FOUND`` /
-        ``RECORD_DELETED`` on update (never existed, or a racing delete) to a
-        create, until one succeeds; a delete racing the put is purged within
-        its ``Forget``, so this ends once it has returned.
+        The server answers ``RECORD_DELETED`` while a deleted (or expired)
+        memory still holds the key's id; a delete racing the put is purged
+        within its ``Forget``, so the put lands once that has returned. It
+        answers ``ABORTED`` when the id changed hands under it several times
+        in a row (puts and deletes of the key racing): sent again too.
 
         Raises:
-            lethe.client.RecordDeleted: after about 2 s of that cycle (an
-                expired item whose id the server's sweeper has not freed yet).
+            lethe.client.RecordDeleted: still so after about 2 s (an expired
+                item whose id the server's sweeper has not freed yet).
             lethe.client.LetheError: any other refusal of the server.
         """
-        update_first = write.name in self._known
         for attempt in range(_RACE_TRIES):
-            if update_first:
-                try:
-                    self._update(write)
-                    self._remember(write.name)
-                    return
-                except NotFound:
-                    if attempt == _RACE_TRIES - 1:
-                        raise
-            owner, memory_id = write.name.split("/")[1], write.name.rsplit("/", 1)[1]
             try:
-                self._admitted(
-                    self.client.create_memory,
-                    f"owners/{owner}",
-                    {
-                        "kind": self.kind,
-                        "text": write.text,
-                        "metadata": write.metadata,
-                        "state": "COMMITTED",
-                    },
-                    memory_id=memory_id,
-                    retention=write.ttl * 60 if write.ttl is not None else None,
-                )
-                self._remember(write.name)
+                self._upsert(write)
                 return
-            except AlreadyExists:
-                if update_first:  # deleted and not yet purged: let the delete finish
-                    time.sleep(min(0.001 * 2**attempt, 0.1))
-                update_first = True
-        raise AssertionError("unreachable")  # the last update attempt raised
+            except (RecordDeleted, Aborted):  # no etag is sent: never VersionMismatch
+                if attempt == _RACE_TRIES - 1:
+                    raise
+                time.sleep(min(0.001 * 2**attempt, 0.1))
 
     def _admitted(self, call: Callable[..., _R], *args: Any, **kwargs: Any) -> _R:
         """A write call, sent again while the server refuses it at admission.
@@ -653,16 +621,31 @@ class LetheStore(BaseStore):
                 time.sleep(min(refused.retry_delay or 0.01 * 2**attempt, 1.0))
         raise AssertionError("unreachable")  # the last attempt returned or raised
 
-    def _update(self, write: _Write) -> None:
-        """A new version of an item, and its retention as ``write.ttl`` (minutes) says.
+    def _upsert(self, write: _Write) -> None:
+        """Create or update an item in one call, and its retention as ``write.ttl`` (minutes) says.
+
+        A creation takes its retention in the same call; an update that must
+        set or clear one adds a ``SetRetention``.
 
         Raises:
-            NotFound: the item does not exist (or is gone).
+            RecordDeleted: a deleted or expired memory still holds the item's id.
         """
-        memory = {"name": write.name, "text": write.text, "metadata": write.metadata}
+        memory = {
+            "name": write.name,
+            "kind": self.kind,
+            "text": write.text,
+            "metadata": write.metadata,
+            "state": "COMMITTED",
+        }
         updated = self._admitted(
-            self.client.update_memory, memory, update_mask=["text", "metadata"]
+            self.client.update_memory,
+            memory,
+            update_mask=["text", "metadata"],
+            allow_missing=True,
+            retention=write.ttl * 60 if write.ttl is not None else None,
         )
+        if updated.create_time == updated.update_time:
+            return  # created, with its retention
         if write.ttl is not None:
             self._admitted(self.client.set_retention, [updated.name], ttl=write.ttl * 60)
         elif updated.HasField("expire_time"):
@@ -681,7 +664,6 @@ class LetheStore(BaseStore):
         """
         by_owner: dict[str, list[str]] = {}
         for name in names:
-            self._known.discard(name)
             by_owner.setdefault(name.split("/")[1], []).append(name)
 
         def forget(group: list[str]) -> None:

@@ -145,9 +145,17 @@ class AsyncMemoriesMethods(AsyncClientBase):
         *,
         update_mask: field_mask_pb2.FieldMask | Sequence[str] | None = None,
         expected_version: int = 0,
+        allow_missing: bool = False,
+        retention: DurationLike | None = None,
         timeout: float | None = None,
     ) -> memories_pb2.Memory:
         """``Memories.UpdateMemory``: a new version (a correction, for facts and preferences).
+
+        With ``allow_missing`` it is an upsert, one call: a memory that does
+        not exist is created under ``memory.name`` (``memory`` whole, as
+        :meth:`create_memory` takes it: ``kind`` required, ``state``
+        ``COMMITTED`` commits; ``update_mask`` not applied), one that exists
+        is updated (its ``kind`` must be ``memory.kind``).
 
         Args:
             memory: the memory with its ``name`` and the new field values.
@@ -155,17 +163,35 @@ class AsyncMemoriesMethods(AsyncClientBase):
                 mutable fields the server takes by default.
             expected_version: the etag: refuse unless this is the current
                 version (0: no check).
+            allow_missing: create the memory if it does not exist (AIP-134).
+            retention: with ``allow_missing``, the created memory's retention
+                (as :meth:`create_memory`'s); not applied to an existing memory.
             timeout: deadline in seconds (default: the client's).
 
+        Returns:
+            The new version; with ``allow_missing``, the created memory when
+            its ``create_time`` equals its ``update_time``.
+
         Raises:
-            NotFound / RecordDeleted: the memory. VersionMismatch:
-            ``expected_version`` is not current. SlotConflict, SourceDeleted,
-            SourceStale, SourceSealed: as :meth:`create_memory`. Sealed: sealed
-            in a repair.
+            NotFound / RecordDeleted: the memory (with ``allow_missing``:
+            ``RecordDeleted`` for a deleted or expired memory whose deletion is
+            not complete yet, ``NotFound`` for a non-zero ``expected_version``
+            on a missing one). VersionMismatch: ``expected_version`` is not
+            current. SlotConflict, SourceDeleted, SourceStale, SourceSealed: as
+            :meth:`create_memory`. Sealed: sealed in a repair. BadField:
+            ``memory.kind`` is not the existing memory's kind. Aborted: with
+            ``allow_missing``, the id kept changing hands under the call
+            (created and forgotten meanwhile); retry.
         """
         request = build(
             memories_pb2.UpdateMemoryRequest,
-            {"memory": memory, "update_mask": update_mask, "expected_version": expected_version},
+            {
+                "memory": memory,
+                "update_mask": update_mask,
+                "expected_version": expected_version,
+                "allow_missing": allow_missing,
+                "retention": retention,
+            },
         )
         return await self._call(self.stubs.memories.UpdateMemory, request, timeout)
 

@@ -573,14 +573,37 @@ class UpdateMemoryRequest(_message.Message):
     MEMORY_FIELD_NUMBER: _builtins.int
     UPDATE_MASK_FIELD_NUMBER: _builtins.int
     EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
+    ALLOW_MISSING_FIELD_NUMBER: _builtins.int
+    RETENTION_FIELD_NUMBER: _builtins.int
     expected_version: _builtins.int
     """Etag: the version the client read; `ABORTED` / `VERSION_MISMATCH` when it
     is not current. 0 updates whatever version is current.
     """
+    allow_missing: _builtins.bool
+    """Create or update (AIP-134). `memory` is checked as `CreateMemory` checks
+    a memory, whichever happens (`kind` required, and `text` or `edge`).
+    When the named memory does not exist it is created under that name, in
+    one write transaction, as `CreateMemory` with `memory_id` would create it
+    (`sources`, `metadata`, `state` `COMMITTED`, `direction`, `trigger`,
+    `status`, `origin`, `due_time`, `embedding` apply as there), `update_mask`
+    is not applied and `retention` applies; the reply's `create_time` equals
+    its `update_time`. When it exists it is updated as without
+    `allow_missing` (`update_mask`, `expected_version`), and `memory.kind`
+    must be its kind (`BAD_FIELD` otherwise); `state` and `retention` do not
+    apply (use `Commit` and `SetRetention`). A non-zero `expected_version`
+    on a memory that does not exist is `NOT_FOUND`, as without
+    `allow_missing`. A memory deleted or expired whose id is not yet free
+    (its deletion still purging, or the sweeper yet to forget it) is
+    `NOT_FOUND` / `RECORD_DELETED`, never created over: retry once the
+    deletion is complete (a `Forget` returns after it). An id that keeps
+    changing hands under the upsert (created, forgotten, created again) is
+    `ABORTED`: retry.
+    """
     @_builtins.property
     def memory(self) -> Global___Memory:
         """Required: the memory with `name` set and the new values of the fields in
-        `update_mask`; `kind` must be unset (immutable).
+        `update_mask`; `kind` must be unset (immutable), except with
+        `allow_missing`.
         """
 
     @_builtins.property
@@ -591,16 +614,25 @@ class UpdateMemoryRequest(_message.Message):
         over from the current version.
         """
 
+    @_builtins.property
+    def retention(self) -> _duration_pb2.Duration:
+        """With `allow_missing`, when the memory is created: its retention, as
+        `CreateMemoryRequest.retention`. Ignored when the memory exists;
+        `BAD_FIELD` without `allow_missing`.
+        """
+
     def __init__(
         self,
         *,
         memory: Global___Memory | None = ...,
         update_mask: _field_mask_pb2.FieldMask | None = ...,
         expected_version: _builtins.int = ...,
+        allow_missing: _builtins.bool = ...,
+        retention: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "update_mask", b"update_mask"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "retention", b"retention", "update_mask", b"update_mask"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "memory", b"memory", "update_mask", b"update_mask"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_missing", b"allow_missing", "expected_version", b"expected_version", "memory", b"memory", "retention", b"retention", "update_mask", b"update_mask"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

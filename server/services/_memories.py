@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
+from google.protobuf import duration_pb2, json_format
 
 from lethe.v1 import common_pb2, memories_pb2, memories_pb2_grpc, threads_pb2
 from server import _tagger as tagger
@@ -44,6 +45,7 @@ from server.store import (
     PENDING,
     MemoryContent,
     MemoryDraft,
+    MemoryView,
     SlotConflict,
     Store,
     TurnDraft,
@@ -228,21 +230,45 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         owner = parse_owner(request.parent, "parent")
         authorize(owner)
         memory_id = check_id(request.memory_id, "memory_id") if request.memory_id else new_id()
-        if request.memory.state not in (0, common_pb2.PENDING, common_pb2.COMMITTED):
-            raise InvalidArgument("memory.state", "must be PENDING or COMMITTED")
-        draft = self._draft(request.memory, owner, creating=True)
-        if request.HasField("retention"):
-            draft.retention = retention(request.retention, "retention")
-        self._embed(draft, owner)
-        try:
-            view = self.store.create_memory(
+        ret = request.retention if request.HasField("retention") else None
+        draft = self._new_draft(request.memory, ret, owner)
+        return self._written(
+            owner,
+            lambda: self.store.create_memory(
                 owner,
                 memory_id,
                 draft,
                 commit=request.memory.state == common_pb2.COMMITTED,
                 pending_ttl=self.pending_ttl,
                 shingler=echo_shingles,
-            )
+            ),
+        )
+
+    def _new_draft(
+        self, memory: memories_pb2.Memory, ret: duration_pb2.Duration | None, owner: str
+    ) -> MemoryDraft:
+        """A memory that may be created, checked as ``CreateMemory`` checks one, and embedded.
+
+        Raises:
+            InvalidArgument: a ``state`` other than ``PENDING`` or
+                ``COMMITTED``, a bad ``retention``, or a bad memory field.
+        """
+        if memory.state not in (0, common_pb2.PENDING, common_pb2.COMMITTED):
+            raise InvalidArgument("memory.state", "must be PENDING or COMMITTED")
+        draft = self._draft(memory, owner, creating=True)
+        if ret is not None:
+            draft.retention = retention(ret, "retention")
+        self._embed(draft, owner)
+        return draft
+
+    def _written(self, owner: str, write: Callable[[], MemoryView]) -> memories_pb2.Memory:
+        """Run one memory's store write, announce a slot conflict, index what it wrote.
+
+        Raises:
+            SlotConflict: after the ``SLOT_CONFLICT`` event names the holder.
+        """
+        try:
+            view = write()
         except SlotConflict as conflict:
             self.store.emit_event(owner, "SLOT_CONFLICT", conflict.holder)
             raise
@@ -300,8 +326,12 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
                 paths.add("embedding")
             if request.memory.HasField("metadata"):
                 paths.add("metadata")
+        if request.allow_missing:
+            return self._upsert(name.owner, name.memory, paths, request)
         if request.memory.kind:
             raise InvalidArgument("memory.kind", "is immutable")
+        if request.HasField("retention"):
+            raise InvalidArgument("retention", "applies only with allow_missing")
         draft = self._draft(request.memory, name.owner, creating=False)
         if "text" in paths and not draft.content.text.strip() and draft.content.edge is None:
             raise InvalidArgument("memory.text", "must not be empty")
@@ -310,13 +340,41 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             self._embed(draft, name.owner)  # the vector follows the text
         elif "embedding" not in paths:
             draft.embedding = None
-        try:
-            view = self._update(name.owner, name.memory, draft, paths, request)
-        except SlotConflict as conflict:
-            self.store.emit_event(name.owner, "SLOT_CONFLICT", conflict.holder)
-            raise
-        self.retriever.on_write(name.owner, [view.meta])
-        return memory_proto(view)
+        return self._written(
+            name.owner, lambda: self._update(name.owner, name.memory, draft, paths, request)
+        )
+
+    def _upsert(
+        self,
+        owner: str,
+        memory_id: str,
+        paths: set[str],
+        request: memories_pb2.UpdateMemoryRequest,
+    ) -> memories_pb2.Memory:
+        """``UpdateMemory`` with ``allow_missing``: update the memory, or create it.
+
+        ``request.memory`` is checked as ``CreateMemory`` checks a memory (it
+        may be created); which applies is decided in the store (see
+        ``UpdateMemoryRequest.allow_missing``).
+        """
+        ret = request.retention if request.HasField("retention") else None
+        # The vector of the create, and of the update when its text changes.
+        draft = self._new_draft(request.memory, ret, owner)
+        keep = "text" not in paths and "edge" not in paths and "embedding" not in paths
+        return self._written(
+            owner,
+            lambda: self.store.upsert_memory(
+                owner,
+                memory_id,
+                draft,
+                paths,
+                request.expected_version,
+                self.pending_ttl,
+                commit=request.memory.state == common_pb2.COMMITTED,
+                keep_embedding=keep,
+                shingler=echo_shingles,
+            ),
+        )
 
     def _update(
         self,

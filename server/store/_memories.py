@@ -70,6 +70,9 @@ from server.store._visibility import effective_state, source_alive
 from server.store._writer import WriteOp
 from shredder import RingRef
 
+_UPSERT_TRIES = 4
+"""How often :meth:`MemoriesPart.upsert_memory` chooses again when the id changes hands."""
+
 
 def _earliest(own: float, sources: float) -> float:
     """A pending derivative's expiry: its own, or its first pending source's if sooner."""
@@ -648,6 +651,91 @@ class MemoriesPart(EchoPart):
         return self.writer.run(
             WriteOp(apply, owner=owner, create_keys=[(ring, key_id)], name="memory.update")
         )
+
+    def upsert_memory(
+        self,
+        owner: str,
+        memory_id: str,
+        draft: MemoryDraft,
+        paths: set[str],
+        expected_version: int,
+        pending_ttl: float,
+        *,
+        commit: bool,
+        keep_embedding: bool = False,
+        shingler: Shingler | None = None,
+    ) -> MemoryView:
+        """``UpdateMemory`` with ``allow_missing``: update the memory, or create it (AIP-134).
+
+        A memory that exists is updated as :meth:`update_memory` does (its
+        kind must be ``draft.kind``); an id no memory holds is created as
+        :meth:`create_memory` does (``draft`` whole, ``paths`` unused). Each
+        is one write transaction; when another writer creates or purges the
+        id between the read that chose and that transaction, the choice is
+        made again (at most :data:`_UPSERT_TRIES` times).
+
+        Raises:
+            RecordDeleted: the memory is deleted or expired and its id not yet
+                free (its deletion still purging it).
+            NotFound: ``expected_version`` is non-zero and no memory holds the id.
+            InvalidArgument: ``draft.kind`` is not the existing memory's kind.
+            Aborted: the id changed hands :data:`_UPSERT_TRIES` times in a row.
+            AlreadyExists / FailedPrecondition / Aborted: as :meth:`create_memory`
+                and :meth:`update_memory`.
+        """
+        name = f"owners/{owner}/memories/{memory_id}"
+        for _ in range(_UPSERT_TRIES):
+            with self.env.begin() as txn:
+                current = self._mem_by_id(txn, owner, memory_id)
+            if current is not None:
+                if current.kind != draft.kind and not current.deleted:
+                    raise InvalidArgument(
+                        "memory.kind", f"is immutable: {name} is a {current.kind}"
+                    )
+                update = MemoryDraft(
+                    draft.kind,
+                    draft.content,
+                    draft.sources,
+                    due_time=draft.due_time,
+                    embedding=None if keep_embedding else draft.embedding,
+                )
+                try:
+                    return self.update_memory(
+                        owner,
+                        memory_id,
+                        update,
+                        paths,
+                        expected_version,
+                        pending_ttl,
+                        keep_embedding=keep_embedding,
+                        shingler=shingler,
+                    )
+                except RecordDeleted:
+                    if self._id_taken(owner, memory_id):
+                        raise  # deleted and not yet purged, or expired
+                continue  # purged meanwhile: create it
+            if expected_version:
+                raise NotFound(f"{name} not found (expected_version {expected_version})")
+            try:
+                return self.create_memory(
+                    owner,
+                    memory_id,
+                    draft,
+                    commit=commit,
+                    pending_ttl=pending_ttl,
+                    shingler=shingler,
+                )
+            except SlotConflict:
+                raise
+            except AlreadyExists:
+                continue  # created meanwhile (and maybe purged again since): choose again
+        raise Aborted(f"{name} changed concurrently; retry")
+
+    def _id_taken(self, owner: str, memory_id: str) -> bool:
+        """Whether a memory (live, deleted or expired) holds ``memory_id``."""
+        with self.env.begin() as txn:
+            key = sk.memory_id_key(owner, memory_id)
+            return sk.get(txn, self.t.memory_ids, key) is not None
 
     # ------------------------------------------------------------------ reads
 

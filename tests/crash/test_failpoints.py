@@ -393,6 +393,22 @@ def _update(s: Stubs, st: State) -> Any:
     )
 
 
+def _upsert(name: str, text: str) -> Callable[[Stubs, State], Any]:
+    """``UpdateMemory`` with ``allow_missing``: the create path or the update path, one op each."""
+
+    def act(s: Stubs, st: State) -> Any:
+        return s.memories.UpdateMemory(
+            memories_pb2.UpdateMemoryRequest(
+                memory=M(name=f"{PARENT}/memories/{name}", kind=M.FACT, text=text),
+                update_mask=field_mask_pb2.FieldMask(paths=["text"]),
+                allow_missing=True,
+            ),
+            metadata=s.md,
+        )
+
+    return act
+
+
 def _with_fact(s: Stubs) -> State:
     _fact(s, "q1", "original", [])
     return {}
@@ -533,6 +549,17 @@ CASES: list[Case] = [
     ),
     *_applied_and_not("memory.create", _create_fact, _fact_exists(True), _fact_exists(False)),
     *_applied_and_not("memory.update", _update, _fact_version(2), _fact_version(1), _with_fact),
+    # An upsert is one of those two ops, whichever path it takes.
+    *_applied_and_not(
+        "memory.create", _upsert("f9", "upserted"), _fact_exists(True), _fact_exists(False)
+    ),
+    *_applied_and_not(
+        "memory.update",
+        _upsert("q1", "corrected"),
+        _fact_version(2),
+        _fact_version(1),
+        _with_fact,
+    ),
     *_applied_and_not(
         "memory.transition",
         _transition,

@@ -621,25 +621,62 @@ def _counting(lethe: Lethe, **kw: Any) -> tuple[LetheStore, CountingClient]:
     return LetheStore(cast(lc.Client, counting), owner="alice", **kw), counting
 
 
-def test_a_put_is_one_call_when_the_store_knows_whether_the_key_exists(lethe: Lethe) -> None:
+def test_a_put_is_one_call_whoever_wrote_the_key(lethe: Lethe) -> None:
+    """Every put is one ``UpdateMemory`` with ``allow_missing``: new key, own key, or another's.
+
+    Before the upsert a key another store instance wrote cost two calls
+    (``CreateMemory`` refused ``ALREADY_EXISTS``, then ``UpdateMemory``).
+    """
     store, calls = _counting(lethe)
     store.put(("ns",), "k", {"v": 1})
-    assert calls.take() == {"create_memory": 1}  # a new key
+    assert calls.take() == {"update_memory": 1}  # a new key: created
     store.put(("ns",), "k", {"v": 2})
     assert calls.take() == {"update_memory": 1}  # a key this store has written
     other, other_calls = _counting(lethe)
-    other.put(("ns",), "k", {"v": 3})  # a key another store wrote: create, then update
-    assert other_calls.take() == {"create_memory": 1, "update_memory": 1}
-    store.put(("ns",), "k", {"v": 4})  # stale hint, still right: updated
+    other.put(("ns",), "k", {"v": 3})  # a key another store instance wrote
+    assert other_calls.take() == {"update_memory": 1}
+    assert other.get(("ns",), "k").value == {"v": 3}  # type: ignore[union-attr]
+    store.put(("ns",), "k", {"v": 4})
     assert store.get(("ns",), "k").value == {"v": 4}  # type: ignore[union-attr]
     calls.take()
+    other_calls.take()
     other.delete(("ns",), "k")
-    other.put(("ns",), "k", {"v": 5})
-    assert other_calls.take() == {"forget": 1, "create_memory": 1}
-    store.delete(("ns",), "k")  # its hint says it exists: update_memory found it deleted
+    other.put(("ns",), "k", {"v": 5})  # deleted and purged: created again
+    assert other_calls.take() == {"forget": 1, "update_memory": 1}
+    store.delete(("ns",), "k")
     store.put(("ns",), "k", {"v": 6})
-    assert calls.take() == {"forget": 1, "create_memory": 1}
+    assert calls.take() == {"forget": 1, "update_memory": 1}
     assert store.get(("ns",), "k").value == {"v": 6}  # type: ignore[union-attr]
+    client = lethe.client(admin=True)
+    memory = client.get_memory(store.memory_name(("ns",), "k"))
+    assert (memory.version, memory.create_time == memory.update_time) == (6, True)
+
+
+def test_a_put_of_a_key_another_instance_wrote_is_one_call(lethe: Lethe) -> None:
+    writer, _ = _counting(lethe)
+    writer.put(("shared",), "k", {"by": "writer"})
+    reader, calls = _counting(lethe)  # a fresh instance, as another process: knows nothing
+    reader.put(("shared",), "k", {"by": "reader"})
+    assert calls.take() == {"update_memory": 1}
+    got = writer.get(("shared",), "k")
+    assert got is not None
+    assert got.value == {"by": "reader"}
+    client = lethe.client(admin=True)
+    assert client.get_memory(writer.memory_name(("shared",), "k")).version == 2
+
+
+def test_a_ttl_travels_in_the_one_call_that_creates_an_item(lethe: Lethe) -> None:
+    """A creation carries its retention; only removing or setting one on an update costs more."""
+    writer, writer_calls = _counting(lethe)
+    writer.put(("shared",), "fresh", {"n": 1}, ttl=60)
+    assert writer_calls.take() == {"update_memory": 1}
+    client = lethe.client(admin=True)
+    name = writer.memory_name(("shared",), "fresh")
+    assert client.get_memory(name).HasField("expire_time")
+    reader, calls = _counting(lethe)
+    reader.put(("shared",), "fresh", {"n": 2})  # without ttl: the earlier ttl is removed
+    assert calls.take() == {"update_memory": 1, "get_memory": 1, "set_retention": 1}
+    assert not client.get_memory(name).HasField("expire_time")
 
 
 def test_a_put_racing_a_delete_of_the_key_never_fails(lethe: Lethe) -> None:
@@ -703,7 +740,7 @@ def test_a_batch_with_one_bad_op_writes_nothing(
 def test_a_batch_pipelines_its_calls_and_deletes_in_one_forget(lethe: Lethe) -> None:
     store, calls = _counting(lethe)
     store.batch([PutOp(("b",), f"k{i}", {"i": i}) for i in range(40)])
-    assert calls.take() == {"create_memory": 40}
+    assert calls.take() == {"update_memory": 40}
     got = store.batch(
         [GetOp(("b",), f"k{i}") for i in range(5)]
         + [PutOp(("b",), f"k{i}", None) for i in range(5)]
