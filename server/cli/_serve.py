@@ -97,7 +97,7 @@ def add(sub: Subcommands) -> None:
         "--metrics-listen",
         type=_address_or_off,
         default="127.0.0.1:9464",
-        help="HOST:PORT for /metrics, or 'off'",
+        help="HOST:PORT for /metrics, or 'off' (with --processes, process i serves PORT+i)",
     )
     serve.add_argument(
         "--embedder",
@@ -252,7 +252,8 @@ def add(sub: Subcommands) -> None:
         type=positive_int,
         default=1,
         help="serving processes over the one data directory and port (a supervisor "
-        "starts them, restarts the group when one ends, forwards SIGTERM)",
+        "starts them, restarts the group when one ends, forwards SIGTERM); --workers "
+        "and the --max-* bounds apply per process",
     )
     serve.add_argument("--member", action="store_true", help=argparse.SUPPRESS)
     serve.add_argument(
