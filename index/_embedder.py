@@ -179,21 +179,22 @@ class WordLlamaEmbedder:
         Raises:
             TypeError: An element of ``texts`` is not a ``str``.
         """
-        items = list(texts)
-        if not items:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        if not all(isinstance(t, str) for t in items):
-            raise TypeError("texts must be strings")
-        return self._embed(items, batched=True)
+        return self._embed(texts, batched=True)
 
-    def _embed(self, items: list[str], *, batched: bool) -> npt.NDArray[np.float32]:
-        """:meth:`embed` of checked strings, tokenized in batches or one by one.
+    def _embed(self, texts: Sequence[str], *, batched: bool) -> npt.NDArray[np.float32]:
+        """:meth:`embed`, tokenizing in batches or one text at a time.
 
         ``encode_batch`` runs on the tokenizer's shared worker pool (rayon) with the
         interpreter lock released; a query tokenized there waits behind whatever
         batches fill the pool, so queries are tokenized one by one on the calling
         thread (``encode``), which for a short text is microseconds.
+
+        Raises:
+            TypeError: An element of ``texts`` is not a ``str``.
         """
+        items = list(texts)
+        if not all(isinstance(t, str) for t in items):
+            raise TypeError("texts must be strings")
         pooled = np.zeros((len(items), self.dim), dtype=np.float32)
         for start in range(0, len(items), _TOKENIZE_BATCH):
             batch = items[start : start + _TOKENIZE_BATCH]
@@ -228,16 +229,17 @@ class WordLlamaEmbedder:
         vocab = self._table.shape[0]
         group: list[int] = []
         tokens = 0
-        for i, ids in enumerate([*token_ids, None]):
-            if ids is not None and len(ids) > _GATHER_TOKENS:
+        for i, ids in enumerate(token_ids):
+            if len(ids) > _GATHER_TOKENS:
                 out[i] = self._long_mean(np.clip(np.asarray(ids, dtype=np.int64), 0, vocab - 1))
                 continue
-            if ids is None or tokens + len(ids) > _GATHER_TOKENS:
+            if tokens + len(ids) > _GATHER_TOKENS:
                 self._group_means(token_ids, group, out)
                 group, tokens = [], 0
             if ids:
                 group.append(i)
                 tokens += len(ids)
+        self._group_means(token_ids, group, out)
 
     def _group_means(
         self, token_ids: list[list[int]], group: list[int], out: npt.NDArray[np.float32]
@@ -278,12 +280,7 @@ class WordLlamaEmbedder:
         Raises:
             TypeError: An element of ``texts`` is not a ``str``.
         """
-        items = list(texts)
-        if not all(isinstance(t, str) for t in items):
-            raise TypeError("texts must be strings")
-        if not items:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return self._embed(items, batched=False)
+        return self._embed(texts, batched=False)
 
     def __repr__(self) -> str:
         return f"WordLlamaEmbedder(name={self.name!r}, dim={self.dim})"
