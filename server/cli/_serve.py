@@ -186,7 +186,8 @@ def add(sub: Subcommands) -> None:
         "--max-running-per-principal",
         type=positive_int,
         default=4,
-        help="of those, calls of one token running at once",
+        help="of those, calls of one token running at once while it is the only token with "
+        "work (while several have work, each runs one at a time)",
     )
     bounds.add_argument(
         "--max-streams", type=positive_int, default=1024, help="open Watch streams, in all"
