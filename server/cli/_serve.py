@@ -381,6 +381,7 @@ def run(args: argparse.Namespace) -> int:
     if args.member:  # the supervisor's ready line (server.cli._supervise)
         ready: dict[str, object] = {"port": port, "http_port": server.http_port}
         ready |= {"primary": server.store.primary, "pid": os.getpid()}
+        ready["metrics_listen"] = server.metrics_listen
         ready["kek"] = str(kek) if kek is not None else None
         print(json.dumps(ready), flush=True)
     elif args.json:
@@ -389,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
                 "listen": f"{host}:{port}",
                 "port": port,
                 "http_listen": http,
-                "metrics_listen": config.metrics_listen,
+                "metrics_listen": server.metrics_listen,
                 "data": str(args.data.resolve()),
                 "kek": str(kek) if kek is not None else None,
             }
