@@ -559,6 +559,14 @@ class LetheServer:
             message = f"cannot serve /metrics on {listen} ({reason}; --metrics-listen)"
             raise OSError(message) from None
 
+    @property
+    def metrics_listen(self) -> str | None:
+        """``HOST:PORT`` the ``/metrics`` listener is bound to (port 0 resolved), or None."""
+        if self._metrics_server is None:
+            return None
+        host, port = self._metrics_server.server_address[:2]
+        return f"{host}:{port}"
+
     def wait(self) -> None:
         """Block until :meth:`stop` has finished."""
         self._stopped.wait()

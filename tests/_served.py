@@ -21,8 +21,14 @@ from conftest import Client
 
 ROOT = Path(__file__).resolve().parents[1]
 LETHE = [sys.executable, "-m", "server.cli"]
-FLAGS = {"tls_cert": "--tls-cert", "tls_key": "--tls-key", "client_ca": "--client-ca"}
-"""``conftest.Lethe`` settings and the ``lethe serve`` flags that set them."""
+FLAGS = {
+    "tls_cert": "--tls-cert",
+    "tls_key": "--tls-key",
+    "client_ca": "--client-ca",
+    "metrics_listen": "--metrics-listen",
+}
+"""``conftest.Lethe`` settings and the ``lethe serve`` flags that set them (a
+``metrics_listen`` replaces the default ``off``)."""
 
 
 class Served:
@@ -70,7 +76,7 @@ class Served:
             stderr=self._log,
             text=True,
         )
-        ready = self._ready()
+        ready = self.ready = self._ready()
         self.port = int(ready["port"])
         self.http_port = int(str(ready["http_listen"]).rpartition(":")[2])
         self.pids: list[int] = [int(p) for p in ready.get("pids", [self.proc.pid])]

@@ -22,6 +22,7 @@ import struct
 import subprocess
 import sys
 import termios
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -546,3 +547,34 @@ def test_top_level_help_states_the_naming_rule_and_exit_statuses() -> None:
     assert "LETHE_SOME_FLAG" in text
     assert "Exit status: 0 success; 1 a check failed" in text
     assert "LETHE_SOME_FLAG" in re.sub(r"\s+", " ", _run("backup", "--help", env=_env()).stdout)
+
+
+def test_serve_json_names_the_metrics_port_it_bound(tmp_path: Path, kek_env: str) -> None:
+    """``--metrics-listen 127.0.0.1:0`` is reported with the port the kernel chose."""
+    port = free_port()
+    env = _env(LETHE_KEK=kek_env)
+    argv = [sys.executable, "-m", "server.cli", "serve", "--data", str(tmp_path / "d")]
+    argv += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", "127.0.0.1:0"]
+    argv += ["--embedder", "none", "--json"]
+    with subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            lines: list[str] = []
+            while not lines or lines[-1] != "}\n":
+                line = proc.stdout.readline()
+                assert line, "lethe serve exited before printing its JSON document"
+                lines.append(line)
+            ready = json.loads("".join(lines))
+            host, _, bound = ready["metrics_listen"].rpartition(":")
+            assert host == "127.0.0.1"
+            assert int(bound) > 0
+            with urllib.request.urlopen(f"http://127.0.0.1:{bound}/metrics", timeout=10) as r:
+                assert b"lethe_" in r.read()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -34,9 +34,11 @@ requests held per principal. Among the admitted calls the executor takes work fr
 with waiting work in turn (round robin), so a principal with many calls
 queued delays another principal's call by at most one call per principal, not
 by its whole queue; and since Python threads share one interpreter lock, a
-principal may run only ``max_running_per_principal`` calls at once, so
-another principal's call shares the CPU with a few calls, not with every
-worker.
+principal may run only ``max_running_per_principal`` calls at once while it
+is alone, and one at a time while other principals have work (see
+:meth:`FairExecutor._cap`), so another principal's call shares the CPU with
+one of its calls, not with every worker, and the event loop that accepts
+calls is not starved of the lock.
 
 Thread rules: :class:`Admission` is used only on the event loop's thread (its
 counters have no lock); :class:`FairExecutor` ``submit`` from any thread.
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -56,6 +59,11 @@ from server._metrics import Metrics
 from server.errors import Overloaded, Reason
 
 T = TypeVar("T")
+
+CONTENDED_LINGER = 0.25
+"""Seconds a principal still counts as having work after its last call finished
+(:class:`FairExecutor`): a client sending one call after another is contending
+between its calls too."""
 
 RESERVED_PER_PRINCIPAL = 2
 """Calls in flight per token admitted past ``max_inflight`` (up to twice it)."""
@@ -189,7 +197,8 @@ class Admission:
 class FairExecutor:
     """A pool of worker threads that serves principals in turn (round robin).
 
-    It runs at most ``per_key`` items of one principal at once.
+    It runs at most ``per_key`` items of one principal at once while that
+    principal is the only one with work, one while several have.
 
     Each ``submit`` names a key (the principal); a worker takes the next item
     of the next key that has work and fewer than ``per_key`` items running,
@@ -202,7 +211,8 @@ class FairExecutor:
     Args:
         workers: number of threads (started at once, daemonic).
         name: thread name prefix.
-        per_key: most items of one key running at once (default: ``workers``).
+        per_key: most items of one key running at once while no other key has
+            work (default: ``workers``); one while others have.
         on_depth: called with the number of items waiting (not running) each
             time it changes, from the thread that changed it.
     """
@@ -220,6 +230,7 @@ class FairExecutor:
         self._ring: collections.deque[str] = collections.deque()
         self._running: collections.Counter[str] = collections.Counter()
         self._per_key = per_key or workers
+        self._idle_since: dict[str, float] = {}  # key -> when it last ran out of work
         self._depth = 0
         self._closed = False
         self._on_depth = on_depth
@@ -242,6 +253,7 @@ class FairExecutor:
                 raise RuntimeError("executor is shut down")
             queue = self._queues.get(key)
             if queue is None:
+                self._idle_since.pop(key, None)
                 queue = self._queues[key] = collections.deque()
                 self._ring.append(key)
             queue.append((future, fn))
@@ -267,17 +279,24 @@ class FairExecutor:
                 thread.join()
 
     def _cap(self) -> int:
-        """How many items one key may run at once now: its fair share of ``per_key``.
+        """How many items one key may run at once now.
 
-        ``per_key`` when one principal has work; while several have (work
-        queued or running), ``per_key`` divided among them, at least 1. Python
-        threads share one interpreter lock, so a call's latency grows with the
-        calls running beside it: a principal with a long queue no longer starts
-        its ``per_key``-th call while another principal's call waits or runs,
-        and that call shares the CPU with fewer of the first one's.
+        ``per_key`` while one principal has work; one while several have
+        (work queued or running, or finished less than :data:`CONTENDED_LINGER`
+        ago). Python threads share one interpreter lock with the event loop
+        that accepts every call: each call a flooding principal runs beside
+        another principal's slows that call, and so does each one that starves
+        the loop, which accepts calls in arrival order before this pool sees
+        them (``bench/bench_overload.py``, flood: another owner's ``Search``
+        p99 was 16-66x its floor with a share of 2 or 4 running, 0.7-3x with
+        one, at 10 % less throughput for the flooding principal).
         """
-        active = len(self._running.keys() | self._queues.keys())
-        return self._per_key if active <= 1 else max(1, self._per_key // active)
+        now = time.monotonic()
+        for key, since in list(self._idle_since.items()):
+            if now - since >= CONTENDED_LINGER:
+                del self._idle_since[key]
+        active = len(self._running.keys() | self._queues.keys() | self._idle_since.keys())
+        return self._per_key if active <= 1 else 1
 
     def _eligible(self) -> str | None:
         """The first key in the ring below its running cap (moved out of the ring)."""
@@ -297,7 +316,7 @@ class FairExecutor:
                     break
                 if self._closed and not self._ring:
                     return None
-                self._lock.wait()
+                self._lock.wait(CONTENDED_LINGER)  # a share grows back when a key lingers out
             queue = self._queues[key]
             future, fn = queue.popleft()
             if queue:
@@ -316,6 +335,8 @@ class FairExecutor:
             self._running[key] -= 1
             if self._running[key] <= 0:
                 del self._running[key]
+                if key not in self._queues:
+                    self._idle_since[key] = time.monotonic()
             if self._queues:  # this key's next item, or another's (its share may have grown)
                 self._lock.notify()
 

@@ -112,6 +112,11 @@ for _name, _what in OPERATIONS.items():
     declare(f"{_name}.after_commit", f"{_what}: data committed, caller not answered")
 
 
+def _spent(txn: lmdb.Transaction) -> Any:
+    """The ``apply`` of an op that has run (:meth:`Writer.run`); never called."""
+    raise AssertionError("a WriteOp ran twice")
+
+
 @dataclass
 class WriteOp(Generic[T]):
     """One unit of work for the writer.
@@ -235,8 +240,18 @@ class Writer:
         return op.future
 
     def run(self, op: WriteOp[T]) -> T:
-        """Submit ``op`` and wait for its result (re-raising its exception)."""
-        return self.submit(op).result()
+        """Submit ``op`` and wait for its result (re-raising its exception).
+
+        Once it is answered ``op`` lets go of its ``apply``: an ``apply`` that
+        refers to its own op (to append to ``unused``) makes a reference
+        cycle, which would keep everything the closure holds (an append's
+        turn texts and vectors) until the cyclic collector's next full pass,
+        and make that pass longer (a pause of every thread).
+        """
+        try:
+            return self.submit(op).result()
+        finally:
+            op.apply = _spent
 
     def tidy(self) -> None:
         """Ask the writer thread to retry the clean-up a storage fault left undone.

@@ -19,6 +19,7 @@ import pytest
 from server._logs import RateLimitedLog
 from server._metrics import Metrics
 from server.edge import Admission, FairExecutor, Limits
+from server.edge._admission import CONTENDED_LINGER
 from server.errors import Overloaded
 
 
@@ -79,11 +80,12 @@ def test_fair_executor_caps_what_one_key_runs_at_once() -> None:
 
 
 def test_a_second_principal_shrinks_the_first_ones_running_share() -> None:
-    """While another principal has work, one with a long queue starts no call past its share.
+    """While another principal has work, one with a long queue runs one call at a time.
 
-    Its share is ``per_key`` divided among the active principals: the other's call
-    then shares the interpreter lock with fewer of its calls. Alone again, it gets
-    its whole ``per_key`` back.
+    The other's call then shares the interpreter lock (and the event loop that
+    accepts every call) with one of its calls. The other still counts for
+    ``CONTENDED_LINGER`` after its call finished (a client sending one call after
+    another); then the first gets its whole ``per_key`` back.
     """
     gates = {f"a{i}": threading.Event() for i in range(10)} | {"b0": threading.Event()}
     started: list[str] = []
@@ -112,11 +114,17 @@ def test_a_second_principal_shrinks_the_first_ones_running_share() -> None:
         for tag in ("a0", "a1", "a2"):
             gates[tag].set()
         settle()
-        # Two active principals: alice's share is 4 // 2 = 2, so one new call of hers.
-        assert sorted(t for t in running() if t.startswith("a")) == ["a3", "a4"]
+        # Two active principals: alice runs one call at a time, no new one of hers started.
+        assert sorted(t for t in running() if t.startswith("a")) == ["a3"]
+        gates["a3"].set()
+        settle()
+        assert sorted(t for t in running() if t.startswith("a")) == ["a4"]  # one, in turn
         gates["b0"].set()
         settle()
-        assert len([t for t in running() if t.startswith("a")]) == 4  # alone again
+        # bob finished, but still counts for CONTENDED_LINGER: alice stays at one...
+        assert len([t for t in running() if t.startswith("a")]) == 1
+        time.sleep(CONTENDED_LINGER + 0.3)
+        assert len([t for t in running() if t.startswith("a")]) == 4  # ...then alone again
         for gate in gates.values():
             gate.set()
         for f in futures:

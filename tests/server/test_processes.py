@@ -249,3 +249,27 @@ def test_a_group_and_a_single_process_refuse_each_others_data_directory(
         assert "in use by another lethe process" in second.stderr
     finally:
         single.stop()
+
+
+@pytest.mark.slow
+def test_each_member_serves_its_own_metrics_on_the_port_it_reports(
+    tmp_path: Path, kek_env: str
+) -> None:
+    """``--metrics-listen 127.0.0.1:0`` with two members: two bound ports, both scraped."""
+    served = Served(tmp_path / "d", processes=2, metrics_listen="127.0.0.1:0")
+    try:
+        listens = served.ready["metrics_listens"]
+        assert len(listens) == 2
+        assert served.ready["metrics_listen"] == listens[0]
+        ports = [int(str(listen).rpartition(":")[2]) for listen in listens]
+        assert len(set(ports)) == 2
+        assert 0 not in ports
+        for port in ports:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", "/metrics")
+            reply = conn.getresponse()
+            assert reply.status == 200
+            assert b"lethe_" in reply.read()
+            conn.close()
+    finally:
+        served.stop(grace=30)
