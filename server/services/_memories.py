@@ -11,6 +11,7 @@ narrowest applicable scope, ``EXPLICIT`` before ``INFERRED``.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -328,24 +329,12 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         authorize(name.owner)
         write, embed = self._update_write(request, name.memory)
         self._embed_writes(name.owner, [(write, embed)])
-        if request.allow_missing:
-            return self._written(
-                name.owner,
-                lambda: self.store.upsert_memory(
-                    name.owner,
-                    name.memory,
-                    write.draft,
-                    write.paths,
-                    write.expected_version,
-                    self.pending_ttl,
-                    commit=write.commit,
-                    keep_embedding=write.keep_embedding,
-                    shingler=echo_shingles,
-                ),
-            )
+        store_write: Callable[..., MemoryView] = self.store.update_memory
+        if request.allow_missing:  # create or update, chosen in the store
+            store_write = functools.partial(self.store.upsert_memory, commit=write.commit)
         return self._written(
             name.owner,
-            lambda: self.store.update_memory(
+            lambda: store_write(
                 name.owner,
                 name.memory,
                 write.draft,
