@@ -15,7 +15,7 @@ import pytest
 from conftest import Lethe
 
 import lethe.client as lc
-from lethe.v1 import common_pb2, memories_pb2
+from lethe.v1 import common_pb2, events_pb2, memories_pb2
 
 PARENT = "owners/alice"
 
@@ -176,3 +176,22 @@ def test_an_expired_memory_not_yet_swept_is_record_deleted_and_nothing_is_writte
     assert lethe.server.lifecycle.sweep() == 1  # forgotten: the id is free again
     (back,) = c.batch_update_memories(PARENT, [_upsert("e", "back")])
     assert (back.version, back.text, back.create_time == back.update_time) == (2, "back", True)
+
+
+def test_a_slot_conflict_refuses_the_batch_and_announces_the_holder(lethe: Lethe) -> None:
+    c = lethe.client("alice")
+    holder = c.create_memory(
+        PARENT, {"kind": "FACT", "text": "guests: 40", "slot": "guests", "state": "COMMITTED"}
+    )
+    clash = _upsert("s2", "guests: 50")
+    clash["memory"]["slot"] = "guests"
+    with pytest.raises(lc.SlotConflict) as err:
+        c.batch_update_memories(PARENT, [_upsert("s1", "unrelated"), clash])
+    assert err.value.message.startswith("requests[1]:")
+    assert err.value.subject == holder.name
+    assert [m.name for m in c.iter_memories(PARENT)] == [holder.name]
+    got: list[events_pb2.Event] = []
+    with pytest.raises(lc.DeadlineExceeded):
+        got.extend(c.watch(PARENT, types=["SLOT_CONFLICT"], timeout=1.0))
+    assert [e.subject for e in got] == [holder.name]
+    _nothing_left_behind(c)
