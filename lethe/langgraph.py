@@ -40,7 +40,9 @@ Item → memory
     answers ``RECORD_DELETED`` and the put is sent again (backing off) until
     the purge is done, so a ``put`` racing a ``delete`` of its key lands after
     it instead of failing. A ``ttl`` on an update adds a ``SetRetention`` (see
-    ``ttl`` below); on a creation it travels in the one call.
+    ``ttl`` below); on a creation it travels in the one call. A ``put`` is
+    that one ``UpdateMemory``; the puts of a ``batch`` are sent together
+    (``batch`` below).
 ``delete`` (and ``put`` of ``None``)
     Is a Lethe ``Forget``: the memory is tombstoned, everything derived from
     it goes too, its key is destroyed (crypto-shredding), and a receipt is
@@ -97,15 +99,27 @@ Item → memory
     list_namespaces) see the state before the batch's writes, and of several
     writes to one key the last wins, as in ``InMemoryStore``. The calls are
     pipelined on the one channel, at most ``PIPELINE_DEPTH`` (8) in flight:
-    the reads, then the deletes, then the puts (a call each). A write the
+    the reads, then the deletes, then the puts. The puts go per owner in
+    chunks of at most 1000 (``MAX_BATCH_REQUESTS``) and about 4 MiB of text
+    and metadata (``MAX_BATCH_BYTES``), each chunk one
+    ``BatchUpdateMemories`` of ``UpdateMemory`` requests with
+    ``allow_missing`` (written in one server transaction, all or none; a
+    creation carries its ``ttl``), then one ``SetRetention`` per distinct
+    ``ttl`` of the updated items (at most 1000 names each); a batch of one
+    put is one ``UpdateMemory``. A chunk the server refuses for one of its
+    puts (a put racing a delete of its key, ``RECORD_DELETED`` or
+    ``ABORTED``; a value over the limits) wrote nothing: its puts are then
+    sent one ``UpdateMemory`` each, as a lone ``put`` is, so the race and
+    the refusal behave as for single puts. A write the
     server refuses at admission (``TooManyRequests``: the token's bound on
     calls in flight, which other users of the token share) is sent again
     after the refusal's ``RetryInfo`` delay, for about 10 s; a write the
     server refuses otherwise (``BadField``, ``OwnerNotAllowed``) raises
     after the batch's other writes were applied. ``abatch`` awaits the embedding, then
     sends the calls from the event loop's default executor (the blocking
-    client is thread-safe). The puts of one batch are concurrent: their
-    ``created_at`` order among themselves is not the batch's order.
+    client is thread-safe). The puts of one chunk share one ``created_at``
+    (one transaction) and chunks are concurrent: the ``created_at`` order of
+    a batch's puts among themselves is not the batch's order.
 
 Differences from ``InMemoryStore`` (each tested in
 ``tests/lethe/test_langgraph.py``)
@@ -193,7 +207,16 @@ from lethe._langgraph_values import (
     similarity,
     truncate,
 )
-from lethe.client import Aborted, Client, NotFound, RecordDeleted, TooManyRequests
+from lethe.client import (
+    Aborted,
+    AlreadyExists,
+    Client,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RecordDeleted,
+    TooManyRequests,
+)
 from lethe.names import ID_RE
 from lethe.v1 import memories_pb2
 
@@ -207,6 +230,14 @@ PIPELINE_DEPTH = 8
 """Most calls one ``batch`` keeps in flight: half the server's default per-token
 bound on calls in flight (``max_inflight_per_principal``, 16), so that the
 token's other calls still get in."""
+MAX_BATCH_REQUESTS = 1000
+"""Most puts one ``BatchUpdateMemories`` call carries (the server's bound)."""
+MAX_BATCH_BYTES = 4 * 1024 * 1024
+"""Most bytes of texts and metadata (as JSON) one ``BatchUpdateMemories`` call
+carries: a quarter of the server's default message bound (16 MiB), leaving room
+for the ``Struct`` encoding and the reply, which echoes every memory."""
+_REFUSED = (NotFound, Aborted, InvalidArgument, AlreadyExists, FailedPrecondition)
+"""A batch call refused for one of its puts: each put of the chunk is sent on its own."""
 _RACE_TRIES = 24
 _ADMISSION_TRIES = 20
 _T = TypeVar("_T")
@@ -621,6 +652,22 @@ class LetheStore(BaseStore):
                 time.sleep(min(refused.retry_delay or 0.01 * 2**attempt, 1.0))
         raise AssertionError("unreachable")  # the last attempt returned or raised
 
+    def _request(self, write: _Write) -> dict[str, Any]:
+        """The ``UpdateMemoryRequest`` (as a mapping) that creates or updates a put's item."""
+        memory = {
+            "name": write.name,
+            "kind": self.kind,
+            "text": write.text,
+            "metadata": write.metadata,
+            "state": "COMMITTED",
+        }
+        return {
+            "memory": memory,
+            "update_mask": ["text", "metadata"],
+            "allow_missing": True,
+            "retention": write.ttl * 60 if write.ttl is not None else None,
+        }
+
     def _upsert(self, write: _Write) -> None:
         """Create or update an item in one call, and its retention as ``write.ttl`` (minutes) says.
 
@@ -630,30 +677,104 @@ class LetheStore(BaseStore):
         Raises:
             RecordDeleted: a deleted or expired memory still holds the item's id.
         """
-        memory = {
-            "name": write.name,
-            "kind": self.kind,
-            "text": write.text,
-            "metadata": write.metadata,
-            "state": "COMMITTED",
-        }
-        updated = self._admitted(
-            self.client.update_memory,
-            memory,
-            update_mask=["text", "metadata"],
-            allow_missing=True,
-            retention=write.ttl * 60 if write.ttl is not None else None,
-        )
-        if updated.create_time == updated.update_time:
-            return  # created, with its retention
-        if write.ttl is not None:
-            self._admitted(self.client.set_retention, [updated.name], ttl=write.ttl * 60)
-        elif updated.HasField("expire_time"):
-            # It expires: by this store's ttl of an earlier put (removed now, as
-            # a put without ttl asks), or by the owner's default (kept).
-            earlier = self.client.get_memory(updated.name, version=updated.version - 1)
-            if self._ttl(earlier):
-                self._admitted(self.client.set_retention, [updated.name], clear=True)
+        request = self._request(write)
+        memory = request.pop("memory")
+        updated = self._admitted(self.client.update_memory, memory, **request)
+        self._retain([(write, updated)])
+
+    def _retain(self, written: Sequence[tuple[_Write, memories_pb2.Memory]]) -> None:
+        """Give updated items the retention their puts ask for (a creation has it already).
+
+        One ``SetRetention`` per distinct ``ttl`` (at most 1000 names each)
+        for the updates with a ``ttl``; an update without one whose memory
+        expires is cleared when an earlier put of this store gave it a ``ttl``
+        (an owner's default retention is kept), one item at a time.
+        """
+        by_ttl: dict[float, list[str]] = {}
+        for write, updated in written:
+            if updated.create_time == updated.update_time:
+                continue  # created, with its retention
+            if write.ttl is not None:
+                by_ttl.setdefault(write.ttl, []).append(updated.name)
+            elif updated.HasField("expire_time"):
+                # It expires: by this store's ttl of an earlier put (removed now, as
+                # a put without ttl asks), or by the owner's default (kept).
+                earlier = self.client.get_memory(updated.name, version=updated.version - 1)
+                if self._ttl(earlier):
+                    self._admitted(self.client.set_retention, [updated.name], clear=True)
+        for ttl, names in by_ttl.items():
+            for i in range(0, len(names), MAX_BATCH_REQUESTS):
+                chunk = names[i : i + MAX_BATCH_REQUESTS]
+                self._admitted(self.client.set_retention, chunk, ttl=ttl * 60)
+
+    def _put_all(self, writes: Sequence[_Write]) -> None:
+        """Apply a batch's puts: one ``BatchUpdateMemories`` per chunk of an owner's puts.
+
+        Chunks (:meth:`_chunks`) are pipelined, at most ``PIPELINE_DEPTH`` in
+        flight; a chunk of one put, and a batch of one, is :meth:`_write`
+        (``UpdateMemory``). A chunk the server refuses for one of its puts
+        (``_REFUSED``: a put racing a delete of its key, a value over the
+        limits, …) wrote nothing; each of its puts is then sent on its own
+        (:meth:`_write`), after the other chunks, so a put racing a delete
+        lands after it and the refused put alone raises, as before.
+
+        Raises:
+            lethe.client.LetheError: the first refusal (in chunk order), once
+                every chunk and every put sent on its own has finished.
+        """
+        if len(writes) <= 1:
+            self._run_all(self._write, writes)
+            return
+        refused: list[list[_Write]] = []
+
+        def send(chunk: list[_Write]) -> None:
+            if len(chunk) == 1:
+                self._write(chunk[0])
+                return
+            owner = chunk[0].name.split("/")[1]
+            try:
+                written = self._admitted(
+                    self.client.batch_update_memories,
+                    f"owners/{owner}",
+                    [self._request(w) for w in chunk],
+                )
+            except _REFUSED:
+                refused.append(chunk)
+                return
+            self._retain(list(zip(chunk, written, strict=True)))
+
+        error: BaseException | None = None
+        try:
+            self._run_all(send, self._chunks(writes))
+        except Exception as exc:  # raised once the refused chunks' puts are sent too
+            error = exc
+        self._run_all(self._write, [w for chunk in refused for w in chunk])
+        if error is not None:
+            raise error
+
+    @staticmethod
+    def _chunks(writes: Sequence[_Write]) -> list[list[_Write]]:
+        """The puts by owner, in chunks of at most ``MAX_BATCH_REQUESTS`` and ``MAX_BATCH_BYTES``.
+
+        A put's size is its text's UTF-8 bytes plus its metadata's as JSON.
+        """
+        by_owner: dict[str, list[_Write]] = {}
+        for write in writes:
+            by_owner.setdefault(write.name.split("/")[1], []).append(write)
+        chunks: list[list[_Write]] = []
+        for group in by_owner.values():
+            chunk: list[_Write] = []
+            size = 0
+            for write in group:
+                cost = len((write.text or "").encode()) + len(json.dumps(write.metadata).encode())
+                if chunk and (len(chunk) == MAX_BATCH_REQUESTS or size + cost > MAX_BATCH_BYTES):
+                    chunks.append(chunk)
+                    chunk, size = [], 0
+                chunk.append(write)
+                size += cost
+            if chunk:
+                chunks.append(chunk)
+        return chunks
 
     def _delete(self, names: Sequence[str]) -> None:
         """Forget items, in one ``Forget`` per owner when every name is live.
@@ -812,7 +933,8 @@ class LetheStore(BaseStore):
         bad operation writes nothing. Reads see the state before the batch's
         writes; of several writes to one ``(namespace, key)`` the last wins.
         The calls are pipelined, at most ``PIPELINE_DEPTH`` in flight: the
-        gets, then one ``Forget`` per owner for the deletes, then the puts.
+        gets, then one ``Forget`` per owner for the deletes, then the puts in
+        ``BatchUpdateMemories`` chunks (see the module docstring).
 
         Args:
             ops: ``GetOp``, ``SearchOp``, ``ListNamespacesOp`` and ``PutOp``.
@@ -896,5 +1018,5 @@ class LetheStore(BaseStore):
 
         self._run_all(read, [i for i, op in enumerate(ops) if not isinstance(op, PutOp)])
         self._delete([w.name for w in plan.writes.values() if w.text is None])
-        self._run_all(self._write, [w for w in plan.writes.values() if w.text is not None])
+        self._put_all([w for w in plan.writes.values() if w.text is not None])
         return results

@@ -61,6 +61,7 @@ def test_store_face_is_pinned() -> None:
             "MemMeta",
             "MemoryContent",
             "MemoryDraft",
+            "MemoryWrite",
             "MemoryView",
             "MoveRefused",
             "MovedRow",

@@ -195,6 +195,44 @@ class AsyncMemoriesMethods(AsyncClientBase):
         )
         return await self._call(self.stubs.memories.UpdateMemory, request, timeout)
 
+    async def batch_update_memories(
+        self,
+        parent: str,
+        requests: Sequence[MessageOr[memories_pb2.UpdateMemoryRequest]],
+        *,
+        timeout: float | None = None,
+    ) -> list[memories_pb2.Memory]:
+        """``Memories.BatchUpdateMemories``: up to 1000 updates or upserts, all or none.
+
+        Each request is what :meth:`update_memory` sends, as a message or a
+        mapping of its arguments (``{"memory": {...}, "update_mask":
+        ["text"], "expected_version": 2, "allow_missing": True,
+        "retention": 3600}``); every ``memory.name`` is a memory of
+        ``parent``, each at most once. Either every request is written, in
+        one server transaction, or none is.
+
+        Args:
+            parent: ``owners/{owner}``.
+            requests: 1 to 1000 ``UpdateMemoryRequest`` (or mappings).
+            timeout: deadline in seconds (default: the client's).
+
+        Returns:
+            The written memories, in request order (a created one's
+            ``create_time`` equals its ``update_time``).
+
+        Raises:
+            BadField: no requests or more than 1000, a name not under
+            ``parent`` or given twice, or a request :meth:`update_memory`
+            would refuse (the field names it: ``requests[3].memory.text``).
+            Any error of :meth:`update_memory`, for the first request
+            refused (its message starts ``requests[3]:``); nothing is written.
+        """
+        request = build(
+            memories_pb2.BatchUpdateMemoriesRequest, {"parent": parent, "requests": list(requests)}
+        )
+        response = await self._call(self.stubs.memories.BatchUpdateMemories, request, timeout)
+        return list(response.memories)
+
     async def transition_memory(
         self,
         name: str,

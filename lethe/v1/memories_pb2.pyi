@@ -639,6 +639,62 @@ class UpdateMemoryRequest(_message.Message):
 Global___UpdateMemoryRequest: _TypeAlias = UpdateMemoryRequest  # noqa: Y015
 
 @_typing.final
+class BatchUpdateMemoriesRequest(_message.Message):
+    """Request of `Memories.BatchUpdateMemories`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARENT_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    parent: _builtins.str
+    """Required: the owner, `owners/{o}`; every `requests[i].memory.name` is a
+    memory of it.
+    """
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___UpdateMemoryRequest]:
+        """1 to 1000 updates (or, with `allow_missing`, creations), each as
+        `UpdateMemory` takes it; a memory is named at most once.
+        """
+
+    def __init__(
+        self,
+        *,
+        parent: _builtins.str = ...,
+        requests: _abc.Iterable[Global___UpdateMemoryRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["parent", b"parent", "requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchUpdateMemoriesRequest: _TypeAlias = BatchUpdateMemoriesRequest  # noqa: Y015
+
+@_typing.final
+class BatchUpdateMemoriesResponse(_message.Message):
+    """Response of `Memories.BatchUpdateMemories`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMORIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def memories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
+        """The written memory of each request, in request order."""
+
+    def __init__(
+        self,
+        *,
+        memories: _abc.Iterable[Global___Memory] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["memories", b"memories"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchUpdateMemoriesResponse: _TypeAlias = BatchUpdateMemoriesResponse  # noqa: Y015
+
+@_typing.final
 class TransitionMemoryRequest(_message.Message):
     """Request of `Memories.TransitionMemory`."""
 

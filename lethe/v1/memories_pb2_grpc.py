@@ -40,6 +40,11 @@ class MemoriesStub(object):
                 request_serializer=lethe_dot_v1_dot_memories__pb2.UpdateMemoryRequest.SerializeToString,
                 response_deserializer=lethe_dot_v1_dot_memories__pb2.Memory.FromString,
                 )
+        self.BatchUpdateMemories = channel.unary_unary(
+                '/lethe.v1.Memories/BatchUpdateMemories',
+                request_serializer=lethe_dot_v1_dot_memories__pb2.BatchUpdateMemoriesRequest.SerializeToString,
+                response_deserializer=lethe_dot_v1_dot_memories__pb2.BatchUpdateMemoriesResponse.FromString,
+                )
         self.TransitionMemory = channel.unary_unary(
                 '/lethe.v1.Memories/TransitionMemory',
                 request_serializer=lethe_dot_v1_dot_memories__pb2.TransitionMemoryRequest.SerializeToString,
@@ -119,6 +124,26 @@ class MemoriesServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchUpdateMemories(self, request, context):
+        """Applies up to 1000 `UpdateMemory` requests of one owner atomically
+        (AIP-234): every request is checked first, then all are written in one
+        write transaction (one keystore transaction creating every new version's
+        record key), or none is. Each request has `UpdateMemory`'s meaning,
+        `allow_missing` (create or update, decided in that transaction),
+        `retention` on a creation and `expected_version` included. The reply
+        lists the written memories in request order; a created one has
+        `create_time` equal to its `update_time`. One text embedding call serves
+        every request whose vector the server makes.
+        Errors: those of `UpdateMemory`, for the first request refused, naming
+        it: a `BadRequest` field such as `requests[3].memory.text`, or a message
+        starting `requests[3]:`; nothing is written. `INVALID_ARGUMENT` /
+        `BAD_FIELD` also for no requests or more than 1000, a `memory.name` not
+        under `parent`, or a name given twice.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def TransitionMemory(self, request, context):
         """Moves a memory along its kind's state machine (a new version):
         `OPEN_QUESTION` OPEN → ANSWERED; `GOAL` ACTIVE → ACTIVE (progress),
@@ -169,6 +194,11 @@ def add_MemoriesServicer_to_server(servicer, server):
                     servicer.UpdateMemory,
                     request_deserializer=lethe_dot_v1_dot_memories__pb2.UpdateMemoryRequest.FromString,
                     response_serializer=lethe_dot_v1_dot_memories__pb2.Memory.SerializeToString,
+            ),
+            'BatchUpdateMemories': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchUpdateMemories,
+                    request_deserializer=lethe_dot_v1_dot_memories__pb2.BatchUpdateMemoriesRequest.FromString,
+                    response_serializer=lethe_dot_v1_dot_memories__pb2.BatchUpdateMemoriesResponse.SerializeToString,
             ),
             'TransitionMemory': grpc.unary_unary_rpc_method_handler(
                     servicer.TransitionMemory,
@@ -261,6 +291,23 @@ class Memories(object):
         return grpc.experimental.unary_unary(request, target, '/lethe.v1.Memories/UpdateMemory',
             lethe_dot_v1_dot_memories__pb2.UpdateMemoryRequest.SerializeToString,
             lethe_dot_v1_dot_memories__pb2.Memory.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def BatchUpdateMemories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/lethe.v1.Memories/BatchUpdateMemories',
+            lethe_dot_v1_dot_memories__pb2.BatchUpdateMemoriesRequest.SerializeToString,
+            lethe_dot_v1_dot_memories__pb2.BatchUpdateMemoriesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

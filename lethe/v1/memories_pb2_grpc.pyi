@@ -81,6 +81,22 @@ class MemoriesStub:
     `memory.kind`, empty text) or `DIMENSION_MISMATCH`; `RESOURCE_EXHAUSTED` /
     `STORE_FULL`.
     """
+    BatchUpdateMemories: _grpc.UnaryUnaryMultiCallable[_memories_pb2.BatchUpdateMemoriesRequest, _memories_pb2.BatchUpdateMemoriesResponse]
+    """Applies up to 1000 `UpdateMemory` requests of one owner atomically
+    (AIP-234): every request is checked first, then all are written in one
+    write transaction (one keystore transaction creating every new version's
+    record key), or none is. Each request has `UpdateMemory`'s meaning,
+    `allow_missing` (create or update, decided in that transaction),
+    `retention` on a creation and `expected_version` included. The reply
+    lists the written memories in request order; a created one has
+    `create_time` equal to its `update_time`. One text embedding call serves
+    every request whose vector the server makes.
+    Errors: those of `UpdateMemory`, for the first request refused, naming
+    it: a `BadRequest` field such as `requests[3].memory.text`, or a message
+    starting `requests[3]:`; nothing is written. `INVALID_ARGUMENT` /
+    `BAD_FIELD` also for no requests or more than 1000, a `memory.name` not
+    under `parent`, or a name given twice.
+    """
     TransitionMemory: _grpc.UnaryUnaryMultiCallable[_memories_pb2.TransitionMemoryRequest, _memories_pb2.Memory]
     """Moves a memory along its kind's state machine (a new version):
     `OPEN_QUESTION` OPEN → ANSWERED; `GOAL` ACTIVE → ACTIVE (progress),
@@ -154,6 +170,22 @@ class MemoriesAsyncStub(MemoriesStub):
     `BAD_FIELD` (an unknown or immutable `update_mask` path, a set
     `memory.kind`, empty text) or `DIMENSION_MISMATCH`; `RESOURCE_EXHAUSTED` /
     `STORE_FULL`.
+    """
+    BatchUpdateMemories: _aio.UnaryUnaryMultiCallable[_memories_pb2.BatchUpdateMemoriesRequest, _memories_pb2.BatchUpdateMemoriesResponse]  # type: ignore[assignment]
+    """Applies up to 1000 `UpdateMemory` requests of one owner atomically
+    (AIP-234): every request is checked first, then all are written in one
+    write transaction (one keystore transaction creating every new version's
+    record key), or none is. Each request has `UpdateMemory`'s meaning,
+    `allow_missing` (create or update, decided in that transaction),
+    `retention` on a creation and `expected_version` included. The reply
+    lists the written memories in request order; a created one has
+    `create_time` equal to its `update_time`. One text embedding call serves
+    every request whose vector the server makes.
+    Errors: those of `UpdateMemory`, for the first request refused, naming
+    it: a `BadRequest` field such as `requests[3].memory.text`, or a message
+    starting `requests[3]:`; nothing is written. `INVALID_ARGUMENT` /
+    `BAD_FIELD` also for no requests or more than 1000, a `memory.name` not
+    under `parent`, or a name given twice.
     """
     TransitionMemory: _aio.UnaryUnaryMultiCallable[_memories_pb2.TransitionMemoryRequest, _memories_pb2.Memory]  # type: ignore[assignment]
     """Moves a memory along its kind's state machine (a new version):
@@ -249,6 +281,28 @@ class MemoriesServicer(metaclass=_abc_1.ABCMeta):
         `BAD_FIELD` (an unknown or immutable `update_mask` path, a set
         `memory.kind`, empty text) or `DIMENSION_MISMATCH`; `RESOURCE_EXHAUSTED` /
         `STORE_FULL`.
+        """
+
+    @_abc_1.abstractmethod
+    def BatchUpdateMemories(
+        self,
+        request: _memories_pb2.BatchUpdateMemoriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memories_pb2.BatchUpdateMemoriesResponse, _abc.Awaitable[_memories_pb2.BatchUpdateMemoriesResponse]]:
+        """Applies up to 1000 `UpdateMemory` requests of one owner atomically
+        (AIP-234): every request is checked first, then all are written in one
+        write transaction (one keystore transaction creating every new version's
+        record key), or none is. Each request has `UpdateMemory`'s meaning,
+        `allow_missing` (create or update, decided in that transaction),
+        `retention` on a creation and `expected_version` included. The reply
+        lists the written memories in request order; a created one has
+        `create_time` equal to its `update_time`. One text embedding call serves
+        every request whose vector the server makes.
+        Errors: those of `UpdateMemory`, for the first request refused, naming
+        it: a `BadRequest` field such as `requests[3].memory.text`, or a message
+        starting `requests[3]:`; nothing is written. `INVALID_ARGUMENT` /
+        `BAD_FIELD` also for no requests or more than 1000, a `memory.name` not
+        under `parent`, or a name given twice.
         """
 
     @_abc_1.abstractmethod

@@ -11,6 +11,7 @@ narrowest applicable scope, ``EXPLICIT`` before ``INFERRED``.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from server.store import (
     MemoryContent,
     MemoryDraft,
     MemoryView,
+    MemoryWrite,
     SlotConflict,
     Store,
     TurnDraft,
@@ -77,6 +79,11 @@ def _metadata(memory: memories_pb2.Memory) -> dict[str, Any] | None:
 
 
 MAX_TAGS = 32
+
+
+def _embedded_text(content: MemoryContent) -> str:
+    """What the server embeds of a memory: its text, or its graph edge's words."""
+    return content.text or (" ".join(content.edge) if content.edge else "")
 
 
 def _sources(refs: Any, owner: str) -> list[tuple[str, int]]:
@@ -172,8 +179,7 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         """
         self.retriever.ensure_vectors(owner)
         if draft.embedding is None:
-            content = draft.content
-            text = content.text or (" ".join(content.edge) if content.edge else "")
+            text = _embedded_text(draft.content)
             draft.embedding = (
                 self.retriever.embed_texts([text], owner=owner)[0] if text.strip() else None
             )
@@ -247,7 +253,15 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def _new_draft(
         self, memory: memories_pb2.Memory, ret: duration_pb2.Duration | None, owner: str
     ) -> MemoryDraft:
-        """A memory that may be created, checked as ``CreateMemory`` checks one, and embedded.
+        """A memory that may be created, checked (:meth:`_checked_new`) and embedded."""
+        draft = self._checked_new(memory, ret, owner)
+        self._embed(draft, owner)
+        return draft
+
+    def _checked_new(
+        self, memory: memories_pb2.Memory, ret: duration_pb2.Duration | None, owner: str
+    ) -> MemoryDraft:
+        """A memory that may be created, checked as ``CreateMemory`` checks one.
 
         Raises:
             InvalidArgument: a ``state`` other than ``PENDING`` or
@@ -258,7 +272,6 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         draft = self._draft(memory, owner, creating=True)
         if ret is not None:
             draft.retention = retention(ret, "retention")
-        self._embed(draft, owner)
         return draft
 
     def _written(self, owner: str, write: Callable[[], MemoryView]) -> memories_pb2.Memory:
@@ -314,6 +327,94 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         """``Memories.UpdateMemory``: write a new version of a memory (a correction)."""
         name = parse_memory(request.memory.name, "memory.name")
         authorize(name.owner)
+        write, embed = self._update_write(request, name.memory)
+        self._embed_writes(name.owner, [(write, embed)])
+        store_write: Callable[..., MemoryView] = self.store.update_memory
+        if request.allow_missing:  # create or update, chosen in the store
+            store_write = functools.partial(self.store.upsert_memory, commit=write.commit)
+        return self._written(
+            name.owner,
+            lambda: store_write(
+                name.owner,
+                name.memory,
+                write.draft,
+                write.paths,
+                write.expected_version,
+                self.pending_ttl,
+                keep_embedding=write.keep_embedding,
+                shingler=echo_shingles,
+            ),
+        )
+
+    def BatchUpdateMemories(  # noqa: N802
+        self, request: memories_pb2.BatchUpdateMemoriesRequest, context: grpc.ServicerContext
+    ) -> memories_pb2.BatchUpdateMemoriesResponse:
+        """``Memories.BatchUpdateMemories``: up to 1000 ``UpdateMemory`` requests, all or none.
+
+        Every request is checked as ``UpdateMemory`` checks one (a refusal
+        names it: ``requests[i].…``), the texts the server embeds are embedded
+        in one embedder call, then the store writes them in one write op
+        (:meth:`server.store.Store.batch_update_memories`).
+
+        Raises:
+            InvalidArgument: no requests or more than ``MAX_BATCH``; a name
+                not under ``parent`` or given twice; a request ``UpdateMemory``
+                would refuse (the field names it).
+            LetheError: the store's first refusal, naming its request; nothing
+                is written.
+        """
+        owner = parse_owner(request.parent, "parent")
+        authorize(owner)
+        if not request.requests:
+            raise InvalidArgument("requests", "at least one request")
+        if len(request.requests) > MAX_BATCH:
+            raise InvalidArgument("requests", f"at most {MAX_BATCH} requests")
+        writes: list[tuple[MemoryWrite, bool]] = []
+        seen: set[str] = set()
+        for i, item in enumerate(request.requests):
+            try:
+                name = parse_memory(item.memory.name, "memory.name")
+                if name.owner != owner:
+                    raise InvalidArgument("memory.name", f"must be a memory of {request.parent}")
+                if name.memory in seen:
+                    raise InvalidArgument("memory.name", "named twice in the batch")
+                seen.add(name.memory)
+                writes.append(self._update_write(item, name.memory))
+            except InvalidArgument as exc:
+                raise InvalidArgument(
+                    f"requests[{i}].{exc.field}", exc.description, reason=exc.reason
+                ) from None
+        self._embed_writes(owner, writes)
+        try:
+            views = self.store.batch_update_memories(
+                owner, [w for w, _ in writes], self.pending_ttl, shingler=echo_shingles
+            )
+        except SlotConflict as conflict:
+            self.store.emit_event(owner, "SLOT_CONFLICT", conflict.holder)
+            raise
+        self.retriever.on_write(owner, [view.meta for view in views])
+        return memories_pb2.BatchUpdateMemoriesResponse(
+            memories=[memory_proto(view) for view in views]
+        )
+
+    def _update_write(
+        self, request: memories_pb2.UpdateMemoryRequest, memory_id: str
+    ) -> tuple[MemoryWrite, bool]:
+        """An ``UpdateMemory`` request checked as API.md says; its vector is not made yet.
+
+        Returns:
+            The write, and whether its vector follows its text (the server
+            embeds the text unless the request carries a vector).
+
+        With ``allow_missing`` the memory is checked as ``CreateMemory``
+        checks one (it may be created; which applies is decided in the store,
+        see ``UpdateMemoryRequest.allow_missing``).
+
+        Raises:
+            InvalidArgument: a negative ``expected_version``, an unknown
+                ``update_mask`` path, a bad memory field; without
+                ``allow_missing`` a set ``kind`` or ``retention``, or empty text.
+        """
         if request.expected_version < 0:
             raise InvalidArgument("expected_version", "must not be negative")
         paths = set(request.update_mask.paths)
@@ -326,74 +427,51 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
                 paths.add("embedding")
             if request.memory.HasField("metadata"):
                 paths.add("metadata")
-        if request.allow_missing:
-            return self._upsert(name.owner, name.memory, paths, request)
-        if request.memory.kind:
-            raise InvalidArgument("memory.kind", "is immutable")
-        if request.HasField("retention"):
-            raise InvalidArgument("retention", "applies only with allow_missing")
-        draft = self._draft(request.memory, name.owner, creating=False)
-        if "text" in paths and not draft.content.text.strip() and draft.content.edge is None:
-            raise InvalidArgument("memory.text", "must not be empty")
-        self.retriever.ensure_vectors(name.owner)  # before any vector of the owner is written
-        if "text" in paths or "edge" in paths:
-            self._embed(draft, name.owner)  # the vector follows the text
-        elif "embedding" not in paths:
-            draft.embedding = None
-        return self._written(
-            name.owner, lambda: self._update(name.owner, name.memory, draft, paths, request)
-        )
-
-    def _upsert(
-        self,
-        owner: str,
-        memory_id: str,
-        paths: set[str],
-        request: memories_pb2.UpdateMemoryRequest,
-    ) -> memories_pb2.Memory:
-        """``UpdateMemory`` with ``allow_missing``: update the memory, or create it.
-
-        ``request.memory`` is checked as ``CreateMemory`` checks a memory (it
-        may be created); which applies is decided in the store (see
-        ``UpdateMemoryRequest.allow_missing``).
-        """
-        ret = request.retention if request.HasField("retention") else None
-        # The vector of the create, and of the update when its text changes.
-        draft = self._new_draft(request.memory, ret, owner)
+        owner = parse_memory(request.memory.name, "memory.name").owner
         keep = "text" not in paths and "edge" not in paths and "embedding" not in paths
-        return self._written(
-            owner,
-            lambda: self.store.upsert_memory(
-                owner,
-                memory_id,
-                draft,
-                paths,
-                request.expected_version,
-                self.pending_ttl,
-                commit=request.memory.state == common_pb2.COMMITTED,
-                keep_embedding=keep,
-                shingler=echo_shingles,
-            ),
-        )
-
-    def _update(
-        self,
-        owner: str,
-        memory_id: str,
-        draft: MemoryDraft,
-        paths: set[str],
-        request: memories_pb2.UpdateMemoryRequest,
-    ) -> Any:
-        return self.store.update_memory(
-            owner,
+        if request.allow_missing:
+            ret = request.retention if request.HasField("retention") else None
+            # The vector of the create, and of the update when its text changes.
+            draft = self._checked_new(request.memory, ret, owner)
+            embed = True
+        else:
+            if request.memory.kind:
+                raise InvalidArgument("memory.kind", "is immutable")
+            if request.HasField("retention"):
+                raise InvalidArgument("retention", "applies only with allow_missing")
+            draft = self._draft(request.memory, owner, creating=False)
+            if "text" in paths and not draft.content.text.strip() and draft.content.edge is None:
+                raise InvalidArgument("memory.text", "must not be empty")
+            embed = "text" in paths or "edge" in paths  # the vector follows the text
+            if not embed and "embedding" not in paths:
+                draft.embedding = None
+        return MemoryWrite(
             memory_id,
             draft,
             paths,
-            request.expected_version,
-            self.pending_ttl,
-            keep_embedding="text" not in paths and "edge" not in paths and "embedding" not in paths,
-            shingler=echo_shingles,
-        )
+            expected_version=request.expected_version,
+            allow_missing=request.allow_missing,
+            commit=request.memory.state == common_pb2.COMMITTED,
+            keep_embedding=keep,
+        ), embed
+
+    def _embed_writes(self, owner: str, writes: list[tuple[MemoryWrite, bool]]) -> None:
+        """Make the owner's vectors current, then embed the writes' texts in one call.
+
+        ``writes``: (write, whether its vector follows its text), as
+        :meth:`_update_write` returns them. Only those whose vector follows
+        the text and that carry no client vector are embedded; a text with no
+        non-space character gets none.
+        """
+        self.retriever.ensure_vectors(owner)  # before any vector of the owner is written
+        todo = [w.draft for w, embed in writes if embed and w.draft.embedding is None]
+        texts = [_embedded_text(d.content) for d in todo]
+        wanted = [(d, t) for d, t in zip(todo, texts, strict=True) if t.strip()]
+        if not wanted:
+            return
+        vectors = self.retriever.embed_texts([t for _, t in wanted], owner=owner)
+        for (draft, _), vector in zip(wanted, vectors, strict=True):
+            draft.embedding = vector
 
     def TransitionMemory(  # noqa: N802
         self, request: memories_pb2.TransitionMemoryRequest, context: grpc.ServicerContext

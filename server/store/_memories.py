@@ -23,6 +23,7 @@ writer thread through ``WriteOp``; reads from any thread).
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import threading
 import time
@@ -38,6 +39,7 @@ from server.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
+    LetheError,
     NotFound,
     Reason,
     RecordDeleted,
@@ -65,7 +67,7 @@ from server.store._shapes import (
     scope_chain,
     transition_allowed,
 )
-from server.store._views import MemoryContent, MemoryDraft, MemoryView
+from server.store._views import MemoryContent, MemoryDraft, MemoryView, MemoryWrite
 from server.store._visibility import effective_state, source_alive
 from server.store._writer import WriteOp
 from shredder import RingRef
@@ -565,92 +567,128 @@ class MemoriesPart(EchoPart):
             name = f"owners/{owner}/memories/{memory_id}"
             with self.env.begin() as txn:
                 self._raise_missing(txn, name)
-        sources = draft.sources if "sources" in paths else current.sources
         ring_thread = current.ring_thread
         if current.kind in SLOTTED_KINDS:
             self.ensure_slot_key(owner)
 
         def apply(txn: lmdb.Transaction) -> MemoryView:
-            now = time.time()
-            meta = self._mem_by_id(txn, owner, memory_id)
-            if meta is None or meta.deleted or effective_state(meta, now) is None:
-                raise RecordDeleted(f"owners/{owner}/memories/{memory_id} was deleted")
-            if meta.state == SEALED:
-                raise FailedPrecondition(
-                    f"{meta.name} is sealed", reason=Reason.SEALED, subject=meta.name
-                )
-            if expected_version and expected_version != meta.version:
-                raise Aborted(f"{meta.name} is at version {meta.version}, not {expected_version}")
-            if meta.ring_thread != ring_thread:
-                raise Aborted(f"{meta.name} changed concurrently; retry")
-            for src, _ in meta.sources:  # no patching a derivative out of its lineage
-                src_meta = self.resolve(txn, src)
-                if src_meta is None or not source_alive(src_meta, now):
-                    raise FailedPrecondition(
-                        f"source {src} is gone; rebuild {meta.name} instead of updating it",
-                        reason=Reason.SOURCE_DELETED,
-                        subject=src,
-                    )
-            old = self.memory_view(meta, meta.version, self._memory_ct(txn, meta, meta.version))
-            content = MemoryContent(
-                draft.content.text if "text" in paths else old.content.text,
-                draft.content.slot if "slot" in paths else old.content.slot,
-                draft.content.scope if "scope" in paths else old.content.scope,
-                draft.content.edge if "edge" in paths else old.content.edge,
-                metadata=draft.content.metadata if "metadata" in paths else old.content.metadata,
-            )
-            if self._echo_check(txn, owner, [_guarded_text(content)], shingler)[0]:
-                raise self._refuse_echo("memory.text")
-            sources_state, sources_expiry = self._sources_window(txn, owner, sources, now)
-            if meta.kind in SLOTTED_KINDS:
-                self._claim_slot(txn, meta, content, now)
-            remove_edges_of(txn, self.t, meta.name)
-            if meta.kind in CORRECTED_KINDS:
-                meta.superseded.append(meta.version)
-            meta.supersedes = meta.version
-            meta.version += 1
-            meta.key_ids[str(meta.version)] = key_id
-            meta.sources = list(sources)
-            meta.lineage_expiry = self._sources_lineage(txn, sources)
-            meta.update_time = now
-            if "due_time" in paths:
-                meta.due_time = draft.due_time
-            if sources_state == PENDING and meta.state == COMMITTED:
-                meta.state = PENDING  # a derivative is never more durable than its sources
-            if meta.state == PENDING:
-                self._unqueue_expiry(txn, meta)
-                window = _earliest(now + pending_ttl, sources_expiry)
-                meta.expire_time = _earliest(window, meta.retain_until)
-                self._queue_expiry(txn, meta)
-            embedding = draft.embedding
-            if keep_embedding and meta.has_embedding:
-                old_vec = txn.get(
-                    sk.memory_payload_key(meta.rid, meta.version - 1, PAYLOAD_EMBEDDING),
-                    db=self.t.mpayloads,
-                )
-                if old_vec is not None:
-                    prev = MemMeta.decode(meta.encode())
-                    prev.version -= 1
-                    raw = self.open_memory(prev, prev.version, PAYLOAD_EMBEDDING, bytes(old_vec))
-                    embedding = np.frombuffer(raw, dtype="<f4").astype(np.float32)
-            new = MemoryDraft(meta.kind, content, list(sources), embedding=embedding)
-            if embedding is not None:
-                self._check_memory_dim(txn, owner, embedding.shape[0], now)
-            self._write_version(txn, meta, new)
-            self._put_memory(txn, meta)
-            add_edges(
+            return self._update_in(
                 txn,
-                self.t,
-                meta.name,
-                meta.version,
-                sources,
+                self._mem_by_id(txn, owner, memory_id),
+                f"owners/{owner}/memories/{memory_id}",
+                draft,
+                paths,
+                expected_version,
+                pending_ttl,
+                key_id,
+                ring_thread,
+                keep_embedding=keep_embedding,
+                shingler=shingler,
+                now=time.time(),
             )
-            return MemoryView(meta, meta.version, meta.status, content, list(sources))
 
         ring = RingRef(owner, ring_thread or None)
         return self.writer.run(
             WriteOp(apply, owner=owner, create_keys=[(ring, key_id)], name="memory.update")
         )
+
+    def _update_in(
+        self,
+        txn: lmdb.Transaction,
+        meta: MemMeta | None,
+        name: str,
+        draft: MemoryDraft,
+        paths: set[str],
+        expected_version: int,
+        pending_ttl: float,
+        key_id: str,
+        ring_thread: str,
+        *,
+        keep_embedding: bool,
+        shingler: Shingler | None,
+        now: float,
+    ) -> MemoryView:
+        """Write a new version of ``meta`` (the memory ``name`` as read in ``txn``) in ``txn``.
+
+        Its record key ``key_id`` in ``ring_thread``'s ring must exist.
+        Arguments as :meth:`update_memory`'s; sources not in ``paths`` are
+        the current version's.
+
+        Raises:
+            RecordDeleted: ``meta`` is None, deleted or expired.
+            Aborted: ``expected_version`` is not current, or the memory's ring
+                is not ``ring_thread`` (it changed since the key was made).
+            FailedPrecondition / AlreadyExists: as :meth:`update_memory`.
+        """
+        if meta is None or meta.deleted or effective_state(meta, now) is None:
+            raise RecordDeleted(f"{name} was deleted")
+        owner = meta.owner
+        if meta.state == SEALED:
+            raise FailedPrecondition(
+                f"{meta.name} is sealed", reason=Reason.SEALED, subject=meta.name
+            )
+        if expected_version and expected_version != meta.version:
+            raise Aborted(f"{meta.name} is at version {meta.version}, not {expected_version}")
+        if meta.ring_thread != ring_thread:
+            raise Aborted(f"{meta.name} changed concurrently; retry")
+        sources = draft.sources if "sources" in paths else list(meta.sources)
+        for src, _ in meta.sources:  # no patching a derivative out of its lineage
+            src_meta = self.resolve(txn, src)
+            if src_meta is None or not source_alive(src_meta, now):
+                raise FailedPrecondition(
+                    f"source {src} is gone; rebuild {meta.name} instead of updating it",
+                    reason=Reason.SOURCE_DELETED,
+                    subject=src,
+                )
+        old = self.memory_view(meta, meta.version, self._memory_ct(txn, meta, meta.version))
+        content = MemoryContent(
+            draft.content.text if "text" in paths else old.content.text,
+            draft.content.slot if "slot" in paths else old.content.slot,
+            draft.content.scope if "scope" in paths else old.content.scope,
+            draft.content.edge if "edge" in paths else old.content.edge,
+            metadata=draft.content.metadata if "metadata" in paths else old.content.metadata,
+        )
+        if self._echo_check(txn, owner, [_guarded_text(content)], shingler)[0]:
+            raise self._refuse_echo("memory.text")
+        sources_state, sources_expiry = self._sources_window(txn, owner, sources, now)
+        if meta.kind in SLOTTED_KINDS:
+            self._claim_slot(txn, meta, content, now)
+        remove_edges_of(txn, self.t, meta.name)
+        if meta.kind in CORRECTED_KINDS:
+            meta.superseded.append(meta.version)
+        meta.supersedes = meta.version
+        meta.version += 1
+        meta.key_ids[str(meta.version)] = key_id
+        meta.sources = list(sources)
+        meta.lineage_expiry = self._sources_lineage(txn, sources)
+        meta.update_time = now
+        if "due_time" in paths:
+            meta.due_time = draft.due_time
+        if sources_state == PENDING and meta.state == COMMITTED:
+            meta.state = PENDING  # a derivative is never more durable than its sources
+        if meta.state == PENDING:
+            self._unqueue_expiry(txn, meta)
+            window = _earliest(now + pending_ttl, sources_expiry)
+            meta.expire_time = _earliest(window, meta.retain_until)
+            self._queue_expiry(txn, meta)
+        embedding = draft.embedding
+        if keep_embedding and meta.has_embedding:
+            old_vec = txn.get(
+                sk.memory_payload_key(meta.rid, meta.version - 1, PAYLOAD_EMBEDDING),
+                db=self.t.mpayloads,
+            )
+            if old_vec is not None:
+                prev = MemMeta.decode(meta.encode())
+                prev.version -= 1
+                raw = self.open_memory(prev, prev.version, PAYLOAD_EMBEDDING, bytes(old_vec))
+                embedding = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        new = MemoryDraft(meta.kind, content, list(sources), embedding=embedding)
+        if embedding is not None:
+            self._check_memory_dim(txn, owner, embedding.shape[0], now)
+        self._write_version(txn, meta, new)
+        self._put_memory(txn, meta)
+        add_edges(txn, self.t, meta.name, meta.version, sources)
+        return MemoryView(meta, meta.version, meta.status, content, list(sources))
 
     def upsert_memory(
         self,
@@ -730,6 +768,157 @@ class MemoriesPart(EchoPart):
             except AlreadyExists:
                 continue  # created meanwhile (and maybe purged again since): choose again
         raise Aborted(f"{name} changed concurrently; retry")
+
+    def batch_update_memories(
+        self,
+        owner: str,
+        writes: Sequence[MemoryWrite],
+        pending_ttl: float,
+        *,
+        shingler: Shingler | None = None,
+    ) -> list[MemoryView]:
+        """``BatchUpdateMemories``: every write of ``writes`` in one write op, or none.
+
+        Each write is :meth:`update_memory`, or with ``allow_missing``
+        :meth:`upsert_memory` (create when no memory holds the id). The
+        choice between create and update is made in the one data transaction
+        that writes them all; one record key per write is made in the group's
+        keystore transaction, in the ring the memory lives in (an update) or
+        its sources choose (a creation). When a memory changes hands between
+        the read that chose a key's ring and that transaction (created,
+        purged, moved to another ring), the batch is planned again, at most
+        :data:`_UPSERT_TRIES` times. Every key is used by a committed batch;
+        a refused batch's keys are destroyed by the writer.
+
+        ``memory_id`` values must be distinct (the service checks).
+
+        Returns:
+            The written version of each write, in ``writes`` order.
+
+        Raises:
+            The first refusal, as :meth:`update_memory`, :meth:`upsert_memory`
+            and :meth:`create_memory` raise it, naming the write: an
+            ``InvalidArgument`` field ``requests[i].…``, other messages
+            starting ``requests[i]:``. Nothing is written then.
+        """
+        for _ in range(_UPSERT_TRIES):
+            try:
+                return self._batch_once(owner, writes, pending_ttl, shingler)
+            except _ChoiceChanged:
+                continue
+        raise Aborted(f"owners/{owner}: memories of the batch changed concurrently; retry")
+
+    def _batch_once(
+        self,
+        owner: str,
+        writes: Sequence[MemoryWrite],
+        pending_ttl: float,
+        shingler: Shingler | None,
+    ) -> list[MemoryView]:
+        """One attempt of :meth:`batch_update_memories`.
+
+        Raises:
+            _ChoiceChanged: a memory changed hands since its key's ring was chosen.
+        """
+        with self.env.begin() as txn:
+            current = [self._mem_by_id(txn, owner, w.memory_id) for w in writes]
+        rings = [
+            (meta.ring_thread, True)
+            if meta is not None
+            else (self.ring_for_sources(owner, w.draft.sources) if w.draft.sources else "", False)
+            for w, meta in zip(writes, current, strict=True)
+        ]
+        slotted = any(
+            (w.draft.kind in SLOTTED_KINDS and w.draft.content.slot)
+            or (meta is not None and meta.kind in SLOTTED_KINDS)
+            for w, meta in zip(writes, current, strict=True)
+        )
+        if slotted:
+            self.ensure_slot_key(owner)
+        key_ids = [secrets.token_hex(8) for _ in writes]
+
+        def apply(txn: lmdb.Transaction) -> list[MemoryView]:
+            now = time.time()
+            views = []
+            for i, (w, key_id, (ring_thread, existed)) in enumerate(
+                zip(writes, key_ids, rings, strict=True)
+            ):
+                try:
+                    views.append(
+                        self._batch_write(
+                            txn, owner, w, key_id, ring_thread, existed, pending_ttl, shingler, now
+                        )
+                    )
+                except _ChoiceChanged:
+                    raise
+                except LetheError as exc:
+                    raise _in_request(exc, i) from None
+            return views
+
+        refs = [(RingRef(owner, r or None), k) for (r, _), k in zip(rings, key_ids, strict=True)]
+        return self.writer.run(WriteOp(apply, owner=owner, create_keys=refs, name="memory.batch"))
+
+    def _batch_write(
+        self,
+        txn: lmdb.Transaction,
+        owner: str,
+        w: MemoryWrite,
+        key_id: str,
+        ring_thread: str,
+        existed: bool,
+        pending_ttl: float,
+        shingler: Shingler | None,
+        now: float,
+    ) -> MemoryView:
+        """One write of a batch, in the batch's transaction (see :meth:`batch_update_memories`).
+
+        Raises:
+            _ChoiceChanged: the memory was created or purged since ``existed``
+                was read (its key's ring may be the wrong one).
+        """
+        name = f"owners/{owner}/memories/{w.memory_id}"
+        meta = self._mem_by_id(txn, owner, w.memory_id)
+        if meta is None:
+            if not w.allow_missing:
+                self._raise_missing(txn, name)
+            if w.expected_version:
+                raise NotFound(f"{name} not found (expected_version {w.expected_version})")
+            if existed:
+                raise _ChoiceChanged(name)
+            if self._echo_check(txn, owner, [_guarded_text(w.draft.content)], shingler)[0]:
+                raise self._refuse_echo("memory.text")
+            return self._insert_memory(
+                txn,
+                owner,
+                w.memory_id,
+                w.draft,
+                key_id,
+                ring_thread,
+                commit=w.commit,
+                pending_ttl=pending_ttl,
+                now=now,
+            )
+        if w.allow_missing and meta.kind != w.draft.kind and not meta.deleted:
+            raise InvalidArgument("memory.kind", f"is immutable: {name} is a {meta.kind}")
+        if not existed:
+            raise _ChoiceChanged(name)
+        draft = w.draft
+        if w.allow_missing and w.keep_embedding:
+            draft = dataclasses.replace(draft, embedding=None)
+        return self._update_in(
+            txn,
+            meta,
+            name,
+            draft,
+            w.paths,
+            w.expected_version,
+            pending_ttl,
+            key_id,
+            ring_thread,
+            keep_embedding=w.keep_embedding,
+            shingler=shingler,
+            now=now,
+        )
 
     def _id_taken(self, owner: str, memory_id: str) -> bool:
         """Whether a memory (live, deleted or expired) holds ``memory_id``."""
@@ -877,6 +1066,21 @@ class MemoriesPart(EchoPart):
             lambda m, ct: (m.rid, self.open_memory(m, m.version, PAYLOAD_EMBEDDING, bytes(ct))),
         )
         return stack_vectors(opened)
+
+
+class _ChoiceChanged(Aborted):
+    """A memory of a batch changed hands under it: the batch is planned again."""
+
+
+def _in_request(exc: LetheError, index: int) -> LetheError:
+    """``exc`` naming request ``index`` of a batch (its field, or its message's start)."""
+    if isinstance(exc, InvalidArgument):
+        exc.field = f"requests[{index}].{exc.field}"
+        exc.message = f"{exc.field}: {exc.description}"
+    else:
+        exc.message = f"requests[{index}]: {exc.message}"
+    exc.args = (exc.message,)
+    return exc
 
 
 def _guarded_text(content: MemoryContent) -> str:

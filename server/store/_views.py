@@ -120,6 +120,31 @@ class MemoryDraft:
 
 
 @dataclass(slots=True)
+class MemoryWrite:
+    """One request of a batch of memory writes (``BatchUpdateMemories``).
+
+    Attributes:
+        memory_id: the memory's id (under the batch's owner).
+        draft: as :meth:`server.store.Store.update_memory` takes it, or whole
+            as :meth:`server.store.Store.create_memory` does with ``allow_missing``.
+        paths: the update-mask fields (see ``update_memory``).
+        expected_version: the etag, 0 for none.
+        allow_missing: create the memory when no memory holds ``memory_id``.
+        commit: a created memory is committed (else pending).
+        keep_embedding: an update carries the current vector over (neither
+            text nor vector changes).
+    """
+
+    memory_id: str
+    draft: MemoryDraft
+    paths: set[str]
+    expected_version: int = 0
+    allow_missing: bool = False
+    commit: bool = False
+    keep_embedding: bool = False
+
+
+@dataclass(slots=True)
 class MemoryView:
     """A readable memory version: metadata plus decrypted content."""
 

@@ -81,6 +81,7 @@ OPERATIONS = {
     "memory.create": "CreateMemory (a record key, then the memory)",
     "memory.update": "UpdateMemory, a correction",
     "memory.transition": "TransitionMemory",
+    "memory.batch": "BatchUpdateMemories (a record key per request, then every memory)",
     "slot.key": "creating an owner's slot-digest key",
     "snapshot.key": "creating an owner's index-snapshot key (before its first snapshot)",
     "commitments.due": "the scheduler's COMMITMENT_DUE announcements",

@@ -409,6 +409,32 @@ def _upsert(name: str, text: str) -> Callable[[Stubs, State], Any]:
     return act
 
 
+def _batch(s: Stubs, st: State) -> Any:
+    """``BatchUpdateMemories``: an update of q1 and the creation of f9, one op."""
+    requests = [
+        memories_pb2.UpdateMemoryRequest(
+            memory=M(name=f"{PARENT}/memories/{name}", kind=M.FACT, text=text),
+            update_mask=field_mask_pb2.FieldMask(paths=["text"]),
+            allow_missing=True,
+        )
+        for name, text in (("q1", "corrected"), ("f9", "a fact about lanterns"))
+    ]
+    return s.memories.BatchUpdateMemories(
+        memories_pb2.BatchUpdateMemoriesRequest(parent=PARENT, requests=requests), metadata=s.md
+    )
+
+
+def _batch_applied(applied: bool) -> Callable[[Stubs, State], None]:
+    """Both writes of :func:`_batch` landed, or neither did."""
+    created, version = _fact_exists(applied), _fact_version(2 if applied else 1)
+
+    def check(s: Stubs, st: State) -> None:
+        created(s, st)
+        version(s, st)
+
+    return check
+
+
 def _with_fact(s: Stubs) -> State:
     _fact(s, "q1", "original", [])
     return {}
@@ -559,6 +585,9 @@ CASES: list[Case] = [
         _fact_version(2),
         _fact_version(1),
         _with_fact,
+    ),
+    *_applied_and_not(
+        "memory.batch", _batch, _batch_applied(True), _batch_applied(False), _with_fact
     ),
     *_applied_and_not(
         "memory.transition",

@@ -16,7 +16,7 @@ import pytest
 
 import lethe.client as lc
 from lethe.client import AsyncClient, ErrorReason
-from lethe.v1 import common_pb2
+from lethe.v1 import common_pb2, memories_pb2
 
 _T = TypeVar("_T")
 
@@ -135,3 +135,32 @@ def test_unreachable_server_is_unavailable() -> None:
                 await c.get_thread("owners/a/threads/b", timeout=2)
 
     asyncio.run(main())
+
+
+def test_batch_update_memories_takes_messages_and_mappings(api: Api) -> None:
+    parent = api.parent
+
+    async def body(c: AsyncClient) -> None:
+        made = await c.create_memory(
+            parent, {"kind": "FACT", "text": "likes tea", "state": "COMMITTED"}, memory_id="a"
+        )
+        as_message = memories_pb2.UpdateMemoryRequest(
+            memory=memories_pb2.Memory(name=made.name, text="likes coffee"),
+            expected_version=1,
+        )
+        as_mapping = {
+            "memory": {"name": f"{parent}/memories/b", "kind": "GOAL", "text": "learn the oud"},
+            "allow_missing": True,
+            "retention": 3600,
+        }
+        got = await c.batch_update_memories(parent, [as_message, as_mapping])
+        assert [(m.name, m.version, m.text) for m in got] == [
+            (made.name, 2, "likes coffee"),
+            (f"{parent}/memories/b", 1, "learn the oud"),
+        ]
+        assert got[1].HasField("expire_time")
+        with pytest.raises(lc.VersionMismatch) as err:
+            await c.batch_update_memories(parent, [as_message])
+        assert err.value.message.startswith("requests[0]:")
+
+    _run(api, body)

@@ -740,7 +740,7 @@ def test_a_batch_with_one_bad_op_writes_nothing(
 def test_a_batch_pipelines_its_calls_and_deletes_in_one_forget(lethe: Lethe) -> None:
     store, calls = _counting(lethe)
     store.batch([PutOp(("b",), f"k{i}", {"i": i}) for i in range(40)])
-    assert calls.take() == {"update_memory": 40}
+    assert calls.take() == {"batch_update_memories": 1}
     got = store.batch(
         [GetOp(("b",), f"k{i}") for i in range(5)]
         + [PutOp(("b",), f"k{i}", None) for i in range(5)]
@@ -748,7 +748,7 @@ def test_a_batch_pipelines_its_calls_and_deletes_in_one_forget(lethe: Lethe) -> 
     )
     assert [g.value for g in got[:5]] == [{"i": i} for i in range(5)]  # type: ignore[union-attr]
     assert got[5:] == [None] * 40
-    assert calls.take() == {"get_memory": 5, "forget": 1, "update_memory": 35}
+    assert calls.take() == {"get_memory": 5, "forget": 1, "batch_update_memories": 1}
     client = lethe.client(admin=True)
     [receipt] = list(client.iter_deletions("owners/alice"))
     assert sorted(receipt.targets) == sorted(store.memory_name(("b",), f"k{i}") for i in range(5))
@@ -760,6 +760,84 @@ def test_a_batch_pipelines_its_calls_and_deletes_in_one_forget(lethe: Lethe) -> 
     assert len(list(client.iter_deletions("owners/alice"))) == 3
     assert store.get(("b",), "k5") is None
     assert store.get(("b",), "k6") is None
+
+
+def _rpc_count(lethe: Lethe, method: str) -> float:
+    """How many calls of ``Memories/method`` the server answered OK (its own metric)."""
+    assert lethe.server is not None
+    labels = {"method": f"/lethe.v1.Memories/{method}", "code": "OK"}
+    value = lethe.server.metrics.registry.get_sample_value(
+        "lethe_rpc_duration_seconds_count", labels
+    )
+    return value or 0.0
+
+
+def test_a_batch_of_1000_puts_is_one_batch_call(lethe: Lethe) -> None:
+    """Creates and updates mixed: one ``BatchUpdateMemories``, as the server counts it too."""
+    store, calls = _counting(lethe)
+    store.batch([PutOp(("m",), f"k{i}", {"i": i}) for i in range(0, 1000, 2)])
+    calls.take()
+    before = (_rpc_count(lethe, "BatchUpdateMemories"), _rpc_count(lethe, "UpdateMemory"))
+    store.batch([PutOp(("m",), f"k{i}", {"i": -i}) for i in range(1000)])
+    assert calls.take() == {"batch_update_memories": 1}
+    after = (_rpc_count(lethe, "BatchUpdateMemories"), _rpc_count(lethe, "UpdateMemory"))
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
+    got = store.batch([GetOp(("m",), f"k{i}") for i in (0, 1, 998, 999)])
+    assert [g.value["i"] for g in got] == [0, -1, -998, -999]  # type: ignore[union-attr]
+    client = lethe.client(admin=True)
+    assert client.get_memory(store.memory_name(("m",), "k2")).version == 2  # updated
+    assert client.get_memory(store.memory_name(("m",), "k3")).version == 1  # created
+
+
+def test_a_batch_is_chunked_by_owner_count_and_bytes(
+    lethe: Lethe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lethe.langgraph as lg
+
+    counting = CountingClient(lethe.client(admin=True))
+    store = LetheStore(cast(lc.Client, counting), owner=None)
+    monkeypatch.setattr(lg, "MAX_BATCH_REQUESTS", 10)
+    store.batch(
+        [PutOp(("alice", "n"), f"k{i}", {"i": i}) for i in range(25)]
+        + [PutOp(("bob", "n"), f"k{i}", {"i": i}) for i in range(3)]
+    )
+    assert counting.take() == {"batch_update_memories": 3 + 1}  # 10, 10, 5 for alice; 3 for bob
+    monkeypatch.setattr(lg, "MAX_BATCH_BYTES", 4000)  # 3 of these puts (about 1.3 kB each)
+    store.batch([PutOp(("alice", "big"), f"k{i}", {"t": "x" * 600}) for i in range(9)])
+    assert counting.take() == {"batch_update_memories": 3}
+    assert len(store.search(("alice",), limit=100)) == 25 + 9
+    assert len(store.search(("bob",), limit=100)) == 3
+
+
+def test_a_batch_sets_the_ttl_of_updates_once_per_distinct_ttl(lethe: Lethe) -> None:
+    store, calls = _counting(lethe)
+    store.batch([PutOp(("t",), f"k{i}", {"i": i}) for i in range(6)])
+    calls.take()
+    store.batch(
+        [PutOp(("t",), f"k{i}", {"i": i}, ttl=60) for i in range(3)]
+        + [PutOp(("t",), f"k{i}", {"i": i}, ttl=30) for i in range(3, 5)]
+        + [PutOp(("t",), f"new{i}", {"i": i}, ttl=30) for i in range(4)]  # created with it
+    )
+    assert calls.take() == {"batch_update_memories": 1, "set_retention": 2}
+    client = lethe.client(admin=True)
+    for key, minutes in [("k0", 60), ("k4", 30), ("new3", 30), ("k5", 0)]:
+        memory = client.get_memory(store.memory_name(("t",), key))
+        if not minutes:
+            assert not memory.HasField("expire_time")
+            continue
+        left = memory.expire_time.seconds - time.time()
+        assert minutes * 60 - 10 < left <= minutes * 60, key
+
+
+def test_a_chunk_refused_for_one_put_is_sent_put_by_put(lethe: Lethe) -> None:
+    """The other puts land and the refused one raises, as when each put was its own call."""
+    store, calls = _counting(lethe)
+    big = {"text": "x" * (300 * 1024)}  # over Lethe's 256 KiB of metadata: BadField
+    ops = [PutOp(("r",), f"k{i}", {"i": i}) for i in range(4)] + [PutOp(("r",), "big", big)]
+    with pytest.raises(lc.BadField):
+        store.batch(ops)
+    assert calls.take() == {"batch_update_memories": 1, "update_memory": 5}
+    assert sorted(i.key for i in store.search(("r",), limit=10)) == ["k0", "k1", "k2", "k3"]
 
 
 def test_a_dotted_filter_key_reaches_into_nested_values(lethe: Lethe) -> None:

@@ -68,6 +68,15 @@ def _requests(n: Names) -> dict[str, message.Message]:
             update_mask=field_mask_pb2.FieldMask(paths=["text"]),
             expected_version=1,
         ),
+        "Memories/BatchUpdateMemories": memories_pb2.BatchUpdateMemoriesRequest(
+            parent=alice,
+            requests=[
+                memories_pb2.UpdateMemoryRequest(
+                    memory=memories_pb2.Memory(name=mem, text="overwritten"),
+                    update_mask=field_mask_pb2.FieldMask(paths=["text"]),
+                )
+            ],
+        ),
         "Memories/TransitionMemory": memories_pb2.TransitionMemoryRequest(
             name=mem, expected_version=1, status=memories_pb2.Memory.SUPERSEDED
         ),

@@ -104,6 +104,29 @@ def test_each_member_sees_every_write_and_forget_made_through_the_other(group: S
 
 
 @pytest.mark.slow
+def test_each_member_sees_every_memory_of_a_batch_written_through_the_other(
+    group: Served,
+) -> None:
+    """``BatchUpdateMemories`` notes every row it writes in the change log, as single writes do."""
+    token = group.token("alice")
+    first, second = _on_each_member(group, token)
+
+    def found(client: Client) -> list[str]:
+        reply = client.search(OWNER, query_text="zanzibar", kinds=["FACT"], top_k=100)
+        return sorted(h.memory.text for h in reply.hits)
+
+    def upsert(memory_id: str, text: str) -> dict[str, object]:
+        memory = {"name": f"{OWNER}/memories/{memory_id}", "kind": "FACT", "text": text}
+        return {"memory": {**memory, "state": "COMMITTED"}, "allow_missing": True}
+
+    assert found(second) == []  # the owner's index loaded before the batch
+    first.batch_update_memories(OWNER, [upsert(f"m{i}", f"zanzibar {i}") for i in range(5)])
+    assert found(second) == [f"zanzibar {i}" for i in range(5)]  # asked at once, on the other
+    second.batch_update_memories(OWNER, [upsert("m0", "zanzibar zero"), upsert("m5", "zanzibar 5")])
+    assert found(first) == sorted([*(f"zanzibar {i}" for i in range(1, 6)), "zanzibar zero"])
+
+
+@pytest.mark.slow
 def test_searches_hammering_one_member_never_return_what_the_other_forgot(
     group: Served,
 ) -> None:

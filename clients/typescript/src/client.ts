@@ -38,6 +38,8 @@ import type {
 import type { DeletionReceipt } from "./gen/lethe/v1/common_pb.js";
 import { Memories } from "./gen/lethe/v1/memories_pb.js";
 import type {
+  BatchUpdateMemoriesRequestSchema,
+  BatchUpdateMemoriesResponse,
   CreateMemoryRequestSchema,
   GetMemoryRequestSchema,
   ListMemoriesRequestSchema,
@@ -223,6 +225,13 @@ export class LetheClient {
   }
   updateMemory(request: Request<typeof UpdateMemoryRequestSchema>, options?: CallOptions): Promise<Memory> {
     return this.#call(this.#memories.updateMemory, request, options);
+  }
+  /** Up to 1000 `UpdateMemory` requests of one owner, written all or none. */
+  batchUpdateMemories(
+    request: Request<typeof BatchUpdateMemoriesRequestSchema>,
+    options?: CallOptions,
+  ): Promise<BatchUpdateMemoriesResponse> {
+    return this.#call(this.#memories.batchUpdateMemories, request, options);
   }
   transitionMemory(request: Request<typeof TransitionMemoryRequestSchema>, options?: CallOptions): Promise<Memory> {
     return this.#call(this.#memories.transitionMemory, request, options);

@@ -14,7 +14,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file lethe/v1/memories.proto.
  */
 export const file_lethe_v1_memories: GenFile = /*@__PURE__*/
-  fileDesc("ChdsZXRoZS92MS9tZW1vcmllcy5wcm90bxIIbGV0aGUudjEiuAkKBk1lbW9yeRIMCgRuYW1lGAEgASgJEiMKBGtpbmQYAiABKA4yFS5sZXRoZS52MS5NZW1vcnkuS2luZBIMCgR0ZXh0GAMgASgJEh4KBXN0YXRlGAQgASgOMg8ubGV0aGUudjEuU3RhdGUSDwoHdmVyc2lvbhgFIAEoAxItCglkaXJlY3Rpb24YBiABKA4yGi5sZXRoZS52MS5NZW1vcnkuRGlyZWN0aW9uEiIKB3RyaWdnZXIYByABKA4yES5sZXRoZS52MS5UcmlnZ2VyEicKBnN0YXR1cxgIIAEoDjIXLmxldGhlLnYxLk1lbW9yeS5TdGF0dXMSDAoEc2xvdBgJIAEoCRINCgVzY29wZRgKIAEoCRInCgZvcmlnaW4YCyABKA4yFy5sZXRoZS52MS5NZW1vcnkuT3JpZ2luEiwKCGR1ZV90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIkCgdzb3VyY2VzGA0gAygLMhMubGV0aGUudjEuU291cmNlUmVmEhEKCWVtYmVkZGluZxgOIAMoAhIhCgRlZGdlGA8gASgLMhMubGV0aGUudjEuR3JhcGhFZGdlEhIKCnN1cGVyc2VkZXMYECABKAMSLwoLY3JlYXRlX3RpbWUYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtleHBpcmVfdGltZRgTIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKQoIbWV0YWRhdGEYFCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ir8BCgRLaW5kEhQKEEtJTkRfVU5TUEVDSUZJRUQQABIICgRGQUNUEAESEQoNT1BFTl9RVUVTVElPThACEggKBEdPQUwQAxIOCgpDT01NSVRNRU5UEAQSEQoNUEVORElOR19QT0lOVBAFEg4KClBSRUZFUkVOQ0UQBhILCgdTVU1NQVJZEAcSDgoKR1JBUEhfRURHRRAIEg4KCkFOTk9UQVRJT04QCRIOCgpSRUZMRUNUSU9OEAoSCgoGTEVTU09OEAsiTAoJRGlyZWN0aW9uEhkKFURJUkVDVElPTl9VTlNQRUNJRklFRBAAEhAKDEFCT1VUX1BFUlNPThABEhIKDk9XRURfQllfU1lTVEVNEAIizwEKBlN0YXR1cxIWChJTVEFUVVNfVU5TUEVDSUZJRUQQABIKCgZBQ1RJVkUQARIOCgpTVVBFUlNFREVEEAISCAoET1BFThADEgwKCEFOU1dFUkVEEAQSDAoIQUNISUVWRUQQBRINCglBQkFORE9ORUQQBhINCglGVUxGSUxMRUQQBxINCglDQU5DRUxMRUQQCBILCgdFWFBJUkVEEAkSCgoGQlJPS0VOEAoSCgoGUEFVU0VEEAsSCwoHUkVTVU1FRBAMEgwKCFJFTEVBU0VEEA0iPAoGT3JpZ2luEhYKEk9SSUdJTl9VTlNQRUNJRklFRBAAEgwKCEVYUExJQ0lUEAESDAoISU5GRVJSRUQQAiI/CglHcmFwaEVkZ2USDwoHc3ViamVjdBgBIAEoCRIRCglwcmVkaWNhdGUYAiABKAkSDgoGb2JqZWN0GAMgASgJIogBChNDcmVhdGVNZW1vcnlSZXF1ZXN0Eg4KBnBhcmVudBgBIAEoCRIRCgltZW1vcnlfaWQYAiABKAkSIAoGbWVtb3J5GAMgASgLMhAubGV0aGUudjEuTWVtb3J5EiwKCXJldGVudGlvbhgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiIxChBHZXRNZW1vcnlSZXF1ZXN0EgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoAyK+AQoTTGlzdE1lbW9yaWVzUmVxdWVzdBIOCgZwYXJlbnQYASABKAkSJAoFa2luZHMYAiADKA4yFS5sZXRoZS52MS5NZW1vcnkuS2luZBIfCgZzdGF0ZXMYAyADKA4yDy5sZXRoZS52MS5TdGF0ZRIpCghzdGF0dXNlcxgEIAMoDjIXLmxldGhlLnYxLk1lbW9yeS5TdGF0dXMSEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkiUwoUTGlzdE1lbW9yaWVzUmVzcG9uc2USIgoIbWVtb3JpZXMYASADKAsyEC5sZXRoZS52MS5NZW1vcnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIscBChNVcGRhdGVNZW1vcnlSZXF1ZXN0EiAKBm1lbW9yeRgBIAEoCzIQLmxldGhlLnYxLk1lbW9yeRIvCgt1cGRhdGVfbWFzaxgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5GaWVsZE1hc2sSGAoQZXhwZWN0ZWRfdmVyc2lvbhgDIAEoAxIVCg1hbGxvd19taXNzaW5nGAQgASgIEiwKCXJldGVudGlvbhgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKfAQoXVHJhbnNpdGlvbk1lbW9yeVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIYChBleHBlY3RlZF92ZXJzaW9uGAIgASgDEicKBnN0YXR1cxgDIAEoDjIXLmxldGhlLnYxLk1lbW9yeS5TdGF0dXMSJQoIZXZpZGVuY2UYBCABKAsyEy5sZXRoZS52MS5Tb3VyY2VSZWYSDAoEbm90ZRgFIAEoCSJHChhSZXNvbHZlUHJlZmVyZW5jZVJlcXVlc3QSDgoGcGFyZW50GAEgASgJEgwKBHNsb3QYAiABKAkSDQoFc2NvcGUYAyABKAkiZwoZUmVzb2x2ZVByZWZlcmVuY2VSZXNwb25zZRIkCgpwcmVmZXJlbmNlGAEgASgLMhAubGV0aGUudjEuTWVtb3J5EiQKCmNhbmRpZGF0ZXMYAiADKAsyEC5sZXRoZS52MS5NZW1vcnkqpAEKB1RyaWdnZXISFwoTVFJJR0dFUl9VTlNQRUNJRklFRBAAEhMKD0NPUlJFQ1RJT05fT05MWRABEgwKCEFOU1dFUkVEEAISGQoVUFJPR1JFU1NfT1JfQUJBTkRPTkVEEAMSFwoTUkVTVU1FRF9PUl9SRUxFQVNFRBAEEikKJUZVTEZJTExFRF9DQU5DRUxMRURfRVhQSVJFRF9PUl9CUk9LRU4QBTK9AwoITWVtb3JpZXMSPwoMQ3JlYXRlTWVtb3J5Eh0ubGV0aGUudjEuQ3JlYXRlTWVtb3J5UmVxdWVzdBoQLmxldGhlLnYxLk1lbW9yeRI5CglHZXRNZW1vcnkSGi5sZXRoZS52MS5HZXRNZW1vcnlSZXF1ZXN0GhAubGV0aGUudjEuTWVtb3J5Ek0KDExpc3RNZW1vcmllcxIdLmxldGhlLnYxLkxpc3RNZW1vcmllc1JlcXVlc3QaHi5sZXRoZS52MS5MaXN0TWVtb3JpZXNSZXNwb25zZRI/CgxVcGRhdGVNZW1vcnkSHS5sZXRoZS52MS5VcGRhdGVNZW1vcnlSZXF1ZXN0GhAubGV0aGUudjEuTWVtb3J5EkcKEFRyYW5zaXRpb25NZW1vcnkSIS5sZXRoZS52MS5UcmFuc2l0aW9uTWVtb3J5UmVxdWVzdBoQLmxldGhlLnYxLk1lbW9yeRJcChFSZXNvbHZlUHJlZmVyZW5jZRIiLmxldGhlLnYxLlJlc29sdmVQcmVmZXJlbmNlUmVxdWVzdBojLmxldGhlLnYxLlJlc29sdmVQcmVmZXJlbmNlUmVzcG9uc2VCYgoIbGV0aGUudjFCDU1lbW9yaWVzUHJvdG9QAVodbGV0aGUvZ2VuL2dvL2xldGhlL3YxO2xldGhldjGiAgNMVEiqAghMZXRoZS5WMcoCCExldGhlXFYx6gIJTGV0aGU6OlYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_field_mask, file_google_protobuf_struct, file_google_protobuf_timestamp, file_lethe_v1_common]);
+  fileDesc("ChdsZXRoZS92MS9tZW1vcmllcy5wcm90bxIIbGV0aGUudjEiuAkKBk1lbW9yeRIMCgRuYW1lGAEgASgJEiMKBGtpbmQYAiABKA4yFS5sZXRoZS52MS5NZW1vcnkuS2luZBIMCgR0ZXh0GAMgASgJEh4KBXN0YXRlGAQgASgOMg8ubGV0aGUudjEuU3RhdGUSDwoHdmVyc2lvbhgFIAEoAxItCglkaXJlY3Rpb24YBiABKA4yGi5sZXRoZS52MS5NZW1vcnkuRGlyZWN0aW9uEiIKB3RyaWdnZXIYByABKA4yES5sZXRoZS52MS5UcmlnZ2VyEicKBnN0YXR1cxgIIAEoDjIXLmxldGhlLnYxLk1lbW9yeS5TdGF0dXMSDAoEc2xvdBgJIAEoCRINCgVzY29wZRgKIAEoCRInCgZvcmlnaW4YCyABKA4yFy5sZXRoZS52MS5NZW1vcnkuT3JpZ2luEiwKCGR1ZV90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIkCgdzb3VyY2VzGA0gAygLMhMubGV0aGUudjEuU291cmNlUmVmEhEKCWVtYmVkZGluZxgOIAMoAhIhCgRlZGdlGA8gASgLMhMubGV0aGUudjEuR3JhcGhFZGdlEhIKCnN1cGVyc2VkZXMYECABKAMSLwoLY3JlYXRlX3RpbWUYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGBIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtleHBpcmVfdGltZRgTIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKQoIbWV0YWRhdGEYFCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ir8BCgRLaW5kEhQKEEtJTkRfVU5TUEVDSUZJRUQQABIICgRGQUNUEAESEQoNT1BFTl9RVUVTVElPThACEggKBEdPQUwQAxIOCgpDT01NSVRNRU5UEAQSEQoNUEVORElOR19QT0lOVBAFEg4KClBSRUZFUkVOQ0UQBhILCgdTVU1NQVJZEAcSDgoKR1JBUEhfRURHRRAIEg4KCkFOTk9UQVRJT04QCRIOCgpSRUZMRUNUSU9OEAoSCgoGTEVTU09OEAsiTAoJRGlyZWN0aW9uEhkKFURJUkVDVElPTl9VTlNQRUNJRklFRBAAEhAKDEFCT1VUX1BFUlNPThABEhIKDk9XRURfQllfU1lTVEVNEAIizwEKBlN0YXR1cxIWChJTVEFUVVNfVU5TUEVDSUZJRUQQABIKCgZBQ1RJVkUQARIOCgpTVVBFUlNFREVEEAISCAoET1BFThADEgwKCEFOU1dFUkVEEAQSDAoIQUNISUVWRUQQBRINCglBQkFORE9ORUQQBhINCglGVUxGSUxMRUQQBxINCglDQU5DRUxMRUQQCBILCgdFWFBJUkVEEAkSCgoGQlJPS0VOEAoSCgoGUEFVU0VEEAsSCwoHUkVTVU1FRBAMEgwKCFJFTEVBU0VEEA0iPAoGT3JpZ2luEhYKEk9SSUdJTl9VTlNQRUNJRklFRBAAEgwKCEVYUExJQ0lUEAESDAoISU5GRVJSRUQQAiI/CglHcmFwaEVkZ2USDwoHc3ViamVjdBgBIAEoCRIRCglwcmVkaWNhdGUYAiABKAkSDgoGb2JqZWN0GAMgASgJIogBChNDcmVhdGVNZW1vcnlSZXF1ZXN0Eg4KBnBhcmVudBgBIAEoCRIRCgltZW1vcnlfaWQYAiABKAkSIAoGbWVtb3J5GAMgASgLMhAubGV0aGUudjEuTWVtb3J5EiwKCXJldGVudGlvbhgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiIxChBHZXRNZW1vcnlSZXF1ZXN0EgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoAyK+AQoTTGlzdE1lbW9yaWVzUmVxdWVzdBIOCgZwYXJlbnQYASABKAkSJAoFa2luZHMYAiADKA4yFS5sZXRoZS52MS5NZW1vcnkuS2luZBIfCgZzdGF0ZXMYAyADKA4yDy5sZXRoZS52MS5TdGF0ZRIpCghzdGF0dXNlcxgEIAMoDjIXLmxldGhlLnYxLk1lbW9yeS5TdGF0dXMSEQoJcGFnZV9zaXplGAUgASgFEhIKCnBhZ2VfdG9rZW4YBiABKAkiUwoUTGlzdE1lbW9yaWVzUmVzcG9uc2USIgoIbWVtb3JpZXMYASADKAsyEC5sZXRoZS52MS5NZW1vcnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIscBChNVcGRhdGVNZW1vcnlSZXF1ZXN0EiAKBm1lbW9yeRgBIAEoCzIQLmxldGhlLnYxLk1lbW9yeRIvCgt1cGRhdGVfbWFzaxgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5GaWVsZE1hc2sSGAoQZXhwZWN0ZWRfdmVyc2lvbhgDIAEoAxIVCg1hbGxvd19taXNzaW5nGAQgASgIEiwKCXJldGVudGlvbhgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJdChpCYXRjaFVwZGF0ZU1lbW9yaWVzUmVxdWVzdBIOCgZwYXJlbnQYASABKAkSLwoIcmVxdWVzdHMYAiADKAsyHS5sZXRoZS52MS5VcGRhdGVNZW1vcnlSZXF1ZXN0IkEKG0JhdGNoVXBkYXRlTWVtb3JpZXNSZXNwb25zZRIiCghtZW1vcmllcxgBIAMoCzIQLmxldGhlLnYxLk1lbW9yeSKfAQoXVHJhbnNpdGlvbk1lbW9yeVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIYChBleHBlY3RlZF92ZXJzaW9uGAIgASgDEicKBnN0YXR1cxgDIAEoDjIXLmxldGhlLnYxLk1lbW9yeS5TdGF0dXMSJQoIZXZpZGVuY2UYBCABKAsyEy5sZXRoZS52MS5Tb3VyY2VSZWYSDAoEbm90ZRgFIAEoCSJHChhSZXNvbHZlUHJlZmVyZW5jZVJlcXVlc3QSDgoGcGFyZW50GAEgASgJEgwKBHNsb3QYAiABKAkSDQoFc2NvcGUYAyABKAkiZwoZUmVzb2x2ZVByZWZlcmVuY2VSZXNwb25zZRIkCgpwcmVmZXJlbmNlGAEgASgLMhAubGV0aGUudjEuTWVtb3J5EiQKCmNhbmRpZGF0ZXMYAiADKAsyEC5sZXRoZS52MS5NZW1vcnkqpAEKB1RyaWdnZXISFwoTVFJJR0dFUl9VTlNQRUNJRklFRBAAEhMKD0NPUlJFQ1RJT05fT05MWRABEgwKCEFOU1dFUkVEEAISGQoVUFJPR1JFU1NfT1JfQUJBTkRPTkVEEAMSFwoTUkVTVU1FRF9PUl9SRUxFQVNFRBAEEikKJUZVTEZJTExFRF9DQU5DRUxMRURfRVhQSVJFRF9PUl9CUk9LRU4QBTKhBAoITWVtb3JpZXMSPwoMQ3JlYXRlTWVtb3J5Eh0ubGV0aGUudjEuQ3JlYXRlTWVtb3J5UmVxdWVzdBoQLmxldGhlLnYxLk1lbW9yeRI5CglHZXRNZW1vcnkSGi5sZXRoZS52MS5HZXRNZW1vcnlSZXF1ZXN0GhAubGV0aGUudjEuTWVtb3J5Ek0KDExpc3RNZW1vcmllcxIdLmxldGhlLnYxLkxpc3RNZW1vcmllc1JlcXVlc3QaHi5sZXRoZS52MS5MaXN0TWVtb3JpZXNSZXNwb25zZRI/CgxVcGRhdGVNZW1vcnkSHS5sZXRoZS52MS5VcGRhdGVNZW1vcnlSZXF1ZXN0GhAubGV0aGUudjEuTWVtb3J5EmIKE0JhdGNoVXBkYXRlTWVtb3JpZXMSJC5sZXRoZS52MS5CYXRjaFVwZGF0ZU1lbW9yaWVzUmVxdWVzdBolLmxldGhlLnYxLkJhdGNoVXBkYXRlTWVtb3JpZXNSZXNwb25zZRJHChBUcmFuc2l0aW9uTWVtb3J5EiEubGV0aGUudjEuVHJhbnNpdGlvbk1lbW9yeVJlcXVlc3QaEC5sZXRoZS52MS5NZW1vcnkSXAoRUmVzb2x2ZVByZWZlcmVuY2USIi5sZXRoZS52MS5SZXNvbHZlUHJlZmVyZW5jZVJlcXVlc3QaIy5sZXRoZS52MS5SZXNvbHZlUHJlZmVyZW5jZVJlc3BvbnNlQmIKCGxldGhlLnYxQg1NZW1vcmllc1Byb3RvUAFaHWxldGhlL2dlbi9nby9sZXRoZS92MTtsZXRoZXYxogIDTFRIqgIITGV0aGUuVjHKAghMZXRoZVxWMeoCCUxldGhlOjpWMWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_field_mask, file_google_protobuf_struct, file_google_protobuf_timestamp, file_lethe_v1_common]);
 
 /**
  * Everything that is not a turn. A memory without `sources` is an
@@ -738,6 +738,57 @@ export const UpdateMemoryRequestSchema: GenMessage<UpdateMemoryRequest> = /*@__P
   messageDesc(file_lethe_v1_memories, 6);
 
 /**
+ * Request of `Memories.BatchUpdateMemories`.
+ *
+ * @generated from message lethe.v1.BatchUpdateMemoriesRequest
+ */
+export type BatchUpdateMemoriesRequest = Message<"lethe.v1.BatchUpdateMemoriesRequest"> & {
+  /**
+   * Required: the owner, `owners/{o}`; every `requests[i].memory.name` is a
+   * memory of it.
+   *
+   * @generated from field: string parent = 1;
+   */
+  parent: string;
+
+  /**
+   * 1 to 1000 updates (or, with `allow_missing`, creations), each as
+   * `UpdateMemory` takes it; a memory is named at most once.
+   *
+   * @generated from field: repeated lethe.v1.UpdateMemoryRequest requests = 2;
+   */
+  requests: UpdateMemoryRequest[];
+};
+
+/**
+ * Describes the message lethe.v1.BatchUpdateMemoriesRequest.
+ * Use `create(BatchUpdateMemoriesRequestSchema)` to create a new message.
+ */
+export const BatchUpdateMemoriesRequestSchema: GenMessage<BatchUpdateMemoriesRequest> = /*@__PURE__*/
+  messageDesc(file_lethe_v1_memories, 7);
+
+/**
+ * Response of `Memories.BatchUpdateMemories`.
+ *
+ * @generated from message lethe.v1.BatchUpdateMemoriesResponse
+ */
+export type BatchUpdateMemoriesResponse = Message<"lethe.v1.BatchUpdateMemoriesResponse"> & {
+  /**
+   * The written memory of each request, in request order.
+   *
+   * @generated from field: repeated lethe.v1.Memory memories = 1;
+   */
+  memories: Memory[];
+};
+
+/**
+ * Describes the message lethe.v1.BatchUpdateMemoriesResponse.
+ * Use `create(BatchUpdateMemoriesResponseSchema)` to create a new message.
+ */
+export const BatchUpdateMemoriesResponseSchema: GenMessage<BatchUpdateMemoriesResponse> = /*@__PURE__*/
+  messageDesc(file_lethe_v1_memories, 8);
+
+/**
  * Request of `Memories.TransitionMemory`.
  *
  * @generated from message lethe.v1.TransitionMemoryRequest
@@ -786,7 +837,7 @@ export type TransitionMemoryRequest = Message<"lethe.v1.TransitionMemoryRequest"
  * Use `create(TransitionMemoryRequestSchema)` to create a new message.
  */
 export const TransitionMemoryRequestSchema: GenMessage<TransitionMemoryRequest> = /*@__PURE__*/
-  messageDesc(file_lethe_v1_memories, 7);
+  messageDesc(file_lethe_v1_memories, 9);
 
 /**
  * Request of `Memories.ResolvePreference`.
@@ -821,7 +872,7 @@ export type ResolvePreferenceRequest = Message<"lethe.v1.ResolvePreferenceReques
  * Use `create(ResolvePreferenceRequestSchema)` to create a new message.
  */
 export const ResolvePreferenceRequestSchema: GenMessage<ResolvePreferenceRequest> = /*@__PURE__*/
-  messageDesc(file_lethe_v1_memories, 8);
+  messageDesc(file_lethe_v1_memories, 10);
 
 /**
  * Response of `Memories.ResolvePreference`.
@@ -850,7 +901,7 @@ export type ResolvePreferenceResponse = Message<"lethe.v1.ResolvePreferenceRespo
  * Use `create(ResolvePreferenceResponseSchema)` to create a new message.
  */
 export const ResolvePreferenceResponseSchema: GenMessage<ResolvePreferenceResponse> = /*@__PURE__*/
-  messageDesc(file_lethe_v1_memories, 9);
+  messageDesc(file_lethe_v1_memories, 11);
 
 /**
  * The condition that closes a memory (a stored field, set from the kind).
@@ -989,6 +1040,29 @@ export const Memories: GenService<{
     methodKind: "unary";
     input: typeof UpdateMemoryRequestSchema;
     output: typeof MemorySchema;
+  },
+  /**
+   * Applies up to 1000 `UpdateMemory` requests of one owner atomically
+   * (AIP-234): every request is checked first, then all are written in one
+   * write transaction (one keystore transaction creating every new version's
+   * record key), or none is. Each request has `UpdateMemory`'s meaning,
+   * `allow_missing` (create or update, decided in that transaction),
+   * `retention` on a creation and `expected_version` included. The reply
+   * lists the written memories in request order; a created one has
+   * `create_time` equal to its `update_time`. One text embedding call serves
+   * every request whose vector the server makes.
+   * Errors: those of `UpdateMemory`, for the first request refused, naming
+   * it: a `BadRequest` field such as `requests[3].memory.text`, or a message
+   * starting `requests[3]:`; nothing is written. `INVALID_ARGUMENT` /
+   * `BAD_FIELD` also for no requests or more than 1000, a `memory.name` not
+   * under `parent`, or a name given twice.
+   *
+   * @generated from rpc lethe.v1.Memories.BatchUpdateMemories
+   */
+  batchUpdateMemories: {
+    methodKind: "unary";
+    input: typeof BatchUpdateMemoriesRequestSchema;
+    output: typeof BatchUpdateMemoriesResponseSchema;
   },
   /**
    * Moves a memory along its kind's state machine (a new version):
