@@ -767,7 +767,9 @@ class LetheStore(BaseStore):
                 late or never reads every item.
 
         Returns:
-            The matching items in creation order, at most ``wanted``.
+            The matching items in creation order, at most ``wanted``, each key
+            once (a key deleted and put again while the pages are read is
+            listed again at the end: its first listing is kept).
         """
         out: list[_Found] = []
         if wanted is not None and wanted <= 0:
@@ -775,6 +777,7 @@ class LetheStore(BaseStore):
         size = MAX_PAGE if wanted is None else min(MAX_PAGE, max(FIRST_PAGE, 2 * wanted))
         token = ""
         read = 0
+        seen: set[str] = set()  # a key deleted and put again while paging comes again at the end
         while True:
             page = self.client.list_memories(
                 f"owners/{owner}",
@@ -786,7 +789,8 @@ class LetheStore(BaseStore):
             )
             for memory in page.memories:
                 found = self._item(memory, prefix, flt)
-                if found is not None:
+                if found is not None and memory.name not in seen:
+                    seen.add(memory.name)
                     out.append(found)
                     if len(out) == wanted:
                         return out

@@ -10,6 +10,7 @@ items reads one page, one matching late items or nothing reads them all.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -33,10 +34,14 @@ class _Pages:
 
     def __init__(self, client: lc.Client) -> None:
         self.sizes: list[int] = []
+        self.after_first: Callable[[], None] | None = None  # runs once, between two pages
         self._list = client.list_memories
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             assert kwargs["order_by"] == "create_time"
+            if self.sizes and self.after_first is not None:
+                hook, self.after_first = self.after_first, None
+                hook()
             self.sizes.append(kwargs["page_size"])
             return self._list(*args, **kwargs)
 
@@ -127,3 +132,19 @@ def test_updates_keep_their_place_and_a_key_put_again_comes_last(
         "k000",
         "o",
     ]
+
+
+def test_a_key_deleted_and_put_again_between_pages_is_listed_once(
+    stores: tuple[LetheStore, InMemoryStore, _Pages],
+) -> None:
+    store, _, pages = stores
+
+    def again() -> None:  # after the first page listed k000: it comes again at the end
+        store.delete(NS, "k000")
+        store.put(NS, "k000", {"n": 0, "color": "violet"})
+
+    pages.after_first = again
+    got = store.search(NS, filter={"n": 0}, limit=10)
+    assert pages.sizes == [32, 128, 512]  # one match of 10: every page, the new k000 last
+    assert [(i.key, i.value) for i in got] == [("k000", _value(0))]  # its first listing
+    assert [i.value for i in store.search(NS, filter={"n": 0})] == [{"n": 0, "color": "violet"}]
