@@ -16,6 +16,12 @@ What is measured, on a store of ``--items`` items (10,000 by default):
   about 1 means one call and one synced commit).
 - ``filter_search``: ``search(namespace, filter={"color": "red"}, limit=10)``
   without a query (latency p50). The issue's goal: at most 20 ms at 10k items.
+  A search reads the owner's items in creation order until ``limit`` matched,
+  and red items come early; beside it, the worst cases, which read every
+  item of the owner (``--worst-searches`` each per round): ``no_match``, a
+  filter no item matches (``{"color": "violet"}``), and ``created_last``, the
+  same red filter under the round's namespace, whose items were created after
+  every other.
 
 Usage::
 
@@ -95,6 +101,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         put_update: dict[str, list[list[float]]] = {n: [] for n in stores}
         append: list[list[float]] = []
         search: dict[str, list[list[float]]] = {n: [] for n in stores}
+        worst: dict[str, dict[str, list[list[float]]]] = {
+            case: {n: [] for n in stores} for case in ("no_match", "created_last")
+        }
         for r in range(args.rounds):
             ns = ("bench", f"round{r}")
             new = [PutOp(ns, f"b{i}", _value(i)) for i in range(args.batch)]
@@ -120,6 +129,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         for _ in range(args.searches)
                     ]
                 )
+                for case, prefix, flt in (
+                    ("no_match", NAMESPACE, {"color": "violet"}),
+                    ("created_last", ns, {"color": "red"}),
+                ):
+                    worst[case][name].append(
+                        [
+                            _timed(store.search, prefix, filter=flt)
+                            for _ in range(args.worst_searches)
+                        ]
+                    )
             _log(
                 f"round {r + 1}/{args.rounds}: batch of {args.batch} new "
                 f"{batch_new['lethe'][-1]:.3f} s, put p50 "
@@ -154,6 +173,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "filter_search": {
             **{n: summary(flat(v)) for n, v in search.items()},
             "lethe_over_in_memory": median_ratio(search["lethe"], search["in_memory"]),
+            **{
+                f"worst_{case}": {n: summary(flat(v)) for n, v in by_store.items()}
+                for case, by_store in worst.items()
+            },
         },
     }
 
@@ -166,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--singles", type=int, default=50, help="single puts per round")
     parser.add_argument("--searches", type=int, default=20, help="filter searches per round")
+    parser.add_argument(
+        "--worst-searches", type=int, default=5, help="searches of each worst case per round"
+    )
     parser.add_argument("--smoke", action="store_true", help="a short run (200 items)")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "langgraph.json"
@@ -173,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.items, args.batch, args.rounds, args.singles, args.searches = 200, 100, 2, 5, 3
+        args.worst_searches = 2
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -194,6 +221,12 @@ def main(argv: list[str] | None = None) -> int:
         f"in_memory {s['in_memory']['p50_ms']:.2f} ms "
         f"(ratio {s['lethe_over_in_memory']['median']:.0f})"
     )
+    for case in ("no_match", "created_last"):
+        w = s[f"worst_{case}"]
+        _log(
+            f"  worst case {case} (reads every item): lethe {w['lethe']['p50_ms']:.1f} ms, "
+            f"in_memory {w['in_memory']['p50_ms']:.2f} ms"
+        )
     _log(f"wrote {args.out}")
     return 0
 

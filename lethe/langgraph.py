@@ -56,13 +56,28 @@ Item → memory
     echo guard that another ``Forget`` of the owner set still applies to a
     ``put`` (``EchoesForgotten``).
 ``search``
-    Without ``query``: the owner's items under the prefix, filtered, oldest
-    first (every item of the owner is listed and decrypted by the server to
-    find them: namespaces are encrypted, so no index on the server can narrow
-    the listing; the cost grows with the owner's items). With ``query`` and
-    an ``index`` with ``embed`` (below): the same listing, ranked by the
-    cosine similarity of the query's vector and each item's (the best of its
-    fields' vectors), as LangGraph's stores rank and score. With ``query``
+    Without ``query``: the owner's items under the prefix, filtered, in
+    creation order, oldest first (the order the server created their
+    memories in; an update keeps an item's place, a key deleted and put
+    again comes last): within one namespace that is ``InMemoryStore``'s
+    insertion order. Namespaces and values are encrypted, so no index on the
+    server can narrow the listing: the owner's items are listed in creation
+    order (``ListMemories`` with ``order_by="create_time"``) and decrypted
+    by the server page by page, the first page 32 items or twice ``offset +
+    limit``, each next one 4 times larger (at most 1000; smaller when the
+    matches so far say fewer will do: twice what their rate says the rest
+    needs, at least 32), and the prefix and
+    filter are applied as each page arrives; the listing stops once ``offset
+    + limit`` items matched. So the cost grows with the owner's items
+    created before the last item returned, not with all of them: a filter
+    that matches early items reads a page or two (p50 6 ms at 10k items,
+    ``bench/bench_langgraph.py``), but a filter matching nothing, or a
+    prefix whose items were created last, still reads every item of the
+    owner (p50 1.0 to 1.2 s at 10k items). With ``query`` and an ``index`` with
+    ``embed`` (below): every item of the owner under the prefix, filtered,
+    ranked by the cosine similarity of the query's vector and each item's
+    (the best of its fields' vectors), as LangGraph's stores rank and score
+    (so it reads every item, as ``list_namespaces`` does). With ``query``
     and no ``embed``: Lethe's ``Search`` (``HYBRID``: BM25 and dense, fused)
     over memories of ``kind``, best first, filtered after retrieval (at most
     1000 hits are examined, so a query whose matches rank below that returns
@@ -118,8 +133,10 @@ Item → memory
     after the batch's other writes were applied. ``abatch`` awaits the embedding, then
     sends the calls from the event loop's default executor (the blocking
     client is thread-safe). The puts of one chunk share one ``created_at``
-    (one transaction) and chunks are concurrent: the ``created_at`` order of
-    a batch's puts among themselves is not the batch's order.
+    (one transaction); an owner's chunks are sent one after another, so the
+    puts are created in the batch's order (the order a search without
+    ``query`` lists them in), except the puts of a refused chunk, sent again
+    on their own and concurrently.
 
 Differences from ``InMemoryStore`` (each tested in
 ``tests/lethe/test_langgraph.py``)
@@ -132,8 +149,11 @@ Differences from ``InMemoryStore`` (each tested in
     - a search with ``query`` is ranked by Lethe's own retrieval, where
       ``InMemoryStore`` without an index ignores the query and returns
       insertion order with ``score`` None; a search over several namespaces
-      without ``query`` is ordered oldest first across them (``InMemoryStore``
-      groups by namespace);
+      without ``query`` is in creation order across them (``InMemoryStore``
+      groups by namespace, each in insertion order); within one namespace
+      the two orders are the same (an update keeps an item's place, a key
+      deleted and put again comes last; a key put twice in one ``batch``
+      takes the place of its last put);
     - ``list_namespaces`` lists only namespaces holding an item
       (``InMemoryStore`` also lists namespaces that were only read, or
       emptied by deletes).
@@ -226,6 +246,12 @@ MAX_TEXT_BYTES = 64 * 1024
 """Largest indexed text of an item (UTF-8 bytes): Lethe's limit on a memory's text."""
 SEARCH_WINDOW = 1000
 """Most hits one query search examines (Lethe's ``top_k`` ceiling)."""
+MAX_PAGE = 1000
+"""Most memories one ``ListMemories`` page holds (the server's cap)."""
+FIRST_PAGE = 32
+"""Fewest memories the first page of a search without ``query`` asks for."""
+PAGE_GROWTH = 4
+"""How much larger each next page of such a search is than the one before."""
 PIPELINE_DEPTH = 8
 """Most calls one ``batch`` keeps in flight: half the server's default per-token
 bound on calls in flight (``max_inflight_per_principal``, 16), so that the
@@ -311,6 +337,22 @@ def _rank(
     if len(page) < limit:
         page.extend((f, None) for f in scoreless[: limit - len(page)])
     return page
+
+
+def _next_page(size: int, read: int, matched: int, wanted: int | None) -> int:
+    """The size of a listing's next page, after ``read`` memories gave ``matched`` items.
+
+    :data:`PAGE_GROWTH` times ``size``, at most :data:`MAX_PAGE`; when some
+    matched and ``wanted`` items are wanted, no more than twice what the match
+    rate so far says the rest needs (at least :data:`FIRST_PAGE`): a filter
+    matching one item in five, 7 of 10 found in the first 32, asks for 32
+    more rather than 128.
+    """
+    grown = min(MAX_PAGE, size * PAGE_GROWTH)
+    if wanted is None or matched == 0 or read == 0:
+        return grown
+    needed = -(-2 * (wanted - matched) * read // matched)  # ceil(2 * rest / rate)
+    return min(grown, max(FIRST_PAGE, needed))
 
 
 class _Plan:
@@ -710,8 +752,10 @@ class LetheStore(BaseStore):
     def _put_all(self, writes: Sequence[_Write]) -> None:
         """Apply a batch's puts: one ``BatchUpdateMemories`` per chunk of an owner's puts.
 
-        Chunks (:meth:`_chunks`) are pipelined, at most ``PIPELINE_DEPTH`` in
-        flight; a chunk of one put, and a batch of one, is :meth:`_write`
+        The chunks (:meth:`_chunks`) of one owner are sent one after another,
+        so its puts are created in the batch's order; owners' chunks are
+        pipelined, at most ``PIPELINE_DEPTH`` owners in flight. A chunk of one
+        put, and a batch of one, is :meth:`_write`
         (``UpdateMemory``). A chunk the server refuses for one of its puts
         (``_REFUSED``: a put racing a delete of its key, a value over the
         limits, …) wrote nothing; each of its puts is then sent on its own
@@ -743,9 +787,22 @@ class LetheStore(BaseStore):
                 return
             self._retain(list(zip(chunk, written, strict=True)))
 
+        def send_in_order(chunks: list[list[_Write]]) -> None:
+            first: Exception | None = None
+            for chunk in chunks:  # one after another: created in the batch's order
+                try:
+                    send(chunk)
+                except Exception as exc:  # the owner's other chunks are still sent
+                    first = first or exc
+            if first is not None:
+                raise first
+
+        by_owner: dict[str, list[list[_Write]]] = {}
+        for chunk in self._chunks(writes):
+            by_owner.setdefault(chunk[0].name.split("/")[1], []).append(chunk)
         error: BaseException | None = None
         try:
-            self._run_all(send, self._chunks(writes))
+            self._run_all(send_in_order, list(by_owner.values()))
         except Exception as exc:  # raised once the refused chunks' puts are sent too
             error = exc
         self._run_all(self._write, [w for chunk in refused for w in chunk])
@@ -827,20 +884,59 @@ class LetheStore(BaseStore):
         owner: str,
         prefix: tuple[str, ...] = (),
         flt: Mapping[str, Any] | None = None,
+        wanted: int | None = None,
     ) -> list[_Found]:
-        """The items of this store in ``owner`` under ``prefix`` passing ``flt``.
+        """The items of this store in ``owner`` under ``prefix`` passing ``flt``, oldest first.
 
-        Every committed memory of the owner is listed (and decrypted by the
-        server); only those under ``prefix`` have their value decoded.
+        The owner's committed memories of ``kind`` are listed in creation
+        order (``ListMemories`` ``order_by="create_time"``: an update keeps an
+        item's place) and decrypted by the server page by page; only those
+        under ``prefix`` have their value decoded.
+
+        Args:
+            owner: the owner id.
+            prefix: namespace labels the items start with.
+            flt: LangGraph's ``filter`` (None: every item).
+            wanted: stop once this many items matched (None: read every page).
+                The first page is :data:`FIRST_PAGE` or twice ``wanted``
+                memories, each next one :data:`PAGE_GROWTH` times larger (or
+                less, :func:`_next_page`), at most the server's 1000: a search
+                whose matches come early reads little, one whose matches come
+                late or never reads every item.
+
+        Returns:
+            The matching items in creation order, at most ``wanted``, each key
+            once (a key deleted and put again while the pages are read is
+            listed again at the end: its first listing is kept).
         """
-        out = []
-        for memory in self.client.iter_memories(
-            f"owners/{owner}", kinds=[self.kind], states=["COMMITTED"], page_size=1000
-        ):
-            found = self._item(memory, prefix, flt)
-            if found is not None:
-                out.append(found)
-        return out
+        out: list[_Found] = []
+        if wanted is not None and wanted <= 0:
+            return out
+        size = MAX_PAGE if wanted is None else min(MAX_PAGE, max(FIRST_PAGE, 2 * wanted))
+        token = ""
+        read = 0
+        seen: set[str] = set()  # a key deleted and put again while paging comes again at the end
+        while True:
+            page = self.client.list_memories(
+                f"owners/{owner}",
+                kinds=[self.kind],
+                states=["COMMITTED"],
+                order_by="create_time",
+                page_size=size,
+                page_token=token,
+            )
+            for memory in page.memories:
+                found = self._item(memory, prefix, flt)
+                if found is not None and memory.name not in seen:
+                    seen.add(memory.name)
+                    out.append(found)
+                    if len(out) == wanted:
+                        return out
+            token = page.next_page_token
+            if not token:
+                return out
+            read += len(page.memories)
+            size = _next_page(size, read, len(out), wanted)
 
     def _scope_owner(self, prefix: Sequence[str], what: str) -> str:
         if self.owner is not None:
@@ -857,16 +953,15 @@ class LetheStore(BaseStore):
         prefix = tuple(op.namespace_prefix)
         check_labels(prefix)
         owner = self._scope_owner(prefix, "search")
-        if not op.query or query_vector is not None:
-            listed = self._owner_items(owner, prefix, op.filter)
-            listed.sort(key=lambda f: (f.item.created_at, f.item.namespace, f.item.key))
-            page: list[tuple[_Found, float | None]]
-            if query_vector is None:
-                page = [(f, None) for f in listed[op.offset : op.offset + op.limit]]
-            else:
-                distance = (self.index_config or {}).get("distance_type") or "cosine"
-                page = _rank(listed, query_vector, op.offset, op.limit, distance)
+        page: list[tuple[_Found, float | None]]
+        if not op.query:  # creation order: read only up to the last item returned
+            listed = self._owner_items(owner, prefix, op.filter, op.offset + op.limit)
+            page = [(f, None) for f in listed[op.offset : op.offset + op.limit]]
             return self._found(op, page)
+        if query_vector is not None:  # a ranking needs every item
+            listed = self._owner_items(owner, prefix, op.filter)
+            distance = (self.index_config or {}).get("distance_type") or "cosine"
+            return self._found(op, _rank(listed, query_vector, op.offset, op.limit, distance))
         wanted = op.offset + op.limit
         top_k = min(SEARCH_WINDOW, max(10, 4 * wanted))
         while True:

@@ -269,6 +269,9 @@ def test_the_langgraph_benchmark_runs_beside_in_memory_store(tmp_path: Path) -> 
             assert result["put"][kind][store]["n"] == 10
             assert _positive(result["put"][kind][store]["p50_ms"])
         assert _positive(result["filter_search"][store]["p50_ms"])
+        for case in ("worst_no_match", "worst_created_last"):
+            assert result["filter_search"][case][store]["n"] == 4  # 2 rounds of 2
+            assert _positive(result["filter_search"][case][store]["p50_ms"])
     assert _positive(result["put"]["append_turns_floor"]["p50_ms"])
     assert _positive(result["put"]["new_over_append"]["median"])
     assert _positive(result["filter_search"]["lethe_over_in_memory"]["median"])

@@ -102,6 +102,12 @@ def _write_owner(client: lc.Client, owner: str) -> dict[str, Any]:
         },
         memory_id="m1",
     )
+    # Created after m1 with an id that sorts before it: creation order is not id order.
+    client.create_memory(
+        f"owners/{owner}",
+        {"kind": "FACT", "text": f"{owner} keeps bees", "state": "COMMITTED"},
+        memory_id="m0",
+    )
     gone = client.create_thread(f"owners/{owner}", thread_id="t2").name
     client.append_turns(gone, [{"role": "USER", "text": f"{owner} gone thread", "commit": True}])
     client.forget([gone])
@@ -112,8 +118,9 @@ def _write_owner(client: lc.Client, owner: str) -> dict[str, Any]:
 def _snapshot(client: lc.Client, owner: str) -> dict[str, Any]:
     """What the owner reads back: turns, memories and their sources, a DENSE and a LEXICAL search.
 
-    Every thread's turns, its memories and their sources, a DENSE search
-    (vectors) and a LEXICAL one.
+    Every thread's turns, its memories and their sources, the memories in
+    creation order (``order_by="create_time"``: a move renumbers the owner's
+    records in their old order), a DENSE search (vectors) and a LEXICAL one.
     """
     threads = sorted(t.name for t in client.iter_threads(f"owners/{owner}"))
     turns = {
@@ -127,12 +134,14 @@ def _snapshot(client: lc.Client, owner: str) -> dict[str, Any]:
         (m.name, m.text, tuple(s.name for s in m.sources))
         for m in client.iter_memories(f"owners/{owner}")
     )
+    created = [m.name for m in client.iter_memories(f"owners/{owner}", order_by="create_time")]
     dense = client.search(f"owners/{owner}", query_embedding=_unit(3), mode="DENSE", top_k=3)
     lexical = client.search(f"owners/{owner}", query_text="heron", mode="LEXICAL", top_k=20)
     return {
         "threads": threads,
         "turns": turns,
         "memories": memories,
+        "created": created,
         "dense": [h.turn.name or h.memory.name for h in dense.hits][:1],
         "lexical": sorted(h.turn.name or h.memory.name for h in lexical.hits),
     }
@@ -224,6 +233,7 @@ def test_a_moved_owner_reads_back_the_same_and_leaves_nothing_behind(
     _write_owner(src, "bob")
     before = _snapshot(src, OWNER)
     assert before["dense"] == [f"{names['thread']}/turns/4"]  # _unit(3) is nearest turn 3's seq 4
+    assert before["created"] == [names["memory"], f"owners/{OWNER}/memories/m0"]
     owner_token = lethe_cli(a, "token", "create", "--data", str(a.data), "--owner", OWNER)
     assert owner_token.returncode == 0, owner_token.stderr
 

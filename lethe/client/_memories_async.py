@@ -84,18 +84,28 @@ class AsyncMemoriesMethods(AsyncClientBase):
         statuses: Iterable[EnumOr[memories_pb2.Memory.Status.ValueType]] = (),
         page_size: int = 0,
         page_token: str = "",
+        order_by: str = "",
         timeout: float | None = None,
     ) -> memories_pb2.ListMemoriesResponse:
-        """``Memories.ListMemories``: one page of an owner's memories, by id.
+        """``Memories.ListMemories``: one page of an owner's memories, by id or creation.
 
         Args:
             parent: ``owners/{owner}``.
             kinds: kinds to list (default all).
             states: states to list (default ``PENDING`` and ``COMMITTED``).
             statuses: statuses to list (default all).
-            page_size: memories per page (0: 100; at most 1000).
-            page_token: ``next_page_token`` of the previous page.
+            page_size: memories per page (0: 100; at most 1000); may change
+                from page to page.
+            page_token: ``next_page_token`` of the previous page (of a request
+                with the same other arguments).
+            order_by: "" or ``"name"``: id order; ``"create_time"``: creation
+                order, oldest first (an update keeps a memory's place).
             timeout: deadline in seconds (default: the client's).
+
+        Raises:
+            BadField: an unknown ``order_by`` or enum value, a negative
+                ``page_size``, or a ``page_token`` this server process did not
+                issue for these arguments.
         """
         request = build(
             memories_pb2.ListMemoriesRequest,
@@ -106,6 +116,7 @@ class AsyncMemoriesMethods(AsyncClientBase):
                 "statuses": statuses,
                 "page_size": page_size,
                 "page_token": page_token,
+                "order_by": order_by,
             },
         )
         return await self._call(self.stubs.memories.ListMemories, request, timeout)
@@ -118,6 +129,7 @@ class AsyncMemoriesMethods(AsyncClientBase):
         states: Iterable[EnumOr[common_pb2.State.ValueType]] = (),
         statuses: Iterable[EnumOr[memories_pb2.Memory.Status.ValueType]] = (),
         page_size: int = 0,
+        order_by: str = "",
         timeout: float | None = None,
     ) -> AsyncIterator[memories_pb2.Memory]:
         """Every memory of an owner, page after page (``ListMemories``; arguments as there)."""
@@ -131,6 +143,7 @@ class AsyncMemoriesMethods(AsyncClientBase):
                 statuses=statuses,
                 page_size=page_size,
                 page_token=token,
+                order_by=order_by,
                 timeout=timeout,
             )
             for item in page.memories:

@@ -496,6 +496,7 @@ class ListMemoriesRequest(_message.Message):
     STATUSES_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    ORDER_BY_FIELD_NUMBER: _builtins.int
     parent: _builtins.str
     """Required: the owner, `owners/{o}`."""
     page_size: _builtins.int
@@ -505,6 +506,19 @@ class ListMemoriesRequest(_message.Message):
     page_token: _builtins.str
     """`next_page_token` of the previous page; "" for the first page. Opaque and
     bound to this request's other fields (see `ListThreadsRequest.page_token`).
+    """
+    order_by: _builtins.str
+    """The order of the listing (AIP-132): "" or "name" is id order (ids sort
+    as strings); "create_time" is creation order, oldest first. Creation
+    order is the order the server created the memories in (each creation
+    takes the next record number, in one writer), not `create_time`'s
+    value, so memories created in the same microsecond still have one
+    order. An update keeps a memory's place; a memory created again after
+    its deletion completed comes after every memory created before. An
+    owner move keeps the owner's order, but a page token does not survive
+    it. Anything else is `BAD_FIELD`. Listing in creation order reads past
+    the owner's turns (a key read each), so a page after many turns and few
+    memories costs those reads too.
     """
     @_builtins.property
     def kinds(self) -> _containers.RepeatedScalarFieldContainer[Global___Memory.Kind.ValueType]:
@@ -527,10 +541,11 @@ class ListMemoriesRequest(_message.Message):
         statuses: _abc.Iterable[Global___Memory.Status.ValueType] | None = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        order_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kinds", b"kinds", "page_size", b"page_size", "page_token", b"page_token", "parent", b"parent", "states", b"states", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kinds", b"kinds", "order_by", b"order_by", "page_size", b"page_size", "page_token", b"page_token", "parent", b"parent", "states", b"states", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -548,7 +563,7 @@ class ListMemoriesResponse(_message.Message):
     """Token of the next page; "" on the last page."""
     @_builtins.property
     def memories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
-        """One page of memories (current versions), in id order."""
+        """One page of memories (current versions), in the request's `order_by`."""
 
     def __init__(
         self,

@@ -95,12 +95,12 @@ class MemoriesServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ListMemories(self, request, context):
-        """Lists the current versions of an owner's memories in id order, filtered
-        by kind, state and status. Sealed, deleted and expired memories are never
-        listed. Paginated (AIP-158).
-        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for an unknown enum value, a
-        negative `page_size`, or a `page_token` that this server did not issue for
-        the same request.
+        """Lists the current versions of an owner's memories in id order, or in
+        creation order (`order_by`), filtered by kind, state and status. Sealed,
+        deleted and expired memories are never listed. Paginated (AIP-158).
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for an unknown enum value, an
+        unknown `order_by`, a negative `page_size`, or a `page_token` that this
+        server did not issue for the same request (`order_by` included).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -60,12 +60,12 @@ class MemoriesStub:
     `FAILED_PRECONDITION` / `SEALED`, `DATA_LOSS` / `INTEGRITY`.
     """
     ListMemories: _grpc.UnaryUnaryMultiCallable[_memories_pb2.ListMemoriesRequest, _memories_pb2.ListMemoriesResponse]
-    """Lists the current versions of an owner's memories in id order, filtered
-    by kind, state and status. Sealed, deleted and expired memories are never
-    listed. Paginated (AIP-158).
-    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for an unknown enum value, a
-    negative `page_size`, or a `page_token` that this server did not issue for
-    the same request.
+    """Lists the current versions of an owner's memories in id order, or in
+    creation order (`order_by`), filtered by kind, state and status. Sealed,
+    deleted and expired memories are never listed. Paginated (AIP-158).
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for an unknown enum value, an
+    unknown `order_by`, a negative `page_size`, or a `page_token` that this
+    server did not issue for the same request (`order_by` included).
     """
     UpdateMemory: _grpc.UnaryUnaryMultiCallable[_memories_pb2.UpdateMemoryRequest, _memories_pb2.Memory]
     """Writes a new version of a memory (the version is the etag). Updating a
@@ -150,12 +150,12 @@ class MemoriesAsyncStub(MemoriesStub):
     `FAILED_PRECONDITION` / `SEALED`, `DATA_LOSS` / `INTEGRITY`.
     """
     ListMemories: _aio.UnaryUnaryMultiCallable[_memories_pb2.ListMemoriesRequest, _memories_pb2.ListMemoriesResponse]  # type: ignore[assignment]
-    """Lists the current versions of an owner's memories in id order, filtered
-    by kind, state and status. Sealed, deleted and expired memories are never
-    listed. Paginated (AIP-158).
-    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for an unknown enum value, a
-    negative `page_size`, or a `page_token` that this server did not issue for
-    the same request.
+    """Lists the current versions of an owner's memories in id order, or in
+    creation order (`order_by`), filtered by kind, state and status. Sealed,
+    deleted and expired memories are never listed. Paginated (AIP-158).
+    Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for an unknown enum value, an
+    unknown `order_by`, a negative `page_size`, or a `page_token` that this
+    server did not issue for the same request (`order_by` included).
     """
     UpdateMemory: _aio.UnaryUnaryMultiCallable[_memories_pb2.UpdateMemoryRequest, _memories_pb2.Memory]  # type: ignore[assignment]
     """Writes a new version of a memory (the version is the etag). Updating a
@@ -255,12 +255,12 @@ class MemoriesServicer(metaclass=_abc_1.ABCMeta):
         request: _memories_pb2.ListMemoriesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memories_pb2.ListMemoriesResponse, _abc.Awaitable[_memories_pb2.ListMemoriesResponse]]:
-        """Lists the current versions of an owner's memories in id order, filtered
-        by kind, state and status. Sealed, deleted and expired memories are never
-        listed. Paginated (AIP-158).
-        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for an unknown enum value, a
-        negative `page_size`, or a `page_token` that this server did not issue for
-        the same request.
+        """Lists the current versions of an owner's memories in id order, or in
+        creation order (`order_by`), filtered by kind, state and status. Sealed,
+        deleted and expired memories are never listed. Paginated (AIP-158).
+        Errors: `INVALID_ARGUMENT` / `BAD_FIELD` for an unknown enum value, an
+        unknown `order_by`, a negative `page_size`, or a `page_token` that this
+        server did not issue for the same request (`order_by` included).
         """
 
     @_abc_1.abstractmethod

@@ -56,6 +56,8 @@ from server.store import (
 MAX_FIELD_BYTES = 1024
 MAX_METADATA_BYTES = 256 * 1024
 """Largest ``Memory.metadata``, as compact JSON in UTF-8 (bytes)."""
+_ORDERS = {"", "name", "create_time"}
+"""``ListMemoriesRequest.order_by`` values: id order ("" or "name") or creation order."""
 _MASK_PATHS = {"text", "slot", "scope", "edge", "sources", "due_time", "embedding", "metadata"}
 
 
@@ -301,8 +303,14 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
     def ListMemories(  # noqa: N802
         self, request: memories_pb2.ListMemoriesRequest, context: grpc.ServicerContext
     ) -> memories_pb2.ListMemoriesResponse:
-        """``Memories.ListMemories``: one page of the owner's current memories, filtered."""
+        """``Memories.ListMemories``: one page of the owner's current memories, filtered.
+
+        In id order, or in creation order (``order_by="create_time"``).
+        """
         owner, size, after = owner_page(request, self.page_tokens)
+        if request.order_by not in _ORDERS:
+            raise InvalidArgument("order_by", f"must be one of {sorted(_ORDERS)}")
+        by_creation = request.order_by == "create_time"
         kinds = {enum_name(memories_pb2.Memory.Kind, k, "kinds") for k in request.kinds}
         statuses = {enum_name(memories_pb2.Memory.Status, k, "statuses") for k in request.statuses}
         views, nxt = self.store.list_memories(
@@ -312,10 +320,12 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
             kinds=kinds - {""},
             states=states(request.states) if request.states else {PENDING, COMMITTED},
             statuses=statuses - {""},
+            by_creation=by_creation,
         )
-        memories, nxt = fit(
-            [memory_proto(v) for v in views], nxt, lambda m: m.name.rsplit("/", 1)[-1]
-        )
+        # The cursor of a page cut short: the last kept memory's id, or its
+        # record number in creation order.
+        cursors = {v.meta.name: str(v.meta.rid) if by_creation else v.meta.memory_id for v in views}
+        memories, nxt = fit([memory_proto(v) for v in views], nxt, lambda m: cursors[m.name])
         return memories_pb2.ListMemoriesResponse(
             memories=memories,
             next_page_token=self.page_tokens.issue(request, nxt),

@@ -807,6 +807,9 @@ def test_a_batch_is_chunked_by_owner_count_and_bytes(
     assert counting.take() == {"batch_update_memories": 3}
     assert len(store.search(("alice",), limit=100)) == 25 + 9
     assert len(store.search(("bob",), limit=100)) == 3
+    # An owner's chunks go one after another: created, and listed, in the batch's order.
+    listed = store.search(("alice", "n"), limit=100)
+    assert [item.key for item in listed] == [f"k{i}" for i in range(25)]
 
 
 def test_a_batch_sets_the_ttl_of_updates_once_per_distinct_ttl(lethe: Lethe) -> None:
