@@ -57,23 +57,20 @@ Item → memory
     ``put`` (``EchoesForgotten``).
 ``search``
     Without ``query``: the owner's items under the prefix, filtered, in
-    creation order, oldest first (the order the server created their
-    memories in; an update keeps an item's place, a key deleted and put
-    again comes last): within one namespace that is ``InMemoryStore``'s
-    insertion order. Namespaces and values are encrypted, so no index on the
-    server can narrow the listing: the owner's items are listed in creation
-    order (``ListMemories`` with ``order_by="create_time"``) and decrypted
-    by the server page by page, the first page 32 items or twice ``offset +
-    limit``, each next one 4 times larger (at most 1000; smaller when the
-    matches so far say fewer will do: twice what their rate says the rest
-    needs, at least 32), and the prefix and
-    filter are applied as each page arrives; the listing stops once ``offset
-    + limit`` items matched. So the cost grows with the owner's items
-    created before the last item returned, not with all of them: a filter
-    that matches early items reads a page or two (p50 6 ms at 10k items,
-    ``bench/bench_langgraph.py``), but a filter matching nothing, or a
-    prefix whose items were created last, still reads every item of the
-    owner (p50 1.0 to 1.2 s at 10k items). With ``query`` and an ``index`` with
+    creation order, oldest first (an update keeps an item's place, a key
+    deleted and put again comes last): within one namespace,
+    ``InMemoryStore``'s insertion order. Namespaces and values are
+    encrypted, so the server cannot narrow the listing: it lists the owner's
+    memories in creation order (``ListMemories``, ``order_by="create_time"``)
+    page by page (the first 32 items or twice ``offset + limit``, each next
+    one sized from the match rate so far, at most 4 times larger and 1000),
+    the prefix and filter are applied as each page arrives, and the listing
+    stops once ``offset + limit`` items matched. So the cost grows with the
+    items created before the last one returned: a filter matching early
+    items reads a page or two (p50 6 ms at 10k items,
+    ``bench/bench_langgraph.py``); a filter matching nothing, or a prefix
+    whose items were created last, reads every item of the
+    owner (p50 0.8 to 1.2 s at 10k items). With ``query`` and an ``index`` with
     ``embed`` (below): every item of the owner under the prefix, filtered,
     ranked by the cosine similarity of the query's vector and each item's
     (the best of its fields' vectors), as LangGraph's stores rank and score
@@ -191,7 +188,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as _dt
 import hashlib
 import hmac
 import json
@@ -199,7 +195,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -219,6 +214,22 @@ from langgraph.store.base import (
 )
 from langgraph.store.base.embed import ensure_embeddings
 
+from lethe._langgraph_items import (
+    _ADMISSION_TRIES,
+    _DEFAULT_ID_KEY,
+    _RACE_TRIES,
+    _UNINDEXED_TEXT,
+    FIRST_PAGE,
+    MAX_PAGE,
+    _Found,
+    _next_page,
+    _Plan,
+    _rank,
+    _utc,
+    _Write,
+    chunks_of,
+)
+from lethe._langgraph_items import META as _META
 from lethe._langgraph_values import (
     check_labels,
     condition_holds,
@@ -246,12 +257,6 @@ MAX_TEXT_BYTES = 64 * 1024
 """Largest indexed text of an item (UTF-8 bytes): Lethe's limit on a memory's text."""
 SEARCH_WINDOW = 1000
 """Most hits one query search examines (Lethe's ``top_k`` ceiling)."""
-MAX_PAGE = 1000
-"""Most memories one ``ListMemories`` page holds (the server's cap)."""
-FIRST_PAGE = 32
-"""Fewest memories the first page of a search without ``query`` asks for."""
-PAGE_GROWTH = 4
-"""How much larger each next page of such a search is than the one before."""
 PIPELINE_DEPTH = 8
 """Most calls one ``batch`` keeps in flight: half the server's default per-token
 bound on calls in flight (``max_inflight_per_principal``, 16), so that the
@@ -264,125 +269,8 @@ carries: a quarter of the server's default message bound (16 MiB), leaving room
 for the ``Struct`` encoding and the reply, which echoes every memory."""
 _REFUSED = (NotFound, Aborted, InvalidArgument, AlreadyExists, FailedPrecondition)
 """A batch call refused for one of its puts: each put of the chunk is sent on its own."""
-_RACE_TRIES = 24
-_ADMISSION_TRIES = 20
 _T = TypeVar("_T")
 _R = TypeVar("_R")
-_DEFAULT_ID_KEY = b"lethe.langgraph.v1"
-_META = "langgraph"
-_UNINDEXED_TEXT = "(unindexed)"
-"""The text of an item put with ``index=False``: a memory needs one; it holds
-nothing of the value, and query searches skip the item."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Write:
-    """A checked put, ready to send: ``text`` None is a delete.
-
-    ``embed``: the texts whose vectors go into ``metadata`` before it is sent
-    (the store's ``index`` with ``embed``); empty otherwise.
-    """
-
-    name: str
-    text: str | None
-    metadata: dict[str, Any] | None
-    ttl: float | None
-    embed: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class _Found:
-    """An item of this store as read: the ``Item``, the memory, its metadata's fields."""
-
-    item: Item
-    memory: memories_pb2.Memory
-    fields: Any  # the item's ``metadata`` entry: a map of str to ``google.protobuf.Value``
-
-    @property
-    def indexed(self) -> bool:
-        """False for an item put with ``index=False``."""
-        flag = self.fields.get("indexed")
-        return flag is None or bool(from_value(flag))
-
-    def vectors(self) -> list[list[float]]:
-        """The item's embedded vectors (an ``index`` with ``embed``), decoded on demand."""
-        found = self.fields.get("vectors")
-        return [] if found is None else list(from_value(found))
-
-
-def _rank(
-    listed: list[_Found], query: list[float], offset: int, limit: int, distance: str = "cosine"
-) -> list[tuple[_Found, float | None]]:
-    """LangGraph's vector search over listed items, as ``InMemoryStore`` ranks.
-
-    Each item scores the best similarity (``distance``: cosine by default)
-    of the query with its vectors
-    (one per embedded field text, max pooling); best first, ``offset`` and
-    ``limit`` over the scored items, then items without vectors (put with
-    ``index=False``, or before the store had an ``embed``) fill what is left
-    of ``limit`` with score None.
-    """
-    scored: list[tuple[float, int, _Found]] = []
-    scoreless: list[_Found] = []
-    for i, found in enumerate(listed):
-        vectors = found.vectors()
-        if vectors:
-            scored.append((max(similarity(query, v, distance) for v in vectors), i, found))
-        else:
-            scoreless.append(found)
-    scored.sort(key=lambda s: (-s[0], s[1]))
-    page: list[tuple[_Found, float | None]] = [
-        (f, score) for score, _i, f in scored[offset : offset + limit]
-    ]
-    if len(page) < limit:
-        page.extend((f, None) for f in scoreless[: limit - len(page)])
-    return page
-
-
-def _next_page(size: int, read: int, matched: int, wanted: int | None) -> int:
-    """The size of a listing's next page, after ``read`` memories gave ``matched`` items.
-
-    :data:`PAGE_GROWTH` times ``size``, at most :data:`MAX_PAGE`; when some
-    matched and ``wanted`` items are wanted, no more than twice what the match
-    rate so far says the rest needs (at least :data:`FIRST_PAGE`): a filter
-    matching one item in five, 7 of 10 found in the first 32, asks for 32
-    more rather than 128.
-    """
-    grown = min(MAX_PAGE, size * PAGE_GROWTH)
-    if wanted is None or matched == 0 or read == 0:
-        return grown
-    needed = -(-2 * (wanted - matched) * read // matched)  # ceil(2 * rest / rate)
-    return min(grown, max(FIRST_PAGE, needed))
-
-
-class _Plan:
-    """A checked batch: its operations, its writes by name, and the vectors embedded for it."""
-
-    def __init__(self, ops: list[Op]) -> None:
-        self.ops = ops
-        self.writes: dict[str, _Write] = {}
-        self.query_vectors: dict[str, list[float]] = {}
-
-    def texts(self) -> list[str]:
-        """The distinct texts the puts need embedded, in first-seen order."""
-        return list(dict.fromkeys(t for w in self.writes.values() for t in w.embed))
-
-    def queries(self) -> list[str]:
-        """The distinct query texts of the searches."""
-        ops = self.ops
-        return list(dict.fromkeys(o.query for o in ops if isinstance(o, SearchOp) and o.query))
-
-    def embedded(self, docs: Mapping[str, list[float]], queries: Mapping[str, list[float]]) -> None:
-        """Put each write's vectors into its metadata (``vectors``); keep the queries'."""
-        for write in self.writes.values():
-            if write.embed and write.metadata is not None:
-                vectors = [[float(x) for x in docs[t]] for t in write.embed]
-                write.metadata[_META]["vectors"] = vectors
-        self.query_vectors = dict(queries)
-
-
-def _utc(ts: Any) -> _dt.datetime:
-    return _dt.datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=_dt.UTC)
 
 
 class LetheStore(BaseStore):
@@ -752,8 +640,9 @@ class LetheStore(BaseStore):
     def _put_all(self, writes: Sequence[_Write]) -> None:
         """Apply a batch's puts: one ``BatchUpdateMemories`` per chunk of an owner's puts.
 
-        The chunks (:meth:`_chunks`) of one owner are sent one after another,
-        so its puts are created in the batch's order; owners' chunks are
+        The chunks (:func:`~lethe._langgraph_items.chunks_of`) of one owner
+        are sent one after another, so its puts are created in the batch's
+        order; owners' chunks are
         pipelined, at most ``PIPELINE_DEPTH`` owners in flight. A chunk of one
         put, and a batch of one, is :meth:`_write`
         (``UpdateMemory``). A chunk the server refuses for one of its puts
@@ -798,7 +687,7 @@ class LetheStore(BaseStore):
                 raise first
 
         by_owner: dict[str, list[list[_Write]]] = {}
-        for chunk in self._chunks(writes):
+        for chunk in chunks_of(writes, MAX_BATCH_REQUESTS, MAX_BATCH_BYTES):
             by_owner.setdefault(chunk[0].name.split("/")[1], []).append(chunk)
         error: BaseException | None = None
         try:
@@ -808,30 +697,6 @@ class LetheStore(BaseStore):
         self._run_all(self._write, [w for chunk in refused for w in chunk])
         if error is not None:
             raise error
-
-    @staticmethod
-    def _chunks(writes: Sequence[_Write]) -> list[list[_Write]]:
-        """The puts by owner, in chunks of at most ``MAX_BATCH_REQUESTS`` and ``MAX_BATCH_BYTES``.
-
-        A put's size is its text's UTF-8 bytes plus its metadata's as JSON.
-        """
-        by_owner: dict[str, list[_Write]] = {}
-        for write in writes:
-            by_owner.setdefault(write.name.split("/")[1], []).append(write)
-        chunks: list[list[_Write]] = []
-        for group in by_owner.values():
-            chunk: list[_Write] = []
-            size = 0
-            for write in group:
-                cost = len((write.text or "").encode()) + len(json.dumps(write.metadata).encode())
-                if chunk and (len(chunk) == MAX_BATCH_REQUESTS or size + cost > MAX_BATCH_BYTES):
-                    chunks.append(chunk)
-                    chunk, size = [], 0
-                chunk.append(write)
-                size += cost
-            if chunk:
-                chunks.append(chunk)
-        return chunks
 
     def _delete(self, names: Sequence[str]) -> None:
         """Forget items, in one ``Forget`` per owner when every name is live.

@@ -37,6 +37,7 @@ from server.store._export import ExportPart
 from server.store._forget import ForgetPart
 from server.store._manifests import ManifestsPart
 from server.store._memories import MemoriesPart
+from server.store._memory_batch import MemoryBatchPart
 from server.store._moves import MovesPart
 from server.store._pending import PendingPart
 from server.store._repairs import RepairsPart
@@ -166,6 +167,7 @@ class Store(
     AuditPart,
     TokensPart,
     ForgetPart,
+    MemoryBatchPart,
     MemoriesPart,
     MovesPart,
     VectorsPart,
