@@ -134,6 +134,17 @@ def test_config_named_by_flag_beats_lethe_config(tmp_path: Path, store: tuple[Pa
     assert report["healthy"] is True
 
 
+def _serve_document(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    """The JSON document ``lethe serve --json`` prints once listening (read from its stdout)."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    while not lines or lines[-1] != "}\n":
+        line = proc.stdout.readline()
+        assert line, "lethe serve exited before printing its JSON document"
+        lines.append(line)
+    return dict(json.loads("".join(lines)))
+
+
 def test_serve_takes_listen_from_config_and_metrics_off_from_environment(
     tmp_path: Path, kek_env: str
 ) -> None:
@@ -153,13 +164,7 @@ def test_serve_takes_listen_from_config_and_metrics_off_from_environment(
         text=True,
     ) as proc:
         try:
-            assert proc.stdout is not None
-            lines: list[str] = []
-            while not lines or lines[-1] != "}\n":
-                line = proc.stdout.readline()
-                assert line, "lethe serve exited before printing its JSON document"
-                lines.append(line)
-            ready = json.loads("".join(lines))
+            ready = _serve_document(proc)
             assert ready["listen"] == f"127.0.0.1:{port}"
             assert ready["port"] == port
             assert ready["metrics_listen"] is None
@@ -167,6 +172,7 @@ def test_serve_takes_listen_from_config_and_metrics_off_from_environment(
             assert ready["kek"] is None  # LETHE_KEK: in memory
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
+            assert proc.stdout is not None
             assert proc.stdout.read() == ""  # nothing but the document on stdout
         finally:
             if proc.poll() is None:
@@ -560,13 +566,7 @@ def test_serve_json_names_the_metrics_port_it_bound(tmp_path: Path, kek_env: str
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     ) as proc:
         try:
-            assert proc.stdout is not None
-            lines: list[str] = []
-            while not lines or lines[-1] != "}\n":
-                line = proc.stdout.readline()
-                assert line, "lethe serve exited before printing its JSON document"
-                lines.append(line)
-            ready = json.loads("".join(lines))
+            ready = _serve_document(proc)
             host, _, bound = ready["metrics_listen"].rpartition(":")
             assert host == "127.0.0.1"
             assert int(bound) > 0
