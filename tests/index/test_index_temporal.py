@@ -242,3 +242,44 @@ def test_the_joined_pattern_agrees_with_the_rules_on_any_text(text: str) -> None
 @given(st.text(max_size=40))
 def test_the_prefilter_never_skips_a_text_a_rule_matches(text: str) -> None:
     assert time_expression_score(text) == _any_rule(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "7",
+                "42",
+                "1999",
+                "2024",
+                "3rd",
+                "15TH",
+                "21st",
+                "2nd",
+                "item",
+                "on",
+                "the",
+                "large",
+                "write",
+                "x1",
+                "19",
+                "20",
+                "200",
+                "2100",
+                "th",
+                "st",
+            ]
+        ),
+        max_size=10,
+    ).map(" ".join)
+)
+def test_digits_without_a_time_word_score_as_the_rules_say(text: str) -> None:
+    """The prefilter passes a digit only for a year or a day number (``_DIGIT_RULES``)."""
+    assert time_expression_score(text) == _any_rule(text)
+
+
+def test_a_long_turn_of_numbers_without_a_time_expression_scores_zero() -> None:
+    text = "item 7 costs 42 and " * 800  # 16 KiB, digits, no year, no day number
+    assert time_expression_score(text) == 0.0 == _any_rule(text)
+    assert time_expression_score(text + " on the 3rd") == 1.0
