@@ -64,7 +64,7 @@ T = TypeVar("T")
 
 _Item = tuple[Future[Any] | None, Callable[[], Any]]
 
-CONTENDED_LINGER = 0.25
+CONTENDED_LINGER = 1.0
 """Seconds a principal still counts as having work after its last call finished
 (:class:`FairExecutor`): a client sending one call after another is contending
 between its calls too."""
@@ -323,7 +323,7 @@ class FairExecutor:
                     break
                 if self._closed and not self._ring:
                     return None
-                self._lock.wait(CONTENDED_LINGER)  # a share grows back when a key lingers out
+                self._lock.wait(0.25)  # a share grows back when a key lingers out
             queue = self._queues[key]
             future, fn = queue.popleft()
             if queue:

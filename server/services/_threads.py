@@ -191,6 +191,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         )
         if retried:
             return self._replay([m.rid for m in metas], request.echo_text)
+        step()  # committed; the owner's indexes follow (no lock held here)
         written = {
             m.rid: (plain_text(d.speaker, d.text), d.embedding)
             for m, d in zip(metas, drafts, strict=True)
