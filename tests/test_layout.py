@@ -184,6 +184,7 @@ FLOOR = (
     "server._metrics",
     "server._tagger",
     "server._tracing",
+    "server._steps",
 )
 """The floor of ``server``: modules every room may import."""
 ROOMS: dict[str, tuple[str, ...]] = {
@@ -193,6 +194,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "server._metrics": (),
     "server._tagger": (),
     "server._tracing": ("lethe", "server._metrics"),
+    "server._steps": (),
     "server.store": ("lethe", "server.errors", "shredder"),
     "server.retrieval": ("lethe", *FLOOR, "server.store", "index", "shredder"),
     "server.lifecycle": ("lethe", *FLOOR, "server.store", "server.retrieval", "shredder"),

@@ -47,6 +47,7 @@ counters have no lock); :class:`FairExecutor` ``submit`` from any thread.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 import traceback
@@ -55,12 +56,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from server import _steps
 from server._metrics import Metrics
 from server.errors import Overloaded, Reason
 
 T = TypeVar("T")
 
-CONTENDED_LINGER = 0.25
+_Item = tuple[Future[Any] | None, Callable[[], Any]]
+
+CONTENDED_LINGER = 1.0
 """Seconds a principal still counts as having work after its last call finished
 (:class:`FairExecutor`): a client sending one call after another is contending
 between its calls too."""
@@ -226,12 +230,14 @@ class FairExecutor:
         on_depth: Callable[[int], None] | None = None,
     ) -> None:
         self._lock = threading.Condition()
-        self._queues: dict[str, collections.deque[tuple[Future[Any], Callable[[], Any]]]] = {}
+        # Items: (future, work), or (None, wake) for a parked call's turn to resume.
+        self._queues: dict[str, collections.deque[_Item]] = {}
         self._ring: collections.deque[str] = collections.deque()
         self._running: collections.Counter[str] = collections.Counter()
         self._per_key = per_key or workers
         self._idle_since: dict[str, float] = {}  # key -> when it last ran out of work
         self._depth = 0
+        self._parked = 0
         self._closed = False
         self._on_depth = on_depth
         self._threads = [
@@ -308,7 +314,8 @@ class FairExecutor:
             self._ring.append(key)
         return None
 
-    def _take(self) -> tuple[str, Future[Any], Callable[[], Any]] | None:
+    def _take(self) -> tuple[str, Future[Any] | None, Callable[[], Any]] | None:
+        """The next item of the next eligible key (its running count raised); None once closed."""
         with self._lock:
             while True:
                 key = self._eligible()
@@ -316,7 +323,7 @@ class FairExecutor:
                     break
                 if self._closed and not self._ring:
                     return None
-                self._lock.wait(CONTENDED_LINGER)  # a share grows back when a key lingers out
+                self._lock.wait(0.25)  # a share grows back when a key lingers out
             queue = self._queues[key]
             future, fn = queue.popleft()
             if queue:
@@ -354,8 +361,12 @@ class FairExecutor:
         if item is None:
             return False
         key, future, fn = item
+        if future is None:  # a parked call's turn: its running slot passes to it
+            fn()
+            return True
         try:
             if future.set_running_or_notify_cancel():
+                _steps.bind(functools.partial(self._park, key))
                 try:
                     result = fn()
                 except BaseException as exc:
@@ -363,9 +374,43 @@ class FairExecutor:
                     future.set_exception(exc)
                 else:
                     future.set_result(result)
+                finally:
+                    _steps.bind(None)
         finally:
             self._done(key)
         return True
+
+    def _park(self, key: str) -> None:
+        """At a step boundary of ``key``'s running call (:func:`server._steps.step`).
+
+        While ``key`` runs more calls than its share (:meth:`_cap`: others
+        have work now), this call gives its running slot up and waits, its
+        turn queued first in ``key``'s queue; it goes on when a worker takes
+        that turn, as it would take ``key``'s next call. Otherwise it returns
+        at once.
+        """
+        resumed = threading.Event()
+        with self._lock:
+            if self._closed or self._running[key] <= self._cap():
+                return
+            self._running[key] -= 1  # still >= 1: it ran more than its share, at least 1
+            queue = self._queues.get(key)
+            if queue is None:
+                queue = self._queues[key] = collections.deque()
+                self._ring.append(key)
+            queue.appendleft((None, resumed.set))
+            self._depth += 1
+            self._parked += 1
+            depth = self._depth
+            self._lock.notify()
+        if self._on_depth is not None:
+            self._on_depth(depth)
+        resumed.wait()
+
+    @property
+    def parked(self) -> int:
+        """How many times a running call has been parked at a step boundary, in all."""
+        return self._parked
 
 
 def release_frames(exc: BaseException) -> None:

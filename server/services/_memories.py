@@ -23,12 +23,14 @@ from google.protobuf import duration_pb2, json_format
 from lethe.v1 import common_pb2, memories_pb2, memories_pb2_grpc, threads_pb2
 from server import _tagger as tagger
 from server._names import check_id, new_id, parse_memory, parse_owner, parse_record
+from server._steps import step
 from server.edge import authorize
 from server.errors import InvalidArgument, Reason
 from server.retrieval import Retriever, echo_shingles
 from server.services._common import (
     MAX_BATCH,
     MAX_TEXT_BYTES,
+    STEP_TURNS,
     check_text,
     check_vector,
     enum_name,
@@ -201,6 +203,8 @@ class MemoriesService(memories_pb2_grpc.MemoriesServicer):
         """
         out: list[list[MemoryDraft]] = []
         for i, (turn, draft) in enumerate(zip(request.turns, drafts, strict=True)):
+            if i and i % STEP_TURNS == 0:
+                step()  # a long append's tagging in steps (server._steps)
             if len(turn.tags) > MAX_TAGS:
                 raise InvalidArgument(f"turns[{i}].tags", f"at most {MAX_TAGS} tags per turn")
             found: list[MemoryDraft] = []

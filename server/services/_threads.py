@@ -9,6 +9,7 @@ import grpc
 
 from lethe.v1 import common_pb2, threads_pb2, threads_pb2_grpc
 from server._names import check_id, new_id, parse_manifest, parse_owner, parse_thread, parse_turn
+from server._steps import step
 from server.edge import authorize
 from server.errors import InvalidArgument, Reason
 from server.retrieval import Retriever, echo_shingles, plain_text
@@ -18,6 +19,7 @@ from server.services._common import (
     MAX_TEXT_BYTES,
     MAX_TITLE_BYTES,
     REQUEST_ID_RE,
+    STEP_TURNS,
     check_text,
     check_vector,
     duration,
@@ -166,12 +168,17 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
             if prior is not None:
                 return self._replay(prior, request.echo_text)
         missing = [i for i, d in enumerate(drafts) if d.embedding is None]
-        vectors = self.retriever.embed_texts(
-            [_indexed_text(drafts[i].speaker, drafts[i].text) for i in missing], owner=name.owner
-        )
-        for i, vec in zip(missing, vectors, strict=True):
-            drafts[i].embedding = vec
+        for lo in range(0, len(missing), STEP_TURNS):  # in steps: see server._steps
+            chunk = missing[lo : lo + STEP_TURNS]
+            vectors = self.retriever.embed_texts(
+                [_indexed_text(drafts[i].speaker, drafts[i].text) for i in chunk],
+                owner=name.owner,
+            )
+            for i, vec in zip(chunk, vectors, strict=True):
+                drafts[i].embedding = vec
+            step()
         candidates = self.proposer(name.owner, request, drafts) if self.proposer else []
+        step()
         removals = self.retriever.removals(name.owner)  # before the write: see on_write
         metas, retried, proposed = self.store.append_turns(
             name.owner,
@@ -184,6 +191,7 @@ class ThreadsService(threads_pb2_grpc.ThreadsServicer):
         )
         if retried:
             return self._replay([m.rid for m in metas], request.echo_text)
+        step()  # committed; the owner's indexes follow (no lock held here)
         written = {
             m.rid: (plain_text(d.speaker, d.text), d.embedding)
             for m, d in zip(metas, drafts, strict=True)

@@ -295,3 +295,58 @@ def test_default_bounds_queue_a_flooding_token_instead_of_refusing_it() -> None:
         admission.enter_call("flooding")
     with pytest.raises(Overloaded, match="256 calls in flight"):
         admission.enter_call("flooding")
+
+
+def test_a_long_call_parks_at_a_step_while_its_principal_is_over_its_share() -> None:
+    """Running calls of a principal over its share stop at their next step until their turn.
+
+    Alice's three long calls started while she was alone (per_key 4); once bob
+    has work her share is one, so at their next ``step`` two of them park
+    (their workers wait, their slots free) and one goes on. Bob's call runs at
+    once. With bob gone and lingered out, the parked calls go on.
+    """
+    from server._steps import step
+
+    stop = threading.Event()
+    steps: dict[str, int] = {f"a{i}": 0 for i in range(3)}
+    lock = threading.Lock()
+
+    def long_call(tag: str) -> str:
+        while not stop.is_set():
+            with lock:
+                steps[tag] += 1
+            time.sleep(0.005)
+            step()
+        return tag
+
+    def advancing() -> set[str]:
+        with lock:
+            before = dict(steps)
+        time.sleep(0.3)
+        with lock:
+            return {t for t in steps if steps[t] > before[t]}
+
+    pool = FairExecutor(8, "test", per_key=4)
+    try:
+        futures = [pool.submit("alice", functools.partial(long_call, f"a{i}")) for i in range(3)]
+        assert advancing() == {"a0", "a1", "a2"}  # alone: all three run
+        bob_done = threading.Event()
+        bob = pool.submit("bob", lambda: bob_done.wait(10))
+        time.sleep(0.1)
+        assert len(advancing()) == 1  # two parked at their next step
+        assert pool.parked >= 2
+        bob_done.set()
+        bob.result(timeout=5)
+        time.sleep(CONTENDED_LINGER + 0.2)
+        assert advancing() == {"a0", "a1", "a2"}  # bob gone: all three again
+        stop.set()
+        assert sorted(f.result(timeout=5) for f in futures) == ["a0", "a1", "a2"]
+    finally:
+        stop.set()
+        pool.shutdown()
+
+
+def test_step_outside_the_pool_does_nothing() -> None:
+    from server._steps import step
+
+    step()  # no pool bound on this thread: returns at once
