@@ -149,8 +149,8 @@ Differences from ``InMemoryStore`` (each tested in
       without ``query`` is in creation order across them (``InMemoryStore``
       groups by namespace, each in insertion order); within one namespace
       the two orders are the same (an update keeps an item's place, a key
-      deleted and put again comes last; a key put twice in one ``batch``
-      takes the place of its last put);
+      deleted and put again comes last; a key written twice in one
+      ``batch`` keeps the place of its first write, its last write winning);
     - ``list_namespaces`` lists only namespaces holding an item
       (``InMemoryStore`` also lists namespaces that were only read, or
       emptied by deletes).
@@ -948,7 +948,8 @@ class LetheStore(BaseStore):
         for op in plan.ops:
             if isinstance(op, PutOp):
                 write = self._prepare(op)
-                plan.writes.pop(write.name, None)  # the last write wins, in its own place
+                # The last write of a key wins, in the place of its first (as
+                # InMemoryStore's batch: a dict keeps a key where it was first put).
                 plan.writes[write.name] = write
             elif isinstance(op, GetOp):
                 self.memory_name(op.namespace, op.key)

@@ -789,6 +789,38 @@ def test_a_batch_of_1000_puts_is_one_batch_call(lethe: Lethe) -> None:
     assert client.get_memory(store.memory_name(("m",), "k3")).version == 1  # created
 
 
+def test_a_key_written_twice_in_a_batch_keeps_the_place_of_its_first_write(
+    lethe: Lethe,
+) -> None:
+    """As ``InMemoryStore``: the last write of a key wins, in the place of its first.
+
+    The bug (found by a probe): the key took the place of its last write, so a
+    search without a query listed ``[k2, k1]`` where ``InMemoryStore`` lists
+    ``[k1, k2]``.
+    """
+    store = LetheStore(lethe.client(admin=True), owner="alice")
+    memory = InMemoryStore()
+    for ops in (
+        [
+            PutOp(("a",), "k1", {"v": 1}),
+            PutOp(("a",), "k2", {"v": 2}),
+            PutOp(("a",), "k1", {"v": 3}),
+        ],
+        [
+            PutOp(("b",), "k1", {"v": 1}),
+            PutOp(("b",), "k2", {"v": 2}),
+            PutOp(("b",), "k1", None),
+            PutOp(("b",), "k1", {"v": 4}),
+        ],
+    ):
+        store.batch(ops)
+        memory.batch(ops)
+        ns = ops[0].namespace
+        got = [(i.key, i.value) for i in store.search(ns)]
+        assert got == [(i.key, i.value) for i in memory.search(ns)]
+        assert got[0][0] == "k1"
+
+
 def test_a_batch_is_chunked_by_owner_count_and_bytes(
     lethe: Lethe, monkeypatch: pytest.MonkeyPatch
 ) -> None:
