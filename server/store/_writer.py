@@ -295,7 +295,13 @@ class Writer:
                 if isinstance(nxt, _Tidy):
                     continue
                 batch.append(nxt)
-            self._run_batch(batch)
+            try:
+                self._run_batch(batch)
+            except Exception as exc:  # the thread must outlive any one group
+                _log.exception("write group failed outside its transactions")
+                for op in batch:
+                    if not op.future.done():
+                        op.future.set_exception(_storage_error(exc))
 
     def _retry_cleanup(self) -> None:
         """Try again what :meth:`_discard_keys` and :meth:`_unwrap_back` could not write."""
@@ -382,9 +388,9 @@ class Writer:
         except Exception as exc:  # keystore failure fails the whole group
             _log.error("keystore write failed: %s", type(exc).__name__)
             return [(op, False, _storage_error(exc)) for op in live], False
-        for name in dict.fromkeys(op.name for op in live):
-            failpoint(f"{name}.after_keystore")
         try:
+            for name in dict.fromkeys(op.name for op in live):
+                failpoint(f"{name}.after_keystore")
             results = self._data_phase(live)
         except lmdb.MapFullError:
             # The group does not fit: each op alone commits whole or fails alone.

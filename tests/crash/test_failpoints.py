@@ -1106,6 +1106,47 @@ def test_an_injected_disk_error_is_unavailable_and_applies_nothing(
     assert audit(data, env)[0] == 0
 
 
+def test_a_disk_error_between_the_keystore_and_the_data_fails_that_write_alone(
+    tmp_path: Path, kek_env: str
+) -> None:
+    """``thread.create.after_keystore=eio``: that write fails, the writer goes on.
+
+    The bug (found by a probe): an error raised between a group's keystore
+    transactions and its data transaction escaped the writer thread, which
+    died; every later write hung and SIGTERM no longer stopped the server.
+    Now the group fails as a data-phase storage error (``UNAVAILABLE``), its
+    record keys are destroyed, and other writes still commit.
+    """
+    data = tmp_path / "d"
+    env = base_env(kek_env)
+    token = make_token(data, env, OWNER)
+    with serving(data, env) as clean:
+        state = _with_turns(clean.stubs(token))
+    with serving(data, armed(env, "thread.create.after_keystore", "eio")) as faulty:
+        s = faulty.stubs(token)
+        with pytest.raises(grpc.RpcError) as err:
+            _thread(s, "t2")
+        assert (err.value.code(), reason_of(err.value)) == (
+            grpc.StatusCode.UNAVAILABLE,
+            "STORAGE_UNAVAILABLE",
+        )
+        _forget_first(s, state)  # another write: the writer thread is alive
+        assert faulty.proc.poll() is None
+    with serving(data, env) as again:  # the armed server stopped on SIGTERM
+        s = again.stubs(token)
+        assert (
+            _status(
+                lambda: s.threads.GetThread(
+                    threads_pb2.GetThreadRequest(name=f"{PARENT}/threads/t2"), metadata=s.md
+                )
+            )
+            == "NOT_FOUND/NOT_FOUND"
+        )
+        assert _turn(s, state["turns"][0]) == "NOT_FOUND/RECORD_DELETED"
+        assert _audit_rpc(s) == (0, 0, 0, 0)
+    assert audit(data, env)[0] == 0
+
+
 # ---------------------------------------------------------------------- coverage
 
 
