@@ -2,9 +2,12 @@ r"""In-memory BM25 over int64 ids and texts: the lexical leg of retrieval.
 
 :class:`LexicalIndex` holds one owner's texts as analysed terms and ranks them with
 Okapi BM25 (Robertson and Zaragoza, "The Probabilistic Relevance Framework: BM25 and
-Beyond", Foundations and Trends in IR 3(4), 2009), computed by ``bm25s``
+Beyond", Foundations and Trends in IR 3(4), 2009), scored as ``bm25s`` scores
 (Lù, "BM25S: Orders of magnitude faster lexical search via eager sparse scoring",
-arXiv:2407.03618, https://github.com/xhluca/bm25s, MIT).
+arXiv:2407.03618, https://github.com/xhluca/bm25s, MIT): a sparse matrix of each
+term's precomputed contribution to each document, built here by :func:`bm25_matrix`
+(bm25s's own build, bit for bit, without its per-document loop, which starves the
+server's other threads of the interpreter lock).
 
 BM25 variant and parameters: the Lucene variant as classified by Kamphuis, de Vries,
 Boytsov and Lin, "Which BM25 Do You Mean? A Large-Scale Reproducibility Study of
@@ -76,13 +79,13 @@ ids are written empty.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import bm25s
 import numpy as np
 import numpy.typing as npt
 import Stemmer
@@ -90,7 +93,7 @@ from bm25s.stopwords import STOPWORDS_EN_PLUS
 
 from index._state import State, strings_from_arrays, strings_to_arrays
 
-__all__ = ["LexicalIndex", "analyze"]
+__all__ = ["LexicalIndex", "analyze", "bm25_matrix"]
 
 REBUILD_FRACTION = 0.10
 """Delta plus masked rows, as a fraction of the main segment, that trigger a rebuild."""
@@ -104,8 +107,8 @@ B = 0.4
 
 _TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")
 _STOPWORDS = frozenset(STOPWORDS_EN_PLUS)
-_DOC_BYTES = 150
-"""Estimated bytes per held document besides 8 per term occurrence (dict entry, list)."""
+_DOC_BYTES = 240
+"""Estimated bytes per held document besides 4 per term occurrence (dict entry, array)."""
 _TERM_BYTES = 135
 """Estimated bytes per vocabulary term, counted once per vocabulary that holds it."""
 _ROW_BYTES = 64
@@ -159,6 +162,94 @@ def _as_id_list(ids: Iterable[Any] | npt.ArrayLike) -> list[int]:
     if min(out) < _INT64_MIN or max(out) > _INT64_MAX:
         raise ValueError("ids must fit in int64")
     return out
+
+
+_CHUNK_TERMS = 1 << 20
+"""Term occurrences counted per step of :func:`bm25_matrix` (and copied per step of
+``_concatenate``): each NumPy call then works on at most a few MiB, so no single
+call holds the interpreter lock for long (see :func:`bm25_matrix`)."""
+
+
+def _concatenate(docs: Sequence[npt.NDArray[np.int32]], total: int) -> npt.NDArray[np.int32]:
+    """``np.concatenate(docs)`` (``(total,) int32``), copied :data:`_CHUNK_TERMS` at a time."""
+    out = np.empty(total, dtype=np.int32)
+    at, start = 0, 0
+    while start < len(docs):
+        end, size = start, 0
+        while end < len(docs) and (size == 0 or size + len(docs[end]) <= _CHUNK_TERMS):
+            size += len(docs[end])
+            end += 1
+        if size:
+            np.concatenate(docs[start:end], out=out[at : at + size])
+        at, start = at + size, end
+    return out
+
+
+def bm25_matrix(
+    docs: Sequence[npt.NDArray[np.int32]], n_terms: int, k1: float, b: float
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+    """The BM25 (Lucene variant) contribution of every term to every document, in CSC form.
+
+    The same matrix, bit for bit, as ``bm25s.BM25(k1=k1, b=b, method="lucene")
+    .build_index_from_ids(range(n_terms), docs)`` (Lù, arXiv:2407.03618; the
+    formula from Kamphuis et al., ECIR 2020: ``idf = ln(1 + (N - df + 0.5) /
+    (df + 0.5))``, ``tfc = tf / (tf + k1 * (1 - b + b * dl / avgdl))``, each
+    contribution computed in float64 and stored as float32), which
+    ``tests/index/test_index_lexical.py`` checks. Built with a few NumPy calls
+    over :data:`_CHUNK_TERMS` term occurrences at a time instead of bm25s's
+    per-document loop, whose thousands of tiny NumPy calls each release and
+    retake the interpreter lock, so that the lock's waiters never get their
+    turn: an 11-million-term rebuild starved every other thread for 0.4 s.
+
+    Args:
+        docs: ``n`` arrays of term ids (``int32`` in ``[0, n_terms)``), in text order.
+        n_terms: The number of columns (term ids), ``>= 1``.
+        k1: BM25 term-frequency saturation, ``> 0``.
+        b: BM25 length normalisation in ``[0, 1]``.
+
+    Returns:
+        ``(data, indices, indptr)``: ``(nnz,) float32`` contributions, ``(nnz,) int32``
+        document rows (ascending within a column), ``(n_terms + 1,) int64`` column starts.
+    """
+    n = len(docs)
+    lengths = np.fromiter(map(len, docs), dtype=np.int64, count=n)
+    rows_out: list[npt.NDArray[np.int64]] = []
+    terms_out: list[npt.NDArray[np.int64]] = []
+    tfs_out: list[npt.NDArray[np.int64]] = []
+    start = 0
+    while start < n:
+        end, size = start, 0
+        while end < n and (size == 0 or size + int(lengths[end]) <= _CHUNK_TERMS):
+            size += int(lengths[end])
+            end += 1
+        if size:
+            flat = np.concatenate(docs[start:end]).astype(np.int64)
+            rows = np.repeat(np.arange(start, end, dtype=np.int64), lengths[start:end])
+            keys, tf = np.unique(rows * n_terms + flat, return_counts=True)
+            rows_out.append(keys // n_terms)
+            terms_out.append(keys % n_terms)
+            tfs_out.append(tf)
+        start = end
+    empty = np.zeros(0, dtype=np.int64)
+    row = np.concatenate(rows_out) if rows_out else empty
+    term = np.concatenate(terms_out) if terms_out else empty
+    tf = (np.concatenate(tfs_out) if tfs_out else empty).astype(np.float64)
+    df = np.bincount(term, minlength=n_terms)
+    idf = np.zeros(n_terms, dtype=np.float32)
+    held = df > 0
+    if held.any():
+        # math.log per distinct document frequency, as bm25s computes it (np.log
+        # may differ from libm in the last place).
+        distinct = np.unique(df[held])
+        logs = [math.log(1 + (n - d + 0.5) / (d + 0.5)) for d in distinct.tolist()]
+        idf[held] = np.asarray(logs, dtype=np.float32)[np.searchsorted(distinct, df[held])]
+    avgdl = lengths.mean() if n else np.float64(1.0)
+    norm = k1 * ((1 - b) + (b * lengths.astype(np.float64)) / avgdl)
+    contrib = (idf[term].astype(np.float64) * (tf / (norm[row] + tf))).astype(np.float32)
+    order = np.argsort(term, kind="stable")  # by term, rows ascending within each
+    indptr = np.zeros(n_terms + 1, dtype=np.int64)
+    np.cumsum(df, out=indptr[1:])
+    return contrib[order], row[order].astype(np.int32), indptr
 
 
 @dataclass(frozen=True)
@@ -220,7 +311,7 @@ class LexicalIndex:
         self._k1 = k1
         self._b = b
         self._lock = threading.Lock()
-        self._docs: dict[int, list[int]] = {}  # id -> term ids, in text order
+        self._docs: dict[int, npt.NDArray[np.int32]] = {}  # id -> term ids, in text order
         self._vocab: dict[str, int] = {}  # term -> term id, only terms some doc holds
         self._refs: list[int] = []  # term id -> number of held docs containing it
         self._terms: list[str] = []  # term id -> term (valid while its refs > 0)
@@ -279,7 +370,8 @@ class LexicalIndex:
         with self._lock:
             for id_, doc in zip(id_list, analysed, strict=True):
                 self._drop(id_)
-                held = self._docs[id_] = self._intern(doc)
+                held = self._intern(doc)
+                self._docs[id_] = np.array(held, dtype=np.int32)
                 self._length += len(held)
                 if self._built is not None:
                     self._delta.add(id_)
@@ -415,14 +507,15 @@ class LexicalIndex:
         Returns:
             1 if the document was held, else 0.
         """
-        held = self._docs.pop(id_, None)
-        if held is None:
+        doc = self._docs.pop(id_, None)
+        if doc is None:
             return 0
-        self._length -= len(held)
+        self._length -= len(doc)
+        held = set(doc.tolist())
         built = self._built
         if id_ in self._delta:
             self._delta.discard(id_)
-            for tid in set(held):
+            for tid in held:
                 post = self._post.get(tid)
                 if post is not None:
                     post.pop(id_, None)
@@ -433,7 +526,7 @@ class LexicalIndex:
             if row is not None and built.alive[row]:
                 built.alive[row] = False
                 self._masked += 1
-        for tid in set(held):
+        for tid in held:
             self._refs[tid] -= 1
             if self._refs[tid] == 0:  # the last document holding the term
                 self._free.append(tid)
@@ -456,28 +549,17 @@ class LexicalIndex:
         if not self._vocab:
             empty = np.zeros(0, dtype=np.float32)
             return _Built({}, ids, empty, np.zeros(0, np.int32), np.zeros(1, np.int64), rows, alive)
-        retriever = bm25s.BM25(k1=self._k1, b=self._b, method="lucene")
-        scores = retriever.build_index_from_ids(
-            unique_token_ids=list(range(len(self._refs))),
-            corpus_token_ids=list(self._docs.values()),
-            show_progress=False,
+        data, indices, indptr = bm25_matrix(
+            list(self._docs.values()), len(self._refs), self._k1, self._b
         )
-        return _Built(
-            dict(self._vocab),
-            ids,
-            np.asarray(scores["data"], dtype=np.float32),
-            np.asarray(scores["indices"], dtype=np.int32),
-            np.asarray(scores["indptr"], dtype=np.int64),
-            rows,
-            alive,
-        )
+        return _Built(dict(self._vocab), ids, data, indices, indptr, rows, alive)
 
     def nbytes(self) -> int:
         """An estimate of the bytes this index holds (for the index cache's bound).
 
         The main segment's arrays exactly (``data``, ``indices``, ``indptr``,
         ``ids``, ``alive``), plus CPython object sizes for the rest: per held
-        document :data:`_DOC_BYTES` (its dict entry, its list of term ids) and 8
+        document :data:`_DOC_BYTES` (its dict entry, its array of term ids) and 4
         bytes per term occurrence; per vocabulary term :data:`_TERM_BYTES`; per
         main-segment row :data:`_ROW_BYTES` (the id -> row map); per delta
         posting :data:`_POSTING_BYTES`. The constants were measured with
@@ -485,7 +567,7 @@ class LexicalIndex:
         checks the estimate against it). O(1) plus the number of delta terms.
         """
         with self._lock:
-            held = len(self._docs) * _DOC_BYTES + 8 * self._length
+            held = len(self._docs) * _DOC_BYTES + 4 * self._length
             held += len(self._vocab) * _TERM_BYTES
             held += sum(len(p) for p in self._post.values()) * _POSTING_BYTES
             built = self._built
@@ -531,7 +613,7 @@ class LexicalIndex:
             terms = self._terms
             wanted = self._docs.keys() if ids is None else ids
             return {
-                int(i): [terms[t] for t in doc]
+                int(i): [terms[t] for t in doc.tolist()]
                 for i in wanted
                 if (doc := self._docs.get(int(i))) is not None
             }
@@ -569,9 +651,7 @@ class LexicalIndex:
             lengths = np.fromiter(map(len, docs.values()), np.int64, count=len(docs))
             doc_ptr = np.zeros(len(docs) + 1, np.int64)
             np.cumsum(lengths, out=doc_ptr[1:])
-            flat = np.fromiter(
-                itertools.chain.from_iterable(docs.values()), np.int32, count=int(doc_ptr[-1])
-            )
+            flat = _concatenate(list(docs.values()), int(doc_ptr[-1]))
             terms = [t if r > 0 else "" for t, r in zip(self._terms, self._refs, strict=True)]
             blob, term_ptr = strings_to_arrays(terms)
             meta: dict[str, Any] = {
@@ -620,8 +700,7 @@ class LexicalIndex:
             out = cls(float(meta["k1"]), float(meta["b"]))
             length, rebuilds = int(meta["length"]), int(meta["rebuilds"])
             doc_ids, doc_ptr = arrays["doc_ids"].tolist(), arrays["doc_ptr"].tolist()
-            flat_array = arrays["doc_terms"]
-            flat = flat_array.tolist()
+            flat_array = np.asarray(arrays["doc_terms"], dtype=np.int32)
             terms = strings_from_arrays(arrays["term_blob"], arrays["term_ptr"])
             refs, free = arrays["refs"].tolist(), arrays["free"].tolist()
             delta = arrays["delta"].tolist()
@@ -633,16 +712,21 @@ class LexicalIndex:
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed LexicalIndex state: {exc!r}") from None
         vocab_size = len(terms)
-        if len(refs) != vocab_size or len(doc_ptr) != len(doc_ids) + 1 or doc_ptr[-1] != len(flat):
+        if (
+            len(refs) != vocab_size
+            or len(doc_ptr) != len(doc_ids) + 1
+            or doc_ptr[-1] != len(flat_array)
+        ):
             raise ValueError("the LexicalIndex state's parts disagree")
-        if flat and (int(flat_array.min()) < 0 or int(flat_array.max()) >= vocab_size):
+        if len(flat_array) and (int(flat_array.min()) < 0 or int(flat_array.max()) >= vocab_size):
             raise ValueError("the LexicalIndex state's documents name unknown terms")
         if len(indptr) > vocab_size + 1 or any(t < 0 or t >= len(indptr) - 1 for t in built_vocab):
             raise ValueError("the LexicalIndex state's main segment names unknown terms")
         if len(indices) != len(data) or (len(indices) and int(indices.max()) >= len(ids)):
             raise ValueError("the LexicalIndex state's main segment is malformed")
         docs = {
-            i: flat[a:b] for i, (a, b) in zip(doc_ids, itertools.pairwise(doc_ptr), strict=True)
+            i: flat_array[a:b].copy()
+            for i, (a, b) in zip(doc_ids, itertools.pairwise(doc_ptr), strict=True)
         }
         if len(docs) != len(doc_ids) or not set(delta) <= docs.keys():
             raise ValueError("the LexicalIndex state's documents are malformed")
@@ -668,7 +752,7 @@ class LexicalIndex:
         out._built = built
         out._delta = set(delta)
         for id_ in delta:
-            for tid in docs[id_]:
+            for tid in docs[id_].tolist():
                 post = out._post.setdefault(tid, {})
                 post[id_] = post.get(id_, 0) + 1
         return out

@@ -3,10 +3,14 @@
 import pickle
 import threading
 
+import bm25s
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from index import LexicalIndex, analyze
+from index import LexicalIndex, _lexical, analyze
+from index._lexical import bm25_matrix
 
 TEXTS = [
     "Caroline: I went to a support group yesterday, it was powerful.",
@@ -110,6 +114,49 @@ def test_scores_match_bm25_lucene_formula() -> None:
     assert [i for i, _ in hits] == [2, 1]
     for id_, score in hits:
         assert score == pytest.approx(expected[id_], rel=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    docs=st.lists(st.lists(st.integers(0, 11), max_size=30), min_size=1, max_size=25),
+    chunk=st.sampled_from([1, 7, 64, 1 << 20]),
+    k1=st.sampled_from([0.9, 1.2, 1.5]),
+    b=st.sampled_from([0.0, 0.4, 0.75, 1.0]),
+)
+def test_bm25_matrix_is_bm25s_build_bit_for_bit(
+    docs: list[list[int]], chunk: int, k1: float, b: float
+) -> None:
+    """The vectorised build gives bm25s's own matrix: same floats, same order, any chunking.
+
+    Term ids 0-11 of which some are held by no document (empty columns),
+    empty documents, and chunks of 1 to 1 MiB term occurrences.
+    """
+    if not any(docs):
+        docs = [*docs, [3]]
+    reference = bm25s.BM25(k1=k1, b=b, method="lucene").build_index_from_ids(
+        unique_token_ids=list(range(12)), corpus_token_ids=docs, show_progress=False
+    )
+    arrays = [np.array(d, dtype=np.int32) for d in docs]
+    previous = _lexical._CHUNK_TERMS
+    _lexical._CHUNK_TERMS = chunk
+    try:
+        data, indices, indptr = bm25_matrix(arrays, 12, k1, b)
+    finally:
+        _lexical._CHUNK_TERMS = previous
+    assert [str(a.dtype) for a in (data, indices, indptr)] == ["float32", "int32", "int64"]
+    assert indptr.tolist() == np.asarray(reference["indptr"]).tolist()
+    assert indices.tolist() == np.asarray(reference["indices"]).tolist()
+    assert data.tobytes() == np.asarray(reference["data"], dtype=np.float32).tobytes()
+
+
+def test_to_state_copies_every_document_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state taken in small copy steps holds every document's terms in order."""
+    monkeypatch.setattr(_lexical, "_CHUNK_TERMS", 3)
+    ix = _index()
+    meta, arrays = ix.to_state()
+    again = LexicalIndex.from_state((meta, arrays))
+    assert again.terms_of() == ix.terms_of()
+    assert again.search("adoption agencies", 2) == ix.search("adoption agencies", 2)
 
 
 def test_add_rejects_bad_batches_without_changing_index() -> None:
@@ -244,6 +291,9 @@ def test_nbytes_estimates_what_the_index_holds() -> None:
     rng = random.Random(7)
     words = [f"{w}{i}" for i, w in enumerate(["tea", "dog", "rain", "park", "Paris"] * 1200)]
     texts = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 40))) for _ in range(6000)]
+    warm = LexicalIndex()  # what a first build imports is not the index's memory
+    warm.add([1], ["warm up"])
+    warm.search("warm", 1)
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot()
