@@ -124,7 +124,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     f"round {r + 1}: {n} processes: {run['qps']:.0f} searches/s, "
                     f"p50 {run['p50_ms']:.2f} ms, p99 {run['p99_ms']:.2f} ms, rss {rss >> 20} MiB"
                 )
-        kill = _kill_to_first_search(proc, counts[-1], vectors[1])
+        # A lone process has no supervisor to start it again: no kill then.
+        kill = _kill_to_first_search(proc, counts[-1], vectors[1]) if counts[-1] > 1 else None
     finally:
         pool.close()
         proc.close()
@@ -198,12 +199,13 @@ def _markdown(report: dict[str, Any]) -> str:
             f"{row['rss_bytes'] >> 20} |"
         )
     kill = report["kill"]
-    lines += [
-        "",
-        f"A member of {kill['processes']} SIGKILLed: the group answers a new connection's "
-        f"search {kill['kill_to_first_search_s']:.2f} s later (restart, recovery, warm load).",
-        "",
-    ]
+    if kill is not None:
+        lines += [
+            "",
+            f"A member of {kill['processes']} SIGKILLed: the group answers a new connection's "
+            f"search {kill['kill_to_first_search_s']:.2f} s later (restart, recovery, warm load).",
+        ]
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -247,6 +247,21 @@ def test_the_processes_benchmark_measures_each_count_against_one_process(tmp_pat
     assert "| 2 |" in out.with_suffix(".md").read_text()
 
 
+def test_the_processes_benchmark_of_one_process_alone_kills_nothing(tmp_path: Path) -> None:
+    """``--processes 1``: a lone process has no supervisor, so no kill (it hung, then failed)."""
+    out = tmp_path / "processes-one.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_processes.py"), "--smoke",
+         "--processes", "1", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [row["processes"] for row in result["table"]] == [1]
+    assert result["kill"] is None
+    assert "SIGKILLed" not in out.with_suffix(".md").read_text()
+
+
 def test_the_langgraph_benchmark_runs_beside_in_memory_store(tmp_path: Path) -> None:
     """``bench/bench_langgraph.py --smoke``: batches, single puts, filter searches.
 

@@ -49,6 +49,24 @@ def test_serve_rejects_an_unknown_embedder(value: str, capsys: pytest.CaptureFix
     assert "--embedder" in capsys.readouterr().err
 
 
+def test_serve_gil_switch_interval_defaults_to_one_ms_and_takes_ms() -> None:
+    from server.cli import build_parser
+
+    assert build_parser().parse_args(["serve"]).gil_switch_interval == 1.0
+    args = ["serve", "--gil-switch-interval", "0.5"]
+    assert build_parser().parse_args(args).gil_switch_interval == 0.5
+
+
+@pytest.mark.parametrize("value", ["0", "0.05", "101", "-1", "1ms", "nan"])
+def test_serve_rejects_a_switch_interval_out_of_range(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--gil-switch-interval", value])
+    assert exc.value.code == 2
+    assert "--gil-switch-interval" in capsys.readouterr().err
+
+
 def test_serve_accepts_the_three_embedder_forms(tmp_path: Path) -> None:
     from server.cli import build_parser
 

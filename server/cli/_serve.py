@@ -38,6 +38,33 @@ and took 12% of a 20k-turn build's CPU (0.65 of 5.2 s), at these 17 times and
 0.1 s. Cyclic garbage waits longer to be found; nothing else changes."""
 
 
+SWITCH_INTERVAL_MS = 1.0
+"""``sys.setswitchinterval`` of a serving process, in ms (CPython's default is 5).
+
+A thread that wants the interpreter lock while another runs Python waits up
+to one interval before the holder is asked to let go, and a call takes the
+lock several times (the event loop, a worker, FAISS's return, the reply).
+With another owner's four 4 MiB appends running (``bench/bench_overload.py
+--phases flood,appends``, two or three runs each, interleaved), B's
+``Search`` p99 was 21-34 ms at 1 ms, 35-38 ms at 2 ms and 56-67 ms at 5 ms;
+the flood's ratio to the floor and the flooding principal's throughput did
+not move beyond the runs' noise, and 16 clients' searches of one 5k owner
+(``bench/bench_processes.py --processes 1 --records 5000``, four runs
+interleaved) got 454-488 a second at 1 ms against 441-468 at 5 ms.
+``--gil-switch-interval`` sets it."""
+
+
+def _switch_interval(text: str) -> float:
+    """A switch interval in ms, in ``[0.1, 100]``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of ms: {text!r}") from None
+    if not 0.1 <= value <= 100.0:
+        raise argparse.ArgumentTypeError(f"must be between 0.1 and 100 ms, got {text}")
+    return value
+
+
 def freeze_heap() -> int:
     """Move every object alive now into the collector's permanent generation.
 
@@ -211,6 +238,15 @@ def add(sub: Subcommands) -> None:
         "work (while several have work, each runs one at a time)",
     )
     bounds.add_argument(
+        "--gil-switch-interval",
+        type=_switch_interval,
+        default=SWITCH_INTERVAL_MS,
+        metavar="MS",
+        help="how long a thread may hold the interpreter lock while another waits for it "
+        f"(default {SWITCH_INTERVAL_MS:g} ms; CPython's is 5): shorter lets other owners' "
+        "calls through sooner beside long ones",
+    )
+    bounds.add_argument(
         "--max-streams", type=positive_int, default=1024, help="open Watch streams, in all"
     )
     bounds.add_argument(
@@ -315,6 +351,7 @@ def run(args: argparse.Namespace) -> int:
     from server._app import LetheServer, ServerConfig
 
     gc.set_threshold(*GC_THRESHOLDS)
+    sys.setswitchinterval(args.gil_switch_interval / 1000.0)
 
     config = ServerConfig(
         data_dir=args.data,
