@@ -82,7 +82,7 @@ import itertools
 import math
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -170,18 +170,29 @@ _CHUNK_TERMS = 1 << 20
 call holds the interpreter lock for long (see :func:`bm25_matrix`)."""
 
 
+def _chunks(lengths: Sequence[int]) -> Iterator[tuple[int, int, int]]:
+    """``(start, end, terms)`` runs of documents of about :data:`_CHUNK_TERMS` terms.
+
+    Each run holds at least one document; together they cover ``lengths`` in order.
+    """
+    start = 0
+    while start < len(lengths):
+        end, size = start, 0
+        while end < len(lengths) and (size == 0 or size + lengths[end] <= _CHUNK_TERMS):
+            size += lengths[end]
+            end += 1
+        yield start, end, size
+        start = end
+
+
 def _concatenate(docs: Sequence[npt.NDArray[np.int32]], total: int) -> npt.NDArray[np.int32]:
     """``np.concatenate(docs)`` (``(total,) int32``), copied :data:`_CHUNK_TERMS` at a time."""
     out = np.empty(total, dtype=np.int32)
-    at, start = 0, 0
-    while start < len(docs):
-        end, size = start, 0
-        while end < len(docs) and (size == 0 or size + len(docs[end]) <= _CHUNK_TERMS):
-            size += len(docs[end])
-            end += 1
+    at = 0
+    for start, end, size in _chunks([len(d) for d in docs]):
         if size:
             np.concatenate(docs[start:end], out=out[at : at + size])
-        at, start = at + size, end
+        at += size
     return out
 
 
@@ -216,12 +227,7 @@ def bm25_matrix(
     rows_out: list[npt.NDArray[np.int64]] = []
     terms_out: list[npt.NDArray[np.int64]] = []
     tfs_out: list[npt.NDArray[np.int64]] = []
-    start = 0
-    while start < n:
-        end, size = start, 0
-        while end < n and (size == 0 or size + int(lengths[end]) <= _CHUNK_TERMS):
-            size += int(lengths[end])
-            end += 1
+    for start, end, size in _chunks(lengths.tolist()):
         if size:
             flat = np.concatenate(docs[start:end]).astype(np.int64)
             rows = np.repeat(np.arange(start, end, dtype=np.int64), lengths[start:end])
@@ -229,7 +235,6 @@ def bm25_matrix(
             rows_out.append(keys // n_terms)
             terms_out.append(keys % n_terms)
             tfs_out.append(tf)
-        start = end
     empty = np.zeros(0, dtype=np.int64)
     row = np.concatenate(rows_out) if rows_out else empty
     term = np.concatenate(terms_out) if terms_out else empty
