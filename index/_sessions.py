@@ -51,7 +51,7 @@ K1 = 1.2
 B = 0.75
 """BM25 length normalisation of session documents (Lucene's default)."""
 
-_MEMBER_TERM_BYTES = 66
+_MEMBER_TERM_BYTES = 46
 """Estimated bytes per distinct term of a member (see :meth:`SessionIndex.nbytes`)."""
 _VOCAB_BYTES = 160
 """Estimated bytes per vocabulary term (its postings dict)."""
@@ -77,19 +77,36 @@ def _as_id_list(ids: npt.ArrayLike) -> list[int]:
     return out
 
 
+class _Numbering:
+    """Term ids for a state: an index's own (``tid``), new ones appended to ``words``."""
+
+    def __init__(self, tid: dict[str, int], words: list[str]) -> None:
+        self._tid = tid
+        self._extra: dict[str, int] = {}
+        self.words = words
+
+    def number(self, term: str) -> int:
+        """The id of ``term``; a term without one gets the next id (appended to ``words``)."""
+        found = self._tid.get(term)
+        if found is None:
+            found = self._extra.get(term)
+            if found is None:
+                found = self._extra[term] = len(self.words)
+                self.words.append(term)
+        return found
+
+
 def _counts_to_arrays(
-    counts: Sequence[dict[str, int]], vocab: dict[str, int]
+    counts: Sequence[dict[str, int]], vocab: _Numbering
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Term counts as CSR arrays ``(ptr (n + 1,), term ids, counts)``, all int64.
 
-    Terms are numbered in ``vocab`` (term -> id), which grows as new terms are met.
+    Terms are numbered by ``vocab``, which grows as new terms are met.
     """
     ptr = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, counts), np.int64, count=len(counts)), out=ptr[1:])
     total = int(ptr[-1])
-    terms = np.fromiter(
-        (vocab.setdefault(t, len(vocab)) for c in counts for t in c), np.int64, count=total
-    )
+    terms = np.fromiter((vocab.number(t) for c in counts for t in c), np.int64, count=total)
     tfs = np.fromiter((tf for c in counts for tf in c.values()), np.int64, count=total)
     return ptr, terms, tfs
 
@@ -112,6 +129,26 @@ def _counts_from_arrays(
     words = np.asarray(vocab, dtype=object)[terms].tolist() if len(terms) else []
     counts = tfs.tolist()
     return [dict(zip(words[a:b], counts[a:b], strict=True)) for a, b in itertools.pairwise(bounds)]
+
+
+def _packed_from_arrays(
+    ptr: npt.NDArray[Any], terms: npt.NDArray[Any], tfs: npt.NDArray[Any], vocab_size: int
+) -> list[bytes]:
+    """Members' term counts from CSR arrays, packed as :meth:`SessionIndex._pack` packs them.
+
+    Raises:
+        ValueError: The arrays disagree or name an unknown term or a count below 1.
+    """
+    bounds = ptr.tolist()
+    if not bounds or bounds[0] != 0 or bounds[-1] != len(terms) or len(tfs) != len(terms):
+        raise ValueError("malformed SessionIndex term counts")
+    if len(terms) and (int(terms.min()) < 0 or int(terms.max()) >= vocab_size):
+        raise ValueError("SessionIndex term counts name unknown terms")
+    if len(tfs) and (int(tfs.min()) < 1 or int(tfs.max()) > np.iinfo(np.int32).max):
+        raise ValueError("SessionIndex term counts outside 1..2**31-1")
+    pairs = np.empty((len(terms), 2), np.int32)
+    pairs[:, 0], pairs[:, 1] = terms, tfs
+    return [pairs[a:b].tobytes() for a, b in itertools.pairwise(bounds)]
 
 
 def _postings(
@@ -162,7 +199,12 @@ class SessionIndex:
         self._b = b
         self._lock = threading.Lock()
         self._of: dict[int, str] = {}  # member id -> session key
-        self._terms: dict[int, dict[str, int]] = {}  # member id -> its term counts
+        # member id -> its term counts, packed: int32 pairs (term id, count) as bytes
+        # (a dict of strings per member held ~5x the memory at 100k members)
+        self._terms: dict[int, bytes] = {}
+        self._tid: dict[str, int] = {}  # posted term -> term id
+        self._word: list[str] = []  # term id -> term ("" once free)
+        self._free: list[int] = []  # term ids free for reuse
         self._members: dict[str, set[int]] = {}  # session key -> member ids
         self._header: dict[str, dict[str, int]] = {}  # session key -> header term counts
         self._post: dict[str, dict[str, int]] = {}  # term -> {session key: tf}
@@ -247,9 +289,9 @@ class SessionIndex:
                 self._members[session].add(id_)
                 self._sorted.pop(session, None)
                 self._of[id_] = session
-                self._terms[id_] = counts
-                self._distinct += len(counts)
                 self._count(session, counts, +1)
+                self._terms[id_] = self._pack(counts)
+                self._distinct += len(counts)
 
     def remove(self, ids: npt.ArrayLike) -> int:
         """Remove member turns; their sessions' documents lose their terms at once.
@@ -280,18 +322,48 @@ class SessionIndex:
                 post.pop(session, None)
                 if not post:
                     del self._post[term]
+                    tid = self._tid.pop(term, None)
+                    if tid is not None:  # nothing holds the term: its id and word go
+                        self._word[tid] = ""
+                        self._free.append(tid)
         size = sign * sum(terms.values())
         self._length[session] += size
         self._total += size
         self._sorted.pop(session, None)
         self._keys = None
 
+    def _pack(self, counts: dict[str, int]) -> bytes:
+        """A member's term counts as int32 pairs ``(term id, count)``; holds the lock.
+
+        Every term of ``counts`` is posted (the caller counted it first), so its
+        id stays taken while the member holds it.
+        """
+        pairs = np.empty((len(counts), 2), np.int32)
+        for row, (term, tf) in enumerate(counts.items()):
+            tid = self._tid.get(term)
+            if tid is None:
+                if self._free:
+                    tid = self._free.pop()
+                    self._word[tid] = term
+                else:
+                    tid = len(self._word)
+                    self._word.append(term)
+                self._tid[term] = tid
+            pairs[row] = tid, tf
+        return pairs.tobytes()
+
+    def _unpack(self, packed: bytes) -> dict[str, int]:
+        """The term counts :meth:`_pack` packed; holds the lock."""
+        pairs = np.frombuffer(packed, np.int32).reshape(-1, 2).tolist()
+        word = self._word
+        return {word[tid]: tf for tid, tf in pairs}
+
     def _drop(self, id_: int) -> int:
         """Remove one member; holds the lock. Returns 1 if it was held, else 0."""
         session = self._of.pop(id_, None)
         if session is None:
             return 0
-        terms = self._terms.pop(id_)
+        terms = self._unpack(self._terms.pop(id_))
         self._distinct -= len(terms)
         self._count(session, terms, -1)
         members = self._members[session]
@@ -445,9 +517,9 @@ class SessionIndex:
 
         :data:`_MEMBER_TERM_BYTES` per distinct term of each member (its term
         counts, its share of the postings and of the member maps) and
-        :data:`_VOCAB_BYTES` per vocabulary term, least-squares fitted to what
-        ``tracemalloc`` sees on the LoCoMo turns at 200 to 5,882 members (within
-        6 %; ``tests/index/test_index_sessions.py`` checks it within 30 %); plus the
+        :data:`_VOCAB_BYTES` per vocabulary term, fitted to what ``tracemalloc``
+        sees on the test's texts at 1,000 to 20,000 members (within 14 %;
+        ``tests/index/test_index_sessions.py`` checks it within 30 %); plus the
         scoring cache exactly (8 bytes per session per cached term, and
         :data:`_VOCAB_BYTES` for its entry) and 8 bytes per sorted member. O(1)
         plus the number of cached terms.
@@ -483,12 +555,22 @@ class SessionIndex:
         with self._lock:
             keys = list(self._members)
             key_at = {key: i for i, key in enumerate(keys)}
-            vocab: dict[str, int] = {}
             ids = np.fromiter(self._of.keys(), np.int64, count=len(self._of))
             member_session = np.fromiter(
                 (key_at[k] for k in self._of.values()), np.int64, count=len(self._of)
             )
-            m_ptr, m_terms, m_counts = _counts_to_arrays([self._terms[i] for i in self._of], vocab)
+            # Members' term ids are this index's own (free ids are written empty);
+            # terms only headers hold are numbered after them.
+            words = list(self._word)
+            vocab = _Numbering(self._tid, words)
+            packed = [self._terms[i] for i in self._of]
+            m_ptr = np.zeros(len(packed) + 1, np.int64)
+            np.cumsum(
+                np.fromiter(map(len, packed), np.int64, count=len(packed)) // 8, out=m_ptr[1:]
+            )
+            pairs = np.frombuffer(b"".join(packed), np.int32).reshape(-1, 2)
+            m_terms, m_counts = pairs[:, 0].copy(), pairs[:, 1].copy()
+            del packed, pairs
             h_ptr, h_terms, h_counts = _counts_to_arrays([self._header[k] for k in keys], vocab)
             posted = list(self._post.items())
             p_ptr = np.zeros(len(posted) + 1, np.int64)
@@ -501,13 +583,11 @@ class SessionIndex:
                 (key_at[k] for _, p in posted for k in p), np.int64, count=count
             )
             p_tfs = np.fromiter((tf for _, p in posted for tf in p.values()), np.int64, count=count)
-            p_terms = np.fromiter(
-                (vocab.setdefault(t, len(vocab)) for t, _ in posted), np.int64, count=len(posted)
-            )
+            p_terms = np.fromiter((vocab.number(t) for t, _ in posted), np.int64, count=len(posted))
             lengths = np.fromiter((self._length[k] for k in keys), np.int64, count=len(keys))
             meta: dict[str, Any] = {"kind": "SessionIndex", "k1": self._k1, "b": self._b}
         key_blob, key_ptr = strings_to_arrays(keys)
-        term_blob, term_ptr = strings_to_arrays(list(vocab))
+        term_blob, term_ptr = strings_to_arrays(words)
         return meta, {
             "term_blob": term_blob,
             "term_ptr": term_ptr,
@@ -551,8 +631,8 @@ class SessionIndex:
             keys = strings_from_arrays(arrays["key_blob"], arrays["key_ptr"])
             ids = arrays["member_ids"].tolist()
             sessions = arrays["member_session"].tolist()
-            members = _counts_from_arrays(
-                arrays["member_ptr"], arrays["member_terms"], arrays["member_counts"], vocab
+            members = _packed_from_arrays(
+                arrays["member_ptr"], arrays["member_terms"], arrays["member_counts"], len(vocab)
             )
             headers = _counts_from_arrays(
                 arrays["header_ptr"], arrays["header_terms"], arrays["header_counts"], vocab
@@ -576,6 +656,12 @@ class SessionIndex:
         out._distinct = len(arrays["member_terms"])
         out._post, out._length = _postings(arrays, keys, vocab)
         out._total = sum(out._length.values())
+        posted = np.fromiter((w in out._post for w in vocab), np.bool_, count=len(vocab))
+        if len(arrays["member_terms"]) and not posted[arrays["member_terms"]].all():
+            raise ValueError("the SessionIndex state's members hold terms without postings")
+        out._word = [w if held else "" for w, held in zip(vocab, posted.tolist(), strict=True)]
+        out._tid = {w: i for i, w in enumerate(out._word) if w}
+        out._free = [i for i, w in enumerate(out._word) if not w]
         return out
 
     def __repr__(self) -> str:

@@ -76,9 +76,11 @@ from index import (
     combine_states,
     load_state,
     pack_state,
+    release_free_heap,
     separate_states,
 )
 from server.errors import LetheError
+from server.retrieval._build import TRIM_AFTER_BUILD
 from server.retrieval._bundle import Bundle, owner_key
 from server.retrieval._drift import index_drift
 from server.retrieval._upkeep import IndexUpkeep
@@ -245,6 +247,8 @@ class IndexSnapshots(IndexUpkeep):
         except LetheError:  # the owner is gone, or being forgotten
             return 0
         del buffers
+        if len(bundle.plain) >= TRIM_AFTER_BUILD:
+            release_free_heap()  # the state's copies and the sealed frames, back to the OS
         with self._lock(owner):
             if self._changes.get(owner, 0) != count or not staged.publish():
                 staged.discard()
@@ -303,6 +307,8 @@ class IndexSnapshots(IndexUpkeep):
             self.loads["built" if bundle is None else "replayed" if replayed else "snapshot"] += 1
         if bundle is None:
             return self._timed_build(owner)
+        if len(bundle.plain) >= TRIM_AFTER_BUILD:
+            release_free_heap()  # the opened file and its state, back to the OS
         if not replayed:
             self._saved[owner] = self._changes.get(owner, 0)
         _log.info(

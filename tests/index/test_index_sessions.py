@@ -61,6 +61,21 @@ def test_removing_a_turn_reindexes_its_session_without_its_words() -> None:
     assert [s for s, _ in ix.search_sessions("tent", sessions=5)] == ["t1/a"]
 
 
+def test_a_removed_turns_own_words_leave_the_index_and_their_ids_are_reused() -> None:
+    """Members hold term ids; a term nothing holds any more is dropped from the vocabulary."""
+    ix = _index()
+    ix.remove([3])  # "violin" and "lesson" were turn 3's alone; "hard" too
+    held, slots = set(ix._word), len(ix._word)
+    assert not {"violin", "lesson", "hard"} & held
+    assert {"tent", "practic", "lake"} <= held
+    ix.add([6], ["t1/b"], ["a cello recital"], ["9 May 2023"])
+    assert len(ix._word) == slots  # the new words took freed ids
+    assert [s for s, _ in ix.search_sessions("cello", sessions=5)] == ["t1/b"]
+    ix.remove([6, 4])  # session t1/b is gone with its header
+    assert not {"cello", "recit", "practic", "9"} & set(ix._word)
+    assert ix.search_sessions("cello", sessions=5) == []
+
+
 def test_removal_is_exact_against_a_fresh_index() -> None:
     ix = _index()
     ix.remove([3])

@@ -259,6 +259,13 @@ def test_session_index_round_trips(members: list[tuple[int, str]], removed: set[
     assert back.sessions() == index.sessions()
     for query in [*WORDS, "may 2023", "3 may harbour"]:
         assert back.search(query, 3) == index.search(query, 3)
+    # The restored members' term counts are the ones removal subtracts.
+    rest = np.arange(0, len(members), 2)
+    index.remove(rest)
+    back.remove(rest)
+    assert back.sessions() == index.sessions()
+    for query in [*WORDS, "may 2023", "3 may harbour"]:
+        assert back.search(query, 3) == index.search(query, 3)
 
 
 def test_time_index_round_trips() -> None:
