@@ -308,3 +308,54 @@ def test_nbytes_estimates_what_the_index_holds() -> None:
     assert ix.rebuilds == 1
     assert 0.7 * used <= ix.nbytes() <= 1.3 * used, (ix.nbytes(), used)
     assert LexicalIndex().nbytes() == 0
+
+
+_WORDS = ["lake", "violin", "tent", "dinner", "sunrise", "garden"]
+_ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("add"),
+            st.integers(0, 15),
+            st.lists(st.sampled_from(_WORDS), max_size=4).map(" ".join),
+        ),
+        st.tuples(st.just("remove"), st.integers(0, 15), st.just("")),
+        st.tuples(st.just("search"), st.just(0), st.just("")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_ops, threshold=st.sampled_from([1, 3, 512]))
+def test_documents_held_follow_any_sequence_of_adds_removals_and_rebuilds(
+    ops: list[tuple[str, int, str]], threshold: int
+) -> None:
+    """Documents in the main segment's arena, in the delta and masked agree with a plain dict.
+
+    Ids arrive in any order (the arena keeps its rows in id order); a low
+    rebuild threshold moves documents between the delta and the arena often.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_lexical, "MIN_REBUILD", threshold)
+        patch.setattr(_lexical, "REBUILD_FRACTION", 0.0 if threshold < 512 else 0.1)
+        _follow(ops)
+
+
+def _follow(ops: list[tuple[str, int, str]]) -> None:
+    ix, model = LexicalIndex(), {}
+    for op, id_, text in ops:
+        if op == "add":
+            ix.add([id_], [text])
+            model[id_] = analyze(text)
+        elif op == "remove":
+            assert ix.remove([id_]) == (1 if model.pop(id_, None) is not None else 0)
+        else:
+            ix.search("lake", 1)  # builds the main segment when there is none
+    for index in (ix, LexicalIndex.from_state(ix.to_state())):
+        assert index.terms_of() == model
+        assert len(index) == len(model)
+        assert index.ids().tolist() == sorted(model)
+        assert all((i in index) == (i in model) for i in range(16))
+        for word in _WORDS:
+            want = {i for i, terms in model.items() if analyze(word)[0] in terms}
+            assert {i for i, _ in index.search(word, 100)} == want
