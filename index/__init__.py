@@ -20,9 +20,9 @@ Public names:
 - :func:`convex_fusion`, :func:`rrf` and the tuned ``HYBRID_*`` constants — fusion.
 - :class:`IndexCache` — LRU of indexes by key; :func:`release_free_heap` after a large build.
 - :data:`State`, :func:`dump_state`, :func:`pack_state`, :func:`load_state`,
-  :func:`combine_states`, :func:`separate_states` — an index's whole state (each
-  index's ``to_state`` / ``from_state``) as bytes and back: the versioned container
-  of :mod:`index._state`.
+  :class:`StateReader`, :func:`combine_states`, :func:`separate_states` — an index's
+  whole state (each index's ``to_state`` / ``from_state``) as bytes and back: the
+  versioned container of :mod:`index._state`.
 - :class:`VectorIndexError`, :class:`DimensionMismatchError`,
   :class:`InvalidVectorError` — see :mod:`index.errors`.
 """
@@ -51,7 +51,7 @@ from index._shingles import (
     find_echoes,
     shingles,
 )
-from index._state import State
+from index._state import State, StateReader
 from index._state import combine as combine_states
 from index._state import dumps as dump_state
 from index._state import loads as load_state
@@ -84,6 +84,7 @@ __all__ = [
     "OnnxEmbedder",
     "SessionIndex",
     "State",
+    "StateReader",
     "TimeIndex",
     "VectorIndex",
     "VectorIndexError",

@@ -36,6 +36,7 @@ import itertools
 import json
 import struct
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,7 @@ __all__ = [
     "FORMAT",
     "MAGIC",
     "State",
+    "StateReader",
     "combine",
     "dumps",
     "loads",
@@ -136,15 +138,43 @@ def unpack(buf: bytes | bytearray | memoryview) -> State:
             dtype outside :data:`DTYPES`, or an array outside ``buf``.
     """
     view = memoryview(buf).cast("B")
+    meta, entries = _header(view, len(view))
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    for entry in entries:
+        raw = np.frombuffer(view, dtype=entry.kind, count=entry.count, offset=entry.lo)
+        arrays[entry.name] = raw.reshape(entry.shape)
+    return meta, arrays
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One array of a container's header, checked: where its bytes lie in the container."""
+
+    name: str
+    kind: np.dtype[Any]
+    shape: tuple[int, ...]
+    count: int
+    lo: int  # offset of its first byte in the container
+    nbytes: int
+
+
+def _header(view: memoryview, size: int) -> tuple[dict[str, Any], list[_Entry]]:
+    """The metadata and the checked array entries of a container of ``size`` bytes.
+
+    ``view`` holds at least the container's prefix and header.
+
+    Raises:
+        ValueError: as :func:`unpack`; also when ``view`` ends inside the header.
+    """
     if len(view) < _PREFIX.size:
         raise ValueError("not an index state: too short")
-    magic, fmt, size = _PREFIX.unpack_from(view)
+    magic, fmt, head = _PREFIX.unpack_from(view)
     if magic != MAGIC:
         raise ValueError("not an index state: bad magic")
     if fmt != FORMAT:
         raise ValueError(f"index state format {fmt} is not {FORMAT}")
-    start = _PREFIX.size + size
-    if start > len(view):
+    start = _PREFIX.size + head
+    if start > min(size, len(view)):
         raise ValueError("index state header runs past the end")
     try:
         header = json.loads(bytes(view[_PREFIX.size : start]))
@@ -154,7 +184,7 @@ def unpack(buf: bytes | bytearray | memoryview) -> State:
     if not isinstance(meta, dict) or not isinstance(entries, list):
         raise ValueError("index state header is malformed")
     body = start + _pad(start)
-    arrays: dict[str, npt.NDArray[Any]] = {}
+    out: list[_Entry] = []
     for entry in entries:
         try:
             name, dtype, shape, offset, nbytes = entry
@@ -168,10 +198,95 @@ def unpack(buf: bytes | bytearray | memoryview) -> State:
         if not isinstance(offset, int) or offset < 0 or nbytes != count * kind.itemsize:
             raise ValueError(f"index state array {name!r} is malformed")
         lo = body + offset
-        if lo + nbytes > len(view):
+        if lo + nbytes > size:
             raise ValueError(f"index state array {name!r} runs past the end")
-        arrays[name] = np.frombuffer(view, dtype=kind, count=count, offset=lo).reshape(shape)
-    return meta, arrays
+        out.append(_Entry(name, kind, shape, count, lo, nbytes))
+    return meta, out
+
+
+class StateReader:
+    """Reads a container as it arrives in pieces, each array into memory of its own.
+
+    :func:`unpack` returns views into one buffer, so no array's memory is freed
+    before all are. Arrays read here are separate allocations: a caller that
+    makes an index from each part and drops the part frees it at once, so a
+    state is never held twice over (Lethe's snapshot load: the whole container,
+    then every leg made from it).
+
+    Args:
+        size: The container's length in bytes.
+
+    Usage: :meth:`write` every piece in order, then :meth:`state`.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._at = 0  # container bytes received
+        self._head = bytearray()  # bytes received until the header is read
+        self._meta: dict[str, Any] | None = None
+        self._entries: list[_Entry] = []
+        self._arrays: dict[str, npt.NDArray[Any]] = {}
+        self._targets: list[tuple[int, int, memoryview]] = []  # (lo, hi, bytes), by lo
+        self._next = 0  # first target that may still receive bytes
+        self._taken = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Take the next ``len(data)`` bytes of the container.
+
+        Raises:
+            ValueError: more bytes than ``size``, or a malformed header (as :func:`unpack`).
+        """
+        piece = memoryview(data).cast("B")
+        if self._at + len(piece) > self._size:
+            raise ValueError("index state longer than its stated size")
+        if self._meta is None:
+            self._head += piece
+            self._at += len(piece)
+            if len(self._head) < _PREFIX.size:
+                return
+            head = _PREFIX.unpack_from(self._head)[2]
+            if len(self._head) < min(_PREFIX.size + head, self._size):
+                return
+            self._meta, self._entries = _header(memoryview(self._head), self._size)
+            arrays = [(e.lo, np.empty(e.count, e.kind)) for e in self._entries]
+            self._arrays = {e.name: a for e, (_, a) in zip(self._entries, arrays, strict=True)}
+            self._targets = sorted(
+                ((lo, lo + a.nbytes, a.data.cast("B")) for lo, a in arrays),
+                key=lambda t: t[0],
+            )
+            held, self._head = self._head, bytearray()
+            self._fill(0, memoryview(held))
+            return
+        self._fill(self._at, piece)
+        self._at += len(piece)
+
+    def _fill(self, at: int, piece: memoryview) -> None:
+        """Copy ``piece`` (container bytes from offset ``at``) into the arrays it covers."""
+        end = at + len(piece)
+        targets = self._targets
+        while self._next < len(targets) and targets[self._next][1] <= at:
+            self._next += 1
+        for lo, hi, target in targets[self._next :]:
+            if lo >= end:
+                break
+            a, b = max(lo, at), min(hi, end)
+            if a < b:
+                target[a - lo : b - lo] = piece[a - at : b - at]
+
+    def state(self) -> State:
+        """The state read: ``(meta, arrays)``, each array its own allocation.
+
+        The reader lets go of the arrays (a second call raises): once the caller
+        drops one, its memory is freed.
+
+        Raises:
+            ValueError: fewer bytes than ``size`` arrived, or the state was taken already.
+        """
+        if self._meta is None or self._at != self._size or self._taken:
+            raise ValueError("index state cut short")
+        arrays = {e.name: self._arrays[e.name].reshape(e.shape) for e in self._entries}
+        self._arrays, self._targets, self._entries, self._taken = {}, [], [], True
+        return self._meta, arrays
 
 
 def dumps(state: State) -> bytes:

@@ -71,10 +71,10 @@ from index import (
     LexicalIndex,
     SessionIndex,
     State,
+    StateReader,
     TimeIndex,
     VectorIndex,
     combine_states,
-    load_state,
     pack_state,
     release_free_heap,
     separate_states,
@@ -156,6 +156,11 @@ def with_rows(state: State, digests: Mapping[int, int]) -> State:
 def bundle_of(state: State) -> tuple[Bundle, str, dict[int, int]]:
     """The bundle :func:`bundle_state` described, its embedder and the row digests it agrees with.
 
+    Consumes ``state``: its arrays are taken out of ``state[1]`` and each leg's
+    are dropped once the leg is made, so a state read by
+    :class:`index.StateReader` (each array its own memory) is freed leg by leg
+    and the load's peak stays near the bundle's own size.
+
     Raises:
         ValueError: the state is not a bundle state of this version, or a leg's
             state is malformed.
@@ -166,14 +171,20 @@ def bundle_of(state: State) -> tuple[Bundle, str, dict[int, int]]:
     if head.get("version") != BUNDLE_VERSION:
         raise ValueError(f"bundle state version {head.get('version')!r} is not {BUNDLE_VERSION}")
     parts = separate_states(state, [*LEGS, "ctx_prev", "versions", "watch", "rows"])
+    state[1].clear()
+    dense = VectorIndex.from_state(parts.pop("dense"))  # the largest leg first
+    plain = LexicalIndex.from_state(parts.pop("plain"))
+    ctx = LexicalIndex.from_state(parts.pop("ctx"))
+    sessions = SessionIndex.from_state(parts.pop("sessions"))
+    times = TimeIndex.from_state(parts.pop("times"))
     watch = _unpairs(parts["watch"])
     bundle = Bundle(
-        VectorIndex.from_state(parts["dense"]),
-        LexicalIndex.from_state(parts["plain"]),
-        LexicalIndex.from_state(parts["ctx"]),
-        ctx_prev=_unpairs(parts["ctx_prev"]),
-        sessions=SessionIndex.from_state(parts["sessions"]),
-        times=TimeIndex.from_state(parts["times"]),
+        dense,
+        plain,
+        ctx,
+        ctx_prev=_unpairs(parts.pop("ctx_prev")),
+        sessions=sessions,
+        times=times,
         watch=watch,
         due=min(watch.values(), default=math.inf),
         versions=_unpairs(parts["versions"]),
@@ -323,18 +334,19 @@ class IndexSnapshots(IndexUpkeep):
 
     def _load_snapshot(self, owner: str) -> tuple[Bundle | None, int]:
         """``(bundle, rows replayed)`` from the owner's snapshot, or ``(None, 0)`` to build."""
-        opened = self.store.read_snapshot(owner)
+        opened = self.store.read_snapshot_into(owner, StateReader)
         if opened is None:
             return None, 0
-        _, raw = opened
+        reader = opened[1]
+        del opened
         try:
-            bundle, embedder, saved = bundle_of(load_state(raw))
+            bundle, embedder, saved = bundle_of(reader.state())
         except ValueError as exc:
             _log.error("owners/%s: index snapshot is malformed (%s): rebuilding", owner, exc)
             self.store.discard_snapshot(owner)
             return None, 0
         finally:
-            del raw
+            del reader
         if embedder != self.store.owner_embedder(owner):
             return None, 0  # another model's vectors: the owner was re-embedded since
         now_rows = self.store.row_digests(owner)

@@ -75,7 +75,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, TypeVar
 
 import lmdb
 
@@ -110,6 +110,29 @@ _LENGTH = struct.Struct("<I")
 _SUFFIX = ".snapshot"
 _TEMP = ".snapshot.tmp"
 _OWNER = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+class SnapshotSink(Protocol):
+    """Where :meth:`SnapshotsPart.read_snapshot_into` puts a snapshot's plaintext, in order."""
+
+    def write(self, data: bytes) -> None:
+        """Take the next plaintext bytes (``ValueError``: they do not fit)."""
+
+
+_SinkT = TypeVar("_SinkT", bound=SnapshotSink)
+
+
+class _Plaintext:
+    """A sink that keeps the whole plaintext (:meth:`SnapshotsPart.read_snapshot`)."""
+
+    def __init__(self, size: int) -> None:
+        self.data = bytearray(size)
+        self._at = 0
+
+    def write(self, data: bytes) -> None:
+        self.data[self._at : self._at + len(data)] = data
+        self._at += len(data)
+
 
 FP_AFTER_TEMP = declare(
     "snapshot.after_temp",
@@ -346,6 +369,20 @@ class SnapshotsPart(StoreBase):
         destroyed (a forget it predates), it fails authentication, or it is
         malformed; such a file is removed (logged by owner, never content).
         """
+        opened = self.read_snapshot_into(owner, _Plaintext)
+        return None if opened is None else (opened[0], opened[1].data)
+
+    def read_snapshot_into(
+        self, owner: str, sink: Callable[[int], _SinkT]
+    ) -> tuple[int, _SinkT] | None:
+        """Open the owner's snapshot into ``sink(size)``, frame by frame: ``(generation, sink)``.
+
+        Each authenticated frame's plaintext goes to the sink's ``write`` in
+        order (``index.StateReader`` reads the state's arrays as they come, so
+        the plaintext is never held whole beside them). None as
+        :meth:`read_snapshot`; a sink's ``ValueError`` counts as a malformed
+        snapshot. The caller uses the sink only when this returns it.
+        """
         path = self._snapshot_path(owner)
         try:
             f = path.open("rb")
@@ -353,7 +390,7 @@ class SnapshotsPart(StoreBase):
             return None
         try:
             with f:
-                return self._open_snapshot(owner, f)
+                return self._open_snapshot(owner, f, sink)
         except KeyNotFoundError:
             _log.info("owners/%s: index snapshot predates a forget (its key is gone)", owner)
         except (IntegrityError, ValueError, OSError) as exc:
@@ -361,7 +398,9 @@ class SnapshotsPart(StoreBase):
         path.unlink(missing_ok=True)
         return None
 
-    def _open_snapshot(self, owner: str, f: BinaryIO) -> tuple[int, bytearray]:
+    def _open_snapshot(
+        self, owner: str, f: BinaryIO, sink: Callable[[int], _SinkT]
+    ) -> tuple[int, _SinkT]:
         read = f.read
         head = read(_HEADER.size)
         if len(head) != _HEADER.size:
@@ -372,7 +411,7 @@ class SnapshotsPart(StoreBase):
         if not frame_bytes or frames != max(1, -(-size // frame_bytes)):
             raise ValueError("snapshot frame count disagrees with its size")
         ring = RingRef(owner, None)
-        out = bytearray(size)
+        out = sink(size)
         at = 0
         for index in range(frames):
             raw = read(_LENGTH.size)
@@ -387,8 +426,9 @@ class SnapshotsPart(StoreBase):
             )
             if at + len(plain) > size:
                 raise ValueError("snapshot frames exceed its size")
-            out[at : at + len(plain)] = plain
+            out.write(plain)
             at += len(plain)
+            del plain
         if at != size or read(1):
             raise ValueError("snapshot size disagrees with its frames")
         return int(generation), out

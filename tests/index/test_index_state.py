@@ -29,7 +29,7 @@ from index import (
     load_state,
     separate_states,
 )
-from index._state import FORMAT, MAGIC, pack, unpack
+from index._state import FORMAT, MAGIC, StateReader, pack, unpack
 
 D = 32
 
@@ -60,6 +60,54 @@ def test_container_round_trips_every_dtype_and_the_metadata() -> None:
     for name, arr in arrays.items():
         assert got[name].shape == arr.shape
         assert np.array_equal(got[name], arr)
+
+
+@settings(max_examples=50, deadline=None)
+@given(pieces=st.lists(st.integers(1, 300), min_size=1, max_size=40))
+def test_a_container_read_in_pieces_gives_the_same_arrays_each_its_own(pieces: list[int]) -> None:
+    state = (
+        {"kind": "test", "n": [1, 2]},
+        {
+            "ids": np.arange(50, dtype=np.int64) * 3,
+            "vectors": np.linspace(-1, 1, 60, dtype=np.float32).reshape(20, 3),
+            "empty": np.zeros(0, np.int32),
+            "flags": np.array([True, False, True]),
+            "bytes": np.frombuffer(b"harbour", np.uint8).copy(),
+        },
+    )
+    raw = dump_state(state)
+    reader = StateReader(len(raw))
+    at, step = 0, 0
+    while at < len(raw):
+        size = pieces[step % len(pieces)]
+        reader.write(raw[at : at + size])
+        at, step = at + size, step + 1
+    meta, arrays = reader.state()
+    assert meta == state[0]
+    assert arrays.keys() == state[1].keys()
+    for name, want in state[1].items():
+        got = arrays[name]
+        assert got.dtype == want.dtype
+        assert got.shape == want.shape
+        assert np.array_equal(got, want)
+        assert got.base is None or got.base.base is None  # its own memory, not a shared buffer
+    assert not np.shares_memory(arrays["ids"], arrays["vectors"])
+
+
+def test_a_container_read_in_pieces_refuses_what_unpack_refuses() -> None:
+    raw = dump_state(({"kind": "test"}, {"ids": np.arange(8, dtype=np.int64)}))  # no padding
+    short = StateReader(len(raw))
+    short.write(raw[:-1])
+    with pytest.raises(ValueError, match="cut short"):
+        short.state()
+    longer = StateReader(len(raw) - 1)
+    with pytest.raises(ValueError, match="longer than its stated size"):
+        longer.write(raw)
+    with pytest.raises(ValueError, match="bad magic"):
+        StateReader(len(raw)).write(b"x" * len(raw))
+    past = StateReader(len(raw) - 8)  # the last array runs past the stated size
+    with pytest.raises(ValueError, match="runs past the end"):
+        past.write(raw[: len(raw) - 8])
 
 
 def test_container_refuses_objects_and_foreign_bytes() -> None:

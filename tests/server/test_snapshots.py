@@ -103,7 +103,7 @@ def _history(p: Parts) -> dict[str, list[TurnMeta]]:
 
 
 def _docs(leg: LexicalIndex) -> dict[int, list[str]]:
-    return {rid: [leg._terms[t] for t in tids] for rid, tids in leg._docs.items()}
+    return leg.terms_of()
 
 
 def _content(p: Parts) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def _content(p: Parts) -> dict[str, Any]:
         "ctx": _docs(b.ctx),
         "dense": b.dense.search(probe, max(1, len(b.dense))),
         "sessions": b.sessions.sessions(),
-        "session_terms": {r: dict(c) for r, c in b.sessions._terms.items()},
+        "session_terms": {r: b.sessions._unpack(c) for r, c in b.sessions._terms.items()},
         "times": dict(b.times._time),
         "found": [
             sorted(r for r, _ in leg.search_terms(analyze(q), 500))
