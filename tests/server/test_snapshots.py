@@ -22,7 +22,7 @@ import pytest
 from index import LexicalIndex, analyze, load_state
 from server._metrics import Metrics
 from server.lifecycle import Lifecycle
-from server.retrieval import Retriever
+from server.retrieval import Retriever, _build
 from server.retrieval._snapshot import bundle_of
 from server.store import ForgetTargets, MemoryContent, MemoryDraft, Store, TurnDraft, TurnMeta
 
@@ -160,6 +160,18 @@ def test_a_restart_loads_the_snapshot_and_answers_as_before(parts: Parts) -> Non
     assert _scores(parts) == scores  # the same main segments and deltas: the same scores
     assert parts.retriever.index_drift(OWNER) == 0
     assert after == _built(parts)
+
+
+def test_a_build_in_groups_of_threads_and_runs_of_a_long_thread_equals_one_in_one_piece(
+    parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build indexes a few turns at a time (t1 is cut into runs): the same bundle."""
+    _history(parts)
+    whole = _built(parts)
+    scores = _scores(parts)
+    monkeypatch.setattr(_build, "BUILD_CHUNK", 7)
+    assert _built(parts) == whole
+    assert _scores(parts) == scores
 
 
 def test_an_unchanged_snapshot_is_not_written_again(parts: Parts) -> None:
