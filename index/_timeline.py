@@ -14,7 +14,10 @@ for English questions (see :mod:`index._temporal` for the rules and their source
   conversations after it, as LoCoMo's sessions do).
 
 Both return ``[]`` for a question they do not apply to, so the caller adds an empty
-leg, never a filter. The index holds one float and one flag per id, no text.
+leg, never a filter. The index holds one float and one flag per id, no text: the
+times and ids as NumPy arrays in time order and in id order (32 bytes a turn; a
+dict and a list of tuples held 180 at 100k turns), the scores of the turns with a
+time expression in a dict.
 
 Threads: any thread may call any method; one mutex guards the index.
 :meth:`TimeIndex.to_state` and :meth:`TimeIndex.from_state` hand its whole state to a
@@ -23,8 +26,6 @@ caller that keeps it (Lethe's encrypted index snapshots) and make it again.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -44,8 +45,8 @@ WINDOW_SLACK: Mapping[str, float] = {"day": 1 * 86400.0, "month": 31 * 86400.0, 
 by the period's granularity; chosen on LoCoMo conversations 1-5 with the fusion weights
 (``bench/eval_retrieval.py``; day 0/1/3 days, month 0/14/31 days were tried)."""
 
-_TURN_BYTES = 125
-"""Estimated bytes per held turn (see :meth:`TimeIndex.nbytes`)."""
+_TURN_BYTES = 32
+"""Bytes per held turn: its time and id in time order and in id order (8 bytes each)."""
 _EXPR_BYTES = 50
 """Estimated bytes per held turn with a time expression."""
 
@@ -59,9 +60,11 @@ class TimeIndex:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._time: dict[int, float] = {}  # id -> seconds since the epoch
+        self._t = np.zeros(0, np.float64)  # times, ascending by (time, id)
+        self._i = np.zeros(0, np.int64)  # their ids
+        self._by_id = np.zeros(0, np.int64)  # the ids, ascending
+        self._t_by_id = np.zeros(0, np.float64)  # their times
         self._expr: dict[int, float] = {}  # id -> time-expression score (> 0 only)
-        self._order: list[tuple[float, int]] = []  # (time, id), ascending
 
     def add(self, ids: npt.ArrayLike, times: Sequence[float], texts: Sequence[str]) -> None:
         """Hold turns' times and time-expression scores, replacing any held under the same ids.
@@ -87,13 +90,23 @@ class TimeIndex:
         if not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be strings")
         scores = [time_expression_score(t) for t in texts]
+        if not id_list:
+            return
+        new_i = np.asarray(id_list, np.int64)
+        new_t = np.asarray(stamps, np.float64)
         with self._lock:
-            for id_, when, score in zip(id_list, stamps, scores, strict=True):
-                self._drop(id_)
-                self._time[id_] = when
+            self._drop(new_i)
+            for id_, score in zip(id_list, scores, strict=True):
                 if score > 0.0:
                     self._expr[id_] = score
-                bisect.insort(self._order, (when, id_))
+            order = np.lexsort((new_i, new_t))
+            at = _positions(self._t, self._i, new_t[order], new_i[order])
+            self._t = np.insert(self._t, at, new_t[order])
+            self._i = np.insert(self._i, at, new_i[order])
+            order = np.argsort(new_i)
+            at = np.searchsorted(self._by_id, new_i[order])
+            self._by_id = np.insert(self._by_id, at, new_i[order])
+            self._t_by_id = np.insert(self._t_by_id, at, new_t[order])
 
     def remove(self, ids: npt.ArrayLike) -> int:
         """Forget turns; absent ids are ignored.
@@ -108,24 +121,35 @@ class TimeIndex:
             ValueError: ``ids`` is not 1-D integers within int64.
         """
         id_list = _as_id_list(ids)
-        with self._lock:
-            return sum(self._drop(i) for i in set(id_list))
-
-    def _drop(self, id_: int) -> int:
-        when = self._time.pop(id_, None)
-        if when is None:
+        if not id_list:
             return 0
-        self._expr.pop(id_, None)
-        at = bisect.bisect_left(self._order, (when, id_))
-        del self._order[at]
-        return 1
+        with self._lock:
+            return self._drop(np.unique(np.asarray(id_list, np.int64)))
+
+    def _drop(self, ids: npt.NDArray[np.int64]) -> int:
+        """Forget the held ones of ``ids`` (distinct); holds the lock. Returns how many."""
+        at = np.searchsorted(self._by_id, ids)
+        inside = at < len(self._by_id)
+        held = np.zeros(len(ids), np.bool_)
+        held[inside] = self._by_id[at[inside]] == ids[inside]
+        if not held.any():
+            return 0
+        gone = ids[held]
+        for id_ in gone.tolist():
+            self._expr.pop(id_, None)
+        keep = np.ones(len(self._by_id), np.bool_)
+        keep[at[held]] = False
+        self._by_id, self._t_by_id = self._by_id[keep], self._t_by_id[keep]
+        keep = ~np.isin(self._i, gone)
+        self._t, self._i = self._t[keep], self._i[keep]
+        return len(gone)
 
     def years(self) -> range:
         """The calendar years (UTC) the held turns span; empty when none is held."""
         with self._lock:
-            if not self._order:
+            if not len(self._t):
                 return range(0)
-            first, last = self._order[0][0], self._order[-1][0]
+            first, last = float(self._t[0]), float(self._t[-1])
         return range(
             datetime.fromtimestamp(first, UTC).year, datetime.fromtimestamp(last, UTC).year + 1
         )
@@ -187,12 +211,12 @@ class TimeIndex:
             return []
         best: dict[int, tuple[float, float]] = {}  # id -> (score, time)
         with self._lock:
-            order = self._order
+            times, ids = self._t, self._i
             for period in periods:
                 tail = slack.get(period.granularity, 0.0)
-                lo = bisect.bisect_left(order, (period.start, -(2**63)))
-                hi = bisect.bisect_left(order, (period.end + tail, -(2**63)))
-                for when, id_ in order[lo:hi]:
+                lo = int(np.searchsorted(times, period.start, "left"))
+                hi = int(np.searchsorted(times, period.end + tail, "left"))
+                for when, id_ in zip(times[lo:hi].tolist(), ids[lo:hi].tolist(), strict=True):
                     score = 1.0 if when < period.end else 1.0 - (when - period.end) / tail
                     if score > 0.0 and score > best.get(id_, (0.0, 0.0))[0]:
                         best[id_] = (score, when)
@@ -205,24 +229,23 @@ class TimeIndex:
     def ids(self) -> npt.NDArray[np.int64]:
         """All ids held, ``(len(self),) int64`` ascending."""
         with self._lock:
-            held = np.fromiter(self._time.keys(), dtype=np.int64, count=len(self._time))
-        return np.sort(held)
+            return self._by_id.copy()
 
     def nbytes(self) -> int:
         """An estimate of the bytes this index holds, for the index cache's bound. O(1).
 
-        :data:`_TURN_BYTES` per turn (its time entry and its ``(time, id)`` tuple in
-        the ordered list) and :data:`_EXPR_BYTES` per turn with a time expression,
-        measured with ``tracemalloc`` on the LoCoMo turns
-        (``tests/index/test_index_sessions.py`` checks it within 30 %).
+        :data:`_TURN_BYTES` per turn (its time and id, in time order and in id
+        order) and :data:`_EXPR_BYTES` per turn with a time expression, measured
+        with ``tracemalloc`` (``tests/index/test_index_sessions.py`` checks it
+        within 30 %).
         """
         with self._lock:
-            return len(self._time) * _TURN_BYTES + len(self._expr) * _EXPR_BYTES
+            return len(self._i) * _TURN_BYTES + len(self._expr) * _EXPR_BYTES
 
     def __len__(self) -> int:
         """Number of turns held."""
         with self._lock:
-            return len(self._time)
+            return len(self._i)
 
     def to_state(self) -> State:
         """The whole index as a :data:`index.State` (see :mod:`index._state`).
@@ -233,9 +256,8 @@ class TimeIndex:
             ``expr_scores`` ``(e,) float64``.
         """
         with self._lock:
-            n, e = len(self._order), len(self._expr)
-            times = np.fromiter((t for t, _ in self._order), np.float64, count=n)
-            ids = np.fromiter((i for _, i in self._order), np.int64, count=n)
+            e = len(self._expr)
+            times, ids = self._t.copy(), self._i.copy()
             expr_ids = np.fromiter(self._expr.keys(), np.int64, count=e)
             expr_scores = np.fromiter(self._expr.values(), np.float64, count=e)
         meta: dict[str, Any] = {"kind": "TimeIndex"}
@@ -253,21 +275,52 @@ class TimeIndex:
         try:
             if meta["kind"] != "TimeIndex":
                 raise ValueError(f"not a TimeIndex state: {meta['kind']!r}")
-            times, ids = arrays["times"].tolist(), arrays["ids"].tolist()
+            times = np.array(arrays["times"], dtype=np.float64)
+            ids = np.array(arrays["ids"], dtype=np.int64)
             expr = dict(
                 zip(arrays["expr_ids"].tolist(), arrays["expr_scores"].tolist(), strict=True)
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed TimeIndex state: {exc!r}") from None
-        out = cls()
-        out._order = list(zip(times, ids, strict=True))
-        out._time = dict(zip(ids, times, strict=True))
-        if len(out._time) != len(ids) or not expr.keys() <= out._time.keys():
+        if times.ndim != 1 or times.shape != ids.shape:
             raise ValueError("the TimeIndex state's parts disagree")
-        if any(a > b for a, b in itertools.pairwise(out._order)):
+        order = np.argsort(ids, kind="stable")
+        by_id = ids[order]
+        if len(by_id) > 1 and bool((by_id[1:] == by_id[:-1]).any()):
+            raise ValueError("the TimeIndex state's parts disagree")
+        if expr and not bool(np.isin(np.fromiter(expr, np.int64, len(expr)), by_id).all()):
+            raise ValueError("the TimeIndex state's parts disagree")
+        if len(times) > 1 and not _in_order(times, ids):
             raise ValueError("the TimeIndex state is not in time order")
+        out = cls()
+        out._t, out._i, out._by_id, out._t_by_id = times, ids, by_id, times[order]
         out._expr = expr
         return out
 
     def __repr__(self) -> str:
         return f"TimeIndex(size={len(self)})"
+
+
+def _in_order(times: npt.NDArray[np.float64], ids: npt.NDArray[np.int64]) -> bool:
+    """Whether the pairs ``(times[k], ids[k])`` ascend (lexicographically)."""
+    dt = np.diff(times)
+    return bool(((dt > 0) | ((dt == 0) & (np.diff(ids) > 0))).all())
+
+
+def _positions(
+    times: npt.NDArray[np.float64],
+    ids: npt.NDArray[np.int64],
+    new_t: npt.NDArray[np.float64],
+    new_i: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """Where each ``(new_t[k], new_i[k])`` goes among ``(times, ids)`` ascending by (time, id).
+
+    Positions index the arrays as they are (for ``np.insert``); no pair may be held.
+    """
+    lo = np.searchsorted(times, new_t, "left")
+    hi = np.searchsorted(times, new_t, "right")
+    at = lo.astype(np.int64)
+    for k in np.flatnonzero(hi > lo).tolist():  # equal times: by id among them
+        a, b = int(lo[k]), int(hi[k])
+        at[k] = a + int(np.searchsorted(ids[a:b], new_i[k]))
+    return at

@@ -283,3 +283,46 @@ def test_a_long_turn_of_numbers_without_a_time_expression_scores_zero() -> None:
     text = "item 7 costs 42 and " * 800  # 16 KiB, digits, no year, no day number
     assert time_expression_score(text) == 0.0 == _any_rule(text)
     assert time_expression_score(text + " on the 3rd") == 1.0
+
+
+_steps = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("add"),
+            st.lists(st.integers(0, 20), min_size=1, max_size=4, unique=True),
+            st.integers(0, 5),  # day; equal days give equal times
+        ),
+        st.tuples(st.just("remove"), st.lists(st.integers(0, 20), max_size=4), st.just(0)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(steps=_steps)
+def test_the_time_arrays_follow_any_adds_and_removals_as_a_fresh_index(
+    steps: list[tuple[str, list[int], int]],
+) -> None:
+    """Times in (time, id) order and in id order stay sorted and agree with a plain dict."""
+    ix, model = TimeIndex(), {}
+    for op, ids, day in steps:
+        if op == "add":
+            texts = ["yesterday" if i % 3 == 0 else "the violin" for i in ids]
+            ix.add(ids, [_ts(2023, 5, 1 + day)] * len(ids), texts)
+            model.update(dict.fromkeys(ids, _ts(2023, 5, 1 + day)))
+        else:
+            assert ix.remove(ids) == len(set(ids) & model.keys())
+            for i in ids:
+                model.pop(i, None)
+    assert ix.ids().tolist() == sorted(model)
+    assert len(ix) == len(model)
+    times, order = ix._t.tolist(), list(zip(ix._t.tolist(), ix._i.tolist(), strict=True))
+    assert order == sorted((t, i) for i, t in model.items())
+    assert dict(zip(ix._by_id.tolist(), ix._t_by_id.tolist(), strict=True)) == model
+    fresh = TimeIndex()
+    held = sorted(model)
+    fresh.add(held, [model[i] for i in held], ["yesterday" if i % 3 == 0 else "x" for i in held])
+    periods = named_periods("what happened in May 2023?", ix.years())
+    assert ix.window(periods, 50) == fresh.window(periods, 50)
+    assert ix.prior("when?", range(21)) == fresh.prior("when?", range(21))
+    assert times == sorted(times)

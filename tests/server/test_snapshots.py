@@ -123,7 +123,14 @@ def _content(p: Parts) -> dict[str, Any]:
         "dense": b.dense.search(probe, max(1, len(b.dense))),
         "sessions": b.sessions.sessions(),
         "session_terms": {r: b.sessions._unpack(c) for r, c in b.sessions._terms.items()},
-        "times": dict(b.times._time),
+        "times": {
+            i: t
+            for t, i in zip(
+                b.times.to_state()[1]["times"].tolist(),
+                b.times.to_state()[1]["ids"].tolist(),
+                strict=True,
+            )
+        },
         "found": [
             sorted(r for r, _ in leg.search_terms(analyze(q), 500))
             for leg in (b.plain, b.ctx)
