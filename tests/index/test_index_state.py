@@ -65,7 +65,7 @@ def test_container_round_trips_every_dtype_and_the_metadata() -> None:
 @settings(max_examples=50, deadline=None)
 @given(pieces=st.lists(st.integers(1, 300), min_size=1, max_size=40))
 def test_a_container_read_in_pieces_gives_the_same_arrays_each_its_own(pieces: list[int]) -> None:
-    state = (
+    state: tuple[dict[str, Any], dict[str, npt.NDArray[Any]]] = (
         {"kind": "test", "n": [1, 2]},
         {
             "ids": np.arange(50, dtype=np.int64) * 3,
