@@ -16,9 +16,13 @@ Each restart records ``serving_s`` (spawn until the server prints that it
 serves: imports, start-up recovery), ``first_search_s`` (one HYBRID search with
 text and vector: the build or the load, then the search) and their sum,
 ``restart_to_first_search_s``, whose medians and cold/warm ratio are reported;
-plus the snapshot's size and the server's peak resident set after the first
-search. Every warm first search must answer what the cold one answered
-(``same_hits``).
+plus the snapshot's size and the server's resident set against the raw vectors
+(``n x 256 x 4`` bytes), each figure less the resident set the server had when
+it started serving (its base: code, libraries): the peak to the first search's
+answer (the build or the load), then the peak and the resident set after
+``--settle`` seconds of one search a second (what follows a first search: a
+cold build's snapshot save, the sweeper's first audit). Every warm first
+search must answer what the cold one answered (``same_hits``).
 
 Writes ``bench/results/restart[-smoke].{json,md}``::
 
@@ -53,6 +57,8 @@ from lethe.v1 import common_pb2, retrieval_pb2, threads_pb2
 
 BENCH = Path(__file__).resolve().parent
 OWNER = "bench"
+SETTLE_S = 10.0
+"""Seconds of one search a second after the first search before the settled figures."""
 THREAD_LEN = 100
 BATCH = 1000
 
@@ -105,8 +111,10 @@ def _search(stubs: Stubs, text: str, vector: np.ndarray) -> tuple[float, list[st
     return time.perf_counter() - t0, [h.turn.name or h.memory.name for h in got.hits]
 
 
-def _restart(proc: LetheProcess, *, warm: bool, query: tuple[str, np.ndarray]) -> dict[str, Any]:
-    """Stop, (cold: remove the snapshot), start, first search: the figures of one restart."""
+def _restart(
+    proc: LetheProcess, *, warm: bool, query: tuple[str, np.ndarray], raw: int, settle: float
+) -> dict[str, Any]:
+    """Stop, (cold: remove the snapshot), start, first search, settle: one restart's figures."""
     snapshot = proc.data / "index" / f"{OWNER}.snapshot"
     t0 = time.perf_counter()
     proc.stop(timeout=900)  # a large owner's snapshot is written at the stop
@@ -115,11 +123,26 @@ def _restart(proc: LetheProcess, *, warm: bool, query: tuple[str, np.ndarray]) -
     if not warm:
         snapshot.unlink(missing_ok=True)
     serving_s = proc.start()
+    base = proc.memory()
+    proc.reset_peak()
     stubs = Stubs.insecure(proc.address, proc.token)
     try:
         first_s, hits = _search(stubs, *query)
+        first = proc.memory()
+        until = time.perf_counter() + settle
+        while time.perf_counter() < until:
+            time.sleep(1.0)
+            _search(stubs, *query)
+        settled = proc.memory()
     finally:
         stubs.close()
+    rss: dict[str, float | None] = dict.fromkeys(("first_peak", "settled_peak", "steady"))
+    if base and first and settled:
+        rss = {
+            "first_peak": round((first["vm_hwm"] - base["vm_rss"]) / raw, 2),
+            "settled_peak": round((settled["vm_hwm"] - base["vm_rss"]) / raw, 2),
+            "steady": round((settled["vm_rss"] - base["vm_rss"]) / raw, 2),
+        }
     return {
         "kind": "warm" if warm else "cold",
         "stop_s": round(stop_s, 3),
@@ -127,13 +150,20 @@ def _restart(proc: LetheProcess, *, warm: bool, query: tuple[str, np.ndarray]) -
         "serving_s": round(serving_s, 3),
         "first_search_s": round(first_s, 3),
         "restart_to_first_search_s": round(serving_s + first_s, 3),
-        "rss_peak_bytes": proc.memory().get("vm_hwm", 0),
+        "rss_peak_bytes": settled.get("vm_hwm", 0),
+        "rss_base_bytes": base.get("vm_rss", 0),
+        "rss_over_raw": rss,
         "hits": hits,
     }
 
 
 def measure(
-    n: int, rounds: int, cold_rounds: int, texts: list[str], serve_args: list[str]
+    n: int,
+    rounds: int,
+    cold_rounds: int,
+    texts: list[str],
+    serve_args: list[str],
+    settle: float = SETTLE_S,
 ) -> dict[str, Any]:
     """Ingest ``n`` turns into a data directory of their own; restart it cold and warm."""
     vectors = random_unit(n, seed=1)
@@ -153,7 +183,7 @@ def measure(
         for r in range(rounds):
             kinds = (True, False) if r % 2 else (False, True)
             for kind_warm in kinds if r < cold_rounds else (True,):
-                run = _restart(proc, warm=kind_warm, query=query)
+                run = _restart(proc, warm=kind_warm, query=query, raw=n * 256 * 4, settle=settle)
                 runs.append(run)
                 _log(
                     f"  {n:,} {run['kind']}: serving {run['serving_s']:.2f} s + first search "
@@ -176,6 +206,12 @@ def measure(
         else None
         for kind, rows in (("cold", cold), ("warm", warm))
     }
+    for kind, rows in (("cold", cold), ("warm", warm)):
+        measured = [r["rss_over_raw"] for r in rows if r["rss_over_raw"]["steady"] is not None]
+        if figures[kind] is not None and measured:
+            figures[kind]["rss_over_raw"] = {
+                key: round(float(median(m[key] for m in measured)), 2) for key in measured[0]
+            }
     ratio = (
         round(
             figures["cold"]["restart_to_first_search_s"]
@@ -218,6 +254,15 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         "snapshot MB | peak RSS MB |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
+    memory = [
+        "",
+        f"Resident set above the server's base, over the raw vectors (n x 256 x 4 bytes); "
+        f"medians; settled = after {result.get('settle_s', SETTLE_S):.0f} s of one search a "
+        "second (a cold build's snapshot save, the first audit):",
+        "",
+        "| turns | kind | peak to first search | peak, settled | steady, settled |",
+        "|---:|---|---:|---:|---:|",
+    ]
     for size in result["sizes"]:
         for kind in ("cold", "warm"):
             f = size[kind]
@@ -233,6 +278,13 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
                 f"{f['restart_to_first_search_s']:.2f} | {f['stop_s']:.2f} | {snap} | "
                 f"{size['rss_peak_bytes'][kind] / 1e6:.0f} |"
             )
+            ratios = f.get("rss_over_raw")
+            if ratios:
+                memory.append(
+                    f"| {size['n']:,} | {kind} | {ratios['first_peak']:.2f}x | "
+                    f"{ratios['settled_peak']:.2f}x | {ratios['steady']:.2f}x |"
+                )
+    lines += memory
     lines += ["", "| turns | cold / warm | same hits |", "|---:|---:|---|"]
     for size in result["sizes"]:
         lines.append(f"| {size['n']:,} | {size['cold_over_warm']} | {size['same_hits']} |")
@@ -265,11 +317,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--server-arg", action="append", default=[], help="extra `lethe serve` flag, repeatable"
     )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=-1.0,
+        help=f"seconds of searches after the first before the settled figures "
+        f"(default {SETTLE_S:.0f}; smoke 1)",
+    )
     args = parser.parse_args(argv)
     sizes = [300, 1000] if args.smoke else [20_000, 100_000] + ([1_000_000] if args.large else [])
     if args.sizes:
         sizes = [int(s) for s in args.sizes.split(",")]
     rounds = args.rounds or (1 if args.smoke else 3)
+    settle = args.settle if args.settle >= 0 else (1.0 if args.smoke else SETTLE_S)
     cold_rounds = rounds if args.cold_rounds < 0 else args.cold_rounds
     corpus = load_corpus(args.locomo)
     texts = varied_texts(corpus.turns, max(sizes))
@@ -279,12 +339,13 @@ def main(argv: list[str] | None = None) -> int:
         "corpus": corpus.source,
         "rounds": rounds,
         "serve_args": ["--embedder", "none", *args.server_arg],
+        "settle_s": settle,
         "sizes": [],
     }
     started = time.perf_counter()
     for n in sizes:
         _log(f"{n:,} turns ...")
-        result["sizes"].append(measure(n, rounds, cold_rounds, texts, args.server_arg))
+        result["sizes"].append(measure(n, rounds, cold_rounds, texts, args.server_arg, settle))
     result["total_seconds"] = round(time.perf_counter() - started, 1)
     result["machine"]["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
     stem = args.name or ("restart-smoke" if args.smoke else "restart")

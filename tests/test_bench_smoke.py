@@ -220,7 +220,12 @@ def test_the_restart_benchmark_measures_cold_and_warm_restarts(tmp_path: Path) -
         for kind in ("cold", "warm"):
             for key in ("serving_s", "first_search_s", "restart_to_first_search_s"):
                 assert _positive(size[kind][key]), (size["n"], kind, key)
+            ratios = size[kind]["rss_over_raw"]  # resident set over the raw vectors
+            assert set(ratios) == {"first_peak", "settled_peak", "steady"}
+            assert all(isinstance(v, float) for v in ratios.values()), ratios
+            assert ratios["settled_peak"] >= ratios["first_peak"]
     assert "| 1,000 | warm |" in (tmp_path / "restart-smoke.md").read_text()
+    assert "peak to first search" in (tmp_path / "restart-smoke.md").read_text()
 
 
 def test_the_processes_benchmark_measures_each_count_against_one_process(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -302,7 +302,7 @@ class IndexBuilds:
         ordered: Sequence[TurnMeta],
         targets: Iterable[int],
         texts: dict[int, str],
-        prev_of: dict[int, int],
+        prev_of: MutableMapping[int, int],
         memo: TermMemo,
     ) -> dict[int, list[str]]:
         """Terms of the contextual texts of ``targets`` (rids) within ``ordered``.

@@ -102,7 +102,7 @@ class IndexFollow(IndexSnapshots):
         if rids:
             self._touch(owner)
             now = time.time()
-            quoting = [r for r, p in bundle.ctx_prev.items() if p in rids and r not in rids]
+            quoting = bundle.ctx_prev.quoting(rids)
             turns, mems = self.store.changed_records(sorted(rids | set(quoting)))
             if not self._reapply(
                 owner, bundle, rids, {m.rid: m for m in turns}, {m.rid: m for m in mems}, now

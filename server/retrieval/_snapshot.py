@@ -81,7 +81,7 @@ from index import (
 )
 from server.errors import LetheError
 from server.retrieval._build import TRIM_AFTER_BUILD
-from server.retrieval._bundle import Bundle, owner_key
+from server.retrieval._bundle import Bundle, RidMap, owner_key
 from server.retrieval._drift import index_drift
 from server.retrieval._upkeep import IndexUpkeep
 from server.store import MemMeta, TurnMeta, general_visible, indexable
@@ -118,6 +118,14 @@ def _unpairs(state: State) -> dict[int, Any]:
         raise ValueError(f"malformed map in a bundle state: {exc!r}") from None
 
 
+def _rid_map(state: State) -> RidMap:
+    arrays = state[1]
+    try:
+        return RidMap(arrays["keys"].tolist(), arrays["values"].tolist())
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"malformed map in a bundle state: {exc!r}") from None
+
+
 def bundle_state(bundle: Bundle, embedder: str, digests: Mapping[int, int]) -> State:
     """The state of an owner's committed bundle (every leg read under its own lock).
 
@@ -137,7 +145,7 @@ def bundle_state(bundle: Bundle, embedder: str, digests: Mapping[int, int]) -> S
         "ctx": bundle.ctx.to_state(),
         "sessions": bundle.sessions.to_state(),
         "times": bundle.times.to_state(),
-        "ctx_prev": _pairs(dict(bundle.ctx_prev), np.int64),
+        "ctx_prev": ({}, dict(zip(("keys", "values"), bundle.ctx_prev.arrays(), strict=True))),
         "versions": _pairs(dict(bundle.versions), np.int64),
         "watch": _pairs(dict(bundle.watch), np.float64),
         "rows": _pairs(digests, np.int64),
@@ -182,7 +190,7 @@ def bundle_of(state: State) -> tuple[Bundle, str, dict[int, int]]:
         dense,
         plain,
         ctx,
-        ctx_prev=_unpairs(parts.pop("ctx_prev")),
+        ctx_prev=_rid_map(parts.pop("ctx_prev")),
         sessions=sessions,
         times=times,
         watch=watch,
@@ -404,11 +412,7 @@ class IndexSnapshots(IndexUpkeep):
             False when the changed vectors are of another dimension than the
             dense leg's (the owner must be built again).
         """
-        quoting = [
-            turns[r]
-            for r, p in bundle.ctx_prev.items()
-            if p in changed and r not in changed and r in turns
-        ]
+        quoting = [turns[r] for r in bundle.ctx_prev.quoting(changed) if r in turns]
         bundle.forget_ids(sorted(changed))
         by_thread: dict[str, list[TurnMeta]] = {}
         for meta in quoting:
