@@ -19,6 +19,7 @@ Public names:
   :func:`time_expression_score`, :class:`NamedPeriod` — their English-only rules.
 - :func:`convex_fusion`, :func:`rrf` and the tuned ``HYBRID_*`` constants — fusion.
 - :class:`IndexCache` — LRU of indexes by key; :func:`release_free_heap` after a large build.
+- :class:`IdMap` — int64 ids to int64 values in two sorted arrays (16 bytes an entry).
 - :data:`State`, :func:`dump_state`, :func:`pack_state`, :func:`load_state`,
   :class:`StateReader`, :func:`combine_states`, :func:`separate_states` — an index's
   whole state (each index's ``to_state`` / ``from_state``) as bytes and back: the
@@ -37,6 +38,7 @@ from index._fusion import (
     convex_fusion,
     rrf,
 )
+from index._idmap import IdMap
 from index._lexical import LexicalIndex, analyze
 from index._onnx import OnnxEmbedder
 from index._sessions import SessionIndex
@@ -77,6 +79,7 @@ __all__ = [
     "DimensionMismatchError",
     "EchoRule",
     "Embedder",
+    "IdMap",
     "IndexCache",
     "InvalidVectorError",
     "LexicalIndex",

@@ -63,6 +63,7 @@ import numpy as np
 import numpy.typing as npt
 
 from index._embedder import normalize
+from index._idmap import IdMap
 from index._state import State
 from index.errors import InvalidVectorError
 
@@ -90,78 +91,6 @@ checks the recall that results, and training runs on the searching thread."""
 
 _MEMBER_BYTES = 16
 """Bytes per id in :attr:`VectorIndex._pos` (its int64 id and int64 position)."""
-
-
-class _IdMap:
-    """A map of int64 ids to int64 values held as two sorted arrays (16 bytes an id).
-
-    A dict of Python ints held 116 bytes an id (11 MiB at 100k vectors).
-    Lookups are binary searches; batches of new ids are inserted at once.
-    Not thread-safe (the index's lock guards it).
-    """
-
-    __slots__ = ("keys", "values")
-
-    def __init__(
-        self, keys: npt.NDArray[np.int64] | None = None, values: npt.NDArray[np.int64] | None = None
-    ) -> None:
-        """``keys`` distinct, in any order, each with its value (a copy is kept, sorted).
-
-        Raises:
-            ValueError: a key is given twice, or the arrays differ in length.
-        """
-        k = np.zeros(0, np.int64) if keys is None else np.asarray(keys, np.int64)
-        v = np.full(len(k), -1, np.int64) if values is None else np.asarray(values, np.int64)
-        if k.shape != v.shape:
-            raise ValueError("keys and values differ in length")
-        order = np.argsort(k, kind="stable")
-        self.keys, self.values = k[order], v[order]
-        if len(self.keys) > 1 and bool((self.keys[1:] == self.keys[:-1]).any()):
-            raise ValueError("a key is given twice")
-
-    def _at(self, key: int) -> int:
-        at = int(np.searchsorted(self.keys, key))
-        return at if at < len(self.keys) and int(self.keys[at]) == key else -1
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def __contains__(self, key: int) -> bool:
-        return self._at(key) >= 0
-
-    def get(self, key: int) -> int:
-        """The value of ``key`` (held: ``KeyError`` otherwise)."""
-        at = self._at(key)
-        if at < 0:
-            raise KeyError(key)
-        return int(self.values[at])
-
-    def set(self, key: int, value: int) -> None:
-        """Change the value of a held ``key`` (``KeyError`` otherwise)."""
-        at = self._at(key)
-        if at < 0:
-            raise KeyError(key)
-        self.values[at] = value
-
-    def insert(self, keys: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> None:
-        """Add ``keys`` (distinct, none held) with their values."""
-        order = np.argsort(keys, kind="stable")
-        at = np.searchsorted(self.keys, keys[order])
-        self.keys = np.insert(self.keys, at, keys[order])
-        self.values = np.insert(self.values, at, values[order])
-
-    def held(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-        """Which of ``keys`` are held (binary searches: O(len(keys) log len(self)))."""
-        at = np.searchsorted(self.keys, keys)
-        inside = at < len(self.keys)
-        out = np.zeros(len(keys), np.bool_)
-        out[inside] = self.keys[at[inside]] == keys[inside]
-        return out
-
-    def delete(self, keys: npt.NDArray[np.int64]) -> None:
-        """Drop ``keys`` (distinct, all held)."""
-        at = np.searchsorted(self.keys, keys)
-        self.keys, self.values = np.delete(self.keys, at), np.delete(self.values, at)
 
 
 def _one_omp_thread() -> None:
@@ -360,9 +289,9 @@ class VectorIndex:
         self._dim = dim
         self._index: Any = faiss.IndexFlatIP(dim)  # or an IVF: FAISS's stubs are partial
         # exact layout: position -> id, and id -> position; with an inverted file
-        # FAISS holds the ids and _pos maps each held id to -1 (membership only)
+        # FAISS holds the ids and _pos maps each held id to 0 (membership only)
         self._ids: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
-        self._pos = _IdMap()
+        self._pos = IdMap()
         self._lock = _ReadWriteLock()
         self._ivf_min = ivf_min
         self._nprobe = 0  # 0: exact (flat); else the calibrated nprobe of the IVF
@@ -388,18 +317,18 @@ class VectorIndex:
         """
         vecs, ids = self._held()
         self._index = faiss.IndexFlatIP(self._dim)  # frees the old one
-        self._ids, self._pos = np.zeros(0, dtype=np.int64), _IdMap()
+        self._ids, self._pos = np.zeros(0, dtype=np.int64), IdMap()
         self._chosen_at = len(ids)
         chosen = choose_layout(vecs, ids)
         if chosen is None:
             self._index.add(vecs)
             self._ids = ids
-            self._pos = _IdMap(ids, np.arange(len(ids), dtype=np.int64))
+            self._pos = IdMap(ids.tolist(), range(len(ids)))
             self._nprobe = self._nlist = 0
         else:
             self._index, self._nprobe = chosen
             self._nlist = faiss.extract_index_ivf(self._index).nlist
-            self._pos = _IdMap(ids)
+            self._pos = IdMap(ids.tolist(), [0] * len(ids))
 
     def _held(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """Copies of every held vector ``(n, dim) float32`` and its id ``(n,) int64``."""
@@ -446,12 +375,12 @@ class VectorIndex:
             self._remove_held(new)
             if self._nprobe:
                 self._index.add_with_ids(vecs, id_arr)
-                self._pos.insert(id_arr, np.full(len(id_arr), -1, np.int64))
+                self._pos.update(dict.fromkeys(new, 0))
             else:
                 start = int(self._index.ntotal)
                 self._index.add(vecs)
                 self._ids = np.concatenate([self._ids, id_arr])
-                self._pos.insert(id_arr, np.arange(start, start + len(new), dtype=np.int64))
+                self._pos.update(zip(new, range(start, start + len(new)), strict=True))
             size = int(self._index.ntotal)
             if self._ivf_min and size >= self._ivf_min and size >= 2 * self._chosen_at:
                 self._relayout()
@@ -477,21 +406,23 @@ class VectorIndex:
             gone = np.asarray(present, dtype=np.int64)
             self._zero_entries(gone)
             removed = int(self._index.remove_ids(_selector(gone)))
-            self._pos.delete(gone)
+            for id_ in present:
+                del self._pos[id_]
             return removed
         total = int(self._index.ntotal)
         rows = faiss.rev_swig_ptr(self._index.get_xb(), total * self._dim)
         rows = rows.reshape(total, self._dim)
         end = total  # rows [0, end) are held
         for id_ in present:
-            at = self._pos.get(id_)
+            at = self._pos[id_]
             end -= 1
             if at != end:
                 moved = int(self._ids[end])
                 rows[at] = rows[end]
                 self._ids[at] = moved
-                self._pos.set(moved, at)
-        self._pos.delete(np.asarray(present, dtype=np.int64))
+                self._pos[moved] = at
+        for id_ in present:
+            del self._pos[id_]
         rows[end:] = 0.0  # the dropped tail (removed rows, copies of moved ones) is zeroed
         self._index.remove_ids(faiss.IDSelectorRange(end, total))
         self._ids = self._ids[:end].copy()
@@ -680,7 +611,8 @@ class VectorIndex:
             raise ValueError("the VectorIndex state's inverted file is not IVF{nlist},Flat")
         self._index, self._nprobe, self._nlist = index, nprobe, nlist
         try:
-            self._pos = _IdMap(_ivf_held_ids(index))
+            held = _ivf_held_ids(index).tolist()
+            self._pos = IdMap(held, [0] * len(held))
         except ValueError:
             raise ValueError("the VectorIndex state holds an id twice") from None
 
@@ -696,7 +628,7 @@ class VectorIndex:
             raise ValueError("the VectorIndex state's vectors are not finite float32")
         self._ids = np.array(ids, dtype=np.int64)
         try:
-            self._pos = _IdMap(self._ids, np.arange(len(self._ids), dtype=np.int64))
+            self._pos = IdMap(self._ids.tolist(), range(len(self._ids)))
         except ValueError:
             raise ValueError("the VectorIndex state holds an id twice") from None
         if len(ids) and int(self._ids.min()) == -1:

@@ -33,127 +33,17 @@ also kept between processes as an encrypted snapshot
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, MutableMapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
-from index import LexicalIndex, SessionIndex, TimeIndex, VectorIndex
+from index import IdMap, LexicalIndex, SessionIndex, TimeIndex, VectorIndex
 from server.retrieval._indexed_text import TermMemo, date_text, session_key
 from server.store import TurnMeta
 
 Ranked = list[tuple[int, float]]
 """One leg's or one fusion's result: ``(record number, score)``, best first."""
-
-_GONE = -1
-"""A value in :class:`RidMap`'s arrays whose key was deleted (record numbers are >= 0)."""
-
-
-class RidMap(MutableMapping[int, int]):
-    """A map of record numbers to record numbers (>= 0) held as two sorted int64 arrays.
-
-    The bundle's context map (which turn each contextual text quotes) has an
-    entry per turn: as a dict of Python ints it held 116 bytes an entry (11 MiB
-    at 100k turns), here 16. New keys wait in a small dict until it outgrows
-    an eighth of the arrays (at least :data:`RidMap.MERGE_MIN` keys), then
-    join them in one sorted insert; a changed or deleted key is changed in
-    place (deleted keys are marked, and dropped at the next merge). Lookups
-    are binary searches. Not thread-safe: the owner's lock guards the bundle.
-
-    Args:
-        keys: ``(n,) int64`` distinct keys, any order (copied).
-        values: ``(n,) int64`` their values, each >= 0.
-
-    Raises:
-        ValueError: lengths differ, a key is given twice, or a value is negative.
-    """
-
-    MERGE_MIN = 4096
-
-    def __init__(self, keys: Iterable[int] = (), values: Iterable[int] = ()) -> None:
-        k = np.fromiter(keys, np.int64)
-        v = np.fromiter(values, np.int64)
-        if k.shape != v.shape:
-            raise ValueError("keys and values differ in length")
-        if len(v) and int(v.min()) < 0:
-            raise ValueError("values must be >= 0")
-        order = np.argsort(k, kind="stable")
-        self._keys, self._values = k[order], v[order]
-        if len(k) > 1 and bool((self._keys[1:] == self._keys[:-1]).any()):
-            raise ValueError("a key is given twice")
-        self._new: dict[int, int] = {}
-        self._live = len(k)  # keys held in the arrays and not deleted
-
-    def _at(self, key: int) -> int:
-        at = int(np.searchsorted(self._keys, key))
-        return at if at < len(self._keys) and int(self._keys[at]) == key else -1
-
-    def __getitem__(self, key: int) -> int:
-        got = self._new.get(key)
-        if got is not None:
-            return got
-        at = self._at(key)
-        if at < 0 or int(self._values[at]) == _GONE:
-            raise KeyError(key)
-        return int(self._values[at])
-
-    def __setitem__(self, key: int, value: int) -> None:
-        if value < 0:
-            raise ValueError("values must be >= 0")
-        at = self._at(key)
-        if at >= 0:
-            if int(self._values[at]) == _GONE:
-                self._live += 1
-            self._values[at] = value
-            return
-        self._new[key] = value
-        if len(self._new) > max(self.MERGE_MIN, len(self._keys) // 8):
-            self._merge()
-
-    def __delitem__(self, key: int) -> None:
-        if self._new.pop(key, None) is not None:
-            return
-        at = self._at(key)
-        if at < 0 or int(self._values[at]) == _GONE:
-            raise KeyError(key)
-        self._values[at] = _GONE
-        self._live -= 1
-
-    def __iter__(self) -> Iterator[int]:
-        keys, values = self.arrays()
-        del values
-        return iter(keys.tolist())
-
-    def __len__(self) -> int:
-        return self._live + len(self._new)
-
-    def items(self) -> list[tuple[int, int]]:  # type: ignore[override]
-        """Every ``(key, value)``, by key (a list: the map may change while it is used)."""
-        keys, values = self.arrays()
-        return list(zip(keys.tolist(), values.tolist(), strict=True))
-
-    def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """``(keys, values)``: new ``(n,) int64`` arrays, ascending keys."""
-        live = self._values != _GONE
-        keys = np.concatenate([self._keys[live], np.fromiter(self._new, np.int64)])
-        values = np.concatenate([self._values[live], np.fromiter(self._new.values(), np.int64)])
-        order = np.argsort(keys, kind="stable")
-        return keys[order], values[order]
-
-    def quoting(self, rids: Iterable[int]) -> list[int]:
-        """The keys whose value is one of ``rids`` and which are not themselves in ``rids``."""
-        wanted = np.fromiter(rids, np.int64)
-        if not len(wanted):
-            return []
-        keys, values = self.arrays()
-        hit = np.isin(values, wanted) & ~np.isin(keys, wanted)
-        return [int(k) for k in keys[hit].tolist()]
-
-    def _merge(self) -> None:
-        self._keys, self._values = self.arrays()
-        self._new = {}
-        self._live = len(self._keys)
 
 
 @dataclass(slots=True)
@@ -165,7 +55,7 @@ class Bundle:
     ctx: LexicalIndex
     # rid -> rid of the turn its contextual text quotes (0: none). The context
     # is derived from that record; the audit checks it is still the right one.
-    ctx_prev: RidMap = field(default_factory=RidMap)
+    ctx_prev: IdMap = field(default_factory=IdMap)
     sessions: SessionIndex = field(default_factory=SessionIndex)
     times: TimeIndex = field(default_factory=TimeIndex)
     # rid -> when the turn may stop being visible without a write (its pending

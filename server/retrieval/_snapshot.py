@@ -68,6 +68,7 @@ import numpy as np
 import numpy.typing as npt
 
 from index import (
+    IdMap,
     LexicalIndex,
     SessionIndex,
     State,
@@ -81,7 +82,7 @@ from index import (
 )
 from server.errors import LetheError
 from server.retrieval._build import TRIM_AFTER_BUILD
-from server.retrieval._bundle import Bundle, RidMap, owner_key
+from server.retrieval._bundle import Bundle, owner_key
 from server.retrieval._drift import index_drift
 from server.retrieval._upkeep import IndexUpkeep
 from server.store import MemMeta, TurnMeta, general_visible, indexable
@@ -118,10 +119,10 @@ def _unpairs(state: State) -> dict[int, Any]:
         raise ValueError(f"malformed map in a bundle state: {exc!r}") from None
 
 
-def _rid_map(state: State) -> RidMap:
+def _rid_map(state: State) -> IdMap:
     arrays = state[1]
     try:
-        return RidMap(arrays["keys"].tolist(), arrays["values"].tolist())
+        return IdMap(arrays["keys"].tolist(), arrays["values"].tolist())
     except (KeyError, ValueError) as exc:
         raise ValueError(f"malformed map in a bundle state: {exc!r}") from None
 

@@ -17,6 +17,7 @@ def test_public_names_are_pinned() -> None:
         "HYBRID_SESSIONS",
         "HYBRID_TUNED_WEIGHTS",
         "HYBRID_WEIGHTS",
+        "IdMap",
         "IndexCache",
         "InvalidVectorError",
         "LexicalIndex",

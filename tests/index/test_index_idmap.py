@@ -1,4 +1,4 @@
-"""server.retrieval._bundle.RidMap, the bundle's context map, against a plain dict."""
+"""index.IdMap (the bundle's context map, VectorIndex's positions) against a plain dict."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.retrieval._bundle import RidMap
+from index import IdMap
 
 _ops = st.lists(
     st.one_of(
@@ -23,8 +23,8 @@ def test_a_rid_map_follows_any_sets_and_deletes_as_a_dict(
     start: dict[int, int], ops: list[tuple[str, int, int]]
 ) -> None:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(RidMap, "MERGE_MIN", 3)  # merges often
-        got, want = RidMap(start.keys(), start.values()), dict(start)
+        patch.setattr(IdMap, "MERGE_MIN", 3)  # merges often
+        got, want = IdMap(start.keys(), start.values()), dict(start)
         for op, key, value in ops:
             if op == "set":
                 got[key] = value
@@ -47,12 +47,12 @@ def test_a_rid_map_follows_any_sets_and_deletes_as_a_dict(
 
 def test_a_rid_map_refuses_what_it_cannot_hold() -> None:
     with pytest.raises(ValueError, match="twice"):
-        RidMap([1, 1], [0, 0])
+        IdMap([1, 1], [0, 0])
     with pytest.raises(ValueError, match=">= 0"):
-        RidMap([1], [-1])
+        IdMap([1], [-1])
     with pytest.raises(ValueError, match="differ"):
-        RidMap([1, 2], [0])
-    m = RidMap()
+        IdMap([1, 2], [0])
+    m = IdMap()
     with pytest.raises(ValueError, match=">= 0"):
         m[5] = -1
     with pytest.raises(KeyError):
