@@ -62,12 +62,6 @@ threshold's share of documents. Each document's terms are analysed once, at
 frequencies. A term leaves the vocabulary as soon as the last document holding it
 is removed.
 
-Memory: the main segment's documents lie end to end in one int32 arena, its rows
-ordered by id (a row is found by binary search over the ids), so a document held
-there costs 4 bytes a term plus 9 bytes; only the delta's documents are a dict of
-arrays. At 100k LoCoMo-derived turns the plain leg held 48 MiB with a dict entry
-and an array per document and an id -> row dict, 20 MiB so (``tracemalloc``).
-
 Threads: any thread may call any method. Updates and rebuilds hold one mutex; a
 search takes the current built scorer (immutable once built) without locking, so
 searches run concurrently with each other. A search that starts after ``remove``
@@ -84,6 +78,7 @@ ids are written empty.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import threading
@@ -96,7 +91,6 @@ import numpy.typing as npt
 import Stemmer
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
-from index._cache import release_free_heap
 from index._state import State, strings_from_arrays, strings_to_arrays
 
 __all__ = ["LexicalIndex", "analyze", "bm25_matrix"]
@@ -106,11 +100,6 @@ REBUILD_FRACTION = 0.10
 MIN_REBUILD = 512
 """Documents a delta may hold before any rebuild is considered."""
 
-TRIM_AFTER_TERMS = 1 << 18
-"""Term occurrences in a main segment from which its build ends with
-:func:`index.release_free_heap`: glibc keeps the build's freed temporaries
-(about 32 bytes per non-zero) otherwise; a trim costs a few ms."""
-
 K1 = 0.9
 """BM25 term-frequency saturation (Anserini's default; Lucene's is 1.2)."""
 B = 0.4
@@ -119,10 +108,11 @@ B = 0.4
 _TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")
 _STOPWORDS = frozenset(STOPWORDS_EN_PLUS)
 _DOC_BYTES = 240
-"""Estimated bytes per document held outside the main segment's arena, besides 4 per
-term occurrence (its dict entry and array)."""
+"""Estimated bytes per held document besides 4 per term occurrence (dict entry, array)."""
 _TERM_BYTES = 135
 """Estimated bytes per vocabulary term, counted once per vocabulary that holds it."""
+_ROW_BYTES = 64
+"""Estimated bytes per main-segment row (its id -> row entry)."""
 _POSTING_BYTES = 70
 """Estimated bytes per delta posting (an id -> tf entry)."""
 _INT64_MIN = int(np.iinfo(np.int64).min)
@@ -206,29 +196,6 @@ def _concatenate(docs: Sequence[npt.NDArray[np.int32]], total: int) -> npt.NDArr
     return out
 
 
-def _gather(
-    flat: npt.NDArray[np.int32], ptr: npt.NDArray[np.int64], order: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
-    """The documents ``order`` of an arena (``flat`` cut at ``ptr``), as a new arena.
-
-    Copied :data:`_CHUNK_TERMS` term occurrences at a time.
-
-    Returns:
-        ``(flat (total,) int32, ptr (len(order) + 1,) int64)``.
-    """
-    lengths = (ptr[1:] - ptr[:-1])[order]
-    new_ptr = np.zeros(len(order) + 1, np.int64)
-    np.cumsum(lengths, out=new_ptr[1:])
-    out = np.empty(int(new_ptr[-1]), np.int32)
-    starts = ptr[:-1][order]
-    for start, end, size in _chunks(lengths.tolist()):
-        if size:
-            lo, hi = int(new_ptr[start]), int(new_ptr[end])
-            at = np.repeat(starts[start:end] - new_ptr[start:end], lengths[start:end])
-            out[lo:hi] = flat[at + np.arange(lo, hi)]
-    return out, new_ptr
-
-
 def bm25_matrix(
     docs: Sequence[npt.NDArray[np.int32]], n_terms: int, k1: float, b: float
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32], npt.NDArray[np.int64]]:
@@ -255,30 +222,19 @@ def bm25_matrix(
         ``(data, indices, indptr)``: ``(nnz,) float32`` contributions, ``(nnz,) int32``
         document rows (ascending within a column), ``(n_terms + 1,) int64`` column starts.
     """
-    lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
-    return _bm25_arena(_concatenate(docs, int(lengths.sum())), lengths, n_terms, k1, b)
-
-
-def _bm25_arena(
-    arena: npt.NDArray[np.int32], lengths: npt.NDArray[np.int64], n_terms: int, k1: float, b: float
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32], npt.NDArray[np.int64]]:
-    """:func:`bm25_matrix` of the documents laid end to end in ``arena`` (``lengths`` each).
-
-    Rows, term ids and frequencies are held as int32 and the contributions
-    computed a chunk at a time (each element by the same float64 operations),
-    so the build's transient memory is about 32 bytes per non-zero: a rebuild
-    of 100k turns' contextual texts (2.8 M non-zeros) peaked 220 MiB above
-    its result with int64 and whole-array float64 temporaries, about 90 MiB so.
-    """
-    n = len(lengths)
+    n = len(docs)
+    lengths = np.fromiter(map(len, docs), dtype=np.int64, count=n)
+    # Rows, term ids and frequencies as int32 and the contributions a chunk at a
+    # time (each element by the same float64 operations): ~32 bytes of transient
+    # memory per non-zero (a rebuild of 100k turns' contextual texts, 2.8 M
+    # non-zeros, peaked 220 MiB above its result with int64 and whole-array
+    # float64 temporaries, about 90 MiB so).
     rows_out: list[npt.NDArray[np.int32]] = []
     terms_out: list[npt.NDArray[np.int32]] = []
     tfs_out: list[npt.NDArray[np.int32]] = []
-    at = 0
     for start, end, size in _chunks(lengths.tolist()):
         if size:
-            flat = arena[at : at + size].astype(np.int64)
-            at += size
+            flat = np.concatenate(docs[start:end]).astype(np.int64)
             rows = np.repeat(np.arange(start, end, dtype=np.int64), lengths[start:end])
             keys, tf = np.unique(rows * n_terms + flat, return_counts=True)
             del flat, rows
@@ -324,16 +280,12 @@ class _Built:
     """A scorer over the documents held at its build: the main segment."""
 
     vocab: dict[str, int]  # term -> column; empty when no document holds a term
-    ids: npt.NDArray[np.int64]  # (n,) id of each document row, ascending (row = searchsorted)
+    ids: npt.NDArray[np.int64]  # (n,) id of each document row
     data: npt.NDArray[np.float32]  # (nnz,) BM25 contributions, CSC by term
     indices: npt.NDArray[np.int32]  # (nnz,) document row of each contribution
     indptr: npt.NDArray[np.int64]  # (n_terms + 1,) column starts into data/indices
+    rows: dict[int, int]  # id -> row
     alive: npt.NDArray[np.bool_]  # (n,) False once a row's document is removed or replaced
-
-    def row(self, id_: int) -> int | None:
-        """The row of ``id_`` (alive or not), or None."""
-        at = int(np.searchsorted(self.ids, id_))
-        return at if at < len(self.ids) and int(self.ids[at]) == id_ else None
 
     def search(self, terms: Sequence[str], k: int) -> list[tuple[int, float]]:
         term_ids = [self.vocab[t] for t in terms if t in self.vocab]
@@ -382,14 +334,7 @@ class LexicalIndex:
         self._k1 = k1
         self._b = b
         self._lock = threading.Lock()
-        # The main segment's documents (term ids in text order) in one int32 arena,
-        # in its rows' order (ascending ids): ``_flat[_ptr[r]:_ptr[r + 1]]``. A dict
-        # entry and an array per document held 2.5x the memory at 100k documents.
-        self._flat: npt.NDArray[np.int32] = np.zeros(0, np.int32)
-        self._ptr: npt.NDArray[np.int64] = np.zeros(1, np.int64)
-        # Documents outside the arena: every one before the first build, then the delta's.
-        self._extra: dict[int, npt.NDArray[np.int32]] = {}
-        self._held = 0  # documents held
+        self._docs: dict[int, npt.NDArray[np.int32]] = {}  # id -> term ids, in text order
         self._vocab: dict[str, int] = {}  # term -> term id, only terms some doc holds
         self._refs: list[int] = []  # term id -> number of held docs containing it
         self._terms: list[str] = []  # term id -> term (valid while its refs > 0)
@@ -449,8 +394,7 @@ class LexicalIndex:
             for id_, doc in zip(id_list, analysed, strict=True):
                 self._drop(id_)
                 held = self._intern(doc)
-                self._extra[id_] = np.array(held, dtype=np.int32)
-                self._held += 1
+                self._docs[id_] = np.array(held, dtype=np.int32)
                 self._length += len(held)
                 if self._built is not None:
                     self._delta.add(id_)
@@ -535,7 +479,7 @@ class LexicalIndex:
 
         The caller holds the lock.
         """
-        n = self._held
+        n = len(self._docs)
         avgdl = self._length / n if n else 1.0
         scores: dict[int, float] = {}
         for term in terms:
@@ -546,7 +490,7 @@ class LexicalIndex:
             df = self._refs[tid]
             idf = float(np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
             for id_, tf in post.items():
-                norm = self._k1 * (1.0 - self._b + self._b * len(self._extra[id_]) / avgdl)
+                norm = self._k1 * (1.0 - self._b + self._b * len(self._docs[id_]) / avgdl)
                 scores[id_] = scores.get(id_, 0.0) + idf * tf / (tf + norm)
         return [(i, s) for i, s in scores.items() if s > 0.0]
 
@@ -586,28 +530,25 @@ class LexicalIndex:
         Returns:
             1 if the document was held, else 0.
         """
-        doc = self._extra.pop(id_, None)
-        if doc is not None:
-            held = set(doc.tolist())
-            if id_ in self._delta:
-                self._delta.discard(id_)
-                for tid in held:
-                    post = self._post.get(tid)
-                    if post is not None:
-                        post.pop(id_, None)
-                        if not post:
-                            del self._post[tid]
-        else:
-            built = self._built
-            row = None if built is None else built.row(id_)
-            if built is None or row is None or not built.alive[row]:
-                return 0
-            built.alive[row] = False
-            self._masked += 1
-            doc = self._flat[self._ptr[row] : self._ptr[row + 1]]
-            held = set(doc.tolist())
-        self._held -= 1
+        doc = self._docs.pop(id_, None)
+        if doc is None:
+            return 0
         self._length -= len(doc)
+        held = set(doc.tolist())
+        built = self._built
+        if id_ in self._delta:
+            self._delta.discard(id_)
+            for tid in held:
+                post = self._post.get(tid)
+                if post is not None:
+                    post.pop(id_, None)
+                    if not post:
+                        del self._post[tid]
+        elif built is not None:
+            row = built.rows.get(id_)
+            if row is not None and built.alive[row]:
+                built.alive[row] = False
+                self._masked += 1
         for tid in held:
             self._refs[tid] -= 1
             if self._refs[tid] == 0:  # the last document holding the term
@@ -615,89 +556,48 @@ class LexicalIndex:
                 del self._vocab[self._terms[tid]]
         return 1
 
-    def _doc(self, id_: int) -> npt.NDArray[np.int32] | None:
-        """The term ids of a held document (a view into the arena), or None; holds the lock."""
-        doc = self._extra.get(id_)
-        if doc is not None:
-            return doc
-        built = self._built
-        row = None if built is None else built.row(id_)
-        if built is None or row is None or not built.alive[row]:
-            return None
-        return self._flat[self._ptr[row] : self._ptr[row + 1]]
-
-    def _held_ids(self) -> npt.NDArray[np.int64]:
-        """Ids of the held documents: the arena's living rows, then the others; holds the lock."""
-        extra = np.fromiter(self._extra.keys(), dtype=np.int64, count=len(self._extra))
-        built = self._built
-        if built is None:
-            return extra
-        return np.concatenate([built.ids[built.alive], extra])
-
     def _build(self) -> _Built:
         """Build a scorer over the held documents; the caller holds ``self._lock``.
 
-        The held documents move into a new arena, ordered by id. Term ids freed
-        by removals stay as empty columns (document frequency 0, idf 0) until
-        reused; they match no query because only held terms are in the vocabulary.
+        Term ids freed by removals stay as empty columns (document frequency 0, idf 0)
+        until reused; they match no query because only held terms are in the vocabulary.
         """
         self._rebuilds += 1
-        built = self._built
-        if built is None:
-            kept, flat, ptr = np.zeros(0, np.int64), self._flat[:0], self._ptr[:1]
-        else:
-            living = np.flatnonzero(built.alive)
-            kept = built.ids[living]
-            flat, ptr = _gather(self._flat, self._ptr, living)
-        more = list(self._extra.values())
-        lengths = np.fromiter(map(len, more), np.int64, count=len(more))
-        ids = np.concatenate(
-            [kept, np.fromiter(self._extra.keys(), np.int64, count=len(self._extra))]
-        )
-        flat = np.concatenate([flat, _concatenate(more, int(lengths.sum()))])
-        ptr = np.concatenate([ptr, ptr[-1] + np.cumsum(lengths)])
-        del more
-        order = np.argsort(ids, kind="stable")
-        self._flat, self._ptr = _gather(flat, ptr, order)
-        del flat, ptr
-        ids = ids[order]
-        self._extra = {}
         self._delta.clear()
         self._post.clear()
         self._masked = 0
+        ids = np.fromiter(self._docs.keys(), dtype=np.int64, count=len(self._docs))
+        rows = {int(i): r for r, i in enumerate(ids.tolist())}
         alive = np.ones(len(ids), dtype=np.bool_)
         if not self._vocab:
             empty = np.zeros(0, dtype=np.float32)
-            return _Built({}, ids, empty, np.zeros(0, np.int32), np.zeros(1, np.int64), alive)
-        data, indices, indptr = _bm25_arena(
-            self._flat, self._ptr[1:] - self._ptr[:-1], len(self._refs), self._k1, self._b
+            return _Built({}, ids, empty, np.zeros(0, np.int32), np.zeros(1, np.int64), rows, alive)
+        data, indices, indptr = bm25_matrix(
+            list(self._docs.values()), len(self._refs), self._k1, self._b
         )
-        if len(self._flat) >= TRIM_AFTER_TERMS:
-            release_free_heap()  # the build's temporaries, back to the OS
-        return _Built(dict(self._vocab), ids, data, indices, indptr, alive)
+        return _Built(dict(self._vocab), ids, data, indices, indptr, rows, alive)
 
     def nbytes(self) -> int:
         """An estimate of the bytes this index holds (for the index cache's bound).
 
         The main segment's arrays exactly (``data``, ``indices``, ``indptr``,
-        ``ids``, ``alive``, the documents' arena), 4 bytes per term occurrence
-        of the other documents, plus CPython object sizes for the rest: per
-        document outside the arena :data:`_DOC_BYTES` (its dict entry and
-        array); per vocabulary term :data:`_TERM_BYTES`; per delta posting
-        :data:`_POSTING_BYTES`. The constants were measured with
+        ``ids``, ``alive``), plus CPython object sizes for the rest: per held
+        document :data:`_DOC_BYTES` (its dict entry, its array of term ids) and 4
+        bytes per term occurrence; per vocabulary term :data:`_TERM_BYTES`; per
+        main-segment row :data:`_ROW_BYTES` (the id -> row map); per delta
+        posting :data:`_POSTING_BYTES`. The constants were measured with
         ``tracemalloc`` on CPython 3.11 (``tests/index/test_index_lexical.py``
         checks the estimate against it). O(1) plus the number of delta terms.
         """
         with self._lock:
-            outside = sum(map(len, self._extra.values()))
-            held = len(self._extra) * _DOC_BYTES + 4 * outside
+            held = len(self._docs) * _DOC_BYTES + 4 * self._length
             held += len(self._vocab) * _TERM_BYTES
             held += sum(len(p) for p in self._post.values()) * _POSTING_BYTES
             built = self._built
             if built is not None:
                 arrays = (built.data, built.indices, built.indptr, built.ids, built.alive)
-                held += sum(a.nbytes for a in arrays) + len(built.vocab) * _TERM_BYTES
-                held += self._flat.nbytes + self._ptr.nbytes
+                held += sum(a.nbytes for a in arrays)
+                held += len(built.rows) * _ROW_BYTES + len(built.vocab) * _TERM_BYTES
             return held
 
     @property
@@ -717,7 +617,7 @@ class LexicalIndex:
             ``(len(self),) int64``, ascending.
         """
         with self._lock:
-            held = self._held_ids()
+            held = np.fromiter(self._docs.keys(), dtype=np.int64, count=len(self._docs))
         return np.sort(held)
 
     def terms_of(self, ids: Iterable[int] | None = None) -> dict[int, list[str]]:
@@ -734,24 +634,24 @@ class LexicalIndex:
         """
         with self._lock:
             terms = self._terms
-            wanted = self._held_ids().tolist() if ids is None else ids
+            wanted = self._docs.keys() if ids is None else ids
             return {
                 int(i): [terms[t] for t in doc.tolist()]
                 for i in wanted
-                if (doc := self._doc(int(i))) is not None
+                if (doc := self._docs.get(int(i))) is not None
             }
 
     def __len__(self) -> int:
         """Number of texts held."""
         with self._lock:
-            return self._held
+            return len(self._docs)
 
     def __contains__(self, id_: object) -> bool:
         """Whether a text is held under ``id_`` (an ``int``; anything else is absent)."""
         if not isinstance(id_, (int, np.integer)) or isinstance(id_, bool):
             return False
         with self._lock:
-            return self._doc(int(id_)) is not None
+            return int(id_) in self._docs
 
     def to_state(self) -> State:
         """The whole index as a :data:`index.State` (see :mod:`index._state`).
@@ -759,8 +659,7 @@ class LexicalIndex:
         Under the mutex: first the main segment is rebuilt if it has masked
         rows or was never built (so the state holds no removed document, and a
         restored index searches without a rebuild), then the documents (term
-        ids; the main segment's in its rows' order, then the delta's), the
-        vocabulary by term id (freed ids empty),
+        ids, in insertion order), the vocabulary by term id (freed ids empty),
         the free list, the delta's ids and the main segment's arrays are copied
         out. The delta's postings are not kept: they follow from its documents.
 
@@ -771,15 +670,11 @@ class LexicalIndex:
             if self._built is None or self._masked:
                 self._built = self._build()
             built = self._built
-            more = list(self._extra.values())
-            lengths = np.fromiter(map(len, more), np.int64, count=len(more))
-            doc_ptr = np.concatenate([self._ptr, self._ptr[-1] + np.cumsum(lengths)])
-            main, _ = _gather(self._flat, self._ptr, np.arange(len(built.ids)))  # a copy
-            flat = np.concatenate([main, _concatenate(more, int(lengths.sum()))])
-            del main, more
-            doc_ids = np.concatenate(
-                [built.ids, np.fromiter(self._extra.keys(), np.int64, count=len(self._extra))]
-            )
+            docs = self._docs
+            lengths = np.fromiter(map(len, docs.values()), np.int64, count=len(docs))
+            doc_ptr = np.zeros(len(docs) + 1, np.int64)
+            np.cumsum(lengths, out=doc_ptr[1:])
+            flat = _concatenate(list(docs.values()), int(doc_ptr[-1]))
             terms = [t if r > 0 else "" for t, r in zip(self._terms, self._refs, strict=True)]
             blob, term_ptr = strings_to_arrays(terms)
             meta: dict[str, Any] = {
@@ -790,7 +685,7 @@ class LexicalIndex:
                 "rebuilds": self._rebuilds,
             }
             arrays: dict[str, npt.NDArray[Any]] = {
-                "doc_ids": doc_ids,
+                "doc_ids": np.fromiter(docs.keys(), np.int64, count=len(docs)),
                 "doc_ptr": doc_ptr,
                 "doc_terms": flat,
                 "term_blob": blob,
@@ -827,8 +722,7 @@ class LexicalIndex:
                 raise ValueError(f"not a LexicalIndex state: {meta['kind']!r}")
             out = cls(float(meta["k1"]), float(meta["b"]))
             length, rebuilds = int(meta["length"]), int(meta["rebuilds"])
-            doc_ids = np.array(arrays["doc_ids"], dtype=np.int64)
-            doc_ptr = np.array(arrays["doc_ptr"], dtype=np.int64)
+            doc_ids, doc_ptr = arrays["doc_ids"].tolist(), arrays["doc_ptr"].tolist()
             flat_array = np.asarray(arrays["doc_terms"], dtype=np.int32)
             terms = strings_from_arrays(arrays["term_blob"], arrays["term_ptr"])
             refs, free = arrays["refs"].tolist(), arrays["free"].tolist()
@@ -844,9 +738,7 @@ class LexicalIndex:
         if (
             len(refs) != vocab_size
             or len(doc_ptr) != len(doc_ids) + 1
-            or doc_ptr[0] != 0
             or doc_ptr[-1] != len(flat_array)
-            or (len(doc_ptr) > 1 and bool((np.diff(doc_ptr) < 0).any()))
         ):
             raise ValueError("the LexicalIndex state's parts disagree")
         if len(flat_array) and (int(flat_array.min()) < 0 or int(flat_array.max()) >= vocab_size):
@@ -855,31 +747,16 @@ class LexicalIndex:
             raise ValueError("the LexicalIndex state's main segment names unknown terms")
         if len(indices) != len(data) or (len(indices) and int(indices.max()) >= len(ids)):
             raise ValueError("the LexicalIndex state's main segment is malformed")
-        # The main segment's documents come first, in its rows' order, then the delta's.
-        main = len(ids)
-        if (
-            len(np.unique(doc_ids)) != len(doc_ids)
-            or not np.array_equal(doc_ids[:main], ids)
-            or set(doc_ids[main:].tolist()) != set(delta)
-        ):
-            raise ValueError("the LexicalIndex state's documents are malformed")
-        order = np.argsort(ids, kind="stable")
-        out._flat, out._ptr = _gather(flat_array, doc_ptr[: main + 1], order)
-        if main and bool((order != np.arange(main)).any()):  # a state of rows in insertion order
-            inverse = np.empty(main, np.int64)
-            inverse[order] = np.arange(main)
-            indices = inverse[indices].astype(np.int32)
-            ids = ids[order]
-        out._extra = {
-            int(i): flat_array[a:b].copy()
-            for i, a, b in zip(
-                doc_ids[main:].tolist(),
-                doc_ptr[main:-1].tolist(),
-                doc_ptr[main + 1 :].tolist(),
-                strict=True,
-            )
+        docs = {
+            i: flat_array[a:b].copy()
+            for i, (a, b) in zip(doc_ids, itertools.pairwise(doc_ptr), strict=True)
         }
-        out._held = len(doc_ids)
+        if len(docs) != len(doc_ids) or not set(delta) <= docs.keys():
+            raise ValueError("the LexicalIndex state's documents are malformed")
+        rows = dict(zip(ids.tolist(), range(len(ids)), strict=True))
+        if not rows.keys() <= docs.keys() or len(rows) != len(ids):
+            raise ValueError("the LexicalIndex state's main segment holds unknown documents")
+        out._docs = docs
         out._terms = terms
         out._refs = refs
         out._free = free
@@ -892,12 +769,13 @@ class LexicalIndex:
             data,
             indices,
             indptr,
+            rows,
             np.ones(len(ids), dtype=np.bool_),
         )
         out._built = built
         out._delta = set(delta)
         for id_ in delta:
-            for tid in out._extra[id_].tolist():
+            for tid in docs[id_].tolist():
                 post = out._post.setdefault(tid, {})
                 post[id_] = post.get(id_, 0) + 1
         return out

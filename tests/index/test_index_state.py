@@ -286,36 +286,6 @@ def test_a_lexical_state_with_a_delta_keeps_it() -> None:
     _same_ranking(index, back)
 
 
-def test_a_lexical_state_whose_rows_are_in_insertion_order_still_loads() -> None:
-    """Snapshots written before the rows were kept in id order load and rank the same."""
-    index = LexicalIndex()
-    index.add([7, 3, 9, 1], ["harbour violin", "orchard glacier", "violin dinner", "lantern"])
-    index.search("harbour", 1)
-    index.add([4], ["glacier harbour"])  # a delta
-    meta, arrays = index.to_state()
-    assert arrays["built_ids"].tolist() == [1, 3, 7, 9]
-    # The layout of before: main rows in insertion order (7, 3, 9, 1), then the delta.
-    order = np.array([2, 1, 3, 0])
-    ptr = arrays["doc_ptr"]
-    docs = [arrays["doc_terms"][ptr[i] : ptr[i + 1]] for i in range(len(ptr) - 1)]
-    docs = [docs[i] for i in order] + docs[4:]
-    old = dict(arrays)
-    old["built_ids"] = arrays["built_ids"][order]
-    old["doc_ids"] = np.concatenate([old["built_ids"], arrays["doc_ids"][4:]])
-    old["doc_terms"] = np.concatenate(docs)
-    old["doc_ptr"] = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
-    inverse = np.empty(4, np.int64)
-    inverse[order] = np.arange(4)
-    old["built_indices"] = inverse[arrays["built_indices"]].astype(np.int32)
-    back = LexicalIndex.from_state(_round((meta, old)))
-    _same_ranking(index, back)
-    assert back.terms_of() == index.terms_of()
-    for ix in (index, back):
-        ix.remove([3])
-        ix.add([9], ["lantern glacier"])
-    _same_ranking(index, back)
-
-
 # ---------------------------------------------------------------------- sessions and times
 
 
