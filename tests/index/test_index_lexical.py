@@ -330,10 +330,10 @@ _ops = st.lists(
 def test_documents_held_follow_any_sequence_of_adds_removals_and_rebuilds(
     ops: list[tuple[str, int, str]], threshold: int
 ) -> None:
-    """Documents in the main segment's arena, in the delta and masked agree with a plain dict.
+    """Documents in the main segment, in the delta and masked agree with a plain dict.
 
-    Ids arrive in any order (the arena keeps its rows in id order); a low
-    rebuild threshold moves documents between the delta and the arena often.
+    Ids arrive in any order; a low rebuild threshold moves documents between
+    the delta and the main segment often.
     """
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_lexical, "MIN_REBUILD", threshold)
