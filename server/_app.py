@@ -66,6 +66,7 @@ from lethe.v1 import (
     retrieval_pb2,
     threads_pb2,
 )
+from server import _steps
 from server._metrics import CallMeter, Metrics, RpcMetricsInterceptor
 from server._tracing import TracingInterceptor, tracer_provider
 from server.edge import (
@@ -156,6 +157,8 @@ class ServerConfig:
             ``lethe_orphan_derivatives`` and ``lethe_stale_summaries`` gauges
             (longer on a store whose audit is slow: ``server.lifecycle.AUDIT_DUTY``).
         max_workers: worker threads for the blocking work of unary calls.
+        max_running: of the calls on those threads, how many run at once
+            (:class:`server.edge._admission.Limits`).
         max_inflight, max_inflight_per_principal: unary calls admitted at
             once, in all and per token (see :mod:`server.edge._admission`).
         max_running_per_principal: calls of one token running at once.
@@ -208,6 +211,7 @@ class ServerConfig:
     tagger: str = "rules"
     rotation_interval: float = 3600.0
     max_workers: int = 16
+    max_running: int = 2
     max_store_size: int = DEFAULT_MAX_STORE_SIZE
     disk_reserve: int = DEFAULT_DISK_RESERVE
     index_cache_size: int = DEFAULT_INDEX_CACHE_SIZE
@@ -237,6 +241,7 @@ class ServerConfig:
         """
         return Limits(
             workers=self.max_workers,
+            max_running=self.max_running,
             max_inflight=self.max_inflight,
             max_inflight_per_principal=self.max_inflight_per_principal,
             max_running_per_principal=self.max_running_per_principal,
@@ -308,6 +313,8 @@ class LetheServer:
             disk_reserve=config.disk_reserve,
             shared=config.member,
         )
+        # A call waiting for its group commit lends its running slot meanwhile.
+        self.store.writer.waiting = _steps.blocking
         self.retriever = Retriever(
             self.store, load_embedder(config.embedder), max_bytes=config.index_cache_size
         )
@@ -361,6 +368,7 @@ class LetheServer:
             "lethe-rpc",
             per_key=self._limits.max_running_per_principal,
             on_depth=self.metrics.queued_calls.set,
+            slots=self._limits.max_running,
         )
         self.metrics.lmdb_readers.set_function(self.store.reader_slots)
         _hold_grpc_aio()

@@ -17,24 +17,70 @@ a chunk of turns), never inside the store's or an index's critical section.
 Outside the pool (tests, the CLI, the Connect transport's own threads) it
 does nothing.
 
-Thread rules: :func:`bind` and :func:`step` act on the calling thread only.
+Waits: the pool also bounds how many calls run *at once*, whoever they are
+(``--max-running``: Python threads share one interpreter lock, and more
+threads running Python at once only cost more switching). A call that waits
+— for the writer's group commit, for another call's build of an owner's
+index — runs nothing meanwhile, so it waits inside :func:`blocking`: its
+running slot goes to the next call for the wait and it takes a slot again
+before it goes on. Outside the pool :func:`blocking` does nothing either.
+
+Thread rules: :func:`bind`, :func:`step` and :func:`blocking` act on the
+calling thread only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Protocol
 
 _local = threading.local()
 
 
-def bind(hook: Callable[[], None] | None) -> None:
-    """Make ``hook`` what :func:`step` calls on this thread (None: nothing)."""
-    _local.hook = hook
+class Slot(Protocol):
+    """What the pool binds to the thread of a running call (:func:`bind`)."""
+
+    def step(self) -> None:
+        """A step boundary: the call may be parked here until its turn comes again."""
+
+    def release(self) -> None:
+        """The call is about to wait: its running slot may go to another call."""
+
+    def resume(self) -> None:
+        """The wait is over: return once the call holds a running slot again."""
+
+
+def bind(slot: Slot | None) -> None:
+    """Make ``slot`` the running call's (None: the thread runs no pool call)."""
+    _local.slot = slot
+    _local.waiting = False
 
 
 def step() -> None:
     """A step boundary of the running call: the pool may park it here (see the module docstring)."""
-    hook: Callable[[], None] | None = getattr(_local, "hook", None)
-    if hook is not None:
-        hook()
+    slot: Slot | None = getattr(_local, "slot", None)
+    if slot is not None and not _local.waiting:
+        slot.step()
+
+
+@contextlib.contextmanager
+def blocking() -> Iterator[None]:
+    """The block waits, running no Python to speak of: the call's running slot is lent meanwhile.
+
+    Nested blocks lend it once. The block may hold locks: the call takes a
+    slot again after it, whatever it holds (slots are never waited for while
+    holding one).
+    """
+    slot: Slot | None = getattr(_local, "slot", None)
+    if slot is None or _local.waiting:
+        yield
+        return
+    _local.waiting = True
+    slot.release()
+    try:
+        yield
+    finally:
+        _local.waiting = False
+        slot.resume()

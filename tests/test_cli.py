@@ -337,6 +337,7 @@ def test_serve_bounds_default_to_the_admission_limits() -> None:
     config, limits = ServerConfig(), Limits()
     assert (args.workers, config.max_workers, limits.workers) == (16, 16, 16)
     for name in (
+        "max_running",
         "max_inflight",
         "max_inflight_per_principal",
         "max_running_per_principal",

@@ -222,6 +222,14 @@ def add(sub: Subcommands) -> None:
         "--workers", type=positive_int, default=16, help="threads for blocking work"
     )
     bounds.add_argument(
+        "--max-running",
+        type=positive_int,
+        default=2,
+        help="of the calls on those threads, how many run at once, all tokens (a call waiting "
+        "for a commit or an index build lends its place): more threads running Python at "
+        "once share one interpreter lock and only add switching",
+    )
+    bounds.add_argument(
         "--max-inflight", type=positive_int, default=1024, help="unary calls at once, in all"
     )
     bounds.add_argument(
@@ -367,6 +375,7 @@ def run(args: argparse.Namespace) -> int:
         tagger=args.tagger,
         rotation_interval=args.rotation_interval,
         max_workers=args.workers,
+        max_running=args.max_running,
         max_inflight=args.max_inflight,
         max_inflight_per_principal=args.max_inflight_per_principal,
         max_running_per_principal=args.max_running_per_principal,

@@ -47,7 +47,6 @@ counters have no lock); :class:`FairExecutor` ``submit`` from any thread.
 from __future__ import annotations
 
 import collections
-import functools
 import threading
 import time
 import traceback
@@ -72,6 +71,12 @@ between its calls too."""
 RESERVED_PER_PRINCIPAL = 2
 """Calls in flight per token admitted past ``max_inflight`` (up to twice it)."""
 
+SLOT_STALL = 0.05
+"""Seconds with every running slot taken and none given back after which
+:class:`FairExecutor` starts one more call anyway. The running bound is for
+the CPU; it must never stop progress, and a call may wait while it holds a
+slot in a way :func:`server._steps.blocking` does not mark."""
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -79,10 +84,13 @@ class Limits:
 
     Attributes:
         workers: threads running blocking work of unary calls.
+        max_running: of the calls on those threads, how many run at once, all
+            principals (a call waiting for the writer or for an index build
+            lends its slot: :func:`server._steps.blocking`).
         max_inflight: unary calls admitted at once, all principals.
         max_inflight_per_principal: unary calls admitted at once per token.
         max_running_per_principal: of those, calls of one token running at
-            once (in effect at most ``workers``).
+            once (in effect at most ``max_running``).
         max_streams: open server streams (``Watch``), all principals.
         max_streams_per_principal: open streams per token.
 
@@ -91,6 +99,7 @@ class Limits:
     """
 
     workers: int = 16
+    max_running: int = 2
     max_inflight: int = 1024
     max_inflight_per_principal: int = 256
     max_running_per_principal: int = 4
@@ -100,6 +109,7 @@ class Limits:
     def __post_init__(self) -> None:
         for name in (
             "workers",
+            "max_running",
             "max_inflight",
             "max_inflight_per_principal",
             "max_running_per_principal",
@@ -212,11 +222,26 @@ class FairExecutor:
     waits for the CPU, so what one principal may *run* at once is bounded, not
     only what it may queue. A cancelled future is skipped.
 
+    Across principals, at most ``slots`` items run at once: more threads
+    running Python at once share the same interpreter lock and only add
+    switching (``bench/bench_processes.py --processes 1``: 16 clients' searches
+    of a 20k owner, 360 a second and 3.4 ms of server CPU each with up to four
+    running, 530 and 2.3 ms with two). A running item that waits lends its
+    slot for the wait (:func:`server._steps.blocking`) and takes one again,
+    before any new item, when it goes on; a long item at a step boundary
+    (:func:`server._steps.step`) is parked while another principal waits for
+    a slot. If every slot stays taken for :data:`SLOT_STALL` with none given
+    back, one more item starts anyway.
+
     Args:
         workers: number of threads (started at once, daemonic).
         name: thread name prefix.
         per_key: most items of one key running at once while no other key has
-            work (default: ``workers``); one while others have.
+            work (default: ``workers``; in effect at most ``slots``); one while
+            others have.
+        slots: most items running at once, all keys (default: ``workers``).
+        stall: seconds after which one more item starts while every slot
+            stays taken (:data:`SLOT_STALL`).
         on_depth: called with the number of items waiting (not running) each
             time it changes, from the thread that changed it.
     """
@@ -228,8 +253,17 @@ class FairExecutor:
         *,
         per_key: int | None = None,
         on_depth: Callable[[int], None] | None = None,
+        slots: int | None = None,
+        stall: float = SLOT_STALL,
     ) -> None:
-        self._lock = threading.Condition()
+        mutex = threading.RLock()
+        self._lock = threading.Condition(mutex)  # workers wait here for an item
+        self._slot_freed = threading.Condition(mutex)  # calls back from a wait, here
+        self._slots = slots or workers
+        self._stall = stall
+        self._cpu = 0  # items holding a running slot
+        self._resuming = 0  # calls back from a wait, waiting for a slot (first served)
+        self._last_free = time.monotonic()  # when a slot was last given back
         # Items: (future, work), or (None, wake) for a parked call's turn to resume.
         self._queues: dict[str, collections.deque[_Item]] = {}
         self._ring: collections.deque[str] = collections.deque()
@@ -302,10 +336,19 @@ class FairExecutor:
             if now - since >= CONTENDED_LINGER:
                 del self._idle_since[key]
         active = len(self._running.keys() | self._queues.keys() | self._idle_since.keys())
-        return self._per_key if active <= 1 else 1
+        return min(self._per_key, self._slots) if active <= 1 else 1
+
+    def _stalled(self) -> bool:
+        """Every slot taken and none given back for :data:`SLOT_STALL`: one more may start."""
+        return time.monotonic() - self._last_free >= self._stall
 
     def _eligible(self) -> str | None:
-        """The first key in the ring below its running cap (moved out of the ring)."""
+        """The first key in the ring below its running cap (moved out of the ring).
+
+        None while no running slot is free (calls back from a wait first).
+        """
+        if self._cpu + self._resuming >= self._slots and not self._stalled():
+            return None
         cap = self._cap()
         for _ in range(len(self._ring)):
             key = self._ring.popleft()
@@ -323,7 +366,9 @@ class FairExecutor:
                     break
                 if self._closed and not self._ring:
                     return None
-                self._lock.wait(0.25)  # a share grows back when a key lingers out
+                # A share grows back when a key lingers out; taken slots may stall.
+                self._lock.wait(min(self._stall, 0.25) if self._ring else 0.25)
+            self._take_slot()
             queue = self._queues[key]
             future, fn = queue.popleft()
             if queue:
@@ -337,6 +382,37 @@ class FairExecutor:
             self._on_depth(depth)
         return key, future, fn
 
+    def _take_slot(self) -> None:
+        """One more item running (under the lock); one started past a stall restarts its clock."""
+        if self._cpu >= self._slots:
+            self._last_free = time.monotonic()
+        self._cpu += 1
+
+    def _free_slot(self) -> None:
+        """Give a running slot back (under the lock): to a call back from a wait first."""
+        self._cpu -= 1
+        self._last_free = time.monotonic()
+        if self._resuming:
+            self._slot_freed.notify()
+        elif self._queues:
+            self._lock.notify()
+
+    def _release(self) -> None:
+        """A running call waits (:func:`server._steps.blocking`): its slot is lent meanwhile."""
+        with self._lock:
+            self._free_slot()
+
+    def _resume(self) -> None:
+        """A running call's wait is over: returns once it holds a slot again."""
+        with self._lock:
+            self._resuming += 1
+            try:
+                while self._cpu >= self._slots and not self._stalled():
+                    self._slot_freed.wait(self._stall)
+            finally:
+                self._resuming -= 1
+            self._take_slot()
+
     def _done(self, key: str) -> None:
         with self._lock:
             self._running[key] -= 1
@@ -344,8 +420,8 @@ class FairExecutor:
                 del self._running[key]
                 if key not in self._queues:
                     self._idle_since[key] = time.monotonic()
-            if self._queues:  # this key's next item, or another's (its share may have grown)
-                self._lock.notify()
+            # This key's next item, or another's (its share may have grown).
+            self._free_slot()
 
     def _run(self) -> None:
         while self._run_next():
@@ -366,7 +442,7 @@ class FairExecutor:
             return True
         try:
             if future.set_running_or_notify_cancel():
-                _steps.bind(functools.partial(self._park, key))
+                _steps.bind(_CallSlot(self, key))
                 try:
                     result = fn()
                 except BaseException as exc:
@@ -384,16 +460,26 @@ class FairExecutor:
         """At a step boundary of ``key``'s running call (:func:`server._steps.step`).
 
         While ``key`` runs more calls than its share (:meth:`_cap`: others
-        have work now), this call gives its running slot up and waits, its
+        have work now), or every running slot is taken while another key
+        waits for one, this call gives its running slot up and waits, its
         turn queued first in ``key``'s queue; it goes on when a worker takes
         that turn, as it would take ``key``'s next call. Otherwise it returns
         at once.
         """
         resumed = threading.Event()
         with self._lock:
-            if self._closed or self._running[key] <= self._cap():
+            if self._closed:
                 return
-            self._running[key] -= 1  # still >= 1: it ran more than its share, at least 1
+            cap = self._cap()
+            if self._running[key] <= cap and not (
+                self._cpu >= self._slots
+                and any(k != key and self._running[k] < cap for k in self._ring)
+            ):
+                return
+            self._running[key] -= 1  # 0 when it yields a slot rather than its share
+            if self._running[key] <= 0:
+                del self._running[key]
+            self._free_slot()
             queue = self._queues.get(key)
             if queue is None:
                 queue = self._queues[key] = collections.deque()
@@ -411,6 +497,25 @@ class FairExecutor:
     def parked(self) -> int:
         """How many times a running call has been parked at a step boundary, in all."""
         return self._parked
+
+
+class _CallSlot:
+    """The running call of ``key`` on ``pool``, as :mod:`server._steps` sees it."""
+
+    __slots__ = ("key", "pool")
+
+    def __init__(self, pool: FairExecutor, key: str) -> None:
+        self.pool = pool
+        self.key = key
+
+    def step(self) -> None:
+        self.pool._park(self.key)
+
+    def release(self) -> None:
+        self.pool._release()
+
+    def resume(self) -> None:
+        self.pool._resume()
 
 
 def release_frames(exc: BaseException) -> None:

@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from index import Embedder, IndexCache, LexicalIndex, VectorIndex, analyze, release_free_heap
+from server import _steps
 from server._logs import LIMITED
 from server.retrieval._bundle import (
     Bundle,
@@ -75,6 +76,28 @@ TRIM_AFTER_BUILD = 5000
 BUILD_CHUNK = 4096
 """Turns whose texts and vectors are decrypted and indexed at a time when an owner's
 index is built."""
+
+
+class OwnerLock:
+    """One owner's lock (:meth:`IndexBuilds._lock`); a call waiting for it lends its running slot.
+
+    Behind it may be a build of the owner's indexes (seconds at 100k turns):
+    a call of the worker pool waiting here runs nothing meanwhile
+    (:func:`server._steps.blocking`). Not re-entrant, as ``threading.Lock``.
+    """
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            with _steps.blocking():
+                self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
 
 def _thread_groups(
@@ -129,7 +152,7 @@ class IndexBuilds:
         self.store = store
         self.embedder = embedder
         self.cache: IndexCache[Bundle] = IndexCache(capacity, max_bytes)
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, OwnerLock] = {}
         self._locks_guard = threading.Lock()
         self._current: set[str] = set()  # owners whose vectors are the embedder's
         # owner -> removals from its indexes so far (forgets, drops): see on_write
@@ -139,9 +162,12 @@ class IndexBuilds:
         self._changes: dict[str, int] = {}
         self._changed_at: dict[str, float] = {}
 
-    def _lock(self, owner: str) -> threading.Lock:
+    def _lock(self, owner: str) -> OwnerLock:
         with self._locks_guard:
-            return self._locks.setdefault(owner, threading.Lock())
+            lock = self._locks.get(owner)
+            if lock is None:
+                lock = self._locks[owner] = OwnerLock()
+            return lock
 
     def _touch(self, owner: str) -> None:
         """Count a change of the owner's committed bundle; the caller holds the owner's lock.

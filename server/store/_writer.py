@@ -46,12 +46,14 @@ writer thread; ``close`` from the thread that owns the Writer.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -227,6 +229,9 @@ class Writer:
         self.fresh: FreshKeys | None = None
         self.batches = 0
         self.ops = 0
+        # What a caller of run() waits for its group's commit inside: the
+        # server lends the waiting call's running slot (server._steps.blocking).
+        self.waiting: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
         self._thread.start()
 
     def submit(self, op: WriteOp[T]) -> Future[T]:
@@ -250,7 +255,9 @@ class Writer:
         and make that pass longer (a pause of every thread).
         """
         try:
-            return self.submit(op).result()
+            future = self.submit(op)
+            with self.waiting():
+                return future.result()
         finally:
             op.apply = _spent
 

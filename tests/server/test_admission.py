@@ -13,6 +13,7 @@ import threading
 import time
 import traceback
 import weakref
+from collections.abc import Callable
 
 import pytest
 
@@ -350,3 +351,155 @@ def test_step_outside_the_pool_does_nothing() -> None:
     from server._steps import step
 
     step()  # no pool bound on this thread: returns at once
+
+
+def _concurrency_probe() -> tuple[Callable[[float], None], list[int]]:
+    """A call that runs ``seconds`` and records how many such calls ran at once (the peak)."""
+    lock = threading.Lock()
+    now = [0]
+    peak = [0]
+
+    def call(seconds: float) -> None:
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(seconds)
+        with lock:
+            now[0] -= 1
+
+    return call, peak
+
+
+def test_the_pool_runs_at_most_slots_calls_at_once_whoever_they_are() -> None:
+    """Eight principals with a call each, eight workers, two slots: never more than two run."""
+    call, peak = _concurrency_probe()
+    pool = FairExecutor(8, "test", slots=2, stall=30.0)
+    try:
+        futures = [pool.submit(f"p{i}", functools.partial(call, 0.03)) for i in range(8)]
+        for f in futures:
+            f.result(timeout=10)
+    finally:
+        pool.shutdown()
+    assert peak[0] == 2
+
+
+def test_a_call_waiting_in_blocking_lends_its_slot_and_takes_one_back_first() -> None:
+    """One slot: alice waits (marked) while bob runs in her slot; back, she goes before carol.
+
+    Carol's call was queued while bob ran: when bob finishes, the slot goes to
+    alice (back from her wait) before carol's new call starts.
+    """
+    from server._steps import blocking
+
+    order: list[str] = []
+    waiting, go, bob_running, bob_go = (threading.Event() for _ in range(4))
+
+    def alice() -> None:
+        with blocking():
+            waiting.set()
+            go.wait(10)
+        order.append("alice resumed")
+
+    def bob() -> None:
+        bob_running.set()
+        bob_go.wait(10)
+        order.append("bob")
+
+    pool = FairExecutor(4, "test", slots=1, stall=30.0)
+    try:
+        a = pool.submit("alice", alice)
+        assert waiting.wait(5)
+        b = pool.submit("bob", bob)
+        assert bob_running.wait(5)  # in alice's slot, while she waits
+        go.set()  # alice's wait is over; she needs a slot, bob holds it
+        time.sleep(0.1)
+        c = pool.submit("carol", lambda: order.append("carol"))
+        time.sleep(0.1)
+        assert order == []  # alice waits for the slot; carol too
+        bob_go.set()
+        for f in (a, b, c):
+            f.result(timeout=5)
+    finally:
+        go.set()
+        bob_go.set()
+        pool.shutdown()
+    assert order == ["bob", "alice resumed", "carol"]
+
+
+def test_a_stalled_slot_lets_one_more_call_start() -> None:
+    """One slot held by a call that waits unmarked: another call starts after ``stall`` anyway."""
+    release = threading.Event()
+    pool = FairExecutor(4, "test", slots=1, stall=0.1)
+    try:
+        holder = pool.submit("alice", lambda: release.wait(10))
+        time.sleep(0.05)
+        t0 = time.monotonic()
+        pool.submit("bob", lambda: None).result(timeout=5)
+        waited = time.monotonic() - t0
+        assert not holder.done()
+    finally:
+        release.set()
+        pool.shutdown()
+    assert waited >= 0.05  # held back while the slot was fresh, not for ever
+
+
+def test_a_long_call_yields_its_slot_at_a_step_to_another_principal() -> None:
+    """One slot: alice's long call parks at its next step when bob waits for the slot."""
+    from server._steps import step
+
+    stop = threading.Event()
+    pool = FairExecutor(4, "test", slots=1, stall=30.0)
+
+    def long_call() -> None:
+        while not stop.is_set():
+            time.sleep(0.005)
+            step()
+
+    try:
+        alice = pool.submit("alice", long_call)
+        time.sleep(0.05)
+        pool.submit("bob", lambda: None).result(timeout=5)  # never starts unless alice yields
+        assert pool.parked >= 1
+        stop.set()
+        alice.result(timeout=5)
+    finally:
+        stop.set()
+        pool.shutdown()
+
+
+def test_a_call_waiting_for_an_owner_lock_lends_its_slot() -> None:
+    """Two slots: a build holds the owner's lock; a search of that owner waits lending its slot.
+
+    Carol's call runs in that slot while the build goes on (no stall override:
+    30 s).
+    """
+    from server.retrieval._build import OwnerLock
+
+    lock = OwnerLock()
+    building, build_go, bob_waiting = threading.Event(), threading.Event(), threading.Event()
+
+    def build() -> None:
+        with lock:
+            building.set()
+            build_go.wait(10)
+
+    def search() -> None:
+        bob_waiting.set()
+        with lock:
+            pass
+
+    pool = FairExecutor(4, "test", slots=2, stall=30.0)
+    try:
+        a = pool.submit("alice", build)
+        assert building.wait(5)
+        b = pool.submit("bob", search)
+        assert bob_waiting.wait(5)
+        time.sleep(0.05)
+        pool.submit("carol", lambda: None).result(timeout=5)  # bob lent his slot
+        assert not b.done()
+        build_go.set()
+        a.result(timeout=5)
+        b.result(timeout=5)
+    finally:
+        build_go.set()
+        pool.shutdown()

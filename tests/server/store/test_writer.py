@@ -108,3 +108,33 @@ def test_an_append_leaves_no_reference_cycle_holding_its_turns(
         assert not {"TurnDraft", "TurnMeta", "WriteOp"} & set(cyclic), cyclic
     finally:
         store.close()
+
+
+def test_a_caller_waits_for_its_commit_inside_the_writers_waiting_context(
+    tmp_path: Path, kek_env: str
+) -> None:
+    """``Writer.run`` waits inside ``waiting`` (the server lends the call's running slot there)."""
+    import contextlib
+    from collections.abc import Iterator
+
+    store = Store(tmp_path / "d")
+    seen: list[str] = []
+
+    @contextlib.contextmanager
+    def waiting() -> Iterator[None]:
+        seen.append("enter")
+        yield
+        seen.append("exit")
+
+    try:
+        store.writer.waiting = waiting
+
+        def apply(txn: lmdb.Transaction) -> str:
+            seen.append("apply")
+            return "done"
+
+        assert store.writer.run(WriteOp(apply)) == "done"
+    finally:
+        store.close()
+    assert sorted(seen) == ["apply", "enter", "exit"]  # apply may run before the wait begins
+    assert seen[-1] == "exit"
