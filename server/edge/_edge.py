@@ -58,6 +58,7 @@ import logging
 import time
 import traceback
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -368,7 +369,9 @@ class Edge:
 
         The admission slot is freed when the work has finished or was skipped
         (the caller stopped waiting before a worker took it), not when the
-        caller stops waiting.
+        caller stops waiting. The loop is woken once per call, when the work
+        is done: it frees the slot and hands the result over in one callback
+        (``asyncio.wrap_future`` plus a callback of its own woke it twice).
 
         Returns:
             The encoded response.
@@ -393,14 +396,29 @@ class Edge:
             self.admission.exit_call(key)
             raise
         loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bytes] = loop.create_future()
 
-        def release(_: Any) -> None:
+        def finish(done: Future[bytes]) -> None:  # on the loop
+            self.admission.exit_call(key)
+            if waiter.cancelled():
+                return
+            if done.cancelled():
+                waiter.cancel()
+            elif (exc := done.exception()) is not None:
+                waiter.set_exception(exc)
+            else:
+                waiter.set_result(done.result())
+
+        def wake(done: Future[bytes]) -> None:  # on the worker (or where it was cancelled)
             with contextlib.suppress(RuntimeError):  # a closed loop: the server is gone
-                loop.call_soon_threadsafe(self.admission.exit_call, key)
+                loop.call_soon_threadsafe(finish, done)
 
-        future.add_done_callback(release)
-        result: bytes = await asyncio.wrap_future(future)
-        return result
+        future.add_done_callback(wake)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            future.cancel()  # skipped if no worker has taken it yet
+            raise
 
     async def stream(
         self, method: Method, caller: Caller, codec: Codec, raw: bytes
