@@ -338,18 +338,18 @@ class SessionIndex:
         Every term of ``counts`` is posted (the caller counted it first), so its
         id stays taken while the member holds it.
         """
+        tid_of = self._tid
+        for term in [t for t in counts if t not in tid_of]:  # new terms: free ids first
+            if self._free:
+                tid = self._free.pop()
+                self._word[tid] = term
+            else:
+                tid = len(self._word)
+                self._word.append(term)
+            tid_of[term] = tid
         pairs = np.empty((len(counts), 2), np.int32)
-        for row, (term, tf) in enumerate(counts.items()):
-            tid = self._tid.get(term)
-            if tid is None:
-                if self._free:
-                    tid = self._free.pop()
-                    self._word[tid] = term
-                else:
-                    tid = len(self._word)
-                    self._word.append(term)
-                self._tid[term] = tid
-            pairs[row] = tid, tf
+        pairs[:, 0] = [tid_of[term] for term in counts]
+        pairs[:, 1] = list(counts.values())
         return pairs.tobytes()
 
     def _unpack(self, packed: bytes) -> dict[str, int]:
