@@ -257,7 +257,11 @@ class FairExecutor:
         stall: float = SLOT_STALL,
     ) -> None:
         mutex = threading.RLock()
-        self._lock = threading.Condition(mutex)  # workers wait here for an item
+        self._lock = threading.Condition(mutex)
+        # Idle workers, the last to go idle on top: each waits on a condition of
+        # its own, and work wakes the top one (its stack and caches are warm).
+        self._idle: list[threading.Condition] = []
+        self._waiter = _ThreadCondition(mutex)
         self._slot_freed = threading.Condition(mutex)  # calls back from a wait, here
         self._slots = slots or workers
         self._stall = stall
@@ -299,7 +303,8 @@ class FairExecutor:
             queue.append((future, fn))
             self._depth += 1
             depth = self._depth
-            self._lock.notify()
+            if self._cpu + self._resuming < self._slots:  # else a finishing call takes it
+                self._wake_one()
         if self._on_depth is not None:
             self._on_depth(depth)
         return future
@@ -313,7 +318,8 @@ class FairExecutor:
         """Finish what is queued, then stop the threads (joined when ``wait``)."""
         with self._lock:
             self._closed = True
-            self._lock.notify_all()
+            while self._idle:
+                self._idle.pop().notify()
         if wait:
             for thread in self._threads:
                 thread.join()
@@ -367,7 +373,7 @@ class FairExecutor:
                 if self._closed and not self._ring:
                     return None
                 # A share grows back when a key lingers out; taken slots may stall.
-                self._lock.wait(min(self._stall, 0.25) if self._ring else 0.25)
+                self._idle_wait(min(self._stall, 0.25) if self._ring else 0.25)
             self._take_slot()
             queue = self._queues[key]
             future, fn = queue.popleft()
@@ -382,20 +388,47 @@ class FairExecutor:
             self._on_depth(depth)
         return key, future, fn
 
+    def _idle_wait(self, timeout: float) -> None:
+        """Wait as an idle worker (under the lock) until woken or ``timeout`` seconds pass.
+
+        Only the worker that went idle last waits less than 0.25 s (for a
+        stall): the others sleep on.
+        """
+        waiter = self._waiter.get()
+        if self._idle:
+            timeout = 0.25
+        self._idle.append(waiter)
+        try:
+            waiter.wait(timeout)
+        finally:
+            if self._idle and self._idle[-1] is waiter:
+                self._idle.pop()
+            elif waiter in self._idle:
+                self._idle.remove(waiter)
+
+    def _wake_one(self) -> None:
+        """Wake the worker that went idle last, if any (under the lock)."""
+        if self._idle:
+            self._idle.pop().notify()
+
     def _take_slot(self) -> None:
         """One more item running (under the lock); one started past a stall restarts its clock."""
         if self._cpu >= self._slots:
             self._last_free = time.monotonic()
         self._cpu += 1
 
-    def _free_slot(self) -> None:
-        """Give a running slot back (under the lock): to a call back from a wait first."""
+    def _free_slot(self, *, taker: bool = False) -> None:
+        """Give a running slot back (under the lock): to a call back from a wait first.
+
+        Else an idle worker is woken for the queued work, unless ``taker``:
+        the calling worker takes the next item itself (its item is done).
+        """
         self._cpu -= 1
         self._last_free = time.monotonic()
         if self._resuming:
             self._slot_freed.notify()
-        elif self._queues:
-            self._lock.notify()
+        elif self._queues and not taker:
+            self._wake_one()
 
     def _release(self) -> None:
         """A running call waits (:func:`server._steps.blocking`): its slot is lent meanwhile."""
@@ -420,8 +453,8 @@ class FairExecutor:
                 del self._running[key]
                 if key not in self._queues:
                     self._idle_since[key] = time.monotonic()
-            # This key's next item, or another's (its share may have grown).
-            self._free_slot()
+            # This worker takes the next item itself (this key's or another's).
+            self._free_slot(taker=True)
 
     def _run(self) -> None:
         while self._run_next():
@@ -488,7 +521,7 @@ class FairExecutor:
             self._depth += 1
             self._parked += 1
             depth = self._depth
-            self._lock.notify()
+            self._wake_one()
         if self._on_depth is not None:
             self._on_depth(depth)
         resumed.wait()
@@ -497,6 +530,20 @@ class FairExecutor:
     def parked(self) -> int:
         """How many times a running call has been parked at a step boundary, in all."""
         return self._parked
+
+
+class _ThreadCondition:
+    """A condition of the calling thread's own, on the pool's mutex (one per worker)."""
+
+    def __init__(self, mutex: threading.RLock) -> None:
+        self._mutex = mutex
+        self._local = threading.local()
+
+    def get(self) -> threading.Condition:
+        waiter: threading.Condition | None = getattr(self._local, "waiter", None)
+        if waiter is None:
+            waiter = self._local.waiter = threading.Condition(self._mutex)
+        return waiter
 
 
 class _CallSlot:

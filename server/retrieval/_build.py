@@ -78,12 +78,19 @@ BUILD_CHUNK = 4096
 index is built."""
 
 
+OWNER_LOCK_BRIEF = 0.005
+"""Seconds a call waits for an owner's lock before it lends its slot (:class:`OwnerLock`)."""
+
+
 class OwnerLock:
     """One owner's lock (:meth:`IndexBuilds._lock`); a call waiting for it lends its running slot.
 
     Behind it may be a build of the owner's indexes (seconds at 100k turns):
     a call of the worker pool waiting here runs nothing meanwhile
-    (:func:`server._steps.blocking`). Not re-entrant, as ``threading.Lock``.
+    (:func:`server._steps.blocking`). It waits :data:`OWNER_LOCK_BRIEF` first
+    with its slot: most holders (a search's bundle lookup, an update) are
+    done by then, and lending the slot for those costs more than it frees.
+    Not re-entrant, as ``threading.Lock``.
     """
 
     __slots__ = ("_lock",)
@@ -92,7 +99,7 @@ class OwnerLock:
         self._lock = threading.Lock()
 
     def __enter__(self) -> None:
-        if not self._lock.acquire(blocking=False):
+        if not self._lock.acquire(timeout=OWNER_LOCK_BRIEF):
             with _steps.blocking():
                 self._lock.acquire()
 
