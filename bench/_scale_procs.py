@@ -52,6 +52,20 @@ BENCH = Path(__file__).resolve().parent
 _START_TIMEOUT_S = 300.0
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time a running process has used so far (user + system), in seconds; 0.0 if unreadable.
+
+    From ``/proc/{pid}/stat`` (fields 14 and 15, ``utime`` and ``stime``, in
+    clock ticks; proc(5)).
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def memory_of(pid: int) -> dict[str, int]:
     """Resident memory of a running process.
 

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 from _scale_data import load_corpus, random_unit, varied_texts
-from _scale_procs import CallBatch, ClientPool, LetheProcess, memory_of
+from _scale_procs import CallBatch, ClientPool, LetheProcess, cpu_seconds, memory_of
 from _scale_report import machine_info
 from bench_restart import OWNER, _ingest, _log
 
@@ -76,17 +76,28 @@ def _search_once(address: str, token: str, vector: np.ndarray) -> float:
         stubs.close()
 
 
-def _run(pool: ClientPool, batch: CallBatch, clients: int) -> dict[str, float]:
-    """One closed-loop run: searches a second over the wall span, p50 and p99 in ms."""
+def _run(
+    pool: ClientPool, batch: CallBatch, clients: int, pids: list[int] | None = None
+) -> dict[str, float]:
+    """One closed-loop run: searches a second over the wall span, p50 and p99 in ms.
+
+    With ``pids`` (the serving processes), also ``cpu_ms``: their CPU time
+    (user + system) over the run per search answered, in ms.
+    """
+    cpu0 = sum(cpu_seconds(p) for p in pids or [])
     results = pool.run(batch, clients)
+    cpu1 = sum(cpu_seconds(p) for p in pids or [])
     calls = [lat for r in results for lat in r.latencies]
     span = max(r.end for r in results) - min(r.start for r in results)
-    return {
+    out = {
         "qps": len(calls) / span,
         "p50_ms": float(np.percentile(calls, 50)) * 1e3,
         "p99_ms": float(np.percentile(calls, 99)) * 1e3,
         "calls": float(len(calls)),
     }
+    if pids:
+        out["cpu_ms"] = (cpu1 - cpu0) * 1e3 / max(len(calls), 1)
+    return out
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -115,14 +126,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 warm = CallBatch(**{**batch.__dict__, "seconds": args.warmup})
                 pool.run(warm, args.clients)  # every process has loaded the owner
                 run = _run(
-                    pool, CallBatch(**{**batch.__dict__, "seconds": args.seconds}), args.clients
+                    pool,
+                    CallBatch(**{**batch.__dict__, "seconds": args.seconds}),
+                    args.clients,
+                    _members(proc),
                 )
                 rss = sum(memory_of(pid).get("vm_rss", 0) for pid in _members(proc))
                 runs[n].append(run)
                 memory[n].append(rss)
                 _log(
                     f"round {r + 1}: {n} processes: {run['qps']:.0f} searches/s, "
-                    f"p50 {run['p50_ms']:.2f} ms, p99 {run['p99_ms']:.2f} ms, rss {rss >> 20} MiB"
+                    f"p50 {run['p50_ms']:.2f} ms, p99 {run['p99_ms']:.2f} ms, "
+                    f"server CPU {run['cpu_ms']:.2f} ms/search, rss {rss >> 20} MiB"
                 )
         # A lone process has no supervisor to start it again: no kill then.
         kill = _kill_to_first_search(proc, counts[-1], vectors[1]) if counts[-1] > 1 else None
@@ -140,6 +155,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "qps": round(qps, 1),
                 "p50_ms": round(p50, 3),
                 "p99_ms": round(median(x["p99_ms"] for x in runs[n]), 3),
+                "cpu_ms_per_search": round(median(x["cpu_ms"] for x in runs[n]), 3),
                 "rss_bytes": int(median(memory[n])),
                 "qps_ratio": round(qps / median(x["qps"] for x in runs[floor]), 3),
                 "p50_ratio": round(p50 / median(x["p50_ms"] for x in runs[floor]), 3),
@@ -189,14 +205,15 @@ def _markdown(report: dict[str, Any]) -> str:
         f"{report['machine'].get('cpu_count')} CPUs, load average at start "
         f"{report['machine'].get('loadavg_start')}.",
         "",
-        "| processes | searches/s | ratio | p50 ms | p50 ratio | p99 ms | RSS (all, MiB) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| processes | searches/s | ratio | p50 ms | p50 ratio | p99 ms | server CPU ms/search "
+        "| RSS (all, MiB) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["table"]:
         lines.append(
             f"| {row['processes']} | {row['qps']:.0f} | {row['qps_ratio']:.2f} | "
             f"{row['p50_ms']:.2f} | {row['p50_ratio']:.2f} | {row['p99_ms']:.2f} | "
-            f"{row['rss_bytes'] >> 20} |"
+            f"{row['cpu_ms_per_search']:.2f} | {row['rss_bytes'] >> 20} |"
         )
     kill = report["kill"]
     if kill is not None:

@@ -245,7 +245,7 @@ def test_the_processes_benchmark_measures_each_count_against_one_process(tmp_pat
     floor, group = result["table"]
     assert (floor["qps_ratio"], floor["p50_ratio"]) == (1.0, 1.0)
     for row in (floor, group):
-        for key in ("qps", "p50_ms", "p99_ms", "rss_bytes"):
+        for key in ("qps", "p50_ms", "p99_ms", "rss_bytes", "cpu_ms_per_search"):
             assert _positive(row[key]), (row["processes"], key)
     assert group["rss_bytes"] > floor["rss_bytes"]  # two processes hold two copies
     assert _positive(result["kill"]["kill_to_first_search_s"])
