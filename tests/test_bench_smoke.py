@@ -295,3 +295,26 @@ def test_the_langgraph_benchmark_runs_beside_in_memory_store(tmp_path: Path) -> 
     assert _positive(result["put"]["append_turns_floor"]["p50_ms"])
     assert _positive(result["put"]["new_over_append"]["median"])
     assert _positive(result["filter_search"]["lethe_over_in_memory"]["median"])
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("chromadb") is None,
+    reason="chromadb is missing (pip install -e '.[bench]')",
+)
+def test_the_chroma_server_benchmark_runs_both_systems(tmp_path: Path) -> None:
+    """``bench_chroma_server.py --smoke``: Lethe and ``chroma run`` answer, recall is measured."""
+    out = tmp_path / "chroma-server-smoke.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_chroma_server.py"), "--smoke",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for system in ("lethe", "chroma"):
+        for key in ("qps", "p50_ms", "p99_ms"):
+            assert _positive(result["table"][system][key]), (system, key)
+    assert result["lethe_recall_at_10"] >= 0.99  # exact search at 2,000 vectors
+    assert 0 < result["chroma_ladder"][-1]["recall_at_10"] <= 1
+    assert _positive(result["qps_ratio_lethe_over_chroma"])
+    assert "| chroma |" in out.with_suffix(".md").read_text()
