@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
@@ -96,6 +97,17 @@ def machine_info() -> dict[str, Any]:
         "loadavg_start": [round(v, 2) for v in os.getloadavg()],
         "libraries": libs,
     }
+
+
+def write_report(out: Path, report: dict[str, Any], markdown: str) -> None:
+    """Write ``report`` as ``out`` (JSON) and ``markdown`` beside it (``.md``); print the latter.
+
+    Creates ``out``'s directory when missing.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown)
+    print(markdown)
 
 
 def _n(n: int) -> str:

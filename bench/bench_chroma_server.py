@@ -31,7 +31,6 @@ The machine is shared and noisy: quote ratios from one run with its load.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import multiprocessing as mp
 import shutil
@@ -46,7 +45,7 @@ from typing import Any
 import numpy as np
 from _scale_data import EmbeddingCache, load_corpus, varied_texts
 from _scale_procs import CallBatch, ClientPool, LetheProcess, cpu_seconds
-from _scale_report import machine_info
+from _scale_report import machine_info, write_report
 from _scale_stats import exact_top, recall_at
 from _server import free_port
 from bench_restart import OWNER, THREAD_LEN, _ingest, _log
@@ -319,10 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     started = machine_info()
     report = measure(args)
     report["machine"] = {**started, "args": {k: str(v) for k, v in vars(args).items()}}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    out.with_suffix(".md").write_text(_markdown(report))
-    print(_markdown(report))
+    write_report(out, report, _markdown(report))
     return 0
 
 

@@ -30,7 +30,6 @@ the load average (``machine``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -42,7 +41,7 @@ from typing import Any
 import numpy as np
 from _scale_data import load_corpus, random_unit, varied_texts
 from _scale_procs import CallBatch, ClientPool, LetheProcess, cpu_seconds, memory_of
-from _scale_report import machine_info
+from _scale_report import machine_info, write_report
 from bench_restart import OWNER, _ingest, _log
 
 from lethe._rpc import Stubs
@@ -244,10 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"machine": machine, **measure(args)}
     name = "processes-smoke" if args.smoke else "processes"
     out = args.out or BENCH / "results" / f"{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    out.with_suffix(".md").write_text(_markdown(report))
-    print(_markdown(report))
+    write_report(out, report, _markdown(report))
     return 0
 
 
