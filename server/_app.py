@@ -369,6 +369,7 @@ class LetheServer:
             per_key=self._limits.max_running_per_principal,
             on_depth=self.metrics.queued_calls.set,
             slots=self._limits.max_running,
+            on_stall=self.metrics.pool_stalls.inc,
         )
         self.metrics.lmdb_readers.set_function(self.store.reader_slots)
         _hold_grpc_aio()

@@ -164,6 +164,12 @@ class Metrics:
             "Admitted calls waiting for a worker thread.",
             registry=self.registry,
         )
+        self.pool_stalls = Counter(
+            "lethe_pool_stalls",
+            "Calls started past --max-running because every running slot stayed taken 50 ms "
+            "with none given back (steady growth: calls hold slots while they wait).",
+            registry=self.registry,
+        )
         self.open_streams = Gauge(
             "lethe_open_streams", "Open server streams (Events.Watch).", registry=self.registry
         )

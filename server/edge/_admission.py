@@ -242,6 +242,8 @@ class FairExecutor:
         slots: most items running at once, all keys (default: ``workers``).
         stall: seconds after which one more item starts while every slot
             stays taken (:data:`SLOT_STALL`).
+        on_stall: called (under the pool's lock; it must be quick) each time
+            an item starts so, past ``slots``.
         on_depth: called with the number of items waiting (not running) each
             time it changes, from the thread that changed it.
     """
@@ -255,6 +257,7 @@ class FairExecutor:
         on_depth: Callable[[int], None] | None = None,
         slots: int | None = None,
         stall: float = SLOT_STALL,
+        on_stall: Callable[[], None] | None = None,
     ) -> None:
         mutex = threading.RLock()
         self._lock = threading.Condition(mutex)
@@ -265,6 +268,8 @@ class FairExecutor:
         self._slot_freed = threading.Condition(mutex)  # calls back from a wait, here
         self._slots = slots or workers
         self._stall = stall
+        self._on_stall = on_stall
+        self.stalls = 0  # items started past the slots (a stall)
         self._cpu = 0  # items holding a running slot
         self._resuming = 0  # calls back from a wait, waiting for a slot (first served)
         self._last_free = time.monotonic()  # when a slot was last given back
@@ -415,6 +420,9 @@ class FairExecutor:
         """One more item running (under the lock); one started past a stall restarts its clock."""
         if self._cpu >= self._slots:
             self._last_free = time.monotonic()
+            self.stalls += 1
+            if self._on_stall is not None:
+                self._on_stall()
         self._cpu += 1
 
     def _free_slot(self, *, taker: bool = False) -> None:

@@ -429,7 +429,8 @@ def test_a_call_waiting_in_blocking_lends_its_slot_and_takes_one_back_first() ->
 def test_a_stalled_slot_lets_one_more_call_start() -> None:
     """One slot held by a call that waits unmarked: another call starts after ``stall`` anyway."""
     release = threading.Event()
-    pool = FairExecutor(4, "test", slots=1, stall=0.1)
+    counted: list[int] = []
+    pool = FairExecutor(4, "test", slots=1, stall=0.1, on_stall=lambda: counted.append(1))
     try:
         holder = pool.submit("alice", lambda: release.wait(10))
         time.sleep(0.05)
@@ -441,6 +442,7 @@ def test_a_stalled_slot_lets_one_more_call_start() -> None:
         release.set()
         pool.shutdown()
     assert waited >= 0.05  # held back while the slot was fresh, not for ever
+    assert (pool.stalls, len(counted)) == (1, 1)
 
 
 def test_a_long_call_yields_its_slot_at_a_step_to_another_principal() -> None:
