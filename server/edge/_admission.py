@@ -396,8 +396,8 @@ class FairExecutor:
     def _idle_wait(self, timeout: float) -> None:
         """Wait as an idle worker (under the lock) until woken or ``timeout`` seconds pass.
 
-        Only the worker that went idle last waits less than 0.25 s (for a
-        stall): the others sleep on.
+        Only a worker that goes idle while no other is idle waits less than
+        0.25 s (to notice a stall sooner); the others sleep on.
         """
         waiter = self._waiter.get()
         if self._idle:
