@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: create .venv (if missing), install Lethe with its dev,
-# langgraph, onnx, mcp and tracing extras, then lint (ruff), type-check (mypy --strict) and run the tests
+# langgraph, onnx, mcp, tracing and bench (Chroma, matplotlib) extras, then lint (ruff), type-check (mypy --strict) and run the tests
 # (pytest; the black-box tests start the real server on loopback); check
 # proto/ with buf (scripts/check_proto.sh), deploy/ with promtool and
 # systemd-analyze (scripts/check_deploy.sh), and run a Go client generated
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 # .venv of a Python >= 3.11 ($PYTHON if set; a wrong one is made again)
 . scripts/_venv.sh
 .venv/bin/python -m pip install --quiet --upgrade pip 'setuptools>=77'
-.venv/bin/python -m pip install --quiet -e '.[dev,langgraph,onnx,mcp,tracing]'
+.venv/bin/python -m pip install --quiet -e '.[dev,langgraph,onnx,mcp,tracing,bench]'
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
