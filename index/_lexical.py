@@ -82,7 +82,7 @@ import itertools
 import math
 import re
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -107,12 +107,11 @@ B = 0.4
 
 _TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")
 _STOPWORDS = frozenset(STOPWORDS_EN_PLUS)
-_DOC_BYTES = 240
-"""Estimated bytes per held document besides 4 per term occurrence (dict entry, array)."""
+_DOC_BYTES = 112
+"""Estimated bytes per held document besides 4 per term occurrence (its dict entry, its
+id, the bytes object of its packed term ids)."""
 _TERM_BYTES = 135
 """Estimated bytes per vocabulary term, counted once per vocabulary that holds it."""
-_ROW_BYTES = 64
-"""Estimated bytes per main-segment row (its id -> row entry)."""
 _POSTING_BYTES = 70
 """Estimated bytes per delta posting (an id -> tf entry)."""
 _INT64_MIN = int(np.iinfo(np.int64).min)
@@ -166,7 +165,7 @@ def _as_id_list(ids: Iterable[Any] | npt.ArrayLike) -> list[int]:
 
 _CHUNK_TERMS = 1 << 20
 """Term occurrences counted per step of :func:`bm25_matrix` (and copied per step of
-``_concatenate``): each NumPy call then works on at most a few MiB, so no single
+``_flat``): each NumPy call then works on at most a few MiB, so no single
 call holds the interpreter lock for long (see :func:`bm25_matrix`)."""
 
 
@@ -185,13 +184,23 @@ def _chunks(lengths: Sequence[int]) -> Iterator[tuple[int, int, int]]:
         start = end
 
 
-def _concatenate(docs: Sequence[npt.NDArray[np.int32]], total: int) -> npt.NDArray[np.int32]:
-    """``np.concatenate(docs)`` (``(total,) int32``), copied :data:`_CHUNK_TERMS` at a time."""
-    out = np.empty(total, dtype=np.int32)
+def _pack(term_ids: Sequence[int]) -> bytes:
+    """A document's term ids as :attr:`LexicalIndex._docs` holds them: native ``int32`` bytes."""
+    return np.asarray(term_ids, dtype=np.int32).tobytes()
+
+
+def _unpack(doc: bytes) -> list[int]:
+    """The term ids :func:`_pack` packed, in order."""
+    return memoryview(doc).cast("i").tolist()
+
+
+def _flat(docs: Sequence[bytes]) -> npt.NDArray[np.int32]:
+    """Packed documents laid end to end, ``(total,) int32``, joined by :data:`_CHUNK_TERMS`."""
+    lengths = [len(d) >> 2 for d in docs]
+    out = np.empty(sum(lengths), dtype=np.int32)
     at = 0
-    for start, end, size in _chunks([len(d) for d in docs]):
-        if size:
-            np.concatenate(docs[start:end], out=out[at : at + size])
+    for start, end, size in _chunks(lengths):
+        out[at : at + size] = np.frombuffer(b"".join(docs[start:end]), dtype=np.int32)
         at += size
     return out
 
@@ -222,8 +231,25 @@ def bm25_matrix(
         ``(data, indices, indptr)``: ``(nnz,) float32`` contributions, ``(nnz,) int32``
         document rows (ascending within a column), ``(n_terms + 1,) int64`` column starts.
     """
-    n = len(docs)
-    lengths = np.fromiter(map(len, docs), dtype=np.int64, count=n)
+    lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+    return _bm25_columns(
+        lengths, lambda start, end: np.concatenate(docs[start:end]), n_terms, k1, b
+    )
+
+
+def _bm25_columns(
+    lengths: npt.NDArray[np.int64],
+    terms_of: Callable[[int, int], npt.NDArray[np.int32]],
+    n_terms: int,
+    k1: float,
+    b: float,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+    """:func:`bm25_matrix` of documents given by their lengths and their terms.
+
+    ``terms_of(start, end)`` gives the term ids (``int32``) of documents
+    ``start`` to ``end - 1`` laid end to end.
+    """
+    n = len(lengths)
     # Rows, term ids and frequencies as int32 and the contributions a chunk at a
     # time (each element by the same float64 operations): ~32 bytes of transient
     # memory per non-zero (a rebuild of 100k turns' contextual texts, 2.8 M
@@ -234,7 +260,7 @@ def bm25_matrix(
     tfs_out: list[npt.NDArray[np.int32]] = []
     for start, end, size in _chunks(lengths.tolist()):
         if size:
-            flat = np.concatenate(docs[start:end]).astype(np.int64)
+            flat = terms_of(start, end).astype(np.int64)
             rows = np.repeat(np.arange(start, end, dtype=np.int64), lengths[start:end])
             keys, tf = np.unique(rows * n_terms + flat, return_counts=True)
             del flat, rows
@@ -284,8 +310,20 @@ class _Built:
     data: npt.NDArray[np.float32]  # (nnz,) BM25 contributions, CSC by term
     indices: npt.NDArray[np.int32]  # (nnz,) document row of each contribution
     indptr: npt.NDArray[np.int64]  # (n_terms + 1,) column starts into data/indices
-    rows: dict[int, int]  # id -> row
+    order: npt.NDArray[np.int64]  # (n,) rows by ascending id (``np.argsort(ids)``)
     alive: npt.NDArray[np.bool_]  # (n,) False once a row's document is removed or replaced
+
+    def row_of(self, id_: int) -> int | None:
+        """The row of document ``id_``, or None if this segment does not hold it.
+
+        A binary search of ``ids`` through ``order`` (16 bytes a row, where a
+        dict of ids to rows took about 110).
+        """
+        at = int(np.searchsorted(self.ids, id_, sorter=self.order))
+        if at == len(self.ids):
+            return None
+        row = int(self.order[at])
+        return row if int(self.ids[row]) == id_ else None
 
     def search(self, terms: Sequence[str], k: int) -> list[tuple[int, float]]:
         term_ids = [self.vocab[t] for t in terms if t in self.vocab]
@@ -334,7 +372,9 @@ class LexicalIndex:
         self._k1 = k1
         self._b = b
         self._lock = threading.Lock()
-        self._docs: dict[int, npt.NDArray[np.int32]] = {}  # id -> term ids, in text order
+        # id -> term ids in text order, packed as native int32 (``_pack``): a bytes
+        # object is one allocation of 33 bytes plus the ids, an array three of ~200.
+        self._docs: dict[int, bytes] = {}
         self._vocab: dict[str, int] = {}  # term -> term id, only terms some doc holds
         self._refs: list[int] = []  # term id -> number of held docs containing it
         self._terms: list[str] = []  # term id -> term (valid while its refs > 0)
@@ -394,7 +434,7 @@ class LexicalIndex:
             for id_, doc in zip(id_list, analysed, strict=True):
                 self._drop(id_)
                 held = self._intern(doc)
-                self._docs[id_] = np.array(held, dtype=np.int32)
+                self._docs[id_] = _pack(held)
                 self._length += len(held)
                 if self._built is not None:
                     self._delta.add(id_)
@@ -490,7 +530,7 @@ class LexicalIndex:
             df = self._refs[tid]
             idf = float(np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
             for id_, tf in post.items():
-                norm = self._k1 * (1.0 - self._b + self._b * len(self._docs[id_]) / avgdl)
+                norm = self._k1 * (1.0 - self._b + self._b * (len(self._docs[id_]) >> 2) / avgdl)
                 scores[id_] = scores.get(id_, 0.0) + idf * tf / (tf + norm)
         return [(i, s) for i, s in scores.items() if s > 0.0]
 
@@ -533,8 +573,8 @@ class LexicalIndex:
         doc = self._docs.pop(id_, None)
         if doc is None:
             return 0
-        self._length -= len(doc)
-        held = set(doc.tolist())
+        self._length -= len(doc) >> 2
+        held = set(_unpack(doc))
         built = self._built
         if id_ in self._delta:
             self._delta.discard(id_)
@@ -545,7 +585,7 @@ class LexicalIndex:
                     if not post:
                         del self._post[tid]
         elif built is not None:
-            row = built.rows.get(id_)
+            row = built.row_of(id_)
             if row is not None and built.alive[row]:
                 built.alive[row] = False
                 self._masked += 1
@@ -567,27 +607,30 @@ class LexicalIndex:
         self._post.clear()
         self._masked = 0
         ids = np.fromiter(self._docs.keys(), dtype=np.int64, count=len(self._docs))
-        rows = {int(i): r for r, i in enumerate(ids.tolist())}
+        order = np.argsort(ids, kind="stable")
         alive = np.ones(len(ids), dtype=np.bool_)
         if not self._vocab:
             empty = np.zeros(0, dtype=np.float32)
-            return _Built({}, ids, empty, np.zeros(0, np.int32), np.zeros(1, np.int64), rows, alive)
-        data, indices, indptr = bm25_matrix(
-            list(self._docs.values()), len(self._refs), self._k1, self._b
+            no_terms = np.zeros(0, np.int32)
+            return _Built({}, ids, empty, no_terms, np.zeros(1, np.int64), order, alive)
+        docs = list(self._docs.values())
+        lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)) >> 2
+        data, indices, indptr = _bm25_columns(
+            lengths, lambda start, end: _flat(docs[start:end]), len(self._refs), self._k1, self._b
         )
-        return _Built(dict(self._vocab), ids, data, indices, indptr, rows, alive)
+        return _Built(dict(self._vocab), ids, data, indices, indptr, order, alive)
 
     def nbytes(self) -> int:
         """An estimate of the bytes this index holds (for the index cache's bound).
 
         The main segment's arrays exactly (``data``, ``indices``, ``indptr``,
-        ``ids``, ``alive``), plus CPython object sizes for the rest: per held
-        document :data:`_DOC_BYTES` (its dict entry, its array of term ids) and 4
-        bytes per term occurrence; per vocabulary term :data:`_TERM_BYTES`; per
-        main-segment row :data:`_ROW_BYTES` (the id -> row map); per delta
-        posting :data:`_POSTING_BYTES`. The constants were measured with
-        ``tracemalloc`` on CPython 3.11 (``tests/index/test_index_lexical.py``
-        checks the estimate against it). O(1) plus the number of delta terms.
+        ``ids``, ``order``, ``alive``), plus CPython object sizes for the rest: per
+        held document :data:`_DOC_BYTES` (its dict entry, its id, its packed term
+        ids' bytes object) and 4 bytes per term occurrence; per vocabulary term
+        :data:`_TERM_BYTES`; per delta posting :data:`_POSTING_BYTES`. The
+        constants were measured with ``tracemalloc`` on CPython 3.11
+        (``tests/index/test_index_lexical.py`` checks the estimate against it).
+        O(1) plus the number of delta terms.
         """
         with self._lock:
             held = len(self._docs) * _DOC_BYTES + 4 * self._length
@@ -595,9 +638,9 @@ class LexicalIndex:
             held += sum(len(p) for p in self._post.values()) * _POSTING_BYTES
             built = self._built
             if built is not None:
-                arrays = (built.data, built.indices, built.indptr, built.ids, built.alive)
-                held += sum(a.nbytes for a in arrays)
-                held += len(built.rows) * _ROW_BYTES + len(built.vocab) * _TERM_BYTES
+                arrays = (built.data, built.indices, built.indptr, built.ids, built.order)
+                held += sum(a.nbytes for a in (*arrays, built.alive))
+                held += len(built.vocab) * _TERM_BYTES
             return held
 
     @property
@@ -636,7 +679,7 @@ class LexicalIndex:
             terms = self._terms
             wanted = self._docs.keys() if ids is None else ids
             return {
-                int(i): [terms[t] for t in doc.tolist()]
+                int(i): [terms[t] for t in _unpack(doc)]
                 for i in wanted
                 if (doc := self._docs.get(int(i))) is not None
             }
@@ -671,10 +714,10 @@ class LexicalIndex:
                 self._built = self._build()
             built = self._built
             docs = self._docs
-            lengths = np.fromiter(map(len, docs.values()), np.int64, count=len(docs))
+            lengths = np.fromiter(map(len, docs.values()), np.int64, count=len(docs)) >> 2
             doc_ptr = np.zeros(len(docs) + 1, np.int64)
             np.cumsum(lengths, out=doc_ptr[1:])
-            flat = _concatenate(list(docs.values()), int(doc_ptr[-1]))
+            flat = _flat(list(docs.values()))
             terms = [t if r > 0 else "" for t, r in zip(self._terms, self._refs, strict=True)]
             blob, term_ptr = strings_to_arrays(terms)
             meta: dict[str, Any] = {
@@ -724,6 +767,7 @@ class LexicalIndex:
             length, rebuilds = int(meta["length"]), int(meta["rebuilds"])
             doc_ids, doc_ptr = arrays["doc_ids"].tolist(), arrays["doc_ptr"].tolist()
             flat_array = np.asarray(arrays["doc_terms"], dtype=np.int32)
+            flat_bytes = flat_array.astype("=i4").tobytes()
             terms = strings_from_arrays(arrays["term_blob"], arrays["term_ptr"])
             refs, free = arrays["refs"].tolist(), arrays["free"].tolist()
             delta = arrays["delta"].tolist()
@@ -748,13 +792,15 @@ class LexicalIndex:
         if len(indices) != len(data) or (len(indices) and int(indices.max()) >= len(ids)):
             raise ValueError("the LexicalIndex state's main segment is malformed")
         docs = {
-            i: flat_array[a:b].copy()
+            i: flat_bytes[4 * a : 4 * b]
             for i, (a, b) in zip(doc_ids, itertools.pairwise(doc_ptr), strict=True)
         }
         if len(docs) != len(doc_ids) or not set(delta) <= docs.keys():
             raise ValueError("the LexicalIndex state's documents are malformed")
-        rows = dict(zip(ids.tolist(), range(len(ids)), strict=True))
-        if not rows.keys() <= docs.keys() or len(rows) != len(ids):
+        order = np.argsort(ids, kind="stable")
+        if len(ids) and (
+            bool((ids[order][1:] == ids[order][:-1]).any()) or not set(ids.tolist()) <= docs.keys()
+        ):
             raise ValueError("the LexicalIndex state's main segment holds unknown documents")
         out._docs = docs
         out._terms = terms
@@ -769,13 +815,13 @@ class LexicalIndex:
             data,
             indices,
             indptr,
-            rows,
+            order,
             np.ones(len(ids), dtype=np.bool_),
         )
         out._built = built
         out._delta = set(delta)
         for id_ in delta:
-            for tid in docs[id_].tolist():
+            for tid in _unpack(docs[id_]):
                 post = out._post.setdefault(tid, {})
                 post[id_] = post.get(id_, 0) + 1
         return out
