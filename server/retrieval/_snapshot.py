@@ -83,7 +83,7 @@ from index import (
 from server.errors import LetheError
 from server.retrieval._build import TRIM_AFTER_BUILD
 from server.retrieval._bundle import Bundle, owner_key
-from server.retrieval._drift import index_drift
+from server.retrieval._drift import RowFacts, index_drift
 from server.retrieval._upkeep import IndexUpkeep
 from server.store import MemMeta, TurnMeta, general_visible, indexable
 
@@ -256,11 +256,13 @@ class IndexSnapshots(IndexUpkeep):
                 return 0
             embedder = self.store.owner_embedder(owner)
         state = bundle_state(bundle, embedder, {})
-        rows = self.store.snapshot_rows(owner)
-        if index_drift(bundle, rows.turns, rows.memories, rows.now):
+        facts = RowFacts(time.time())
+        digests = self.store.snapshot_rows(owner, facts)
+        if facts.index_drift(bundle):
             return 0  # an update is under way (or the bundle drifted: the audit says so)
-        buffers = pack_state(*with_rows(state, rows.digests))
-        del state, rows
+        del facts
+        buffers = pack_state(*with_rows(state, digests))
+        del state, digests
         size = sum(len(b) for b in buffers)
         try:
             staged = self.store.stage_snapshot(owner, size, buffers)
@@ -380,7 +382,7 @@ class IndexSnapshots(IndexUpkeep):
         mems = {m.rid: m for m in self.store.owner_memories(owner)}
         if not self._reapply(owner, bundle, changed, turns, mems, now):
             return False
-        drift = index_drift(bundle, list(turns.values()), list(mems.values()), now)
+        drift = index_drift(bundle, turns.values(), mems.values(), now)
         if drift:
             _log.error("owners/%s: a replayed snapshot drifts by %d: rebuilding", owner, drift)
         return not drift

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from index import VectorIndex
 from server.retrieval._build import IndexBuilds
 from server.retrieval._bundle import Bundle, add_time_legs, owner_key, pending_key, pending_prefix
-from server.retrieval._drift import index_drift
+from server.retrieval._drift import RowFacts
 from server.retrieval._indexed_text import TermMemo
 from server.store import MemMeta, RecordMeta, TurnMeta, general_visible, indexable
 
@@ -199,7 +199,6 @@ class IndexUpkeep(IndexBuilds):
                 return 0
             if bundle.due <= time.time():
                 self._expire(owner, bundle)  # as every use of the bundle does first
-        now = time.time()
-        return index_drift(
-            bundle, self.store.owner_turns(owner), self.store.owner_memories(owner), now
-        )
+        facts = RowFacts(time.time())
+        self.store.scan_rows(owner, facts)
+        return facts.index_drift(bundle)

@@ -81,7 +81,7 @@ from server.store._records import (
 )
 from server.store._reserve import DEFAULT_DISK_RESERVE
 from server.store._shapes import KIND_DEFAULTS, SlotConflict, scope_chain
-from server.store._snapshots import SnapshotCleanup, SnapshotRows, StagedSnapshot
+from server.store._snapshots import RowSink, SnapshotCleanup, StagedSnapshot
 from server.store._store import (
     DEFAULT_MAX_STORE_SIZE,
     KEK_ENV,
@@ -153,10 +153,10 @@ __all__ = [
     "OwnerExport",
     "RecordMeta",
     "RecordView",
+    "RowSink",
     "Shingler",
     "SlotConflict",
     "SnapshotCleanup",
-    "SnapshotRows",
     "StagedSnapshot",
     "Store",
     "StoreLockedError",

@@ -71,11 +71,10 @@ import os
 import re
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol, TypeVar
+from typing import BinaryIO, Protocol, TypeVar, cast
 
 import lmdb
 
@@ -159,21 +158,20 @@ def row_digest(raw: bytes) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
-@dataclass(frozen=True, slots=True)
-class SnapshotRows:
-    """An owner's rows as reads see them at ``now``, and the digest of every stored row.
+class RowSink(Protocol):
+    """Takes an owner's stored rows one at a time, as reads see them (``scan_rows``).
 
-    Attributes:
-        turns: every stored turn (deleted rows included), as reads see them.
-        memories: every stored memory, likewise.
-        digests: record number -> :func:`row_digest` of its stored row.
-        now: the time (seconds) ``turns`` and ``memories`` were read as of.
+    Deleted rows are handed over too; whatever the sink keeps of a row is its own.
     """
 
-    turns: list[TurnMeta]
-    memories: list[MemMeta]
-    digests: dict[int, int]
     now: float
+    """The time (seconds since the epoch) the rows are to be read as of."""
+
+    def turn(self, meta: TurnMeta) -> None:
+        """Take one stored turn."""
+
+    def memory(self, meta: MemMeta) -> None:
+        """Take one stored memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,13 +449,36 @@ class SnapshotsPart(StoreBase):
         with self.env.begin() as txn:
             return self._row_digests(txn, owner)
 
-    def snapshot_rows(self, owner: str) -> SnapshotRows:
-        """The owner's rows as reads see them now and their digests, from one read transaction."""
-        now = time.time()
+    def _scan_rows(self, txn: lmdb.Transaction, owner: str, sink: RowSink) -> None:
+        prefix = sk.owner_prefix(owner)
+        for key in sk.scan_keys(txn, self.t.owner_records, prefix):
+            turn = self._turn(txn, sk.rid_of(key[len(prefix) :]))
+            if turn is not None:
+                sink.turn(cast(TurnMeta, self._as_read(txn, turn, sink.now)))
+        for _, rid_key in sk.scan(txn, self.t.memory_ids, prefix):
+            memory = self._memory(txn, sk.rid_of(rid_key))
+            if memory is not None:
+                sink.memory(cast(MemMeta, self._as_read(txn, memory, sink.now)))
+
+    def scan_rows(self, owner: str, sink: RowSink) -> None:
+        """Hand every stored turn, then memory, of ``owner`` to ``sink``, one at a time.
+
+        Each as reads see it at ``sink.now`` (deleted rows included), from one
+        read transaction; none is kept here, so an audit of a 100k-turn owner
+        holds what its sink keeps, not 100k records' metadata.
+        """
         with self.env.begin() as txn:
-            turns = self._turns_read(txn, self._owner_turn_metas(txn, owner), now)
-            memories = self._memories_read(txn, self._owner_memory_metas(txn, owner), now)
-            return SnapshotRows(turns, memories, self._row_digests(txn, owner), now)
+            self._scan_rows(txn, owner, sink)
+
+    def snapshot_rows(self, owner: str, sink: RowSink) -> dict[int, int]:
+        """:meth:`scan_rows` and the digest of every stored row, from one read transaction.
+
+        Returns:
+            Record number -> :func:`row_digest` of its stored row.
+        """
+        with self.env.begin() as txn:
+            self._scan_rows(txn, owner, sink)
+            return self._row_digests(txn, owner)
 
     def discard_snapshot(self, owner: str) -> bool:
         """Remove the owner's snapshot file and any temporary one; whether one was there.

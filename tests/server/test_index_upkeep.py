@@ -252,3 +252,33 @@ def test_contextual_terms_equal_the_joined_analysis_on_every_locomo_turn_pair(
         prev = texts[i - 1] if i else ""
         when = 1.6e9 + 3600.0 * i
         assert memo.contextual(when, prev, text) == analyze(_contextual_text(when, prev, text))
+
+
+def test_index_drift_counts_each_kind_of_disagreement_with_the_store(
+    parts: tuple[Store, Retriever, Lifecycle],
+) -> None:
+    """The audit's count, read from the store a row at a time (``RowFacts``), sees every leg.
+
+    Each change below is made to the loaded bundle only, so the store disagrees
+    with it by exactly one more entry (two for a session member, which the
+    time leg also holds it).
+    """
+    store, retriever, _ = parts
+    rng = np.random.default_rng(3)
+    store.create_thread(OWNER, THREAD, "")
+    metas = _append(store, retriever, _drafts(1, 30, rng))
+    bundle = retriever.owner_bundle(OWNER)
+    assert retriever.index_drift(OWNER) == 0
+    bundle.dense.remove([metas[3].rid])  # a visible vector missing
+    assert retriever.index_drift(OWNER) == 1
+    bundle.plain.add([10**9], ["a record the store never had"])  # a stray text
+    assert retriever.index_drift(OWNER) == 2
+    bundle.ctx_prev[metas[9].rid] = metas[2].rid  # quotes a turn other than the one before it
+    assert retriever.index_drift(OWNER) == 3
+    bundle.sessions.remove([metas[20].rid])  # a visible turn out of its session
+    assert retriever.index_drift(OWNER) == 5  # ... and the time leg holds it
+    bundle.times.remove([metas[20].rid])
+    assert retriever.index_drift(OWNER) == 4
+    bundle.sessions.remove([metas[21].rid])  # in another session than its own
+    bundle.sessions.add([metas[21].rid], ["t9/2001-01-01"], ["apples"], ["t9 2001-01-01"])
+    assert retriever.index_drift(OWNER) == 5
