@@ -17,6 +17,13 @@ group again (recovery in the new primary first) and ``kill_to_first_search_s``
 is the time from the kill until a new connection's search of the owner
 answers (``--records`` decides the owner's size: the warm snapshot load).
 
+Last, ``join_to_first_search_s``: with that group running, SIGTTIN makes the
+supervisor start one more member beside the others (no restart, no recovery);
+new connections search until one lands on the new member (told from
+``/proc``: the only process that then holds a connection it did not hold
+before), whose first search of the owner loads it from its index snapshot.
+Timed from the signal to that answer, with the spawn-to-ready part apart.
+
 Writes ``bench/results/processes[-smoke].{json,md}``::
 
     .venv/bin/python bench/bench_processes.py                      # 20k, 1 and 2 processes
@@ -30,7 +37,9 @@ the load average (``machine``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import signal
 import sys
 import time
@@ -140,6 +149,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 )
         # A lone process has no supervisor to start it again: no kill then.
         kill = _kill_to_first_search(proc, counts[-1], vectors[1]) if counts[-1] > 1 else None
+        join = _join_to_first_search(proc, vectors[2]) if counts[-1] > 1 else None
     finally:
         pool.close()
         proc.close()
@@ -169,6 +179,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "table": table,
         "runs": {str(n): runs[n] for n in counts},
         "kill": kill,
+        "join": join,
     }
 
 
@@ -192,6 +203,72 @@ def _kill_to_first_search(proc: LetheProcess, n: int, vector: np.ndarray) -> dic
                 raise
             time.sleep(0.05)
     return {"processes": n, "kill_to_first_search_s": round(time.perf_counter() - t0, 3)}
+
+
+def _connections(pid: int, port: int) -> int:
+    """Established TCP connections of process ``pid`` whose local port is ``port`` (``/proc``)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            f = row.split()
+            local_port = int(f[1].rpartition(":")[2], 16)
+            count += f[3] == "01" and local_port == port and int(f[9]) in inodes
+    return count
+
+
+def _join_to_first_search(proc: LetheProcess, vector: np.ndarray) -> dict[str, Any]:
+    """SIGTTIN to the running group; seconds until the new member answers a search.
+
+    Returns:
+        ``join_to_first_search_s`` (the signal to the new member's first
+        answer), ``join_to_ready_s`` (to its ready line in the supervisor's
+        log) and the group's size after.
+    """
+    log_at = len(proc.log.read_text(errors="replace"))
+    t0 = time.perf_counter()
+    os.kill(proc.pid, signal.SIGTTIN)
+    while "joined" not in (tail := proc.log.read_text(errors="replace")[log_at:]):
+        if time.perf_counter() - t0 > 600:
+            raise RuntimeError("no member joined")
+        time.sleep(0.02)
+    ready_s = time.perf_counter() - t0
+    found = re.search(r"member \d+ \(pid (\d+)\) joined; (\d+) processes", tail)
+    assert found is not None, tail
+    joined, size = int(found[1]), int(found[2])
+    port = int(proc.address.rpartition(":")[2])
+    tries = 0
+    while True:
+        held = _connections(joined, port)
+        stubs = Stubs.insecure(proc.address, proc.token)
+        try:
+            stubs.retrieval.Search(
+                retrieval_pb2.SearchRequest(
+                    parent=f"owners/{OWNER}", query_embedding=vector.tolist(), top_k=10
+                ),
+                metadata=stubs.md,
+                timeout=600,
+            )
+            answered = time.perf_counter() - t0
+            landed = _connections(joined, port) > held
+        finally:
+            stubs.close()
+        tries += 1
+        if landed:
+            break
+        if tries > 200:
+            raise RuntimeError("no connection reached the new member")
+    return {
+        "processes": size,
+        "join_to_ready_s": round(ready_s, 3),
+        "join_to_first_search_s": round(answered, 3),
+        "connections_tried": tries,
+    }
 
 
 def _markdown(report: dict[str, Any]) -> str:
@@ -220,6 +297,15 @@ def _markdown(report: dict[str, Any]) -> str:
             "",
             f"A member of {kill['processes']} SIGKILLed: the group answers a new connection's "
             f"search {kill['kill_to_first_search_s']:.2f} s later (restart, recovery, warm load).",
+        ]
+    join = report.get("join")
+    if join is not None:
+        lines += [
+            "",
+            f"SIGTTIN to the running group: member {join['processes']} is started beside the "
+            f"others, ready {join['join_to_ready_s']:.2f} s after the signal, and answers its "
+            f"first search of the owner (loaded from its snapshot) "
+            f"{join['join_to_first_search_s']:.2f} s after it.",
         ]
     lines.append("")
     return "\n".join(lines)

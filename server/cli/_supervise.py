@@ -22,14 +22,27 @@ no store and serves no call. It
    made for a write that never committed) before any member serves, exactly as
    one process does after a crash. More than :data:`MAX_RESTARTS` restarts
    within :data:`RESTART_WINDOW` seconds end the supervisor;
-4. on SIGTERM or SIGINT forwards SIGTERM to every member (each drains for
+4. on SIGTTIN starts one more member beside the running ones (as gunicorn
+   does): it takes the lock shared, neither recovers nor sweeps, prints its
+   ready line and takes its share of new connections, loading each owner it
+   is asked for from the owner's index snapshot (a 100k-turn owner answers
+   its first search there in about 2 s: ``bench/bench_processes.py
+   --join``); on SIGTTOU stops the newest member but never the primary (it
+   drains). A group restart starts as many members as were running;
+5. on SIGTERM or SIGINT forwards SIGTERM to every member (each drains for
    ``--drain-grace``) and exits once they have.
 
 Members get SIGTERM if the supervisor dies (``PR_SET_PDEATHSIG``). Each member
 serves its own ``/metrics`` on the ``--metrics-listen`` port plus its index
 (0 for the first; port 0 stays "any free port").
 
-Thread rules: the supervisor is one thread; signals only set a flag.
+A member that ends without being asked still restarts the whole group, even
+one that is not the primary: what it left half done (a deletion, keys made
+for a write that never committed, keys a seal was moving) is finished or
+undone only by start-up recovery, which must not run while another process
+may be in the middle of the same kind of work.
+
+Thread rules: the supervisor is one thread; signals only set a flag or count.
 """
 
 from __future__ import annotations
@@ -178,6 +191,7 @@ def supervise(args: argparse.Namespace, kek_line: Callable[[Path | None, Path], 
     """
     words = list(args.argv)
     stopping = False
+    resize = 0  # SIGTTIN +1, SIGTTOU -1; the loop takes them one at a time
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
@@ -185,8 +199,16 @@ def supervise(args: argparse.Namespace, kek_line: Callable[[Path | None, Path], 
         print(f"lethe: signal {signum}, stopping {args.processes} processes", file=sys.stderr)
         stopping = True
 
+    def on_resize(signum: int, frame: FrameType | None) -> None:
+        nonlocal resize
+        del frame
+        resize += 1 if signum == signal.SIGTTIN else -1
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTTIN, on_resize)
+    signal.signal(signal.SIGTTOU, on_resize)
+    size = args.processes
     held, listen = reserve_port(args.listen)
     http_held = None
     http = None if args.http_listen == "off" else args.http_listen
@@ -205,7 +227,7 @@ def supervise(args: argparse.Namespace, kek_line: Callable[[Path | None, Path], 
         members.clear()
 
     def start_all() -> bool:
-        for index in range(args.processes):
+        for index in range(size):
             member = Member(_member_argv(words, listen, http, metrics, index), index)
             members.append(member)
             try:
@@ -230,6 +252,11 @@ def supervise(args: argparse.Namespace, kek_line: Callable[[Path | None, Path], 
         _announce(args, listen, http, members, kek_line)
         while not stopping:
             time.sleep(0.2)
+            if resize and not stopping:
+                step = 1 if resize > 0 else -1
+                resize -= step
+                size = _join(members, words, listen, http, metrics) if step > 0 else size
+                size = _leave(members, grace) if step < 0 else size
             dead = [m for m in members if not m.alive()]
             if not dead or stopping:
                 continue
@@ -246,7 +273,7 @@ def supervise(args: argparse.Namespace, kek_line: Callable[[Path | None, Path], 
             if not start_all():
                 stop_all()
                 return EXIT_OK if stopping else EXIT_FAILED
-            print(f"lethe: the group serves again ({args.processes} processes)", file=sys.stderr)
+            print(f"lethe: the group serves again ({size} processes)", file=sys.stderr)
         stop_all()
         return EXIT_OK
     finally:
@@ -254,6 +281,50 @@ def supervise(args: argparse.Namespace, kek_line: Callable[[Path | None, Path], 
         held.close()
         if http_held is not None:
             http_held.close()
+
+
+def _join(
+    members: list[Member], words: Sequence[str], listen: str, http: str | None, metrics: str | None
+) -> int:
+    """Start one more member beside the running ones (SIGTTIN); the group's size after.
+
+    Waits for its ready line; one that fails to start is stopped and left out
+    (the others serve on).
+    """
+    index = len(members)
+    member = Member(_member_argv(words, listen, http, metrics, index), index)
+    try:
+        member.wait_ready()
+    except RuntimeError as exc:
+        print(f"lethe: {exc}; the group serves on without it", file=sys.stderr, flush=True)
+        member.stop()
+        member.reap(30.0)
+        return len(members)
+    members.append(member)
+    print(
+        f"lethe: member {index} (pid {member.proc.pid}) joined; {len(members)} processes serve: "
+        f"{', '.join(str(m.proc.pid) for m in members)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return len(members)
+
+
+def _leave(members: list[Member], grace: float) -> int:
+    """Stop the newest member (SIGTTOU), never the primary; the group's size after."""
+    if len(members) < 2:
+        print("lethe: SIGTTOU: the primary is not stopped alone", file=sys.stderr, flush=True)
+        return len(members)
+    member = members.pop()
+    member.stop()
+    code = member.reap(grace)
+    print(
+        f"lethe: member {member.index} (pid {member.proc.pid}) stopped ({code}); "
+        f"{len(members)} processes serve",
+        file=sys.stderr,
+        flush=True,
+    )
+    return len(members)
 
 
 def _announce(

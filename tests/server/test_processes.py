@@ -17,7 +17,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -296,3 +296,57 @@ def test_each_member_serves_its_own_metrics_on_the_port_it_reports(
             conn.close()
     finally:
         served.stop(grace=30)
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (the supervisor's members), from ``/proc``."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(c) for c in f.read().split()]
+    return sorted(found)
+
+
+def _wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.1)
+
+
+def test_sigttin_starts_a_member_beside_the_running_ones_and_sigttou_stops_it(
+    group: Served,
+) -> None:
+    """Scaling a running group: no member stops, and the new one sees every write at once."""
+    token = group.token("alice")
+    first = group.client(token=token)
+    first.create_thread(OWNER, thread_id="t1")
+    for i in range(5):
+        first.append_turns(THREAD, [{"role": "USER", "text": f"zebra {i}", "commit": True}])
+    running = _children(group.proc.pid)
+    assert running == sorted(group.pids)
+    os.kill(group.proc.pid, signal.SIGTTIN)
+    _wait_for(lambda: len(_children(group.proc.pid)) == 3, "a third member")
+    joined = next(p for p in _children(group.proc.pid) if p not in running)
+    group.pids = [*group.pids, joined]
+    clients = _on_each_member(group, token)  # raises unless a connection reaches each member
+    third = clients[2]
+    assert _texts(third, "zebra") == sorted(f"zebra {i}" for i in range(5))
+    reply = third.append_turns(THREAD, [{"role": "USER", "text": "zebra 5", "commit": True}])
+    for client in clients:
+        assert _texts(client, "zebra") == sorted(f"zebra {i}" for i in range(6))
+    clients[0].forget([reply.turns[0].name])
+    assert "zebra 5" not in _texts(third, "zebra")
+    assert all(os.path.exists(f"/proc/{p}") for p in running)  # nobody was restarted
+    os.kill(group.proc.pid, signal.SIGTTOU)
+    _wait_for(lambda: _children(group.proc.pid) == running, "the third member gone")
+    os.kill(group.proc.pid, signal.SIGTTOU)
+    os.kill(group.proc.pid, signal.SIGTTOU)  # the primary is never stopped alone
+    _wait_for(lambda: len(_children(group.proc.pid)) == 1, "one member left")
+    time.sleep(1.0)
+    assert _children(group.proc.pid) == [group.pids[0]]
+    group.pids = [group.pids[0]]
+    fresh = group.client(token=token, options=OWN_CONNECTION)
+    assert _texts(fresh, "zebra") == sorted(f"zebra {i}" for i in range(5))
+    assert group.proc.poll() is None
