@@ -18,7 +18,8 @@ Public names:
   the session-date window; :func:`asks_when`, :func:`named_periods`,
   :func:`time_expression_score`, :class:`NamedPeriod` — their English-only rules.
 - :func:`convex_fusion`, :func:`rrf` and the tuned ``HYBRID_*`` constants — fusion.
-- :class:`IndexCache` — LRU of indexes by key; :func:`release_free_heap` after a large build.
+- :class:`IndexCache` — LRU of indexes by key; :func:`release_free_heap` after a large build;
+  :func:`fix_mmap_threshold` for a serving process.
 - :class:`IdMap` — int64 ids to int64 values in two sorted arrays (16 bytes an entry).
 - :data:`State`, :func:`dump_state`, :func:`pack_state`, :func:`load_state`,
   :class:`StateReader`, :func:`combine_states`, :func:`separate_states` — an index's
@@ -28,7 +29,7 @@ Public names:
   :class:`InvalidVectorError` — see :mod:`index.errors`.
 """
 
-from index._cache import IndexCache, release_free_heap
+from index._cache import IndexCache, fix_mmap_threshold, release_free_heap
 from index._embedder import Embedder, WordLlamaEmbedder, load_embedder, normalize
 from index._fusion import (
     HYBRID_LOWER_BOUNDS,
@@ -99,6 +100,7 @@ __all__ = [
     "convex_fusion",
     "dump_state",
     "find_echoes",
+    "fix_mmap_threshold",
     "load_embedder",
     "load_state",
     "named_periods",

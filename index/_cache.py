@@ -39,7 +39,7 @@ class _Sized(Protocol):
 
 T = TypeVar("T", bound=_Sized)
 
-__all__ = ["IndexCache", "release_free_heap"]
+__all__ = ["MMAP_THRESHOLD", "IndexCache", "fix_mmap_threshold", "release_free_heap"]
 
 
 def release_free_heap() -> bool:
@@ -63,6 +63,35 @@ def release_free_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+MMAP_THRESHOLD = 1 << 20
+"""Bytes from which a serving process's C heap gives each allocation its own mapping."""
+_M_MMAP_THRESHOLD = -3  # mallopt(3) parameter number (glibc's malloc.h)
+
+
+def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
+    """Serve every allocation of ``nbytes`` or more from a mapping of its own (glibc ``mallopt``).
+
+    glibc's threshold starts at 128 KiB and rises to the size of any mapped
+    block freed (up to 32 MiB), so after the first large array is freed the
+    later ones (a build's temporaries, a snapshot's copies, FAISS's rows) come
+    from the heaps of the threads that made them, where what is freed stays
+    behind the live objects around it. Fixed, a freed large array goes back to
+    the operating system at once. Measured with ``bench/bench_restart.py``'s
+    100k owner: the resident set after a cold build and its snapshot save
+    3.50x -> 3.14x the raw vectors, loaded from the snapshot 2.77x -> 2.58x; at
+    1 MiB no change in searches a second at 20k (interleaved
+    ``bench/bench_processes.py --processes 1`` runs; at 256 KiB, 6 % fewer).
+    Call it before the process starts its threads.
+
+    Returns:
+        True if it was set (glibc), False elsewhere (a no-op).
+    """
+    mallopt = getattr(_LIBC, "mallopt", None)
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, nbytes))
 
 
 try:

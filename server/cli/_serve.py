@@ -356,10 +356,13 @@ def run(args: argparse.Namespace) -> int:
 
         return supervise(args, kek_line)
 
+    from index import fix_mmap_threshold
     from server._app import LetheServer, ServerConfig
 
     gc.set_threshold(*GC_THRESHOLDS)
     sys.setswitchinterval(args.gil_switch_interval / 1000.0)
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:  # the operator's own glibc setting wins
+        fix_mmap_threshold()  # large arrays freed go back to the OS (index.fix_mmap_threshold)
 
     config = ServerConfig(
         data_dir=args.data,

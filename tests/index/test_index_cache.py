@@ -1,6 +1,8 @@
 """Tests for index.IndexCache."""
 
 import platform
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -193,3 +195,35 @@ def test_release_free_heap_returns_freed_heap_pages_to_the_os() -> None:
     after = _rss_anon()
     assert before - after > 64 * 2**20, (before, after)
     assert len(kept) == 1024
+
+
+_HEAP_GROWTH = """
+import ctypes, sys
+import numpy as np
+from index import fix_mmap_threshold
+class MI(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MI
+if sys.argv[1] == "fixed":
+    assert fix_mmap_threshold()
+big = np.ones(1 << 21)  # 16 MiB, mapped; freeing it raises glibc's threshold unless fixed
+del big
+before = libc.mallinfo2().arena
+kept = np.ones(1 << 20)  # 8 MiB
+print(libc.mallinfo2().arena - before)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's mallopt")
+def test_fix_mmap_threshold_keeps_large_arrays_out_of_the_heap() -> None:
+    """Without it an 8 MiB array freed after a 16 MiB one lands in the heap; with it, mapped."""
+    grown = {}
+    for how in ("dynamic", "fixed"):
+        out = subprocess.run(
+            [sys.executable, "-c", _HEAP_GROWTH, how], capture_output=True, text=True, check=True
+        )
+        grown[how] = int(out.stdout)
+    assert grown["dynamic"] >= 4 << 20, grown
+    assert grown["fixed"] < 1 << 20, grown
