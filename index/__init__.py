@@ -21,7 +21,8 @@ Public names:
 - :class:`IndexCache` — LRU of indexes by key; :func:`release_free_heap` after a large build;
   :func:`fix_mmap_threshold` for a serving process.
 - :class:`IdMap` — int64 ids to int64 values in two sorted arrays (16 bytes an entry).
-- :data:`State`, :func:`dump_state`, :func:`pack_state`, :func:`load_state`,
+- :data:`State`, :func:`dump_state`, :func:`pack_state` (:func:`pack_state_stream` with
+  :class:`StatePieces`), :func:`load_state`,
   :class:`StateReader`, :func:`combine_states`, :func:`separate_states` — an index's
   whole state (each index's ``to_state`` / ``from_state``) as bytes and back: the
   versioned container of :mod:`index._state`.
@@ -54,16 +55,23 @@ from index._shingles import (
     find_echoes,
     shingles,
 )
+from index._state import Pieces as StatePieces
 from index._state import State, StateReader
 from index._state import combine as combine_states
 from index._state import dumps as dump_state
 from index._state import loads as load_state
 from index._state import pack as pack_state
+from index._state import pack_stream as pack_state_stream
 from index._state import separate as separate_states
 from index._temporal import NamedPeriod, asks_when, named_periods, time_expression_score
 from index._timeline import WINDOW_DEPTH, WINDOW_SLACK, TimeIndex
 from index._vectors import VectorIndex
-from index.errors import DimensionMismatchError, InvalidVectorError, VectorIndexError
+from index.errors import (
+    DimensionMismatchError,
+    IndexChangedError,
+    InvalidVectorError,
+    VectorIndexError,
+)
 
 __all__ = [
     "ECHO_DEPTH",
@@ -82,12 +90,14 @@ __all__ = [
     "Embedder",
     "IdMap",
     "IndexCache",
+    "IndexChangedError",
     "InvalidVectorError",
     "LexicalIndex",
     "NamedPeriod",
     "OnnxEmbedder",
     "SessionIndex",
     "State",
+    "StatePieces",
     "StateReader",
     "TimeIndex",
     "VectorIndex",
@@ -106,6 +116,7 @@ __all__ = [
     "named_periods",
     "normalize",
     "pack_state",
+    "pack_state_stream",
     "release_free_heap",
     "rrf",
     "separate_states",

@@ -321,6 +321,20 @@ def _bm25_columns(
     return data, indices, indptr
 
 
+def _frozen(
+    ids: npt.NDArray[np.int64],
+    data: npt.NDArray[np.float32],
+    indices: npt.NDArray[np.int32],
+    indptr: npt.NDArray[np.int64],
+) -> tuple[
+    npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int32], npt.NDArray[np.int64]
+]:
+    """A main segment's arrays made read-only, so a state may hand them over uncopied."""
+    for array in (ids, data, indices, indptr):
+        array.flags.writeable = False
+    return ids, data, indices, indptr
+
+
 @dataclass(frozen=True)
 class _Built:
     """A scorer over the documents held at its build: the main segment."""
@@ -640,7 +654,7 @@ class LexicalIndex:
         )
         if len(ids) >= TRIM_AFTER_BUILD:
             release_free_heap()  # the build's transients: ~32 bytes a posting (bm25_matrix)
-        return _Built(dict(self._vocab), ids, data, indices, indptr, order, alive)
+        return _Built(dict(self._vocab), *_frozen(ids, data, indices, indptr), order, alive)
 
     def nbytes(self) -> int:
         """An estimate of the bytes this index holds (for the index cache's bound).
@@ -725,8 +739,10 @@ class LexicalIndex:
         rows or was never built (so the state holds no removed document, and a
         restored index searches without a rebuild), then the documents (term
         ids, in insertion order), the vocabulary by term id (freed ids empty),
-        the free list, the delta's ids and the main segment's arrays are copied
-        out. The delta's postings are not kept: they follow from its documents.
+        the free list and the delta's ids are copied out; the main segment's
+        arrays, read-only, are handed over as they are (a rebuild replaces
+        them, never writes them). The delta's postings are not kept: they
+        follow from its documents.
 
         Returns:
             ``(meta, arrays)``; see the source for the array names.
@@ -759,10 +775,11 @@ class LexicalIndex:
                 "free": np.asarray(self._free, np.int64),
                 "delta": np.fromiter(self._delta, np.int64, count=len(self._delta)),
                 "built_vocab": np.fromiter(built.vocab.values(), np.int64, count=len(built.vocab)),
-                "built_ids": built.ids.copy(),
-                "built_data": built.data.copy(),
-                "built_indices": built.indices.copy(),
-                "built_indptr": built.indptr.copy(),
+                # read-only (``_frozen``): handed over, not copied
+                "built_ids": built.ids,
+                "built_data": built.data,
+                "built_indices": built.indices,
+                "built_indptr": built.indptr,
             }
         return meta, arrays
 
@@ -833,10 +850,7 @@ class LexicalIndex:
         out._rebuilds = rebuilds
         built = _Built(
             {terms[t]: t for t in built_vocab},
-            ids,
-            data,
-            indices,
-            indptr,
+            *_frozen(ids, data, indices, indptr),
             order,
             np.ones(len(ids), dtype=np.bool_),
         )

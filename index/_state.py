@@ -35,9 +35,9 @@ from __future__ import annotations
 import itertools
 import json
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -47,12 +47,14 @@ __all__ = [
     "DTYPES",
     "FORMAT",
     "MAGIC",
+    "Pieces",
     "State",
     "StateReader",
     "combine",
     "dumps",
     "loads",
     "pack",
+    "pack_stream",
     "separate",
     "strings_from_arrays",
     "strings_to_arrays",
@@ -79,6 +81,101 @@ def _pad(n: int) -> int:
     return -n % ALIGN
 
 
+@dataclass(frozen=True)
+class Pieces:
+    """An array of a state handed over a piece at a time when packed (:func:`pack_stream`).
+
+    For an array too large to copy whole beside the index that holds it (an
+    owner's vectors while its snapshot is written). ``pieces()`` yields arrays
+    of ``dtype`` whose bytes, in C order and one after the other, are the
+    array's; it may raise to abandon the pack (the consumer of the stream sees
+    the exception).
+
+    Attributes:
+        dtype: One of :data:`DTYPES`, little-endian.
+        shape: The whole array's shape.
+        pieces: Makes the pieces' iterator; called once per pack.
+    """
+
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    pieces: Callable[[], Iterator[npt.NDArray[Any]]]
+
+    @property
+    def nbytes(self) -> int:
+        """The whole array's bytes."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def pack_stream(
+    meta: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any] | Pieces]
+) -> tuple[int, Iterator[memoryview]]:
+    """The container of a state as ``(size in bytes, its buffers in order)``, made as read.
+
+    As :func:`pack`, and an array may be :class:`Pieces`: its pieces are asked
+    for only when the stream reaches it, each viewed, not copied; a consumer
+    that is done with a buffer before asking for the next holds one piece at a
+    time.
+
+    Raises:
+        ValueError: An array's dtype is not in :data:`DTYPES`, or ``meta`` is not
+            JSON-able; from the stream, a :class:`Pieces` whose pieces are of
+            another dtype or hold another number of bytes than its shape.
+    """
+    entries: list[list[Any]] = []
+    bodies: list[npt.NDArray[Any] | Pieces] = []
+    offset = 0
+    for name, array in arrays.items():
+        if isinstance(array, Pieces):
+            if array.dtype.str not in DTYPES:
+                raise ValueError(f"array {name!r} has dtype {array.dtype}, not one of {DTYPES}")
+            body: npt.NDArray[Any] | Pieces = array
+            kind, shape = array.dtype.str, list(array.shape)
+        else:
+            arr = np.ascontiguousarray(array)
+            if arr.dtype.str not in DTYPES:
+                little = arr.dtype.newbyteorder("<")
+                if little.str not in DTYPES:
+                    raise ValueError(f"array {name!r} has dtype {arr.dtype}, not one of {DTYPES}")
+                arr = arr.astype(little)
+            body, kind, shape = arr, arr.dtype.str, list(arr.shape)
+        entries.append([name, kind, shape, offset, body.nbytes])
+        bodies.append(body)
+        offset += body.nbytes + _pad(body.nbytes)
+    try:
+        header = json.dumps({"meta": meta, "arrays": entries}, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"state metadata is not JSON-able: {exc}") from None
+    head = _PREFIX.pack(MAGIC, FORMAT, len(header)) + header
+    head += bytes(_pad(len(head)))
+
+    def stream() -> Iterator[memoryview]:
+        yield memoryview(head)
+        for body in bodies:
+            if isinstance(body, Pieces):
+                yield from _pieces_of(body)
+            else:
+                yield memoryview(body.reshape(-1).view(np.uint8).data)
+            if _pad(body.nbytes):
+                yield memoryview(bytes(_pad(body.nbytes)))
+
+    return len(head) + offset, stream()
+
+
+def _pieces_of(array: Pieces) -> Iterator[memoryview]:
+    got = 0
+    for piece in array.pieces():
+        part = np.ascontiguousarray(piece)
+        if part.dtype.str != array.dtype.str:
+            raise ValueError(f"a piece of dtype {part.dtype}, not {array.dtype}")
+        got += part.nbytes
+        if got > array.nbytes:
+            raise ValueError(f"pieces hold more than the array's {array.nbytes} bytes")
+        yield memoryview(part.reshape(-1).view(np.uint8).data)
+    if got != array.nbytes:
+        raise ValueError(f"pieces hold {got} bytes, not the array's {array.nbytes}")
+
+
 def pack(meta: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any]]) -> list[memoryview]:
     """The container of a state, as buffers to write one after the other (no copy of the arrays).
 
@@ -96,30 +193,7 @@ def pack(meta: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any]]) -> lis
         ValueError: An array's dtype is not in :data:`DTYPES`, or ``meta`` is not
             JSON-able.
     """
-    entries: list[list[Any]] = []
-    bodies: list[npt.NDArray[Any]] = []
-    offset = 0
-    for name, array in arrays.items():
-        arr = np.ascontiguousarray(array)
-        if arr.dtype.str not in DTYPES:
-            little = arr.dtype.newbyteorder("<")
-            if little.str not in DTYPES:
-                raise ValueError(f"array {name!r} has dtype {arr.dtype}, not one of {DTYPES}")
-            arr = arr.astype(little)
-        entries.append([name, arr.dtype.str, list(arr.shape), offset, arr.nbytes])
-        bodies.append(arr)
-        offset += arr.nbytes + _pad(arr.nbytes)
-    try:
-        header = json.dumps({"meta": meta, "arrays": entries}, allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"state metadata is not JSON-able: {exc}") from None
-    head = _PREFIX.pack(MAGIC, FORMAT, len(header)) + header
-    out = [memoryview(head + bytes(_pad(len(head))))]
-    for arr in bodies:
-        out.append(memoryview(arr.reshape(-1).view(np.uint8).data))
-        if _pad(arr.nbytes):
-            out.append(memoryview(bytes(_pad(arr.nbytes))))
-    return out
+    return list(pack_stream(meta, arrays)[1])
 
 
 def unpack(buf: bytes | bytearray | memoryview) -> State:
@@ -307,16 +381,21 @@ def loads(buf: bytes | bytearray | memoryview) -> State:
     return unpack(buf)
 
 
-def combine(parts: Mapping[str, State]) -> State:
+_A = TypeVar("_A", npt.NDArray[Any], npt.NDArray[Any] | Pieces)
+
+
+def combine(
+    parts: Mapping[str, tuple[dict[str, Any], Mapping[str, _A]]],
+) -> tuple[dict[str, Any], dict[str, _A]]:
     """One state holding several, each under its name: arrays ``"{name}/{array}"``.
 
-    Names must not contain ``/``.
+    Names must not contain ``/``. Arrays may be :class:`Pieces` (for :func:`pack_stream`).
 
     Raises:
         ValueError: A part's name contains ``/``.
     """
     meta: dict[str, Any] = {}
-    arrays: dict[str, npt.NDArray[Any]] = {}
+    arrays: dict[str, _A] = {}
     for part, (part_meta, part_arrays) in parts.items():
         if "/" in part:
             raise ValueError(f"part name {part!r} contains '/'")

@@ -16,7 +16,12 @@ client-argument errors (``INVALID_ARGUMENT``) when the vector came from a client
 
 from __future__ import annotations
 
-__all__ = ["DimensionMismatchError", "InvalidVectorError", "VectorIndexError"]
+__all__ = [
+    "DimensionMismatchError",
+    "IndexChangedError",
+    "InvalidVectorError",
+    "VectorIndexError",
+]
 
 
 class VectorIndexError(Exception):
@@ -45,3 +50,7 @@ class DimensionMismatchError(VectorIndexError):
 
 class InvalidVectorError(VectorIndexError):
     """A vector cannot be indexed or searched: non-finite, zero norm, or wrong ndim."""
+
+
+class IndexChangedError(VectorIndexError):
+    """The index changed while its state was handed over in pieces (the pack is abandoned)."""

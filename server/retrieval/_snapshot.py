@@ -62,21 +62,23 @@ import math
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from index import (
     IdMap,
+    IndexChangedError,
     LexicalIndex,
     SessionIndex,
     State,
+    StatePieces,
     StateReader,
     TimeIndex,
     VectorIndex,
     combine_states,
-    pack_state,
+    pack_state_stream,
     release_free_heap,
     separate_states,
 )
@@ -88,6 +90,11 @@ from server.retrieval._upkeep import IndexUpkeep
 from server.store import MemMeta, TurnMeta, general_visible, indexable
 
 _log = logging.getLogger(__name__)
+
+_Streamed = tuple[dict[str, Any], dict[str, npt.NDArray[Any] | StatePieces]]
+"""A state whose arrays may be :class:`index.StatePieces` (for :func:`index.pack_state_stream`)."""
+_Part = tuple[dict[str, Any], Mapping[str, npt.NDArray[Any] | StatePieces]]
+_S = TypeVar("_S", State, _Streamed)
 
 BUNDLE_STATE = "lethe-bundle"
 """The ``kind`` of a bundle's state."""
@@ -140,8 +147,14 @@ def bundle_state(bundle: Bundle, embedder: str, digests: Mapping[int, int]) -> S
     Returns:
         One :data:`index.State` holding every leg, the bundle's maps and the digests.
     """
-    parts: dict[str, State] = {
-        "dense": bundle.dense.to_state(),
+    return cast(State, _bundle_state(bundle, embedder, digests, bundle.dense.to_state()))
+
+
+def _bundle_state(
+    bundle: Bundle, embedder: str, digests: Mapping[int, int], dense: _Part
+) -> _Streamed:
+    parts: dict[str, _Part] = {
+        "dense": dense,
         "plain": bundle.plain.to_state(),
         "ctx": bundle.ctx.to_state(),
         "sessions": bundle.sessions.to_state(),
@@ -156,7 +169,7 @@ def bundle_state(bundle: Bundle, embedder: str, digests: Mapping[int, int]) -> S
     return meta, arrays
 
 
-def with_rows(state: State, digests: Mapping[int, int]) -> State:
+def with_rows(state: _S, digests: Mapping[int, int]) -> _S:
     """``state`` (a :func:`bundle_state`) with ``digests`` as its row digests."""
     rows = combine_states({"rows": _pairs(digests, np.int64)})
     return {**state[0], **rows[0]}, {**state[1], **rows[1]}
@@ -255,19 +268,19 @@ class IndexSnapshots(IndexUpkeep):
             if self._saved.get(owner) == count:
                 return 0
             embedder = self.store.owner_embedder(owner)
-        state = bundle_state(bundle, embedder, {})
+        # The vectors are copied a piece at a time as they are sealed, never whole.
+        state = _bundle_state(bundle, embedder, {}, bundle.dense.state_in_pieces())
         facts = RowFacts(time.time())
         digests = self.store.snapshot_rows(owner, facts)
         if facts.index_drift(bundle):
             return 0  # an update is under way (or the bundle drifted: the audit says so)
         del facts
-        buffers = pack_state(*with_rows(state, digests))
+        size, buffers = pack_state_stream(*with_rows(state, digests))
         del state, digests
-        size = sum(len(b) for b in buffers)
         try:
             staged = self.store.stage_snapshot(owner, size, buffers)
-        except LetheError:  # the owner is gone, or being forgotten
-            return 0
+        except (LetheError, IndexChangedError):  # the owner is gone or being forgotten;
+            return 0  # or its vectors changed while sealed: the next pass tries again
         del buffers
         if len(bundle.plain) >= TRIM_AFTER_BUILD:
             release_free_heap()  # the state's copies and the sealed frames, back to the OS

@@ -101,8 +101,11 @@ SNAPSHOT_DIR = "index"
 """The snapshots' directory in the data directory (never in a backup: not in ``data/``)."""
 SNAPSHOT_FORMAT = 1
 """File format written and the only one read."""
-FRAME_BYTES = 8 << 20
-"""Plaintext bytes per sealed frame (8 MiB)."""
+FRAME_BYTES = 1 << 20
+"""Plaintext bytes per sealed frame written (1 MiB; any size is read: the header says).
+
+A save holds about three frames at a time (the one being filled, its copy,
+its ciphertext): at 8 MiB that was 24 MiB beside the indexes of the owner."""
 _MAGIC = b"lethesnp"
 _HEADER = struct.Struct("<8sIQQII")
 _LENGTH = struct.Struct("<I")

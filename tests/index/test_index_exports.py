@@ -19,12 +19,14 @@ def test_public_names_are_pinned() -> None:
         "HYBRID_WEIGHTS",
         "IdMap",
         "IndexCache",
+        "IndexChangedError",
         "InvalidVectorError",
         "LexicalIndex",
         "NamedPeriod",
         "OnnxEmbedder",
         "SessionIndex",
         "State",
+        "StatePieces",
         "StateReader",
         "TimeIndex",
         "VectorIndex",
@@ -39,11 +41,13 @@ def test_public_names_are_pinned() -> None:
         "convex_fusion",
         "dump_state",
         "find_echoes",
+        "fix_mmap_threshold",
         "load_embedder",
         "load_state",
         "named_periods",
         "normalize",
         "pack_state",
+        "pack_state_stream",
         "release_free_heap",
         "rrf",
         "separate_states",
@@ -59,6 +63,7 @@ def test_public_names_are_pinned() -> None:
 def test_error_tree() -> None:
     assert issubclass(index.DimensionMismatchError, index.VectorIndexError)
     assert issubclass(index.InvalidVectorError, index.VectorIndexError)
+    assert issubclass(index.IndexChangedError, index.VectorIndexError)
     assert issubclass(index.VectorIndexError, Exception)
     assert not issubclass(index.VectorIndexError, IndexError)
 

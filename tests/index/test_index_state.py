@@ -20,13 +20,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from index import (
+    IndexChangedError,
     LexicalIndex,
     SessionIndex,
+    StatePieces,
     TimeIndex,
     VectorIndex,
     combine_states,
     dump_state,
     load_state,
+    pack_state_stream,
     separate_states,
 )
 from index._state import FORMAT, MAGIC, StateReader, pack, unpack
@@ -331,3 +334,46 @@ def test_time_index_round_trips() -> None:
     periods = index.periods("what happened on 8 May 2023?")
     assert back.window(periods, 10) == index.window(periods, 10)
     assert back.years() == index.years()
+
+
+# ---------------------------------------------------------------------- in pieces
+
+
+def test_a_vector_state_streamed_in_pieces_is_the_state_packed_whole() -> None:
+    """``state_in_pieces`` + ``pack_state_stream``: the same bytes as ``to_state`` + ``pack``."""
+    index = VectorIndex(D)
+    index.add(np.arange(500) + 1, _unit(500, 3))
+    index.remove(np.arange(1, 500, 9))
+    whole = b"".join(pack(*index.to_state()))
+    piece_bytes = 7 * 4 * D  # 7 rows a piece: the last is short
+    size, stream = pack_state_stream(*index.state_in_pieces(piece_bytes))
+    got = [bytes(b) for b in stream]
+    assert b"".join(got) == whole
+    assert size == len(whole)
+    assert max(len(b) for b in got) < 100 * 4 * D  # no buffer holds every vector
+    back = VectorIndex.from_state(load_state(bytearray(whole)))
+    _same_search(index, back, _unit(10, 4))
+
+
+def test_a_write_while_the_vectors_stream_abandons_the_stream() -> None:
+    index = VectorIndex(D)
+    index.add(np.arange(100) + 1, _unit(100, 5))
+    _, stream = pack_state_stream(*index.state_in_pieces(10 * 4 * D))
+    next(stream)  # the header
+    next(stream)  # the first piece
+    index.remove([50])
+    with pytest.raises(IndexChangedError):
+        list(stream)
+
+
+def test_pieces_of_another_size_or_dtype_are_refused() -> None:
+    def pieces(*parts: npt.NDArray[Any]) -> StatePieces:
+        return StatePieces(np.dtype("<f4"), (4,), lambda: iter(parts))
+
+    ok = np.arange(4, dtype="<f4")
+    assert b"".join(pack_state_stream({}, {"a": pieces(ok[:1], ok[1:])})[1]) == b"".join(
+        pack({}, {"a": ok})
+    )
+    for bad in (pieces(ok[:3]), pieces(ok, ok[:1]), pieces(ok.astype("<f8"))):
+        with pytest.raises(ValueError, match="piece"):
+            list(pack_state_stream({}, {"a": bad})[1])

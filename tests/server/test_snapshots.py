@@ -12,7 +12,7 @@ stands.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +291,34 @@ def test_a_snapshot_saved_while_a_forget_runs_is_never_put_in_place(
     assert parts.retriever.save_snapshot(OWNER) > 0  # the next one holds the forget
     parts.restart(save=False)
     assert doomed.rid not in _content(parts)["plain"]
+
+
+def test_a_snapshot_whose_vectors_change_while_they_are_sealed_is_dropped(
+    parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write to the vector leg between two pieces of its vectors abandons the save.
+
+    The vectors are copied a piece at a time as they are sealed: no file, no
+    temporary file is left.
+    """
+    _history(parts)
+    bundle = parts.retriever.owner_bundle(OWNER)
+    original = parts.store.stage_snapshot
+
+    def staging(owner: str, size: int, chunks: Iterable[Any]) -> Any:
+        def racing() -> Iterator[Any]:
+            stream = iter(chunks)
+            yield next(stream)  # the container's header: the vectors come next
+            bundle.dense.remove([bundle.dense.ids()[0]])
+            yield from stream
+
+        monkeypatch.setattr(parts.store, "stage_snapshot", original)
+        return original(owner, size, racing())
+
+    monkeypatch.setattr(parts.store, "stage_snapshot", staging)
+    assert parts.retriever.save_snapshot(OWNER) == 0
+    assert not parts.snapshot.exists()
+    assert not parts.snapshot.with_name("alice.snapshot.tmp").exists()
 
 
 def test_a_snapshot_of_rows_a_restore_rolled_back_is_replayed(parts: Parts, tmp_path: Path) -> None:
