@@ -420,8 +420,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"lethe: signal {signum}, shutting down", file=sys.stderr, flush=True)
         stopped.set()
 
+    def on_resize(signum: int, frame: FrameType | None) -> None:
+        del frame  # SIGTTIN/SIGTTOU would otherwise suspend the process (their default)
+        print(
+            f"lethe: signal {signum} ignored: only the supervisor of `lethe serve --processes N` "
+            "adds or stops processes",
+            file=sys.stderr,
+            flush=True,
+        )
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTTIN, on_resize)
+    signal.signal(signal.SIGTTOU, on_resize)
     host = args.listen.rpartition(":")[0]
     http = None
     if config.http_listen is not None:

@@ -25,9 +25,9 @@ no store and serves no call. It
 4. on SIGTTIN starts one more member beside the running ones (as gunicorn
    does): it takes the lock shared, neither recovers nor sweeps, prints its
    ready line and takes its share of new connections, loading each owner it
-   is asked for from the owner's index snapshot (a 100k-turn owner answers
-   its first search there in about 2 s: ``bench/bench_processes.py
-   --join``); on SIGTTOU stops the newest member but never the primary (it
+   is asked for from the owner's index snapshot (a 100k-turn owner answered
+   its first search there 2.3-3.5 s after the signal, ``bench_processes``'s
+   join figure); on SIGTTOU stops the newest member but never the primary (it
    drains). A group restart starts as many members as were running;
 5. on SIGTERM or SIGINT forwards SIGTERM to every member (each drains for
    ``--drain-grace``) and exits once they have.

@@ -350,3 +350,22 @@ def test_sigttin_starts_a_member_beside_the_running_ones_and_sigttou_stops_it(
     fresh = group.client(token=token, options=OWN_CONNECTION)
     assert _texts(fresh, "zebra") == sorted(f"zebra {i}" for i in range(5))
     assert group.proc.poll() is None
+
+
+def test_sigttin_to_a_single_process_is_ignored_not_a_suspension(
+    tmp_path: Path, kek_env: str
+) -> None:
+    """SIGTTIN's default action would stop (suspend) a plain ``lethe serve``; it serves on."""
+    served = Served(tmp_path / "d")
+    try:
+        token = served.token("alice")
+        os.kill(served.proc.pid, signal.SIGTTIN)
+        os.kill(served.proc.pid, signal.SIGTTOU)
+        time.sleep(0.5)
+        with open(f"/proc/{served.proc.pid}/stat") as f:
+            assert f.read().rpartition(")")[2].split()[0] != "T"  # not stopped
+        client = served.client(token=token)
+        client.create_thread(OWNER, thread_id="t1")
+        assert client.search(OWNER, query_text="zebra").hits == []
+    finally:
+        served.stop(grace=10)
