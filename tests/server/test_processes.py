@@ -315,6 +315,14 @@ def _wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> No
         time.sleep(0.1)
 
 
+def _serves(client: Client) -> bool:
+    try:
+        client.search(OWNER, query_text="zebra")
+    except Exception:
+        return False
+    return True
+
+
 def test_sigttin_starts_a_member_beside_the_running_ones_and_sigttou_stops_it(
     group: Served,
 ) -> None:
@@ -339,15 +347,25 @@ def test_sigttin_starts_a_member_beside_the_running_ones_and_sigttou_stops_it(
     clients[0].forget([reply.turns[0].name])
     assert "zebra 5" not in _texts(third, "zebra")
     assert all(os.path.exists(f"/proc/{p}") for p in running)  # nobody was restarted
+    os.kill(joined, signal.SIGKILL)  # a group restart keeps the group's size
+    _wait_for(
+        lambda: (
+            len(_children(group.proc.pid)) == 3
+            and not set(_children(group.proc.pid)) & {*running, joined}
+        ),
+        "the group of three started again",
+        timeout=120,
+    )
     os.kill(group.proc.pid, signal.SIGTTOU)
-    _wait_for(lambda: _children(group.proc.pid) == running, "the third member gone")
+    _wait_for(lambda: len(_children(group.proc.pid)) == 2, "the third member gone")
     os.kill(group.proc.pid, signal.SIGTTOU)
     os.kill(group.proc.pid, signal.SIGTTOU)  # the primary is never stopped alone
     _wait_for(lambda: len(_children(group.proc.pid)) == 1, "one member left")
     time.sleep(1.0)
-    assert _children(group.proc.pid) == [group.pids[0]]
-    group.pids = [group.pids[0]]
+    (primary,) = _children(group.proc.pid)
+    group.pids = [primary]
     fresh = group.client(token=token, options=OWN_CONNECTION)
+    _wait_for(lambda: _serves(fresh), "the primary serving again")
     assert _texts(fresh, "zebra") == sorted(f"zebra {i}" for i in range(5))
     assert group.proc.poll() is None
 
