@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 import struct
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,12 @@ def search_names(c: Client, query: str, **kw: Any) -> list[str]:
     """Names of the turns alice's Search returns for ``query`` (top 10)."""
     resp = c.search("owners/alice", query_text=query, top_k=10, **kw)
     return [h.turn.name for h in resp.hits]
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll ``predicate`` every 5 ms until it holds; AssertionError past ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.005)

@@ -13,7 +13,6 @@ server answers while nothing can run, not by timing.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -22,7 +21,15 @@ from typing import Any
 
 import grpc
 import pytest
-from _helpers import append, call_error, create_thread, error_reason, forget, get_turn
+from _helpers import (
+    append,
+    call_error,
+    create_thread,
+    error_reason,
+    forget,
+    get_turn,
+    wait_for,
+)
 from conftest import Lethe
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2
@@ -31,14 +38,6 @@ from grpc_status import rpc_status
 from lethe.v1 import common_pb2, events_pb2, threads_pb2
 
 EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def _admission(lethe: Lethe) -> Any:
@@ -117,7 +116,7 @@ def test_many_more_watch_streams_than_workers_starve_no_other_owner(
         for _ in range(64)
     ]
     try:
-        _wait_for(lambda: _admission(srv).streams == 64, "64 open streams")
+        wait_for(lambda: _admission(srv).streams == 64, "64 open streams")
         # 16 streams per worker, and another owner is served within deadlines
         # that starvation would blow; so is health.
         for i in range(20):
@@ -144,7 +143,7 @@ def test_many_more_watch_streams_than_workers_starve_no_other_owner(
     finally:
         for stream in streams:
             stream.cancel()
-    _wait_for(lambda: _admission(srv).streams == 0, "streams closed")
+    wait_for(lambda: _admission(srv).streams == 0, "streams closed")
     assert _metric(srv, "lethe_open_streams") == 0
 
 
@@ -159,7 +158,7 @@ def test_streams_past_a_tokens_bound_and_the_servers_are_refused_at_once(
         alice.events.Watch(watch, metadata=tuple(alice.md), timeout=60) for _ in range(4)
     ]
     try:
-        _wait_for(lambda: _admission(srv).streams == 4, "4 streams")
+        wait_for(lambda: _admission(srv).streams == 4, "4 streams")
         fifth: Any = alice.events.Watch(watch, metadata=tuple(alice.md), timeout=60)
         with pytest.raises(grpc.RpcError) as refused:
             next(fifth)
@@ -167,7 +166,7 @@ def test_streams_past_a_tokens_bound_and_the_servers_are_refused_at_once(
         assert _retry_delay(refused.value) == 1.0
         # Another token still has room under the global bound...
         open_ += [bob.events.Watch(b_watch, metadata=tuple(bob.md), timeout=60) for _ in range(2)]
-        _wait_for(lambda: _admission(srv).streams == 6, "6 streams")
+        wait_for(lambda: _admission(srv).streams == 6, "6 streams")
         # ...until the server's bound is reached.
         with pytest.raises(grpc.RpcError) as full:
             _next(bob.events.Watch(b_watch, metadata=tuple(bob.md), timeout=60))
@@ -175,9 +174,9 @@ def test_streams_past_a_tokens_bound_and_the_servers_are_refused_at_once(
         # Unary calls are bounded apart from streams: they still run.
         assert create_thread(bob, "bob").startswith("owners/bob/threads/")
         open_.pop(0).cancel()
-        _wait_for(lambda: _admission(srv).streams == 5, "a stream closed")
+        wait_for(lambda: _admission(srv).streams == 5, "a stream closed")
         open_.append(bob.events.Watch(b_watch, metadata=tuple(bob.md), timeout=60))
-        _wait_for(lambda: _admission(srv).streams == 6, "the freed slot taken")
+        wait_for(lambda: _admission(srv).streams == 6, "the freed slot taken")
     finally:
         for stream in open_:
             stream.cancel()
@@ -202,20 +201,20 @@ def test_calls_past_the_bounds_are_refused_while_the_admitted_wait(
 
     with _workers_held(srv) as release:
         admitted = [_get_thread(alice, threads[alice]) for _ in range(4)]
-        _wait_for(lambda: _admission(srv).inflight == 4, "alice's 4 calls admitted")
+        wait_for(lambda: _admission(srv).inflight == 4, "alice's 4 calls admitted")
         # Nothing can run, yet the fifth call of the token is answered at once.
         err = get(alice)
         assert error_reason(err) == (EXHAUSTED, "TOO_MANY_REQUESTS")
         assert "this token" in (err.details() or "")
         assert _retry_delay(err) == pytest.approx(0.1)
         admitted += [_get_thread(bob, threads[bob]) for _ in range(2)]
-        _wait_for(lambda: _admission(srv).inflight == 6, "bob's calls admitted too")
+        wait_for(lambda: _admission(srv).inflight == 6, "bob's calls admitted too")
         err = get(bob)  # the server's bound: bob's third call is refused...
         assert error_reason(err) == (EXHAUSTED, "TOO_MANY_REQUESTS")
         assert "the server" in (err.details() or "")
         # ...but a token with nothing in flight still gets a call in.
         admitted.append(_get_thread(carol, threads[carol]))
-        _wait_for(lambda: _admission(srv).inflight == 7, "carol's call admitted")
+        wait_for(lambda: _admission(srv).inflight == 7, "carol's call admitted")
         # Health runs on the event loop: it answers while every worker is busy.
         health = carol.health.Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
@@ -224,7 +223,7 @@ def test_calls_past_the_bounds_are_refused_while_the_admitted_wait(
         release.set()
         names = [f.result(timeout=10).name for f in admitted]
     assert names == [threads[alice]] * 4 + [threads[bob]] * 2 + [threads[carol]]
-    _wait_for(lambda: _admission(srv).inflight == 0, "calls finished")
+    wait_for(lambda: _admission(srv).inflight == 0, "calls finished")
     assert create_thread(carol, "carol").startswith("owners/carol/")
     assert _metric(srv, "lethe_refused_calls_total", {"reason": "TOO_MANY_REQUESTS"}) == 2
 
@@ -326,9 +325,9 @@ def test_a_call_whose_deadline_passes_while_queued_frees_its_slot(
         for f in late:
             assert f.exception(timeout=10).code() == grpc.StatusCode.DEADLINE_EXCEEDED
         # The queued work was skipped, not left holding the token's slots.
-        _wait_for(lambda: _admission(srv).inflight == 0, "slots freed")
+        wait_for(lambda: _admission(srv).inflight == 0, "slots freed")
         again = [_get_thread(alice, thread) for _ in range(2)]
-        _wait_for(lambda: _admission(srv).inflight == 2, "new calls admitted")
+        wait_for(lambda: _admission(srv).inflight == 2, "new calls admitted")
     assert [f.result(timeout=10).name for f in again] == [thread, thread]
 
 
@@ -348,7 +347,7 @@ def test_calls_over_connect_share_the_bounds_and_are_refused_with_the_same_reaso
             admitted += [
                 pool.submit(http.threads.GetThread, request, tuple(alice.md), 30) for _ in range(2)
             ]
-            _wait_for(lambda: _admission(srv).inflight == 4, "alice's 4 calls admitted")
+            wait_for(lambda: _admission(srv).inflight == 4, "alice's 4 calls admitted")
             # ...so the fifth is refused at once over either, with the same reason and delay.
             over_http = call_error(http.threads.GetThread, request, alice.md)
             assert error_reason(over_http) == (EXHAUSTED, "TOO_MANY_REQUESTS")
@@ -361,7 +360,7 @@ def test_calls_over_connect_share_the_bounds_and_are_refused_with_the_same_reaso
     finally:
         pool.shutdown()
     assert names == [thread] * 4
-    _wait_for(lambda: _admission(srv).inflight == 0, "calls finished")
+    wait_for(lambda: _admission(srv).inflight == 0, "calls finished")
     assert _metric(srv, "lethe_refused_calls_total", {"reason": "TOO_MANY_REQUESTS"}) == 2
     # Connect's calls are counted in the same RPC metrics as gRPC's.
     labels = {"grpc_type": "UNARY", "grpc_service": "lethe.v1.Threads", "grpc_method": "GetThread"}
@@ -380,7 +379,7 @@ def test_streams_over_connect_share_the_bounds(
     grpc_stream: Any = alice.events.Watch(watch, metadata=tuple(alice.md), timeout=60)
     http_stream: Any = http.events.Watch(watch, metadata=tuple(alice.md), timeout=60)
     try:
-        _wait_for(lambda: _admission(srv).streams == 2, "a stream on each listener")
+        wait_for(lambda: _admission(srv).streams == 2, "a stream on each listener")
         third: Any = http.events.Watch(watch, metadata=tuple(alice.md), timeout=60)
         with pytest.raises(grpc.RpcError) as refused:
             next(third)
@@ -393,7 +392,7 @@ def test_streams_over_connect_share_the_bounds(
         grpc_stream.cancel()
         http_stream.cancel()
     # A client that goes away frees its stream's slot.
-    _wait_for(lambda: _admission(srv).streams == 0, "streams closed")
+    wait_for(lambda: _admission(srv).streams == 0, "streams closed")
 
 
 def test_a_connect_call_whose_deadline_passes_while_queued_frees_its_slot(
@@ -410,5 +409,5 @@ def test_a_connect_call_whose_deadline_passes_while_queued_frees_its_slot(
                 http.threads.GetThread(request, metadata=tuple(alice.md), timeout=0.2)
             assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         # The queued work was skipped, not left holding the token's slots.
-        _wait_for(lambda: _admission(srv).inflight == 0, "slots freed")
+        wait_for(lambda: _admission(srv).inflight == 0, "slots freed")
     assert http.threads.GetThread(request, metadata=tuple(alice.md)).name == thread

@@ -17,10 +17,11 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from _helpers import wait_for
 from _served import LETHE, Served
 from conftest import Client
 
@@ -205,17 +206,21 @@ def test_a_watch_on_one_member_sees_events_written_through_the_other(group: Serv
     assert time.monotonic() - start < 5  # the follower wakes it within about 0.5 s
 
 
+def _committed(client: Client, texts: Sequence[str]) -> list[str]:
+    """Thread t1 of alice with ``texts`` appended one at a time, committed; their names."""
+    client.create_thread(OWNER, thread_id="t1")
+    return [
+        client.append_turns(THREAD, [{"role": "USER", "text": t, "commit": True}]).turns[0].name
+        for t in texts
+    ]
+
+
 @pytest.mark.slow
 def test_a_killed_member_restarts_the_group_and_no_acknowledged_write_is_lost(
     group: Served,
 ) -> None:
     token = group.token("alice")
-    first = group.client(token=token)
-    first.create_thread(OWNER, thread_id="t1")
-    acked = []
-    for i in range(20):
-        reply = first.append_turns(THREAD, [{"role": "USER", "text": f"kept {i}", "commit": True}])
-        acked.append(reply.turns[0].name)
+    _committed(group.client(token=token), [f"kept {i}" for i in range(20)])
     victim = group.pids[1]
     os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 120
@@ -307,14 +312,6 @@ def _children(pid: int) -> list[int]:
     return sorted(found)
 
 
-def _wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(0.1)
-
-
 def _serves(client: Client) -> bool:
     try:
         client.search(OWNER, query_text="zebra")
@@ -328,14 +325,11 @@ def test_sigttin_starts_a_member_beside_the_running_ones_and_sigttou_stops_it(
 ) -> None:
     """Scaling a running group: no member stops, and the new one sees every write at once."""
     token = group.token("alice")
-    first = group.client(token=token)
-    first.create_thread(OWNER, thread_id="t1")
-    for i in range(5):
-        first.append_turns(THREAD, [{"role": "USER", "text": f"zebra {i}", "commit": True}])
+    _committed(group.client(token=token), [f"zebra {i}" for i in range(5)])
     running = _children(group.proc.pid)
     assert running == sorted(group.pids)
     os.kill(group.proc.pid, signal.SIGTTIN)
-    _wait_for(lambda: len(_children(group.proc.pid)) == 3, "a third member")
+    wait_for(lambda: len(_children(group.proc.pid)) == 3, "a third member", 60)
     joined = next(p for p in _children(group.proc.pid) if p not in running)
     group.pids = [*group.pids, joined]
     clients = _on_each_member(group, token)  # raises unless a connection reaches each member
@@ -348,7 +342,7 @@ def test_sigttin_starts_a_member_beside_the_running_ones_and_sigttou_stops_it(
     assert "zebra 5" not in _texts(third, "zebra")
     assert all(os.path.exists(f"/proc/{p}") for p in running)  # nobody was restarted
     os.kill(joined, signal.SIGKILL)  # a group restart keeps the group's size
-    _wait_for(
+    wait_for(
         lambda: (
             len(_children(group.proc.pid)) == 3
             and not set(_children(group.proc.pid)) & {*running, joined}
@@ -357,15 +351,15 @@ def test_sigttin_starts_a_member_beside_the_running_ones_and_sigttou_stops_it(
         timeout=120,
     )
     os.kill(group.proc.pid, signal.SIGTTOU)
-    _wait_for(lambda: len(_children(group.proc.pid)) == 2, "the third member gone")
+    wait_for(lambda: len(_children(group.proc.pid)) == 2, "the third member gone", 60)
     os.kill(group.proc.pid, signal.SIGTTOU)
     os.kill(group.proc.pid, signal.SIGTTOU)  # the primary is never stopped alone
-    _wait_for(lambda: len(_children(group.proc.pid)) == 1, "one member left")
+    wait_for(lambda: len(_children(group.proc.pid)) == 1, "one member left", 60)
     time.sleep(1.0)
     (primary,) = _children(group.proc.pid)
     group.pids = [primary]
     fresh = group.client(token=token, options=OWN_CONNECTION)
-    _wait_for(lambda: _serves(fresh), "the primary serving again")
+    wait_for(lambda: _serves(fresh), "the primary serving again", 60)
     assert _texts(fresh, "zebra") == sorted(f"zebra {i}" for i in range(5))
     assert group.proc.poll() is None
 

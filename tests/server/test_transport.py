@@ -18,20 +18,12 @@ from typing import Any
 
 import grpc
 import pytest
-from _helpers import create_thread, error_reason
+from _helpers import create_thread, error_reason, wait_for
 from conftest import Lethe
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lethe.v1 import common_pb2, events_pb2, threads_pb2
 from server import ServerConfig
-
-
-def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def test_default_keepalive_policy_accepts_pings_every_ten_seconds() -> None:
@@ -148,7 +140,7 @@ def test_drain_turns_health_not_serving_refuses_new_calls_ends_streams_and_finis
         events_pb2.WatchRequest(parent="owners/alice"), metadata=tuple(alice.md), timeout=30
     )
     assert server.edge is not None
-    _wait_for(lambda: server.edge is not None and server.edge.admission.streams == 1, "stream")
+    wait_for(lambda: server.edge is not None and server.edge.admission.streams == 1, "stream")
     # A call in flight: the one worker is held, so the append waits in the queue.
     release = threading.Event()
     assert server.executor is not None
@@ -161,7 +153,7 @@ def test_drain_turns_health_not_serving_refuses_new_calls_ends_streams_and_finis
         metadata=tuple(alice.md),
         timeout=30,
     )
-    _wait_for(lambda: server.edge is not None and server.edge.admission.inflight == 1, "queued")
+    wait_for(lambda: server.edge is not None and server.edge.admission.inflight == 1, "queued")
     stopper = threading.Thread(target=server.stop, kwargs={"grace": 20.0})
     stopper.start()
     try:
@@ -170,7 +162,7 @@ def test_drain_turns_health_not_serving_refuses_new_calls_ends_streams_and_finis
             resp = health.Check(health_pb2.HealthCheckRequest(), timeout=2)
             return bool(resp.status == health_pb2.HealthCheckResponse.NOT_SERVING)
 
-        _wait_for(not_serving, "NOT_SERVING")
+        wait_for(not_serving, "NOT_SERVING")
         for service in ("lethe.v1.Threads", "lethe.v1.Events"):
             resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
             assert resp.status == health_pb2.HealthCheckResponse.NOT_SERVING
@@ -277,13 +269,13 @@ def test_drain_over_connect_refuses_new_calls_ends_streams_and_finishes_calls(
     stream: Any = http.events.Watch(
         events_pb2.WatchRequest(parent="owners/alice"), metadata=tuple(alice.md), timeout=30
     )
-    _wait_for(lambda: server.edge is not None and server.edge.admission.streams == 1, "stream")
+    wait_for(lambda: server.edge is not None and server.edge.admission.streams == 1, "stream")
     release = threading.Event()
     assert server.executor is not None
     holder = server.executor.submit("test-holder", lambda: release.wait(30))
     calls = ThreadPoolExecutor(1)
     in_flight = calls.submit(_append, http, alice, thread, "in flight")
-    _wait_for(lambda: server.edge is not None and server.edge.admission.inflight == 1, "queued")
+    wait_for(lambda: server.edge is not None and server.edge.admission.inflight == 1, "queued")
     stopper = threading.Thread(target=server.stop, kwargs={"grace": 20.0})
     stopper.start()
     try:
@@ -297,7 +289,7 @@ def test_drain_over_connect_refuses_new_calls_ends_streams_and_finishes_calls(
                 return error_reason(err)
             return None
 
-        _wait_for(lambda: refused() is not None, "a refusal over Connect")
+        wait_for(lambda: refused() is not None, "a refusal over Connect")
         assert refused() == (grpc.StatusCode.UNAVAILABLE, "DRAINING")
         with pytest.raises(grpc.RpcError) as ended:
             for _ in stream:
