@@ -115,6 +115,17 @@ class IndexFollow(IndexSnapshots):
         self._applied[owner] = last
         return moved
 
+    def _catch_up_before_publish(self, owner: str) -> None:
+        """Apply the owner's change-log entries before a snapshot save's rename (lock held).
+
+        A forget made through another process writes its entry in its first
+        transaction, before it destroys the owner's snapshot key; a save that
+        made a new key after that sees the entry here, counts it, and is
+        discarded instead of putting a forgotten record in place.
+        """
+        if self.follows:
+            self._catch_up(owner)
+
     def owner_bundle(self, owner: str) -> Bundle:
         """The owner's committed bundle, brought in line with the change log first."""
         if self.follows:

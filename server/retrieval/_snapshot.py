@@ -285,11 +285,24 @@ class IndexSnapshots(IndexUpkeep):
         if len(bundle.plain) >= TRIM_AFTER_BUILD:
             release_free_heap()  # the state's copies and the sealed frames, back to the OS
         with self._lock(owner):
+            self._catch_up_before_publish(owner)
             if self._changes.get(owner, 0) != count or not staged.publish():
                 staged.discard()
                 return 0
             self._saved[owner] = count
         return size
+
+    def _catch_up_before_publish(self, owner: str) -> None:
+        """Apply what other processes changed of the owner before a save's rename.
+
+        The owner's lock is held. One process: nothing to do (every change of
+        the bundle counts under this lock). Several
+        (:class:`~server.retrieval._follow.IndexFollow`): a forget made through
+        another process reaches this one's count only when its change-log entry
+        is applied, and it may have destroyed the snapshot key before this save
+        made a new one; applying the owner's entries here counts it, so the save
+        is discarded.
+        """
 
     def save_snapshots(self, settle: float = 0.0, deadline: float | None = None) -> list[str]:
         """Save the snapshot of every loaded owner that is due (:meth:`snapshot_due`).

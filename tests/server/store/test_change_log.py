@@ -12,6 +12,7 @@ build from LMDB.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -284,3 +285,47 @@ def test_the_follower_drops_pending_bundles_and_forgets_owners_no_longer_loaded(
     assert retriever.follow_once() == []
     assert OWNER not in retriever._applied  # nothing of it loaded: nothing noted
     assert OWNER not in retriever._pending_seen
+
+
+def test_a_snapshot_saved_while_another_process_forgets_is_never_put_in_place(
+    shared: tuple[Store, Retriever, Lifecycle], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forget through another process between a save's rows and its rename: dropped.
+
+    The forget destroys no snapshot key (there was no snapshot yet) and returns;
+    the save then makes a new key and must not put the forgotten turn in place
+    under it.
+    """
+    store, retriever, _ = shared
+    other = Retriever(store, None)  # another process's indexes over the same data
+    forgetter = Lifecycle(store, other, Metrics(), rotation_interval=0.0)
+    store.create_thread(OWNER, THREAD, "")
+    metas, _, _ = store.append_turns(OWNER, THREAD, _drafts(1, 30, np.random.default_rng(5)), "")
+    retriever.owner_bundle(OWNER)
+    doomed = metas[5]
+    original = store.snapshot_rows
+
+    def racing(owner: str, sink: Any) -> dict[int, int]:
+        digests = original(owner, sink)
+        monkeypatch.setattr(store, "snapshot_rows", original)
+        forgetter.forget(OWNER, ForgetTargets.of(turns=[(THREAD, doomed.seq)]))
+        return digests
+
+    monkeypatch.setattr(store, "snapshot_rows", racing)
+    assert retriever.save_snapshot(OWNER) == 0
+    assert not store.has_snapshot(OWNER)
+    assert retriever.save_snapshot(OWNER) > 0  # the next one holds the forget
+    assert doomed.rid not in retriever.owner_bundle(OWNER).plain
+
+
+def test_a_standby_store_never_takes_the_primary_role(tmp_path: Path, kek_env: str) -> None:
+    """A member joining a running group (``--standby``) leaves the role free even if it is."""
+    standby = Store(tmp_path / "d", shared=True, standby=True)
+    try:
+        assert not standby.primary
+        assert standby.change_log
+        fd = acquire_primary(standby.data_dir)  # still free for a group's new primary
+        assert fd is not None
+        os.close(fd)
+    finally:
+        standby.close()
