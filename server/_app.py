@@ -194,6 +194,8 @@ class ServerConfig:
             change log followed, the one-process duties only in the primary),
             ``SO_REUSEPORT`` on for the gRPC and HTTP listeners so the group's
             processes share each port.
+        standby: with ``member``, never take the primary role (a member the
+            supervisor starts beside running ones on SIGTTIN).
     """
 
     data_dir: Path = Path("./lethe-data")
@@ -232,6 +234,7 @@ class ServerConfig:
     tracing: str = "off"
     tracer_provider: Any = None
     member: bool = False
+    standby: bool = False
 
     def limits(self) -> Limits:
         """The admission bounds and worker count.
@@ -312,6 +315,7 @@ class LetheServer:
             max_size=config.max_store_size,
             disk_reserve=config.disk_reserve,
             shared=config.member,
+            standby=config.standby,
         )
         # A call waiting for its group commit lends its running slot meanwhile.
         self.store.writer.waiting = _steps.blocking

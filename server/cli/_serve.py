@@ -322,6 +322,7 @@ def add(sub: Subcommands) -> None:
         "and the --max-* bounds apply per process",
     )
     serve.add_argument("--member", action="store_true", help=argparse.SUPPRESS)
+    serve.add_argument("--standby", action="store_true", help=argparse.SUPPRESS)
     serve.add_argument(
         "--require-owner-header",
         action="store_true",
@@ -398,6 +399,7 @@ def run(args: argparse.Namespace) -> int:
         require_owner_header=args.require_owner_header,
         tracing=args.tracing,
         member=args.member,
+        standby=args.standby,
     )
     try:
         config.limits()
@@ -420,19 +422,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"lethe: signal {signum}, shutting down", file=sys.stderr, flush=True)
         stopped.set()
 
-    def on_resize(signum: int, frame: FrameType | None) -> None:
-        del frame  # SIGTTIN/SIGTTOU would otherwise suspend the process (their default)
-        print(
-            f"lethe: signal {signum} ignored: only the supervisor of `lethe serve --processes N` "
-            "adds or stops processes",
-            file=sys.stderr,
-            flush=True,
-        )
-
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTTIN, on_resize)
-    signal.signal(signal.SIGTTOU, on_resize)
+    # Only a supervisor adds or stops processes. Their default action would
+    # suspend this one; ignored (not handled: a handler that wrote a line would
+    # raise SIGTTOU again on a terminal with ``tostop``), a write proceeds.
+    signal.signal(signal.SIGTTIN, signal.SIG_IGN)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     host = args.listen.rpartition(":")[0]
     http = None
     if config.http_listen is not None:

@@ -69,6 +69,9 @@ MAX_RESTARTS = 5
 RESTART_WINDOW = 60.0
 READY_TIMEOUT = 600.0
 """Seconds a member may take from its start to its ready line (recovery included)."""
+JOIN_TIMEOUT = 120.0
+"""Seconds a member started beside running ones (SIGTTIN) may take to its ready line."""
+_RESIZE = {signal.SIGTTIN, signal.SIGTTOU}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -100,9 +103,11 @@ def reserve_port(listen: str) -> tuple[socket.socket, str]:
     return sock, f"{host}:{sock.getsockname()[1]}"
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+def _child_setup() -> None:  # pragma: no cover - runs in the child before exec
+    """SIGTERM when the supervisor dies; SIGTTIN, SIGTTOU unblocked (the supervisor blocks them)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _RESIZE)
 
 
 class Member:
@@ -114,7 +119,7 @@ class Member:
             [sys.executable, "-m", "server.cli", *argv],
             stdout=subprocess.PIPE,
             text=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_child_setup,
         )
         self.ready: dict[str, Any] = {}
 
@@ -163,10 +168,21 @@ class Member:
 
 
 def _member_argv(
-    words: Sequence[str], listen: str, http: str | None, metrics: str | None, index: int
+    words: Sequence[str],
+    listen: str,
+    http: str | None,
+    metrics: str | None,
+    index: int,
+    *,
+    standby: bool = False,
 ) -> list[str]:
-    """The command line of member ``index``: the operator's, with the addresses fixed."""
+    """The command line of member ``index``: the operator's, with the addresses fixed.
+
+    ``standby``: a member joining a running group, which never takes the primary role.
+    """
     argv = [*words, "--listen", listen, "--processes", "1", "--member"]
+    if standby:
+        argv.append("--standby")
     if http is not None:
         argv += ["--http-listen", http]
     if metrics is None:
@@ -191,23 +207,22 @@ def supervise(args: argparse.Namespace, kek_line: Callable[[Path | None, Path], 
     """
     words = list(args.argv)
     stopping = False
-    resize = 0  # SIGTTIN +1, SIGTTOU -1; the loop takes them one at a time
+    members: list[Member] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
         del frame
-        print(f"lethe: signal {signum}, stopping {args.processes} processes", file=sys.stderr)
+        print(f"lethe: signal {signum}, stopping {len(members)} processes", file=sys.stderr)
         stopping = True
-
-    def on_resize(signum: int, frame: FrameType | None) -> None:
-        nonlocal resize
-        del frame
-        resize += 1 if signum == signal.SIGTTIN else -1
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTTIN, on_resize)
-    signal.signal(signal.SIGTTOU, on_resize)
+    # SIGTTIN and SIGTTOU are blocked and taken one at a time by the loop
+    # (sigtimedwait), never by a handler: blocked, SIGTTOU is not raised by the
+    # supervisor's own writes to a terminal it runs in the background of
+    # (``stty tostop``), which a handler would take for a request to stop a
+    # member. Members unblock them (``_child_setup``).
+    signal.pthread_sigmask(signal.SIG_BLOCK, _RESIZE)
     size = args.processes
     held, listen = reserve_port(args.listen)
     http_held = None
@@ -215,7 +230,6 @@ def supervise(args: argparse.Namespace, kek_line: Callable[[Path | None, Path], 
     if http is not None:
         http_held, http = reserve_port(http)
     metrics = None if args.metrics_listen == "off" else args.metrics_listen
-    members: list[Member] = []
     restarts: list[float] = []
     grace = float(args.drain_grace) + 30.0
 
@@ -251,13 +265,14 @@ def supervise(args: argparse.Namespace, kek_line: Callable[[Path | None, Path], 
             return EXIT_OK if stopping else EXIT_FAILED
         _announce(args, listen, http, members, kek_line)
         while not stopping:
-            time.sleep(0.2)
-            if resize and not stopping:
-                step = 1 if resize > 0 else -1
-                resize -= step
-                size = _join(members, words, listen, http, metrics) if step > 0 else size
-                size = _leave(members, grace) if step < 0 else size
+            asked = signal.sigtimedwait(_RESIZE, 0.2)
             dead = [m for m in members if not m.alive()]
+            if not dead and asked is not None and not stopping:  # a death comes first
+                if asked.si_signo == signal.SIGTTIN:
+                    size = _join(members, words, listen, http, metrics)
+                else:
+                    size, ended = _leave(members, grace)
+                    dead = [ended] if ended is not None else []
             if not dead or stopping:
                 continue
             now = time.monotonic()
@@ -288,13 +303,18 @@ def _join(
 ) -> int:
     """Start one more member beside the running ones (SIGTTIN); the group's size after.
 
-    Waits for its ready line; one that fails to start is stopped and left out
-    (the others serve on).
+    The member is started ``--standby``: it never takes the primary role, even
+    if the primary died meanwhile (start-up recovery must not run beside
+    serving processes; the loop restarts the group for that). Waits up to
+    :data:`JOIN_TIMEOUT` for its ready line; one that fails to start, or
+    reports the primary role, is stopped and left out (the others serve on).
     """
     index = len(members)
-    member = Member(_member_argv(words, listen, http, metrics, index), index)
+    member = Member(_member_argv(words, listen, http, metrics, index, standby=True), index)
     try:
-        member.wait_ready()
+        ready = member.wait_ready(JOIN_TIMEOUT)
+        if ready.get("primary"):
+            raise RuntimeError(f"member {index} took the primary role")
     except RuntimeError as exc:
         print(f"lethe: {exc}; the group serves on without it", file=sys.stderr, flush=True)
         member.stop()
@@ -310,21 +330,33 @@ def _join(
     return len(members)
 
 
-def _leave(members: list[Member], grace: float) -> int:
-    """Stop the newest member (SIGTTOU), never the primary; the group's size after."""
+def _leave(members: list[Member], grace: float) -> tuple[int, Member | None]:
+    """Stop the newest member (SIGTTOU), never the primary.
+
+    Returns:
+        The group's size after, and the member if it did not end cleanly (it
+        was no longer running, failed its drain or had to be killed past
+        ``grace``): what it left half done needs start-up recovery, so the
+        caller restarts the group as for any member that ended unasked.
+    """
     if len(members) < 2:
         print("lethe: SIGTTOU: the primary is not stopped alone", file=sys.stderr, flush=True)
-        return len(members)
-    member = members.pop()
+        return len(members), None
+    member = members[-1]
+    if not member.alive():
+        return len(members), member
     member.stop()
     code = member.reap(grace)
+    members.pop()
+    if code != EXIT_OK:
+        return len(members), member
     print(
-        f"lethe: member {member.index} (pid {member.proc.pid}) stopped ({code}); "
+        f"lethe: member {member.index} (pid {member.proc.pid}) stopped; "
         f"{len(members)} processes serve",
         file=sys.stderr,
         flush=True,
     )
-    return len(members)
+    return len(members), None
 
 
 def _announce(

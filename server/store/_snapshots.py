@@ -39,7 +39,8 @@ Each frame's associated data binds the owner, the record id
 ``owners/{owner}/index-snapshot``, the generation (as the version) and the payload
 type ``index-snapshot/{format}/{frame}/{n}/{plaintext size}``: a frame moved to
 another place, another snapshot, another owner, or a file cut short, fails to
-open. Frames bound memory: a snapshot is sealed and opened 8 MiB at a time.
+open. Frames bound memory: a snapshot is sealed 1 MiB at a time
+(:data:`FRAME_BYTES`) and opened a frame at a time.
 
 Rows: a snapshot is checked against the store by the digests of the owner's rows
 (:meth:`SnapshotsPart.row_digests`: BLAKE2b-64 of each turn's and memory's

@@ -192,6 +192,9 @@ class Store(
             shared, the primary role (:func:`acquire_primary`) if it is free,
             and the change log is kept (:mod:`server.store._changes`). Needs
             ``lock``.
+        standby: With ``shared``, never take the primary role (a process
+            joining a running group: start-up recovery and the sweeper must
+            not run beside serving processes).
 
     Raises:
         ValueError: ``max_size`` is below 1 MiB.
@@ -210,6 +213,7 @@ class Store(
         max_size: int = DEFAULT_MAX_STORE_SIZE,
         disk_reserve: int = 0,
         shared: bool = False,
+        standby: bool = False,
     ) -> None:
         if max_size < MIN_STORE_SIZE:
             raise ValueError(f"the store's maximum size must be at least {MIN_STORE_SIZE} bytes")
@@ -221,7 +225,7 @@ class Store(
         self.shared = shared
         self.change_log = shared
         self._pending_changes = {}
-        self._primary_fd = acquire_primary(self.data_dir) if shared else None
+        self._primary_fd = acquire_primary(self.data_dir) if shared and not standby else None
         lock = lock and (not shared or self._primary_fd is not None)  # the primary's duties
         data_path, ks_path = data_paths(self.data_dir)
         first_start = Keystore.read_store_id(ks_path) is None

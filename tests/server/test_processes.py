@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -312,6 +313,19 @@ def _children(pid: int) -> list[int]:
     return sorted(found)
 
 
+def _joined(group: Served) -> int:
+    """The pid of the member the supervisor last said joined, once it has (its log)."""
+    log = group.data_dir.parent / f"{group.data_dir.name}.log"
+    found: list[str] = []
+
+    def said() -> bool:
+        found[:] = re.findall(r"member \d+ \(pid (\d+)\) joined", log.read_text())
+        return bool(found)
+
+    wait_for(said, "a member joined", 60)
+    return int(found[-1])
+
+
 def _serves(client: Client) -> bool:
     try:
         client.search(OWNER, query_text="zebra")
@@ -329,8 +343,7 @@ def test_sigttin_starts_a_member_beside_the_running_ones_and_sigttou_stops_it(
     running = _children(group.proc.pid)
     assert running == sorted(group.pids)
     os.kill(group.proc.pid, signal.SIGTTIN)
-    wait_for(lambda: len(_children(group.proc.pid)) == 3, "a third member", 60)
-    joined = next(p for p in _children(group.proc.pid) if p not in running)
+    joined = _joined(group)
     group.pids = [*group.pids, joined]
     clients = _on_each_member(group, token)  # raises unless a connection reaches each member
     third = clients[2]
@@ -381,3 +394,23 @@ def test_sigttin_to_a_single_process_is_ignored_not_a_suspension(
         assert client.search(OWNER, query_text="zebra").hits == []
     finally:
         served.stop(grace=10)
+
+
+def test_sigttou_for_a_member_that_died_restarts_the_group(group: Served) -> None:
+    """SIGTTOU asked for a member that crashed: not taken for a clean stop (recovery runs)."""
+    token = group.token("alice")
+    _committed(group.client(token=token), ["zebra 0"])
+    os.kill(group.proc.pid, signal.SIGTTIN)
+    newest = _joined(group)
+    before = _children(group.proc.pid)
+    os.kill(newest, signal.SIGKILL)
+    os.kill(group.proc.pid, signal.SIGTTOU)
+    wait_for(
+        lambda: len(now := _children(group.proc.pid)) >= 2 and not set(now) & set(before),
+        "the group started again",
+        120,
+    )
+    fresh = group.client(token=token, options=OWN_CONNECTION)
+    wait_for(lambda: _serves(fresh), "the group serving again", 60)
+    assert _texts(fresh, "zebra") == ["zebra 0"]
+    assert group.proc.poll() is None
