@@ -175,9 +175,10 @@ _CHUNK_TERMS = 1 << 17
 ``_flat``): each NumPy call then works on at most a few MiB, so no single
 call holds the interpreter lock for long (see :func:`bm25_matrix`), and a
 step's temporaries (~80 bytes an occurrence: int64 keys, their sort, float64
-contributions) stay small beside the result. At 1 << 20 a 100k-turn owner's
-contextual leg (2.8 M non-zeros) peaked 117 MiB above the index (``tracemalloc``);
-at 1 << 17, 36 MiB, for a build of 1.6 s instead of 1.1."""
+contributions) stay small beside the result. At 1 << 20, with the whole
+matrix counted, concatenated and sorted at once, a 100k-turn owner's contextual
+leg (2.8 M non-zeros) peaked 91 MiB above the index (``tracemalloc``) in 0.8 s;
+at 1 << 17, placing each run into its columns, 36 MiB in 0.5 s."""
 
 
 def _chunks(lengths: Sequence[int]) -> Iterator[tuple[int, int, int]]:
@@ -205,13 +206,21 @@ def _unpack(doc: bytes) -> list[int]:
     return memoryview(doc).cast("i").tolist()
 
 
+def _joined(docs: Sequence[bytes]) -> npt.NDArray[np.int32]:
+    """Packed documents laid end to end in one step, ``(total,) int32`` (read-only).
+
+    For a run of :func:`_chunks`, already bounded by :data:`_CHUNK_TERMS`.
+    """
+    return np.frombuffer(b"".join(docs), dtype=np.int32)
+
+
 def _flat(docs: Sequence[bytes]) -> npt.NDArray[np.int32]:
     """Packed documents laid end to end, ``(total,) int32``, joined by :data:`_CHUNK_TERMS`."""
     lengths = [len(d) >> 2 for d in docs]
     out = np.empty(sum(lengths), dtype=np.int32)
     at = 0
     for start, end, size in _chunks(lengths):
-        out[at : at + size] = np.frombuffer(b"".join(docs[start:end]), dtype=np.int32)
+        out[at : at + size] = _joined(docs[start:end])
         at += size
     return out
 
@@ -254,17 +263,19 @@ def _bm25_columns(
     n_terms: int,
     k1: float,
     b: float,
+    df: npt.NDArray[np.int64] | None = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32], npt.NDArray[np.int64]]:
     """:func:`bm25_matrix` of documents given by their lengths and their terms.
 
     ``terms_of(start, end)`` gives the term ids (``int32``) of documents
-    ``start`` to ``end - 1`` laid end to end; it is called twice per run of
-    documents (:func:`_chunks`).
+    ``start`` to ``end - 1`` laid end to end (per run of :func:`_chunks`).
+    ``df``: each term's document frequency ``(n_terms,)``, if the caller
+    keeps it (:class:`LexicalIndex` does: its reference counts); else counted
+    in a first pass over the documents.
 
-    Two passes over the documents, a run of about :data:`_CHUNK_TERMS` term
-    occurrences at a time: the first counts each term's document frequency,
-    the second computes each run's contributions and places them straight
-    into their columns (a run's rows are after the runs before it, so each
+    Runs of about :data:`_CHUNK_TERMS` term occurrences at a time: with the
+    document frequencies known, each run's contributions are computed and
+    placed straight into their columns (a run's rows are after the runs before it, so each
     column stays in ascending rows). Beside the result (8 bytes a non-zero)
     only one run's temporaries are held: the contextual leg of a 100k-turn
     owner, 2.8 M non-zeros, held ~24 bytes a non-zero more when the whole
@@ -288,9 +299,10 @@ def _bm25_columns(
             tf.astype(np.int32),
         )
 
-    df = np.zeros(n_terms, dtype=np.int64)
-    for start, end in runs:
-        df += np.bincount(counted(start, end)[1], minlength=n_terms)
+    if df is None:
+        df = np.zeros(n_terms, dtype=np.int64)
+        for start, end in runs:
+            df += np.bincount(counted(start, end)[1], minlength=n_terms)
     idf = np.zeros(n_terms, dtype=np.float32)
     held = df > 0
     if held.any():
@@ -650,7 +662,12 @@ class LexicalIndex:
         docs = list(self._docs.values())
         lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)) >> 2
         data, indices, indptr = _bm25_columns(
-            lengths, lambda start, end: _flat(docs[start:end]), len(self._refs), self._k1, self._b
+            lengths,
+            lambda start, end: _joined(docs[start:end]),
+            len(self._refs),
+            self._k1,
+            self._b,
+            np.asarray(self._refs, dtype=np.int64),  # documents holding each term: its df
         )
         if len(ids) >= TRIM_AFTER_BUILD:
             release_free_heap()  # the build's transients: ~32 bytes a posting (bm25_matrix)

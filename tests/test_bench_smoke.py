@@ -23,6 +23,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("lethe", "lethe_empty_owner", "empty_call", "faiss_inprocess", "minimal_grpc_faiss")
 
 
+def _bench(script: str, *args: str, timeout: float = 170) -> subprocess.CompletedProcess[str]:
+    """Run ``bench/<script> <args>`` from the repository and require that it succeeds."""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
 def _positive(value: Any) -> bool:
     return isinstance(value, int | float) and value > 0
 
@@ -30,22 +40,7 @@ def _positive(value: Any) -> bool:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
     out = tmp_path_factory.mktemp("bench-smoke")
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "bench_scale.py"),
-            "--smoke",
-            "--no-cache",
-            "--out-dir",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=170,
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run = _bench("bench_scale.py", "--smoke", "--no-cache", "--out-dir", str(out))
     return json.loads((out / "scale-smoke.json").read_text()), run.stdout, out
 
 
@@ -128,12 +123,7 @@ def test_the_move_benchmark_runs_and_loses_no_write(tmp_path: Path) -> None:
     checked).
     """
     out = tmp_path / "move.json"
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_move.py"), "--turns", "300", "--others", "1",
-         "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _bench("bench_move.py", "--turns", "300", "--others", "1", "--out", str(out))
     (row,) = json.loads(out.read_text())
     assert row["every_acknowledged_write_on_destination"] is True
     assert row["rows_removed_at_source"] > 300
@@ -147,11 +137,7 @@ def test_the_connect_benchmark_runs_every_transport(tmp_path: Path) -> None:
     every figure is a positive number.
     """
     out = tmp_path / "connect.json"
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_connect.py"), "--smoke", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _bench("bench_connect.py", "--smoke", "--out", str(out))
     result = json.loads(out.read_text())
     assert result["config"]["records"] == 500
     for kind in ("dense", "lexical"):
@@ -171,11 +157,7 @@ def test_the_echo_benchmarks_run_and_the_shipped_rule_is_the_one_they_find(
 
     Speed is not checked; the rule's figures are (they are deterministic).
     """
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "eval_echoes.py"), "--locomo", str(locomo_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run = _bench("eval_echoes.py", "--locomo", str(locomo_path))
     assert "search finds the shipped configuration: True" in run.stdout
     assert "the server's sweep (index.find_echoes) agrees: True" in run.stdout
     held = next(line for line in run.stdout.splitlines() if line.startswith("held6-10"))
@@ -185,12 +167,7 @@ def test_the_echo_benchmarks_run_and_the_shipped_rule_is_the_one_they_find(
     assert min(catches[:2]) >= 0.95  # verbatim
     assert min(catches[2:]) >= 0.80  # lightly edited
     out = tmp_path / "echo-forget.json"
-    run = subprocess.run(
-        [sys.executable, "bench_echo_forget.py", "--turns", "1300", "--forgets", "5",
-         "--json", str(out)],
-        cwd=ROOT / "bench", capture_output=True, text=True, timeout=170, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run = _bench("bench_echo_forget.py", "--turns", "1300", "--forgets", "5", "--json", str(out))
     report = json.loads(out.read_text())
     assert {k: report[k]["forgets"] for k in ("IGNORE", "REPORT", "TAINT")} == {
         "IGNORE": 5,
@@ -206,12 +183,7 @@ def test_the_restart_benchmark_measures_cold_and_warm_restarts(tmp_path: Path) -
     (its stop wrote one) and answered what the cold one answered; speed is
     not checked.
     """
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_restart.py"), "--smoke",
-         "--out-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _bench("bench_restart.py", "--smoke", "--out-dir", str(tmp_path))
     result = json.loads((tmp_path / "restart-smoke.json").read_text())
     assert [s["n"] for s in result["sizes"]] == [300, 1000]
     for size in result["sizes"]:
@@ -230,17 +202,14 @@ def test_the_restart_benchmark_measures_cold_and_warm_restarts(tmp_path: Path) -
 
 
 def test_the_processes_benchmark_measures_each_count_against_one_process(tmp_path: Path) -> None:
-    """``bench/bench_processes.py --smoke``: 1 and 2 processes searched, a member killed.
+    """``bench/bench_processes.py --smoke``: 1 and 2 processes searched, a member killed, one added.
 
     Every count has positive figures and the floor's ratios are 1; the group
-    answered again after the kill; speed is not checked.
+    answered again after the kill, and a member added by SIGTTIN answered;
+    speed is not checked.
     """
     out = tmp_path / "processes-smoke.json"
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_processes.py"), "--smoke", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _bench("bench_processes.py", "--smoke", "--out", str(out))
     result = json.loads(out.read_text())
     assert [row["processes"] for row in result["table"]] == [1, 2]
     floor, group = result["table"]
@@ -250,21 +219,23 @@ def test_the_processes_benchmark_measures_each_count_against_one_process(tmp_pat
             assert _positive(row[key]), (row["processes"], key)
     assert group["rss_bytes"] > floor["rss_bytes"]  # two processes hold two copies
     assert _positive(result["kill"]["kill_to_first_search_s"])
-    assert "| 2 |" in out.with_suffix(".md").read_text()
+    join = result["join"]  # SIGTTIN: a third member beside the two, then its first answer
+    assert join["processes"] == 3
+    assert 0 < join["join_to_ready_s"] <= join["join_to_first_search_s"]
+    assert join["connections_tried"] >= 1
+    md = out.with_suffix(".md").read_text()
+    assert "| 2 |" in md
+    assert "SIGTTIN to the running group" in md
 
 
 def test_the_processes_benchmark_of_one_process_alone_kills_nothing(tmp_path: Path) -> None:
     """``--processes 1``: a lone process has no supervisor, so no kill (it hung, then failed)."""
     out = tmp_path / "processes-one.json"
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_processes.py"), "--smoke",
-         "--processes", "1", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _bench("bench_processes.py", "--smoke", "--processes", "1", "--out", str(out), timeout=120)
     result = json.loads(out.read_text())
     assert [row["processes"] for row in result["table"]] == [1]
     assert result["kill"] is None
+    assert result["join"] is None
     assert "SIGKILLed" not in out.with_suffix(".md").read_text()
 
 
@@ -275,11 +246,7 @@ def test_the_langgraph_benchmark_runs_beside_in_memory_store(tmp_path: Path) -> 
     beside ``InMemoryStore``'s and the one-turn ``AppendTurns`` floor.
     """
     out = tmp_path / "langgraph.json"
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_langgraph.py"), "--smoke", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _bench("bench_langgraph.py", "--smoke", "--out", str(out))
     result = json.loads(out.read_text())
     assert result["config"]["items"] == 200
     for store in ("lethe", "in_memory"):
@@ -310,12 +277,7 @@ def test_the_chroma_server_benchmark_runs_both_systems(tmp_path: Path) -> None:
             pytest.fail(f"{why}; scripts/test.sh installs it")
         pytest.skip(why)
     out = tmp_path / "chroma-server-smoke.json"
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_chroma_server.py"), "--smoke",
-         "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _bench("bench_chroma_server.py", "--smoke", "--out", str(out), timeout=300)
     result = json.loads(out.read_text())
     for system in ("lethe", "chroma"):
         for key in ("qps", "p50_ms", "p99_ms"):

@@ -359,3 +359,24 @@ def _follow(ops: list[tuple[str, int, str]]) -> None:
         for word in _WORDS:
             want = {i for i, terms in model.items() if analyze(word)[0] in terms}
             assert {i for i, _ in index.search(word, 100)} == want
+
+
+def test_a_rebuild_with_the_index_own_document_counts_is_the_bm25s_matrix() -> None:
+    """A rebuild takes each term's document frequency from the index's reference counts.
+
+    After a removal freed term ids and an add reused them, the main segment
+    equals ``bm25_matrix`` over the held documents.
+    """
+    ix = _index()
+    ix.search("adoption", 3)  # the first main segment
+    ix.remove([11])
+    ix.add([50, 51], ["adoption papers signed today", "a brand new word here"])
+    with ix._lock:
+        ix._built = ix._build()
+    built = ix._built
+    assert built is not None
+    docs = [np.frombuffer(ix._docs[int(i)], np.int32) for i in built.ids.tolist()]
+    data, indices, indptr = bm25_matrix(docs, len(ix._refs), ix._k1, ix._b)
+    assert indptr.tolist() == built.indptr.tolist()
+    assert indices.tolist() == built.indices.tolist()
+    assert data.tobytes() == built.data.tobytes()
