@@ -449,6 +449,8 @@ class VectorIndex:
         """Delete the vectors held under ``ids``; absent ids are ignored.
 
         Their rows are overwritten in FAISS's memory first (:meth:`_remove_held`).
+        When none of ``ids`` is held, no write section begins: a save streaming
+        the state (:meth:`state_in_pieces`) is not abandoned for nothing.
 
         Args:
             ids: ``(n,)`` integers.
@@ -462,6 +464,9 @@ class VectorIndex:
         id_arr = _as_ids(ids)
         if len(id_arr) == 0:
             return 0
+        with self._lock.read():  # none held: no write section, so a streaming save goes on
+            if not self._pos.held(id_arr).any():
+                return 0
         with self._lock.write():
             return self._remove_held([int(i) for i in id_arr])
 

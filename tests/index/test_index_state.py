@@ -366,6 +366,17 @@ def test_a_write_while_the_vectors_stream_abandons_the_stream() -> None:
         list(stream)
 
 
+def test_removing_ids_not_held_leaves_a_streaming_save_going() -> None:
+    index = VectorIndex(D)
+    index.add(np.arange(100) + 1, _unit(100, 5))
+    whole = b"".join(pack_state_stream(*index.state_in_pieces(10 * 4 * D))[1])
+    _, stream = pack_state_stream(*index.state_in_pieces(10 * 4 * D))
+    first = [bytes(next(stream)), bytes(next(stream))]  # the header, the first piece
+    assert index.remove([500, 501]) == 0  # none held: no write section
+    assert b"".join(first + [bytes(b) for b in stream]) == whole
+    assert len(index) == 100
+
+
 def test_pieces_of_another_size_or_dtype_are_refused() -> None:
     def pieces(*parts: npt.NDArray[Any]) -> StatePieces:
         return StatePieces(np.dtype("<f4"), (4,), lambda: iter(parts))
