@@ -50,7 +50,9 @@ gives a saver the rows and their digests from one read transaction).
 
 Strays: a temporary file a crash left, a snapshot whose key is gone (a forget
 that crashed between destroying the key and removing the file, or an owner gone
-whole), a snapshot key without a snapshot. Start-up removes them
+whole), a snapshot key without a snapshot (a crash between a first save's key
+and its rename; a first save that was abandoned or discarded destroys its key
+at once: :meth:`SnapshotsPart.drop_unused_snapshot_key`). Start-up removes them
 (:meth:`SnapshotsPart.clean_snapshots`) and the audit counts them (a hint, as a
 stray opens nothing).
 
@@ -363,6 +365,30 @@ class SnapshotsPart(StoreBase):
             return self.keystore.has_record_key(ring, SNAPSHOT_KEY_ID)
 
         return StagedSnapshot(owner, generation, temp, final, size, key_alive)
+
+    def drop_unused_snapshot_key(self, owner: str) -> bool:
+        """Destroy the owner's snapshot key if no snapshot file is in place; whether it did.
+
+        For a save that was abandoned or discarded after it made the key (the
+        owner's first save): the key would otherwise stay, sealing nothing,
+        until start-up removed it as a stray. Checked under the lock that
+        staging holds, so no save of this process is between its key and its
+        file; a save in another process that finds the key gone discards its
+        file (:meth:`StagedSnapshot.publish`), or cannot seal and writes none.
+
+        Raises:
+            LetheError: the write failed (the key stays; start-up removes it).
+        """
+        ring = RingRef(owner, None)
+        with self._snapshot_guard:
+            if self._snapshot_path(owner).exists():
+                return False
+            if not self.keystore.has_record_key(ring, SNAPSHOT_KEY_ID):
+                return False
+            self.writer.run(
+                WriteOp(_noop, destroy_keys=[(ring, SNAPSHOT_KEY_ID)], name="keys.destroy_stray")
+            )
+        return True
 
     def read_snapshot(self, owner: str) -> tuple[int, bytearray] | None:
         """Open the owner's snapshot: ``(generation, plaintext)``, or None.

@@ -97,7 +97,7 @@ OPERATIONS = {
     "event": "an event outside any other write",
     "events.prune": "pruning events past their retention",
     "manifest": "storing a context manifest",
-    "keys.destroy_stray": "destroying keys no record uses (start-up, restore)",
+    "keys.destroy_stray": "destroying keys no record uses (start-up, restore, unused snapshot key)",
     "keys.relocate": "moving keys back to the ring their records name (start-up)",
     "embedder.record": "recording a changed embedder at start (owners stamped with the old one)",
     "reembed": "replacing all of one owner's vectors by the new embedder's, in one transaction",

@@ -288,6 +288,7 @@ def test_a_snapshot_saved_while_a_forget_runs_is_never_put_in_place(
     assert parts.retriever.save_snapshot(OWNER) == 0
     assert not parts.snapshot.exists()
     assert not parts.snapshot.with_name("alice.snapshot.tmp").exists()
+    assert parts.store.snapshot_strays() == 0  # nor the key the save made for itself
     assert parts.retriever.save_snapshot(OWNER) > 0  # the next one holds the forget
     parts.restart(save=False)
     assert doomed.rid not in _content(parts)["plain"]
@@ -319,6 +320,7 @@ def test_a_snapshot_whose_vectors_change_while_they_are_sealed_is_dropped(
     assert parts.retriever.save_snapshot(OWNER) == 0
     assert not parts.snapshot.exists()
     assert not parts.snapshot.with_name("alice.snapshot.tmp").exists()
+    assert parts.store.snapshot_strays() == 0  # nor the key the save made for itself
 
 
 def test_a_snapshot_of_rows_a_restore_rolled_back_is_replayed(parts: Parts, tmp_path: Path) -> None:
