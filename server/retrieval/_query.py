@@ -73,7 +73,7 @@ class Retriever(IndexFollow):
         query_text: str,
         query_embedding: npt.NDArray[np.float32] | Sequence[float] | None,
     ) -> npt.NDArray[np.float32] | None:
-        """The ``(d,) float32`` unit query vector, or None when none can be made.
+        """The ``(d,) float32`` unit query vector (a row of :func:`index.normalize`), or None.
 
         None when there is no embedder and no client vector, or for a text
         without tokens.
@@ -106,7 +106,8 @@ class Retriever(IndexFollow):
         row = self.embedder.embed_queries([query_text])[0]
         if float(np.dot(row, row)) == 0.0 or (dim is not None and row.shape[0] != dim):
             return None
-        return np.asarray(row, dtype=np.float32)
+        unit: npt.NDArray[np.float32] = normalize(row)[0]
+        return unit
 
     def search(
         self,
@@ -158,7 +159,7 @@ class Retriever(IndexFollow):
         if mode != MODE_LEXICAL:
             dense = _merge(
                 [
-                    b.dense.search(query, depth)
+                    b.dense.search(query, depth, unit=True)
                     for b in bundles
                     if query is not None and len(b.dense) and b.dense.dim == query.shape[0]
                 ]
@@ -191,7 +192,7 @@ class Retriever(IndexFollow):
         indexes = [b.dense for b in bundles if len(b.dense) and b.dense.dim == query.shape[0]]
         k = top_k + OVERFETCH
         while True:
-            legs = [idx.search(query, min(len(idx), k)) for idx in indexes]
+            legs = [idx.search(query, min(len(idx), k), unit=True) for idx in indexes]
             hits = self._materialise(
                 _merge(legs), owner, top_k, pending_thread, kinds, include_turns
             )

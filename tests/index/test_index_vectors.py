@@ -313,3 +313,20 @@ def test_a_search_from_a_fresh_thread_uses_one_openmp_thread() -> None:
     assert seen["after"] == 1
     if (os.cpu_count() or 1) > 1 and "OMP_NUM_THREADS" not in os.environ:
         assert seen["before"] > 1  # what a fresh thread gets: the bug this fixes
+
+
+def test_a_query_already_normalised_is_searched_as_given() -> None:
+    """``unit=True``: the same hits and scores as the query normalised here."""
+    from index import normalize
+
+    index = VectorIndex(16)
+    index.add(np.arange(200), _unit_rows(200, 16, seed=1))
+    raw = np.random.default_rng(2).normal(size=16) * 3.0
+    unit = normalize(raw)[0]
+    assert index.search(unit, 10, unit=True) == index.search(unit, 10)
+    hits = index.search(unit, 10, unit=True)
+    assert [i for i, _ in hits] == [i for i, _ in index.search(raw, 10)]
+    with pytest.raises(DimensionMismatchError):
+        index.search(unit[:8], 10, unit=True)
+    # Anything but a float32 array is normalised, whatever ``unit`` says.
+    assert index.search(raw.tolist(), 10, unit=True) == index.search(raw, 10)

@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from shredder import AssociatedData, IntegrityError, RingRef
 from shredder._aead import (
+    _AD_TAG,
     WRAPPED_KEY_SIZE,
+    _encode_fields,
     _Key,
     _open_payload,
     _seal_payload,
@@ -34,6 +36,30 @@ _ads = st.builds(
 @given(_ads, _ads)
 def test_associated_data_encoding_is_injective(a: AssociatedData, b: AssociatedData) -> None:
     assert (a.encode() == b.encode()) == (a == b)
+
+
+@given(_ads)
+def test_associated_data_encoding_is_the_field_encoding(ad: AssociatedData) -> None:
+    """The spelled-out encoding equals the documented one, non-ASCII text included."""
+    fields = (ad.owner, ad.record_id, ad.version, ad.payload_type)
+    assert ad.encode() == _encode_fields(_AD_TAG, *fields)
+
+
+@pytest.mark.parametrize("size", [0, 1, 300, 70_000])
+def test_a_payload_opens_from_any_buffer_and_not_once_changed(size: int) -> None:
+    key = _Key.generate()
+    ad = AssociatedData("o", "r", 1, "content").encode()
+    plain = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    sealed = _seal_payload(key, ad, plain)
+    for form in (sealed, bytearray(sealed), memoryview(sealed)):
+        assert _open_payload(key, ad, form) == plain
+    for at in (1, 25, len(sealed) - 1):  # nonce, ciphertext (or tag when empty), tag
+        bad = bytearray(sealed)
+        bad[at] ^= 1
+        with pytest.raises(IntegrityError):
+            _open_payload(key, ad, bytes(bad))
+    with pytest.raises(IntegrityError):
+        _open_payload(key, ad + b"x", sealed)
 
 
 def test_associated_data_fields_do_not_run_together() -> None:
