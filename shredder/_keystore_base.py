@@ -111,8 +111,9 @@ class KeystoreBase:
 
         ``epoch`` was read before ``txn`` began.
 
-        The ring entry and the wrapped record key are read from ``txn`` on every call, so
-        a key destroyed before the snapshot never opens. What is cached (up to
+        The wrapped record key is read from ``txn`` on every call (and the ring entry
+        when the unwrap is not cached), so a key destroyed before the snapshot never opens.
+        What is cached (up to
         ``_RECORD_CACHE_SIZE`` keys, by ring, least recently used ring first out) is the
         unwrap: a key read again with the same wrapped bytes skips the two AEAD
         decryptions of ring and record key, the main per-hit cost of a search. The
@@ -126,19 +127,24 @@ class KeystoreBase:
         """
         prefix = _ring_prefix(ring)
         lmdb_key = prefix + _key_id_bytes(key_id)
-        ring_value = txn.get(prefix, db=self._rings)
         wrapped = txn.get(lmdb_key, db=self._records)
-        if ring_value is None:
-            raise KeyNotFoundError("ring does not exist")
         if wrapped is None:
+            if txn.get(prefix, db=self._rings) is None:
+                raise KeyNotFoundError("ring does not exist")
             raise KeyNotFoundError("record key does not exist")
         wrapped = bytes(wrapped)
+        # A record key's row exists only while its ring's does (:meth:`destroy`
+        # deletes a ring with every record key under it, in one transaction):
+        # a cached unwrap needs no read of the ring.
         with self._cache_lock:
             held = self._record_cache.get(prefix)
             hit = None if held is None else held.get(lmdb_key)
             if hit is not None and hit[0] == wrapped:
                 self._record_cache.move_to_end(prefix)
                 return hit[1]
+        ring_value = txn.get(prefix, db=self._rings)
+        if ring_value is None:
+            raise KeyNotFoundError("ring does not exist")
         generation, ring_key = self._unwrap_ring(ring, prefix, bytes(ring_value), epoch)
         if _wrapped_version(wrapped) != generation:
             raise IntegrityError("record key was wrapped under another ring-key generation")
