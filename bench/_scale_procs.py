@@ -66,6 +66,31 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_by_thread(pid: int) -> dict[str, float]:
+    """CPU time each group of a running process's threads has used so far, in seconds.
+
+    Threads are grouped by their operating-system name (``/proc/{pid}/task/
+    {tid}/comm``; Lethe names its own: ``server._thread_names``) with a
+    trailing ``-N`` folded (``lethe-rpc-3`` counts as ``lethe-rpc``). Threads
+    that end between two calls drop out of the later one. Empty if unreadable.
+    """
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")].rstrip("0123456789").rstrip("-")
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def memory_of(pid: int) -> dict[str, int]:
     """Resident memory of a running process.
 

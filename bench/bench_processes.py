@@ -49,7 +49,14 @@ from typing import Any
 
 import numpy as np
 from _scale_data import load_corpus, random_unit, varied_texts
-from _scale_procs import CallBatch, ClientPool, LetheProcess, cpu_seconds, memory_of
+from _scale_procs import (
+    CallBatch,
+    ClientPool,
+    LetheProcess,
+    cpu_by_thread,
+    cpu_seconds,
+    memory_of,
+)
 from _scale_report import machine_info, write_report
 from bench_restart import OWNER, _ingest, _log
 
@@ -86,25 +93,38 @@ def _search_once(address: str, token: str, vector: np.ndarray) -> float:
 
 def _run(
     pool: ClientPool, batch: CallBatch, clients: int, pids: list[int] | None = None
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """One closed-loop run: searches a second over the wall span, p50 and p99 in ms.
 
     With ``pids`` (the serving processes), also ``cpu_ms``: their CPU time
-    (user + system) over the run per search answered, in ms.
+    (user + system) over the run per search answered, in ms; and
+    ``cpu_ms_by_thread``: the same split by thread name, summed over the
+    processes (``lethe-rpc`` the workers, ``lethe-loop`` the event loop,
+    ``event_engine`` grpc's own threads; see ``_scale_procs.cpu_by_thread``).
     """
     cpu0 = sum(cpu_seconds(p) for p in pids or [])
+    threads0 = [cpu_by_thread(p) for p in pids or []]
     results = pool.run(batch, clients)
     cpu1 = sum(cpu_seconds(p) for p in pids or [])
+    threads1 = [cpu_by_thread(p) for p in pids or []]
     calls = [lat for r in results for lat in r.latencies]
     span = max(r.end for r in results) - min(r.start for r in results)
-    out = {
+    out: dict[str, Any] = {
         "qps": len(calls) / span,
         "p50_ms": float(np.percentile(calls, 50)) * 1e3,
         "p99_ms": float(np.percentile(calls, 99)) * 1e3,
         "calls": float(len(calls)),
     }
     if pids:
-        out["cpu_ms"] = (cpu1 - cpu0) * 1e3 / max(len(calls), 1)
+        per = 1e3 / max(len(calls), 1)
+        out["cpu_ms"] = (cpu1 - cpu0) * per
+        split: dict[str, float] = {}
+        for before, after in zip(threads0, threads1, strict=True):
+            for name, seconds in after.items():
+                split[name] = split.get(name, 0.0) + (seconds - before.get(name, 0.0)) * per
+        out["cpu_ms_by_thread"] = {
+            name: round(ms, 3) for name, ms in sorted(split.items(), key=lambda kv: -kv[1]) if ms
+        }
     return out
 
 
@@ -116,7 +136,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     queries = [q.tolist() for q in random_unit(64, seed=3)]
     proc = LetheProcess(["--processes", str(counts[0])])
     pool = ClientPool(args.clients)
-    runs: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
     memory: dict[int, list[int]] = {n: [] for n in counts}
     try:
         proc.start()
@@ -145,7 +165,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 _log(
                     f"round {r + 1}: {n} processes: {run['qps']:.0f} searches/s, "
                     f"p50 {run['p50_ms']:.2f} ms, p99 {run['p99_ms']:.2f} ms, "
-                    f"server CPU {run['cpu_ms']:.2f} ms/search, rss {rss >> 20} MiB"
+                    f"server CPU {run['cpu_ms']:.2f} ms/search, rss {rss >> 20} MiB "
+                    f"({', '.join(f'{k} {v:.2f}' for k, v in run['cpu_ms_by_thread'].items())})"
                 )
         # A lone process has no supervisor to start it again: no kill then.
         kill = _kill_to_first_search(proc, counts[-1], vectors[1]) if counts[-1] > 1 else None
@@ -165,6 +186,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "p50_ms": round(p50, 3),
                 "p99_ms": round(median(x["p99_ms"] for x in runs[n]), 3),
                 "cpu_ms_per_search": round(median(x["cpu_ms"] for x in runs[n]), 3),
+                "cpu_ms_by_thread": _median_split([x["cpu_ms_by_thread"] for x in runs[n]]),
                 "rss_bytes": int(median(memory[n])),
                 "qps_ratio": round(qps / median(x["qps"] for x in runs[floor]), 3),
                 "p50_ratio": round(p50 / median(x["p50_ms"] for x in runs[floor]), 3),
@@ -271,6 +293,13 @@ def _join_to_first_search(proc: LetheProcess, vector: np.ndarray) -> dict[str, A
     }
 
 
+def _median_split(splits: list[dict[str, float]]) -> dict[str, float]:
+    """Per thread name, the median over runs of its server CPU ms per search (0 where absent)."""
+    names = sorted({name for split in splits for name in split})
+    out = {name: round(median(split.get(name, 0.0) for split in splits), 3) for name in names}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def _markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# --processes: searches a second at {report['records']} turns, "
@@ -291,6 +320,15 @@ def _markdown(report: dict[str, Any]) -> str:
             f"{row['p50_ms']:.2f} | {row['p50_ratio']:.2f} | {row['p99_ms']:.2f} | "
             f"{row['cpu_ms_per_search']:.2f} | {row['rss_bytes'] >> 20} |"
         )
+    lines += [
+        "",
+        "Server CPU per search by thread (ms; `lethe-rpc` the workers, `lethe-loop` the "
+        "event loop, `event_engine` grpc's own threads):",
+        "",
+    ]
+    for row in report["table"]:
+        split = ", ".join(f"{name} {ms:.3f}" for name, ms in row["cpu_ms_by_thread"].items())
+        lines.append(f"- {row['processes']} process(es): {split}")
     kill = report["kill"]
     if kill is not None:
         lines += [

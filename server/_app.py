@@ -68,6 +68,7 @@ from lethe.v1 import (
 )
 from server import _steps
 from server._metrics import CallMeter, Metrics, RpcMetricsInterceptor
+from server._thread_names import name_os_thread
 from server._tracing import TracingInterceptor, tracer_provider
 from server.edge import (
     Admission,
@@ -383,6 +384,7 @@ class LetheServer:
             target=loop.run_forever, name="lethe-loop", daemon=True
         )
         self._loop_thread.start()
+        loop.call_soon_threadsafe(name_os_thread)
         self.port = asyncio.run_coroutine_threadsafe(self._serve(), loop).result()
         if self.store.shared and self.hub is not None:
             self.retriever.follow(on_change=self.hub.notify_threadsafe)

@@ -218,6 +218,9 @@ def test_the_processes_benchmark_measures_each_count_against_one_process(tmp_pat
         for key in ("qps", "p50_ms", "p99_ms", "rss_bytes", "cpu_ms_per_search"):
             assert _positive(row[key]), (row["processes"], key)
     assert group["rss_bytes"] > floor["rss_bytes"]  # two processes hold two copies
+    for row in (floor, group):  # the server's threads, by the names it gave them
+        assert _positive(row["cpu_ms_by_thread"].get("lethe-rpc", 0.0)), row["cpu_ms_by_thread"]
+        assert _positive(row["cpu_ms_by_thread"].get("lethe-loop", 0.0)), row["cpu_ms_by_thread"]
     assert _positive(result["kill"]["kill_to_first_search_s"])
     join = result["join"]  # SIGTTIN: a third member beside the two, then its first answer
     assert join["processes"] == 3
@@ -226,6 +229,7 @@ def test_the_processes_benchmark_measures_each_count_against_one_process(tmp_pat
     md = out.with_suffix(".md").read_text()
     assert "| 2 |" in md
     assert "SIGTTIN to the running group" in md
+    assert "Server CPU per search by thread" in md
 
 
 def test_the_processes_benchmark_of_one_process_alone_kills_nothing(tmp_path: Path) -> None:
