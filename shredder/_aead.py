@@ -293,7 +293,13 @@ def _open_payload(key: _Key, ad: bytes, ciphertext: bytes) -> bytes:
     if ciphertext[0] != _PAYLOAD_FORMAT:
         raise IntegrityError("unknown ciphertext format version")
     # libsodium's crypto_aead_xchacha20poly1305_ietf_decrypt on the nonce and
-    # ciphertext in place (pointers into `ciphertext`, no slices copied).
+    # ciphertext in place (pointers into `ciphertext`, no slices copied). It
+    # checks the tag, then reads the ciphertext again to decrypt it, without the
+    # GIL: a buffer another thread may change meanwhile (a bytearray, a
+    # memoryview) is copied first, or plaintext that was never authenticated
+    # could come back. Stored payloads are bytes: no copy.
+    if type(ciphertext) is not bytes:
+        ciphertext = bytes(ciphertext)
     sealed = _ffi.from_buffer("unsigned char[]", ciphertext)
     size = len(ciphertext) - _PAYLOAD_OVERHEAD
     out = _ffi.new("unsigned char[]", size)

@@ -277,31 +277,32 @@ class IndexSnapshots(IndexUpkeep):
         del facts
         size, buffers = pack_state_stream(*with_rows(state, digests))
         del state, digests
+        published = False
         try:
-            staged = self.store.stage_snapshot(owner, size, buffers)
-        except (LetheError, IndexChangedError):  # the owner is gone or being forgotten;
-            self._drop_unused_key(owner)  # or its vectors changed while sealed:
-            return 0  # the next pass tries again
-        del buffers
-        if len(bundle.plain) >= TRIM_AFTER_BUILD:
-            release_free_heap()  # the state's copies and the sealed frames, back to the OS
-        with self._lock(owner):
-            self._catch_up_before_publish(owner)
-            published = self._changes.get(owner, 0) == count and staged.publish()
-            if published:
-                self._saved[owner] = count
-            else:
-                staged.discard()
-        if not published:
-            self._drop_unused_key(owner)  # outside the owner's lock: it waits for the writer
-            return 0
-        return size
+            try:
+                staged = self.store.stage_snapshot(owner, size, buffers)
+            except (LetheError, IndexChangedError):  # the owner is gone or being forgotten;
+                return 0  # or its vectors changed while sealed: the next pass tries again
+            del buffers
+            if len(bundle.plain) >= TRIM_AFTER_BUILD:
+                release_free_heap()  # the state's copies and the sealed frames, back to the OS
+            with self._lock(owner):
+                self._catch_up_before_publish(owner)
+                published = self._changes.get(owner, 0) == count and staged.publish()
+                if published:
+                    self._saved[owner] = count
+                else:
+                    staged.discard()
+        finally:
+            if not published:  # nothing in place (a failure included): nor its key, if new
+                self._drop_unused_key(owner)  # outside the owner's lock: it waits for the writer
+        return size if published else 0
 
     def _drop_unused_key(self, owner: str) -> None:
         """After a save that put nothing in place: its key goes if no snapshot uses it."""
         try:
             self.store.drop_unused_snapshot_key(owner)
-        except LetheError as exc:  # start-up removes it as a stray
+        except (LetheError, OSError) as exc:  # start-up removes it as a stray
             _log.error("owners/%s: an unused snapshot key stays: %s", owner, type(exc).__name__)
 
     def _catch_up_before_publish(self, owner: str) -> None:

@@ -44,6 +44,7 @@ ESSENTIAL = frozenset(
         "owner.purge",
         "echo.key",  # a forget's guard bucket key: made before its plan
         "echo.expire",
+        "keys.destroy_stray",  # it only deletes: start-up's strays, a discarded snapshot's key
     }
 )
 """Write ops that may use the reserves: the steps of a deletion. An owner's placement

@@ -369,19 +369,24 @@ class SnapshotsPart(StoreBase):
     def drop_unused_snapshot_key(self, owner: str) -> bool:
         """Destroy the owner's snapshot key if no snapshot file is in place; whether it did.
 
-        For a save that was abandoned or discarded after it made the key (the
-        owner's first save): the key would otherwise stay, sealing nothing,
-        until start-up removed it as a stray. Checked under the lock that
-        staging holds, so no save of this process is between its key and its
-        file; a save in another process that finds the key gone discards its
-        file (:meth:`StagedSnapshot.publish`), or cannot seal and writes none.
+        For a save that was abandoned, discarded or failed after it made the
+        key (the owner's first save): the key would otherwise stay, sealing
+        nothing, until start-up removed it as a stray. Checked under the lock
+        that staging holds, and kept while a staged snapshot's temporary file
+        waits for its rename; a save in another process that finds the key gone
+        discards its file (:meth:`StagedSnapshot.publish`), or cannot seal and
+        writes none. A key made while a forget had destroyed the old one and
+        not yet removed its file stays until start-up.
 
         Raises:
             LetheError: the write failed (the key stays; start-up removes it).
         """
         ring = RingRef(owner, None)
         with self._snapshot_guard:
-            if self._snapshot_path(owner).exists():
+            # The temporary file first: a save staged and not yet renamed holds
+            # it (its rename takes no lock), and the file is in place once it
+            # is gone.
+            if self._snapshot_path(owner, _TEMP).exists() or self._snapshot_path(owner).exists():
                 return False
             if not self.keystore.has_record_key(ring, SNAPSHOT_KEY_ID):
                 return False

@@ -323,6 +323,66 @@ def test_a_snapshot_whose_vectors_change_while_they_are_sealed_is_dropped(
     assert parts.store.snapshot_strays() == 0  # nor the key the save made for itself
 
 
+def test_a_first_snapshot_that_fails_to_write_leaves_no_key(
+    parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk as the temporary file is synced: the error reaches the caller; no key stays."""
+    from server.store import _snapshots
+
+    _history(parts)
+    parts.retriever.owner_bundle(OWNER)
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device (injected)")
+
+    monkeypatch.setattr(_snapshots.os, "fsync", full)
+    with pytest.raises(OSError, match="injected"):
+        parts.retriever.save_snapshot(OWNER)
+    monkeypatch.undo()
+    assert not parts.snapshot.exists()
+    assert parts.store.snapshot_strays() == 0  # the key the save made went with it
+    assert parts.retriever.save_snapshot(OWNER) > 0  # the next pass saves
+
+
+def test_a_staged_snapshot_keeps_its_key_from_another_save_dropping_it(parts: Parts) -> None:
+    """Between a save's staging and its rename, a failed save's key drop leaves the key."""
+    _history(parts)
+    payload = b"x" * 1000
+    staged = parts.store.stage_snapshot(OWNER, len(payload), [payload])
+    assert not parts.store.drop_unused_snapshot_key(OWNER)  # the temporary file holds it
+    assert staged.publish()
+    assert parts.snapshot.exists()
+    assert parts.store.snapshot_strays() == 0
+    assert not parts.store.drop_unused_snapshot_key(OWNER)  # now the file in place does
+
+
+def test_a_full_store_still_destroys_an_unused_snapshot_key(tmp_path: Path, kek_env: str) -> None:
+    """At the store's ceiling, the drop of a key no snapshot uses goes on (it only deletes)."""
+    from server.errors import StoreFull
+
+    store = Store(tmp_path / "full", max_size=4 << 20)
+    try:
+        rng = np.random.default_rng(5)
+        store.create_thread(OWNER, "t1", "")
+        store.append_turns(OWNER, "t1", _drafts(0, 5, rng), "")
+        staged = store.stage_snapshot(OWNER, 10, [b"0123456789"])
+        staged.discard()  # a first save that put nothing in place: its key is unused
+        big = [TurnDraft(1, "ann", "x" * 60_000, 1.7e9, None, "", [], True, 3600.0)] * 50
+        full = None
+        for _ in range(100):  # 3 MB a batch: the 4 MiB ceiling within a few
+            try:
+                store.append_turns(OWNER, "t1", big, "")
+            except StoreFull as exc:
+                full = exc
+                break
+        assert full is not None
+        assert store.snapshot_strays() == 1
+        assert store.drop_unused_snapshot_key(OWNER)
+        assert store.snapshot_strays() == 0
+    finally:
+        store.close()
+
+
 def test_a_snapshot_of_rows_a_restore_rolled_back_is_replayed(parts: Parts, tmp_path: Path) -> None:
     """Record numbers come back after a restore; the snapshot's rows do not pass for them."""
     from shredder import backup_environment, restore_environment
