@@ -55,7 +55,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from index import load_embedder
 from lethe.v1 import (
@@ -67,7 +67,7 @@ from lethe.v1 import (
     threads_pb2,
 )
 from server import _steps
-from server._metrics import CallMeter, Metrics, RpcMetricsInterceptor
+from server._metrics import CallMeter, MeasuredServer, Metrics
 from server._thread_names import name_os_thread
 from server._tracing import TracingInterceptor, tracer_provider
 from server.edge import (
@@ -419,12 +419,12 @@ class LetheServer:
         self.hub, self.edge = hub, edge
         limits = self._limits
         provider = self.config.tracer_provider or tracer_provider(self.config.tracing)
-        interceptors: list[Any] = [RpcMetricsInterceptor(self.metrics)]
+        interceptors: list[Any] = []  # the metrics wrap each handler (MeasuredServer)
         if provider is not None:
             interceptors.append(TracingInterceptor(provider))
         self._tracer_provider = provider
         server = grpc.aio.server(
-            interceptors=interceptors,
+            interceptors=interceptors or None,
             options=self.config.grpc_options(),
             # A backstop over everything, health and reflection included: the
             # edge's own bounds (with reasons) refuse authenticated calls first.
@@ -463,17 +463,23 @@ class LetheServer:
         ]
         names = []
         methods: list[Method] = []
+        measured = MeasuredServer(server, self.metrics)
         for module, service, servicer in servicers:
             desc = module.DESCRIPTOR.services_by_name[service]
             served = edge.methods(desc, servicer)
-            server.add_generic_rpc_handlers([edge.grpc_handler(desc.full_name, served)])
+            measured.add_generic_rpc_handlers([edge.grpc_handler(desc.full_name, served)])
             names.append(desc.full_name)
             methods += served
         health_servicer = HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, measured)
         self._health = health_servicer
-        reflection.enable_server_reflection(
-            [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        # reflection.enable_server_reflection(names, server) with the asyncio
+        # servicer it picks for a grpc.aio server, registered measured.
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            reflection.aio.ReflectionServicer(  # type: ignore[attr-defined]  # in its __all__
+                [*names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+            ),
+            measured,
         )
         try:
             if self._credentials is not None:

@@ -1,9 +1,9 @@
-"""Prometheus metrics (API.md, "Metrics") and the interceptor that times every RPC.
+"""Prometheus metrics (API.md, "Metrics") and the wrapper that times every RPC.
 
 The metrics live on their own registry, so a test can run several servers in
 one process.
 
-Besides Lethe's own metrics, :class:`RpcMetricsInterceptor` exports the
+Besides Lethe's own metrics, :class:`MeasuredServer` exports the
 standard gRPC server metrics under the names of go-grpc-prometheus (and
 py-grpc-prometheus), so the usual dashboards and alerts apply:
 
@@ -27,7 +27,8 @@ go-grpc-prometheus does). The library py-grpc-prometheus itself is not used:
 it reads grpcio's private ``_state``, never counts a streaming call as
 handled and never times one.
 
-Thread rules: metrics and the interceptor are safe from any thread.
+Thread rules: metrics are safe from any thread; :class:`MeasuredServer`
+registers before the server starts, and its wrappers run on the event loop.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import grpc
@@ -366,38 +367,56 @@ def call_status(context: Any, default: str) -> str:
     return default
 
 
-class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Counts and times every RPC of the asyncio server, unary and streaming.
+class MeasuredServer:
+    """Registers handlers on a grpc.aio server inside the RPC measurements.
 
-    It records them in the standard gRPC server metrics and in
-    ``lethe_rpc_duration_seconds{method,code}``.
+    Every RPC of the asyncio server, unary and streaming, is counted and timed
+    in the standard gRPC server metrics and in
+    ``lethe_rpc_duration_seconds{method,code}``. Each method's handler is
+    wrapped once, when it is registered, instead of through an interceptor on
+    every call: grpc.aio runs an interceptor chain as coroutines on every call
+    (the chain and the measurements cost 35-40 µs of the event loop's time per
+    call, measured without either; without the chain, an empty call's answers
+    a second rose 1-10 % in three interleaved runs of 16 clients).
 
-    The handlers it wraps may be coroutine functions or plain functions (unary
-    responses), async or plain generators (streamed responses), as grpc.aio
-    allows; the wrapped handler is always async.
+    It stands in for the server where handlers are registered: pass it to a
+    generated ``add_*Servicer_to_server``, or call
+    :meth:`add_generic_rpc_handlers` and :meth:`add_registered_method_handlers`
+    as on the server itself. The handlers it wraps may be coroutine functions
+    or plain functions (unary responses), async or plain generators (streamed
+    responses), as grpc.aio allows; the wrapped handler is always async.
 
     Args:
+        server: the server the handlers go to.
         metrics: the server's metrics.
     """
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, server: grpc.aio.Server, metrics: Metrics) -> None:
+        self._server = server
         self._metrics = metrics
-        # method -> (the handler grpc found, its measured wrapper): the wrapper
-        # is built once per method, not per call. Event loop thread only.
+        # method -> (the handler registered, its measured wrapper): one wrapper
+        # per method, shared by the generic and the registered lookups.
         self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
-    async def intercept_service(  # type: ignore[override]  # grpc may find no handler: None
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        """Wrap the method's handler (whatever its kind) in the measurements."""
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method: str = handler_call_details.method
+    def add_generic_rpc_handlers(
+        self, handlers: Iterable[grpc.GenericRpcHandler[Any, Any]]
+    ) -> None:
+        """Register ``handlers``, each method's answer measured."""
+        self._server.add_generic_rpc_handlers([_MeasuredHandler(h, self) for h in handlers])
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
+        """Register ``handlers`` of ``service`` by method name, each measured."""
+        self._server.add_registered_method_handlers(  # type: ignore[attr-defined]  # not in grpc-stubs
+            service,
+            {name: self.measured(f"/{service}/{name}", h) for name, h in handlers.items()},
+        )
+
+    def measured(
+        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        """``handler`` of ``method`` inside the measurements (built once per method)."""
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
@@ -499,3 +518,19 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-ar
             stream_response(handler.stream_stream),  # type: ignore[arg-type]
             **common,
         )
+
+
+class _MeasuredHandler(grpc.GenericRpcHandler):  # type: ignore[type-arg]
+    """A generic handler whose methods answer through :meth:`MeasuredServer.measured`."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler[Any, Any], server: MeasuredServer) -> None:
+        self._inner = inner
+        self._server = server
+
+    def service(
+        self, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        return self._server.measured(handler_call_details.method, handler)

@@ -32,8 +32,9 @@ for every call, in this order:
    own form (gRPC trailers; Connect's error JSON).
 
 Every call is counted and timed in the RPC metrics (:mod:`server._metrics`):
-over gRPC by :class:`server._metrics.RpcMetricsInterceptor` (health and
-reflection too), over Connect by its adapter.
+over gRPC by :class:`server._metrics.MeasuredServer`, which wraps each
+method's handler when it is registered (health and reflection too), over
+Connect by its adapter.
 
 Lines about refused or malformed calls and internal errors go to the
 rate-limited log (:mod:`server._logs`). Open streams are re-checked once per

@@ -166,3 +166,34 @@ def test_a_stream_refused_at_once_is_counted_with_its_code(lethe: Lethe) -> None
     _until(lambda: _sample(lethe, "grpc_server_handling_seconds_count", **labels) == 1)
     assert _sample(lethe, "grpc_server_handled_total", **labels, grpc_code="INVALID_ARGUMENT") == 1
     assert _sample(lethe, "grpc_server_msg_sent_total", **labels) == 0
+
+
+def test_health_and_reflection_calls_are_measured_too(lethe: Lethe) -> None:
+    """The health and reflection services go through the same measured wrapper as Lethe's."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{lethe.port}")
+    lethe.channels.append(channel)
+    health = health_pb2_grpc.HealthStub(channel)
+    health.Check(health_pb2.HealthCheckRequest(service=""))
+    with pytest.raises(grpc.RpcError):
+        health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"))
+    reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
+    list(
+        reflect.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
+    )
+    check = {"grpc_type": "UNARY", "grpc_service": "grpc.health.v1.Health", "grpc_method": "Check"}
+    _until(lambda: _sample(lethe, "grpc_server_handling_seconds_count", **check) == 2)
+    assert _sample(lethe, "grpc_server_handled_total", **check, grpc_code="OK") == 1
+    assert _sample(lethe, "grpc_server_handled_total", **check, grpc_code="NOT_FOUND") == 1
+    info = {
+        "grpc_type": "BIDI_STREAMING",
+        "grpc_service": "grpc.reflection.v1alpha.ServerReflection",
+        "grpc_method": "ServerReflectionInfo",
+    }
+    _until(lambda: _sample(lethe, "grpc_server_handling_seconds_count", **info) == 1)
+    assert _sample(lethe, "grpc_server_msg_received_total", **info) == 1
+    assert _sample(lethe, "grpc_server_msg_sent_total", **info) == 1
