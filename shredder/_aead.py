@@ -273,13 +273,14 @@ def _seal_payload(key: _Key, ad: bytes, plaintext: bytes) -> bytes:
     return bytes((_PAYLOAD_FORMAT,)) + nonce + _aead_encrypt(plaintext, ad, nonce, key._material)
 
 
-def _open_payload(key: _Key, ad: bytes, ciphertext: bytes) -> bytes:
+def _open_payload(key: _Key, ad: bytes, ciphertext: bytes | bytearray | memoryview) -> bytes:
     """Decrypt and authenticate a payload sealed by `_seal_payload`.
 
     Args:
         key: The record key.
         ad: Encoded associated data; must equal the one sealed with.
-        ciphertext: Output of `_seal_payload`.
+        ciphertext: Output of `_seal_payload`, in any contiguous or strided buffer
+            (bytes are read in place; anything else is copied first).
 
     Returns:
         The plaintext.

@@ -327,7 +327,7 @@ def test_a_first_snapshot_that_fails_to_write_leaves_no_key(
     parts: Parts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A full disk as the temporary file is synced: the error reaches the caller; no key stays."""
-    from server.store import _snapshots
+    import os
 
     _history(parts)
     parts.retriever.owner_bundle(OWNER)
@@ -335,7 +335,7 @@ def test_a_first_snapshot_that_fails_to_write_leaves_no_key(
     def full(fd: int) -> None:
         raise OSError(28, "No space left on device (injected)")
 
-    monkeypatch.setattr(_snapshots.os, "fsync", full)
+    monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(OSError, match="injected"):
         parts.retriever.save_snapshot(OWNER)
     monkeypatch.undo()
