@@ -68,7 +68,7 @@ from lethe.v1 import (
 )
 from server import _steps
 from server._metrics import CallMeter, MeasuredServer, Metrics
-from server._thread_names import name_os_thread
+from server._thread_names import name_os_threads
 from server._tracing import TracingInterceptor, tracer_provider
 from server.edge import (
     Admission,
@@ -384,7 +384,6 @@ class LetheServer:
             target=loop.run_forever, name="lethe-loop", daemon=True
         )
         self._loop_thread.start()
-        loop.call_soon_threadsafe(name_os_thread)
         self.port = asyncio.run_coroutine_threadsafe(self._serve(), loop).result()
         if self.store.shared and self.hub is not None:
             self.retriever.follow(on_change=self.hub.notify_threadsafe)
@@ -398,6 +397,7 @@ class LetheServer:
             self._sweeper.start()
         if self.config.metrics_listen:
             self._start_metrics(self.config.metrics_listen)
+        name_os_threads()  # for top -H and ps -L: every lethe- thread has started
         return self.port
 
     async def _serve(self) -> int:

@@ -215,10 +215,12 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "server.lifecycle",
         "server.edge",
         "server.services",
+        "server._thread_names",
         "index",
         "shredder",
     ),
     "server.cli": ("lethe", "server", "index", "shredder"),
+    "server._thread_names": (),
 }
 """Each room of ``server`` and what it may import of the project (besides itself):
 the may-import line of its ``__init__`` docstring."""

@@ -57,7 +57,6 @@ from typing import Any, TypeVar
 
 from server import _steps
 from server._metrics import Metrics
-from server._thread_names import name_os_thread
 from server.errors import Overloaded, Reason
 
 T = TypeVar("T")
@@ -466,7 +465,6 @@ class FairExecutor:
             self._free_slot(taker=True)
 
     def _run(self) -> None:
-        name_os_thread()
         while self._run_next():
             pass
 

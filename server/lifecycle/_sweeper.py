@@ -10,7 +10,6 @@ import logging
 import threading
 import time
 
-from server._thread_names import name_os_thread
 from server.lifecycle._lifecycle import Lifecycle
 
 _log = logging.getLogger(__name__)
@@ -78,7 +77,6 @@ class Sweeper:
             self._thread.join()
 
     def _run(self) -> None:
-        name_os_thread()
         while not self._stop.wait(self._interval):
             try:
                 self._lifecycle.store.writer.tidy()  # what a storage fault left undone

@@ -50,7 +50,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from server._thread_names import name_os_thread
 from server.retrieval._bundle import Bundle, owner_key, pending_prefix
 from server.retrieval._snapshot import IndexSnapshots
 from server.store import RecordMeta
@@ -238,7 +237,6 @@ class IndexFollow(IndexSnapshots):
         self._follow_stop.clear()
 
         def run() -> None:
-            name_os_thread()
             while not self._follow_stop.wait(interval):
                 try:
                     owners = self.follow_once()

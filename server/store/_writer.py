@@ -59,7 +59,6 @@ from typing import Any, Generic, TypeVar
 
 import lmdb
 
-from server._thread_names import name_os_thread
 from server.errors import StoreFull, Unavailable
 from server.store._reserve import ESSENTIAL
 from shredder import FreshKeys, Keystore, RingRef, declare, failpoint
@@ -283,7 +282,6 @@ class Writer:
         self._thread.join()
 
     def _run(self) -> None:
-        name_os_thread()
         stopping = False
         while not stopping:
             first = self._queue.get()
