@@ -52,18 +52,25 @@ BENCH = Path(__file__).resolve().parent
 _START_TIMEOUT_S = 300.0
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time a running process has used so far (user + system), in seconds; 0.0 if unreadable.
+def _stat(path: str) -> tuple[str, float] | None:
+    """``(name, CPU seconds)`` from a ``stat`` file of ``/proc``, or None if unreadable.
 
-    From ``/proc/{pid}/stat`` (fields 14 and 15, ``utime`` and ``stime``, in
-    clock ticks; proc(5)).
+    The name is field 2 (``comm``); the CPU time fields 14 and 15, ``utime``
+    and ``stime``, in clock ticks (proc(5)).
     """
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(path).read_text()
     except OSError:
-        return 0.0
+        return None
     fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12])
+    return stat[stat.index("(") + 1 : stat.rindex(")")], ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a running process has used so far (user + system), in seconds; 0.0 if unreadable."""
+    found = _stat(f"/proc/{pid}/stat")
+    return 0.0 if found is None else found[1]
 
 
 def cpu_by_thread(pid: int) -> dict[str, float]:
@@ -75,19 +82,15 @@ def cpu_by_thread(pid: int) -> dict[str, float]:
     that end between two calls drop out of the later one. Empty if unreadable.
     """
     out: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return out
     for tid in tids:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")].rstrip("0123456789").rstrip("-")
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        found = _stat(f"/proc/{pid}/task/{tid}/stat")
+        if found is not None:
+            name = found[0].rstrip("0123456789").rstrip("-")
+            out[name] = out.get(name, 0.0) + found[1]
     return out
 
 
