@@ -45,6 +45,7 @@ __all__ = [
     "LetheProcess",
     "MinimalProcess",
     "RunResult",
+    "machine_cpu",
     "memory_of",
 ]
 
@@ -92,6 +93,26 @@ def cpu_by_thread(pid: int) -> dict[str, float]:
             name = found[0].rstrip("0123456789").rstrip("-")
             out[name] = out.get(name, 0.0) + found[1]
     return out
+
+
+def machine_cpu() -> tuple[float, float]:
+    """``(busy, total)`` CPU seconds of the whole machine since boot, summed over every core.
+
+    From the ``cpu`` line of ``/proc/stat`` (proc(5)): busy is user, nice,
+    system, irq, softirq and steal; total adds idle and iowait (guest time is
+    already counted in user). Two readings give the machine's busy fraction
+    between them: ``(busy1 - busy0) / (total1 - total0)``. ``(0.0, 0.0)`` where
+    ``/proc/stat`` is unreadable.
+    """
+    try:
+        line = Path("/proc/stat").read_text().splitlines()[0]
+    except OSError:
+        return 0.0, 0.0
+    ticks = [int(x) for x in line.split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = ticks + [0] * (8 - len(ticks))
+    busy = user + nice + system + irq + softirq + steal
+    hz = os.sysconf("SC_CLK_TCK")
+    return busy / hz, (busy + idle + iowait) / hz
 
 
 def memory_of(pid: int) -> dict[str, int]:
@@ -387,6 +408,11 @@ class ClientPool:
         for _ in self._procs:  # imports done: the pool no longer competes for the CPU
             if self._results.get(timeout=120) != "ready":
                 raise RuntimeError("a client process failed to start")
+
+    @property
+    def pids(self) -> list[int]:
+        """The client processes' ids, in the order :meth:`run` uses them."""
+        return [p.pid for p in self._procs if p.pid is not None]
 
     def run(self, batch: CallBatch, concurrency: int) -> list[RunResult]:
         """Run ``batch`` in ``concurrency`` processes at once (started together).

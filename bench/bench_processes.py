@@ -5,7 +5,8 @@ One owner of ``--records`` committed turns (LoCoMo-derived texts, random unit
 Then, in rounds, for each process count of ``--processes`` (interleaved, so
 every count meets the same noise): the group is started on that data (its
 index snapshot, written at the previous stop, loads in each process), every
-process's indexes are warmed, and ``--clients`` client *processes* (each its
+process's indexes are warmed and its start-up audit has finished (the
+steady state: ``_wait_quiet``), and ``--clients`` client *processes* (each its
 own connection, so the kernel spreads them over the group) search in a closed
 loop for ``--seconds`` (DENSE, top 10, like ``bench_scale``). Per count:
 searches a second (all calls over the wall span), p50 and p99 latency, and the
@@ -55,6 +56,7 @@ from _scale_procs import (
     LetheProcess,
     cpu_by_thread,
     cpu_seconds,
+    machine_cpu,
     memory_of,
 )
 from _scale_report import machine_info, write_report
@@ -101,12 +103,23 @@ def _run(
     ``cpu_ms_by_thread``: the same split by thread name, summed over the
     processes (``lethe-rpc`` the workers, ``lethe-loop`` the event loop,
     ``event_engine`` grpc's own threads; see ``_scale_procs.cpu_by_thread``).
+
+    Always ``client_cpu_ms``, the client processes' CPU time per search
+    answered (ms), and ``machine_busy``, the fraction of all the machine's
+    cores busy over the run (``_scale_procs.machine_cpu``): where the clients
+    share the server's machine, the searches a second cannot pass
+    ``cores * 1000 / (server + client CPU ms per search)``.
     """
+    clients_at = pool.pids[:clients]
+    machine0 = machine_cpu()
+    client0 = sum(cpu_seconds(p) for p in clients_at)
     cpu0 = sum(cpu_seconds(p) for p in pids or [])
     threads0 = [cpu_by_thread(p) for p in pids or []]
     results = pool.run(batch, clients)
     cpu1 = sum(cpu_seconds(p) for p in pids or [])
     threads1 = [cpu_by_thread(p) for p in pids or []]
+    client1 = sum(cpu_seconds(p) for p in clients_at)
+    machine1 = machine_cpu()
     calls = [lat for r in results for lat in r.latencies]
     span = max(r.end for r in results) - min(r.start for r in results)
     out: dict[str, Any] = {
@@ -115,8 +128,10 @@ def _run(
         "p99_ms": float(np.percentile(calls, 99)) * 1e3,
         "calls": float(len(calls)),
     }
+    per = 1e3 / max(len(calls), 1)
+    out["client_cpu_ms"] = (client1 - client0) * per
+    out["machine_busy"] = (machine1[0] - machine0[0]) / max(machine1[1] - machine0[1], 1e-9)
     if pids:
-        per = 1e3 / max(len(calls), 1)
         out["cpu_ms"] = (cpu1 - cpu0) * per
         split: dict[str, float] = {}
         for before, after in zip(threads0, threads1, strict=True):
@@ -153,6 +168,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 batch = CallBatch(proc.address, "search", f"owners/{OWNER}", queries, proc.token, 0)
                 warm = CallBatch(**{**batch.__dict__, "seconds": args.warmup})
                 pool.run(warm, args.clients)  # every process has loaded the owner
+                quiet = _wait_quiet(_members(proc))  # past the start-up audit: steady state
                 run = _run(
                     pool,
                     CallBatch(**{**batch.__dict__, "seconds": args.seconds}),
@@ -163,9 +179,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 runs[n].append(run)
                 memory[n].append(rss)
                 _log(
-                    f"round {r + 1}: {n} processes: {run['qps']:.0f} searches/s, "
+                    f"round {r + 1}: {n} processes (steady {quiet:.1f} s after the warm-up): "
+                    f"{run['qps']:.0f} searches/s, "
                     f"p50 {run['p50_ms']:.2f} ms, p99 {run['p99_ms']:.2f} ms, "
-                    f"server CPU {run['cpu_ms']:.2f} ms/search, rss {rss >> 20} MiB "
+                    f"server CPU {run['cpu_ms']:.2f} ms/search, clients "
+                    f"{run['client_cpu_ms']:.2f}, machine {run['machine_busy']:.0%} busy, "
+                    f"rss {rss >> 20} MiB "
                     f"({', '.join(f'{k} {v:.2f}' for k, v in run['cpu_ms_by_thread'].items())})"
                 )
         # A lone process has no supervisor to start it again: no kill then.
@@ -187,6 +206,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "p99_ms": round(median(x["p99_ms"] for x in runs[n]), 3),
                 "cpu_ms_per_search": round(median(x["cpu_ms"] for x in runs[n]), 3),
                 "cpu_ms_by_thread": _median_split([x["cpu_ms_by_thread"] for x in runs[n]]),
+                "client_cpu_ms_per_search": round(median(x["client_cpu_ms"] for x in runs[n]), 3),
+                "machine_busy": round(median(x["machine_busy"] for x in runs[n]), 3),
                 "rss_bytes": int(median(memory[n])),
                 "qps_ratio": round(qps / median(x["qps"] for x in runs[floor]), 3),
                 "p50_ratio": round(p50 / median(x["p50_ms"] for x in runs[floor]), 3),
@@ -203,6 +224,49 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "kill": kill,
         "join": join,
     }
+
+
+QUIET_CPU_S = 0.02
+"""Sweeper CPU seconds a second under which a process counts as past its start-up work."""
+FIRST_PASS_S = 6.0
+"""Process age by which its sweeper has begun its first pass (``lethe serve``'s default
+``--sweep-interval`` is 5 s: the first pass, with the first audit, starts then)."""
+
+
+def _age(pid: int) -> float:
+    """Seconds since process ``pid`` started (``/proc``: its ``starttime`` against the uptime)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    started = int(stat[stat.rindex(")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return float(Path("/proc/uptime").read_text().split()[0]) - started
+
+
+def _wait_quiet(pids: list[int], limit: float = 60.0) -> float:
+    """Wait until no ``lethe-sweeper`` thread of ``pids`` used :data:`QUIET_CPU_S` in a second.
+
+    A process audits its store (and may write index snapshots) in its first
+    seconds, then every minute or more (``server.lifecycle._sweeper``): about
+    half a second of CPU at 20k turns. A run that began right after a start
+    would charge that to its searches, where a serving process spreads it over
+    a minute; the runs measure after it.
+
+    Returns:
+        Seconds waited (at most ``limit``).
+    """
+    t0 = time.perf_counter()
+    youngest = min(_age(pid) for pid in pids)
+    time.sleep(max(0.0, FIRST_PASS_S - youngest))
+
+    def sweeper() -> float:
+        return sum(cpu_by_thread(pid).get("lethe-sweeper", 0.0) for pid in pids)
+
+    before = sweeper()
+    while time.perf_counter() - t0 < limit:
+        time.sleep(1.0)
+        now = sweeper()
+        if now - before < QUIET_CPU_S:
+            break
+        before = now
+    return time.perf_counter() - t0
 
 
 def _kill_to_first_search(proc: LetheProcess, n: int, vector: np.ndarray) -> dict[str, Any]:
@@ -300,6 +364,16 @@ def _median_split(splits: list[dict[str, float]]) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def _ceiling(cores: int, row: dict[str, Any]) -> float:
+    """Searches a second the machine's ``cores`` could answer at ``row``'s CPU per search.
+
+    ``cores * 1000 / (server + client CPU ms per search)``: the bound where the
+    clients share the server's machine and every core is busy.
+    """
+    spent = float(row["cpu_ms_per_search"]) + float(row["client_cpu_ms_per_search"])
+    return cores * 1e3 / max(spent, 1e-9)
+
+
 def _markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# --processes: searches a second at {report['records']} turns, "
@@ -329,6 +403,22 @@ def _markdown(report: dict[str, Any]) -> str:
     for row in report["table"]:
         split = ", ".join(f"{name} {ms:.3f}" for name, ms in row["cpu_ms_by_thread"].items())
         lines.append(f"- {row['processes']} process(es): {split}")
+    cores = report["machine"].get("cpu_count") or 1
+    lines += [
+        "",
+        f"The client processes run on the same {cores} CPUs. What the machine can answer "
+        "at all is its cores over the CPU a search takes, server and client together:",
+        "",
+        "| processes | client CPU ms/search | machine busy | ceiling searches/s | "
+        "searches/s of the ceiling |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["table"]:
+        ceiling = _ceiling(cores, row)
+        lines.append(
+            f"| {row['processes']} | {row['client_cpu_ms_per_search']:.2f} | "
+            f"{row['machine_busy']:.0%} | {ceiling:.0f} | {row['qps'] / ceiling:.0%} |"
+        )
     kill = report["kill"]
     if kill is not None:
         lines += [

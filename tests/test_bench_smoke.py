@@ -215,8 +215,16 @@ def test_the_processes_benchmark_measures_each_count_against_one_process(tmp_pat
     floor, group = result["table"]
     assert (floor["qps_ratio"], floor["p50_ratio"]) == (1.0, 1.0)
     for row in (floor, group):
-        for key in ("qps", "p50_ms", "p99_ms", "rss_bytes", "cpu_ms_per_search"):
+        for key in (
+            "qps",
+            "p50_ms",
+            "p99_ms",
+            "rss_bytes",
+            "cpu_ms_per_search",
+            "client_cpu_ms_per_search",
+        ):
             assert _positive(row[key]), (row["processes"], key)
+        assert 0 < row["machine_busy"] <= 1, row["machine_busy"]
     assert group["rss_bytes"] > floor["rss_bytes"]  # two processes hold two copies
     for row in (floor, group):  # the server's threads, by the names it gave them
         assert _positive(row["cpu_ms_by_thread"].get("lethe-rpc", 0.0)), row["cpu_ms_by_thread"]
@@ -230,6 +238,7 @@ def test_the_processes_benchmark_measures_each_count_against_one_process(tmp_pat
     assert "| 2 |" in md
     assert "SIGTTIN to the running group" in md
     assert "Server CPU per search by thread" in md
+    assert "ceiling searches/s" in md
 
 
 def test_the_processes_benchmark_of_one_process_alone_kills_nothing(tmp_path: Path) -> None:
@@ -290,3 +299,23 @@ def test_the_chroma_server_benchmark_runs_both_systems(tmp_path: Path) -> None:
     assert 0 < result["chroma_ladder"][-1]["recall_at_10"] <= 1
     assert _positive(result["qps_ratio_lethe_over_chroma"])
     assert "| chroma |" in out.with_suffix(".md").read_text()
+
+
+def test_the_rpc_floors_benchmark_measures_each_server(tmp_path: Path) -> None:
+    """``bench/bench_rpc_floors.py --smoke``: the three gRPC floors and Lethe, each with figures.
+
+    Every server answered with a positive latency and CPU per call, the aio
+    floor's ratio to itself is 1, and Lethe's CPU is split by its threads'
+    names; speed is not checked.
+    """
+    out = tmp_path / "rpc-floors-smoke.json"
+    _bench("bench_rpc_floors.py", "--smoke", "--out", str(out))
+    result = json.loads(out.read_text())
+    rows = {row["server"]: row for row in result["table"]}
+    assert list(rows) == ["sync", "aio", "aio+hop", "lethe"]
+    for name, row in rows.items():
+        assert _positive(row["p50_ms"]), name
+        assert _positive(row["cpu_ms_per_call"]), name
+    assert rows["aio"]["cpu_ratio_to_aio"] == 1.0
+    assert _positive(result["lethe_cpu_ms_by_thread"].get("lethe-loop", 0.0))
+    assert "| aio+hop |" in out.with_suffix(".md").read_text()
