@@ -6,7 +6,8 @@ Then, in rounds, for each process count of ``--processes`` (interleaved, so
 every count meets the same noise): the group is started on that data (its
 index snapshot, written at the previous stop, loads in each process), every
 process's indexes are warmed and its start-up audit has finished (the
-steady state: ``_wait_quiet``), and ``--clients`` client *processes* (each its
+steady state: ``_wait_quiet``; ``--during-audit`` measures inside it
+instead), and ``--clients`` client *processes* (each its
 own connection, so the kernel spreads them over the group) search in a closed
 loop for ``--seconds`` (DENSE, top 10, like ``bench_scale``). Per count:
 searches a second (all calls over the wall span), p50 and p99 latency, and the
@@ -168,7 +169,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 batch = CallBatch(proc.address, "search", f"owners/{OWNER}", queries, proc.token, 0)
                 warm = CallBatch(**{**batch.__dict__, "seconds": args.warmup})
                 pool.run(warm, args.clients)  # every process has loaded the owner
-                quiet = _wait_quiet(_members(proc))  # past the start-up audit: steady state
+                # past the start-up audit: the steady state (unless measuring during it)
+                quiet = 0.0 if args.during_audit else _wait_quiet(_members(proc))
                 run = _run(
                     pool,
                     CallBatch(**{**batch.__dict__, "seconds": args.seconds}),
@@ -448,6 +450,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--during-audit",
+        action="store_true",
+        help="measure right after each start, the start-up audit inside the run",
+    )
     parser.add_argument("--smoke", action="store_true", help="seconds: 300 records, 1 round")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)

@@ -417,6 +417,8 @@ class LetheServer:
             ),
         )
         self.hub, self.edge = hub, edge
+        admission = edge.admission
+        self.lifecycle.busy = lambda: admission.inflight > 0  # the audit yields to calls
         limits = self._limits
         provider = self.config.tracer_provider or tracer_provider(self.config.tracing)
         interceptors: list[Any] = []  # the metrics wrap each handler (MeasuredServer)

@@ -10,6 +10,8 @@ module              holds
 ``_lifecycle``      ``Lifecycle``: the above plus audits and gauges
 ``_sweeper``        the background thread: expiry, rotation, audit, gauges,
                     index snapshots
+``_pacing``         ``Pacer``: background work (the periodic audit) sleeping
+                    between records while calls are in flight
 ==================  ===========================================================
 
 May import: the floor (``server.errors``, ``server._metrics``),

@@ -13,8 +13,11 @@ Thread rules: any thread; the sweeper calls the periodic parts from its own.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from server.lifecycle._deletions import Deletions
+from server.lifecycle._pacing import Pacer, never_busy
 from server.lifecycle._recovery import Recovery, recover
 from server.store import EVENT_RETENTION, AuditCounts
 
@@ -41,14 +44,27 @@ class Lifecycle(Deletions):
         """Bring the store to a consistent state at start-up (see :func:`recover`)."""
         return recover(self)
 
-    def audit(self, owner: str, *, integrity: bool = True) -> AuditCounts:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.busy: Callable[[], bool] = never_busy
+        """Whether calls are in flight; the server sets it (its edge's admitted
+        calls) once it serves, and the periodic audit yields to them
+        (:class:`~server.lifecycle._pacing.Pacer`)."""
+
+    def audit(
+        self, owner: str, *, integrity: bool = True, pace: Callable[[], object] | None = None
+    ) -> AuditCounts:
         """The owner's AuditReport: the store's counts plus the loaded index's drift.
 
         ``integrity``: open every live record (see
-        :meth:`server.store.Store.audit`).
+        :meth:`server.store.Store.audit`). ``pace``: called between records
+        (the periodic audit's :class:`Pacer`); None for an audit asked for.
         """
-        counts = self.store.audit(owner, integrity=integrity)
-        counts.index_drift = self.retriever.index_drift(owner)
+        if pace is None:
+            counts = self.store.audit(owner, integrity=integrity)
+        else:
+            counts = self.store.audit(owner, integrity=integrity, pace=pace)
+        counts.index_drift = self.retriever.index_drift(owner, pace)
         return counts
 
     def drop_owner(self, owner: str) -> None:
@@ -92,13 +108,17 @@ class Lifecycle(Deletions):
         The gauges: orphans, stale summaries, keyless records and stray index
         snapshots. The owners
         that moved away are dropped from memory.
+
+        It yields to calls: while :attr:`busy`, a :class:`Pacer` keeps it to
+        ``server.lifecycle._pacing.AUDIT_DUTY_UNDER_LOAD`` of the time.
         """
         for row in self.store.moved_owners():
             if row.state == "moved":
                 self.drop_owner(row.owner)
         orphans = stale = keyless = 0
+        pace = Pacer(self.busy)
         for owner in self.store.owners():
-            counts = self.audit(owner, integrity=False)
+            counts = self.audit(owner, integrity=False, pace=pace)
             orphans += counts.orphans
             stale += counts.stale_summaries
             keyless += counts.records_without_key

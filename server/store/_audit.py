@@ -35,7 +35,7 @@ Thread rules: read-only except :meth:`AuditPart.destroy_unreferenced_keys`
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import lmdb
@@ -44,7 +44,7 @@ from lethe.names import InvalidName, TurnName, parse_record
 from server.errors import DataLoss, RecordDeleted
 from server.store import _json
 from server.store import _schema as sk
-from server.store._base import memory_ring, record_ring, thread_name
+from server.store._base import memory_ring, no_pace, record_ring, thread_name
 from server.store._echoes import guard_keys_in
 from server.store._records import MemMeta, RecordMeta, ThreadMeta, TurnMeta
 from server.store._shapes import SLOT_KEY_ID
@@ -107,7 +107,9 @@ class AuditPart(SnapshotsPart):
         with self.env.begin() as txn:
             return [key.decode() for key in sk.scan_keys(txn, self.t.owners, b"")]
 
-    def audit(self, owner: str, *, integrity: bool = True) -> AuditCounts:
+    def audit(
+        self, owner: str, *, integrity: bool = True, pace: Callable[[], object] = no_pace
+    ) -> AuditCounts:
         """Audit one owner's records and keys (``index_drift`` left at 0).
 
         Args:
@@ -115,11 +117,15 @@ class AuditPart(SnapshotsPart):
             integrity: open every live record's ciphertext (content and vector)
                 to count the unreadable ones; without it, count those bulk
                 reads found unreadable since start (the cheap periodic audit).
+            pace: called after each record read and each checked (the
+                periodic audit's :class:`server.lifecycle._pacing.Pacer`,
+                which sleeps while calls are in flight; the read transaction
+                stays open meanwhile).
         """
         counts = AuditCounts()
         now = time.time()
         with self.env.begin() as txn:
-            turns = self._owner_turn_metas(txn, owner)
+            turns = self._owner_turn_metas(txn, owner, pace)
             memories = self._owner_memory_metas(txn, owner)
             threads = {meta.thread: meta for meta in self._owner_threads(txn, owner)}
             counts.checked = len(turns) + len(memories)
@@ -128,7 +134,9 @@ class AuditPart(SnapshotsPart):
                     RingRef(owner, turn.ring_thread), turn.key_id
                 ):
                     counts.records_without_key += 1
+                pace()
             for mem in self._memories_read(txn, memories, now):
+                pace()
                 if mem.deleted or effective_state(mem, now) is None:
                     continue
                 if not self.keystore.has_record_key(memory_ring(mem), mem.key_id):

@@ -69,6 +69,10 @@ _C = TypeVar("_C")
 _V = TypeVar("_V")
 
 
+def no_pace() -> None:
+    """The ``pace`` of work that need not yield (every call but the periodic audit's)."""
+
+
 def memory_ring(meta: MemMeta) -> RingRef:
     """The ring holding a memory's record keys (its thread's, or the owner's)."""
     return RingRef(meta.owner, meta.ring_thread or None)
@@ -415,14 +419,21 @@ class StoreBase:
                 out.append(meta)
         return out
 
-    def _owner_turn_metas(self, txn: lmdb.Transaction, owner: str) -> list[TurnMeta]:
-        """Every stored turn of ``owner`` by record number (deleted rows included)."""
+    def _owner_turn_metas(
+        self, txn: lmdb.Transaction, owner: str, pace: Callable[[], object] = no_pace
+    ) -> list[TurnMeta]:
+        """Every stored turn of ``owner`` by record number (deleted rows included).
+
+        ``pace`` is called after each row (background work yielding to calls:
+        ``server.lifecycle._pacing``).
+        """
         prefix = sk.owner_prefix(owner)
         out = []
         for key in sk.scan_keys(txn, self.t.owner_records, prefix):
             meta = self._turn(txn, sk.rid_of(key[len(prefix) :]))
             if meta is not None:
                 out.append(meta)
+            pace()
         return out
 
     def _owner_row(self, txn: lmdb.Transaction, owner: str) -> OwnerRow | None:

@@ -1,0 +1,147 @@
+"""The periodic audit yields to calls: a Pacer sleeps between records while calls are in flight.
+
+Before, the audit read every record of every owner in one burst on the
+sweeper's thread; the searches beside it waited for the interpreter lock (a
+16-client run that began inside the start-up audit measured 2.13 ms of server
+CPU per search against 1.82 ms after it, ``bench/bench_processes.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import Lethe
+
+from server._metrics import Metrics
+from server.lifecycle import Lifecycle
+from server.lifecycle import _lifecycle as lifecycle_module
+from server.lifecycle._pacing import MAX_SLEEP_SECONDS, SLICE_SECONDS, Pacer, never_busy
+from server.retrieval import Retriever
+from server.store import Store, TurnDraft
+
+OWNER = "pace"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def _pacer(busy: bool, duty: float = 0.2) -> tuple[Pacer, _Clock, list[int]]:
+    clock = _Clock()
+    asked: list[int] = []
+
+    def is_busy() -> bool:
+        asked.append(1)
+        return busy
+
+    return Pacer(is_busy, duty, clock=clock, sleep=clock.sleep), clock, asked
+
+
+def test_a_pacer_sleeps_four_times_its_work_at_a_fifth_duty_while_busy() -> None:
+    pace, clock, _ = _pacer(busy=True, duty=0.2)
+    clock.now += 0.004  # a spent slice of 4 ms
+    pace()
+    assert clock.sleeps == [pytest.approx(0.016)]
+    assert pace.slept == pytest.approx(0.016)
+    clock.now += 0.001  # under a slice: no look at busy, no sleep
+    pace()
+    assert len(clock.sleeps) == 1
+
+
+def test_a_pacer_never_sleeps_while_idle_and_looks_once_a_slice() -> None:
+    pace, clock, asked = _pacer(busy=False)
+    for _ in range(100):
+        clock.now += SLICE_SECONDS / 4
+        pace()
+    assert clock.sleeps == []
+    assert len(asked) == 25  # once every fourth call: each slice spent
+
+
+def test_a_long_stretch_of_work_sleeps_at_most_the_cap() -> None:
+    pace, clock, _ = _pacer(busy=True, duty=0.2)
+    clock.now += 1.0
+    pace()
+    assert clock.sleeps == [MAX_SLEEP_SECONDS]
+
+
+def test_a_full_duty_never_sleeps_and_a_bad_one_is_refused() -> None:
+    pace, clock, asked = _pacer(busy=True, duty=1.0)
+    clock.now += 1.0
+    pace()
+    assert clock.sleeps == []
+    assert asked == []  # nothing to decide: busy is not even asked
+    for duty in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="duty"):
+            Pacer(never_busy, duty)
+
+
+def _draft(i: int, rng: np.random.Generator) -> TurnDraft:
+    text, vector = f"turn {i} about the garden", rng.random(8, np.float32)
+    return TurnDraft(1, "ann", text, 1.68e9 + i, vector, "", [], True, 3600.0)
+
+
+@pytest.fixture
+def lifecycle(tmp_path: Path, kek_env: str) -> Iterator[Lifecycle]:
+    store = Store(tmp_path / "d")
+    retriever = Retriever(store, None)
+    store.create_thread(OWNER, "t1", "")
+    rng = np.random.default_rng(0)
+    for start in range(0, 3000, 500):
+        drafts = [_draft(i, rng) for i in range(start, start + 500)]
+        metas, _, _ = store.append_turns(OWNER, "t1", drafts, "")
+        retriever.on_write(OWNER, metas, None, retriever.removals(OWNER))
+    retriever.owner_bundle(OWNER)  # loaded: the audit measures its drift too
+    yield Lifecycle(store, retriever, Metrics(), rotation_interval=0.0)
+    store.close()
+
+
+def test_the_periodic_audit_sleeps_while_calls_are_in_flight_and_counts_the_same(
+    lifecycle: Lifecycle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[Pacer] = []
+
+    class Recording(Pacer):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            made.append(self)
+
+    monkeypatch.setattr(lifecycle_module, "Pacer", Recording)
+    unpaced = lifecycle.audit(OWNER, integrity=False)
+    lifecycle.periodic_audit()  # idle: busy is never_busy
+    assert len(made) == 1
+    assert made[0].slept == 0.0
+    lifecycle.busy = lambda: True
+    lifecycle.periodic_audit()
+    assert len(made) == 2
+    assert made[1].slept > 0.0  # 3,000 turns read twice take several slices
+    paced = lifecycle.audit(OWNER, integrity=False, pace=made[1])
+    assert paced == unpaced
+    assert unpaced.checked == 3000
+    assert unpaced.index_drift == 0
+
+
+def test_a_serving_server_tells_its_audit_when_calls_are_in_flight(lethe: Lethe) -> None:
+    assert lethe.server is not None
+    lifecycle = lethe.server.lifecycle
+    assert lifecycle.busy is not never_busy
+    assert lifecycle.busy() is False  # no call in flight
+    edge = lethe.server.edge
+    assert edge is not None
+    edge.admission.enter_call("someone")
+    try:
+        assert lifecycle.busy() is True
+    finally:
+        edge.admission.exit_call("someone")
+    assert lifecycle.busy() is False
