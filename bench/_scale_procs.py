@@ -47,6 +47,8 @@ __all__ = [
     "RunResult",
     "machine_cpu",
     "memory_of",
+    "process_age",
+    "wait_quiet",
 ]
 
 BENCH = Path(__file__).resolve().parent
@@ -139,6 +141,49 @@ def memory_of(pid: int) -> dict[str, int]:
     return out
 
 
+QUIET_CPU_S = 0.02
+"""Sweeper CPU seconds a second under which a process counts as past its start-up work."""
+FIRST_PASS_S = 6.0
+"""Process age by which its sweeper has begun its first pass (``lethe serve``'s default
+``--sweep-interval`` is 5 s: the first pass, with the first audit, starts then)."""
+
+
+def process_age(pid: int) -> float:
+    """Seconds since process ``pid`` started (``/proc``: its ``starttime`` against the uptime)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    started = int(stat[stat.rindex(")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return float(Path("/proc/uptime").read_text().split()[0]) - started
+
+
+def wait_quiet(pids: list[int], limit: float = 60.0) -> float:
+    """Wait until no ``lethe-sweeper`` thread of ``pids`` used :data:`QUIET_CPU_S` in a second.
+
+    A process audits its store (and may write index snapshots) in its first
+    seconds, then every minute or more (``server.lifecycle._sweeper``): about
+    half a second of CPU at 20k turns. A run that began right after a start
+    would charge that to its searches, where a serving process spreads it over
+    a minute; the runs measure after it.
+
+    Returns:
+        Seconds waited (at most ``limit``).
+    """
+    t0 = time.perf_counter()
+    youngest = min(process_age(pid) for pid in pids)
+    time.sleep(max(0.0, FIRST_PASS_S - youngest))
+
+    def sweeper() -> float:
+        return sum(cpu_by_thread(pid).get("lethe-sweeper", 0.0) for pid in pids)
+
+    before = sweeper()
+    while time.perf_counter() - t0 < limit:
+        time.sleep(1.0)
+        now = sweeper()
+        if now - before < QUIET_CPU_S:
+            break
+        before = now
+    return time.perf_counter() - t0
+
+
 class _Child:
     """A child process whose first line containing ``ready`` says it serves."""
 
@@ -223,6 +268,30 @@ class LetheProcess(_Child):
         self.serve_args = ["--embedder", "none", "--metrics-listen", "off", *serve_args]
         self.env = {**os.environ, "LETHE_KEK": KekRing.generate_env_value()}
         self.token = ""
+
+    def settle(self, owner: str, limit: float = 600.0) -> float:
+        """Wait for the steady state after writes: ``owner``'s snapshot written, the sweeper quiet.
+
+        The sweeper writes an owner's index snapshot once its writes have
+        settled (``server.lifecycle.SNAPSHOT_SETTLE``, 10 s), then an audit may
+        follow; a benchmark of searches right after an ingest measured that
+        catch-up too, which a serving process does once after writes, not
+        per search. Needs the owner's index loaded (one search).
+
+        Returns:
+            Seconds waited.
+
+        Raises:
+            TimeoutError: no snapshot within ``limit`` seconds.
+        """
+        t0 = time.perf_counter()
+        snapshot = self.data / "index" / f"{owner}.snapshot"
+        while not snapshot.exists():
+            if time.perf_counter() - t0 > limit:
+                raise TimeoutError(f"no index snapshot of {owner} after {limit:.0f} s")
+            time.sleep(0.2)
+        wait_quiet([self.pid], limit)
+        return time.perf_counter() - t0
 
     def start(self) -> float:
         """Start the server on a new free port; create the admin token the first time.

@@ -6,7 +6,7 @@ Then, in rounds, for each process count of ``--processes`` (interleaved, so
 every count meets the same noise): the group is started on that data (its
 index snapshot, written at the previous stop, loads in each process), every
 process's indexes are warmed and its start-up audit has finished (the
-steady state: ``_wait_quiet``; ``--during-audit`` measures inside it
+steady state: ``_scale_procs.wait_quiet``; ``--during-audit`` measures inside it
 instead), and ``--clients`` client *processes* (each its
 own connection, so the kernel spreads them over the group) search in a closed
 loop for ``--seconds`` (DENSE, top 10, like ``bench_scale``). Per count:
@@ -59,6 +59,7 @@ from _scale_procs import (
     cpu_seconds,
     machine_cpu,
     memory_of,
+    wait_quiet,
 )
 from _scale_report import machine_info, write_report
 from bench_restart import OWNER, _ingest, _log
@@ -170,7 +171,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 warm = CallBatch(**{**batch.__dict__, "seconds": args.warmup})
                 pool.run(warm, args.clients)  # every process has loaded the owner
                 # past the start-up audit: the steady state (unless measuring during it)
-                quiet = 0.0 if args.during_audit else _wait_quiet(_members(proc))
+                quiet = 0.0 if args.during_audit else wait_quiet(_members(proc))
                 run = _run(
                     pool,
                     CallBatch(**{**batch.__dict__, "seconds": args.seconds}),
@@ -226,49 +227,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "kill": kill,
         "join": join,
     }
-
-
-QUIET_CPU_S = 0.02
-"""Sweeper CPU seconds a second under which a process counts as past its start-up work."""
-FIRST_PASS_S = 6.0
-"""Process age by which its sweeper has begun its first pass (``lethe serve``'s default
-``--sweep-interval`` is 5 s: the first pass, with the first audit, starts then)."""
-
-
-def _age(pid: int) -> float:
-    """Seconds since process ``pid`` started (``/proc``: its ``starttime`` against the uptime)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    started = int(stat[stat.rindex(")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
-    return float(Path("/proc/uptime").read_text().split()[0]) - started
-
-
-def _wait_quiet(pids: list[int], limit: float = 60.0) -> float:
-    """Wait until no ``lethe-sweeper`` thread of ``pids`` used :data:`QUIET_CPU_S` in a second.
-
-    A process audits its store (and may write index snapshots) in its first
-    seconds, then every minute or more (``server.lifecycle._sweeper``): about
-    half a second of CPU at 20k turns. A run that began right after a start
-    would charge that to its searches, where a serving process spreads it over
-    a minute; the runs measure after it.
-
-    Returns:
-        Seconds waited (at most ``limit``).
-    """
-    t0 = time.perf_counter()
-    youngest = min(_age(pid) for pid in pids)
-    time.sleep(max(0.0, FIRST_PASS_S - youngest))
-
-    def sweeper() -> float:
-        return sum(cpu_by_thread(pid).get("lethe-sweeper", 0.0) for pid in pids)
-
-    before = sweeper()
-    while time.perf_counter() - t0 < limit:
-        time.sleep(1.0)
-        now = sweeper()
-        if now - before < QUIET_CPU_S:
-            break
-        before = now
-    return time.perf_counter() - t0
 
 
 def _kill_to_first_search(proc: LetheProcess, n: int, vector: np.ndarray) -> dict[str, Any]:

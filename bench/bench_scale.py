@@ -6,7 +6,10 @@ minimal gRPC+FAISS server (``bench/minimal_server.py``) in another, then per
 owner size (1k, 20k, 100k; ``--large`` adds 1M) and vector kind (random unit
 vectors and WordLlama vectors of LoCoMo-derived turns, LoCoMo questions as
 queries, see ``_scale_data``) it ingests one owner (threads of 100 turns,
-committed) and measures DENSE ``Search`` top 10:
+committed), searches it once and waits for Lethe's steady state (the owner's
+index snapshot written once its writes settled, the sweeper quiet:
+``LetheProcess.settle``; ``settle_s`` in the results), then measures DENSE
+``Search`` top 10:
 
 - sequentially, interleaved round by round (each round a short batch of the
   same queries for every system, the order rotated each round) with: Lethe on
@@ -443,6 +446,8 @@ class Bench:
         t0 = time.perf_counter()
         self.search(owner, qs[0])
         first_search_s = time.perf_counter() - t0
+        settle_s = self.lethe.settle(owner)  # its snapshot written, its sweeper quiet
+        _log(f"  {owner}: steady {settle_s:.1f} s after its first search")
         parent = f"owners/{owner}"
         lethe_req = [_dense(parent, q) for q in qs]
         empty_req = [_dense(f"owners/{EMPTY_OWNER}", q) for q in qs]
@@ -542,6 +547,7 @@ class Bench:
             "queries": len(qs),
             "ingest": ingest,
             "first_search_after_ingest_s": round(first_search_s, 3),
+            "settle_s": round(settle_s, 1),
             "faiss_layout": f"{factory} {params}".strip(),
             "sequential": seq,
             "ratios": ratios,
