@@ -82,7 +82,7 @@ from server.edge import (
     Router,
 )
 from server.errors import LetheError
-from server.lifecycle import Lifecycle, Sweeper
+from server.lifecycle import Lifecycle, Sweeper, never_busy
 from server.retrieval import Retriever, check_embedder
 from server.services import (
     EventsService,
@@ -630,6 +630,9 @@ class LetheServer:
             # store stays open until every one of them has returned.
             self.executor.shutdown(wait=True)
             self.executor = None
+        # No call is left: an audit under way stops yielding and finishes at
+        # full speed (cancelled calls never gave their admission back).
+        self.lifecycle.busy = never_busy
         if self._sweeper is not None:
             self._sweeper.stop()
             self._sweeper = None

@@ -116,7 +116,7 @@ class Lifecycle(Deletions):
             if row.state == "moved":
                 self.drop_owner(row.owner)
         orphans = stale = keyless = 0
-        pace = Pacer(self.busy)
+        pace = Pacer(lambda: self.busy())  # read at each slice: a stop clears it
         for owner in self.store.owners():
             counts = self.audit(owner, integrity=False, pace=pace)
             orphans += counts.orphans

@@ -145,3 +145,37 @@ def test_a_serving_server_tells_its_audit_when_calls_are_in_flight(lethe: Lethe)
     finally:
         edge.admission.exit_call("someone")
     assert lifecycle.busy() is False
+
+
+def test_an_audit_stops_yielding_once_its_busy_is_cleared(
+    lifecycle: Lifecycle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop clears ``busy``: the audit under way finishes at full speed.
+
+    Cancelled calls never give their admission back, so ``busy`` would stay
+    true; the pacer reads it at each slice.
+    """
+    made: list[Pacer] = []
+
+    class Recording(Pacer):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            made.append(self)
+
+    monkeypatch.setattr(lifecycle_module, "Pacer", Recording)
+
+    def busy_once() -> bool:
+        lifecycle.busy = never_busy  # as LetheServer.stop does, mid-audit
+        return True
+
+    lifecycle.busy = busy_once
+    lifecycle.periodic_audit()
+    assert 0.0 < made[0].slept <= MAX_SLEEP_SECONDS  # one slice's sleep, then none
+
+
+def test_a_stopped_server_clears_its_audits_busy(lethe: Lethe) -> None:
+    assert lethe.server is not None
+    lifecycle = lethe.server.lifecycle
+    assert lifecycle.busy is not never_busy
+    lethe.stop()
+    assert lifecycle.busy is never_busy
