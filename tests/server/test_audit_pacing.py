@@ -107,17 +107,23 @@ def lifecycle(tmp_path: Path, kek_env: str) -> Iterator[Lifecycle]:
     store.close()
 
 
-def test_the_periodic_audit_sleeps_while_calls_are_in_flight_and_counts_the_same(
-    lifecycle: Lifecycle, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    made: list[Pacer] = []
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> list[Pacer]:
+    """Every pacer the periodic audit makes, in order."""
+    pacers: list[Pacer] = []
 
     class Recording(Pacer):
         def __init__(self, *args: object, **kwargs: object) -> None:
             super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-            made.append(self)
+            pacers.append(self)
 
     monkeypatch.setattr(lifecycle_module, "Pacer", Recording)
+    return pacers
+
+
+def test_the_periodic_audit_sleeps_while_calls_are_in_flight_and_counts_the_same(
+    lifecycle: Lifecycle, made: list[Pacer]
+) -> None:
     unpaced = lifecycle.audit(OWNER, integrity=False)
     lifecycle.periodic_audit()  # idle: busy is never_busy
     assert len(made) == 1
@@ -148,21 +154,13 @@ def test_a_serving_server_tells_its_audit_when_calls_are_in_flight(lethe: Lethe)
 
 
 def test_an_audit_stops_yielding_once_its_busy_is_cleared(
-    lifecycle: Lifecycle, monkeypatch: pytest.MonkeyPatch
+    lifecycle: Lifecycle, made: list[Pacer]
 ) -> None:
     """A stop clears ``busy``: the audit under way finishes at full speed.
 
     Cancelled calls never give their admission back, so ``busy`` would stay
     true; the pacer reads it at each slice.
     """
-    made: list[Pacer] = []
-
-    class Recording(Pacer):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-            made.append(self)
-
-    monkeypatch.setattr(lifecycle_module, "Pacer", Recording)
 
     def busy_once() -> bool:
         lifecycle.busy = never_busy  # as LetheServer.stop does, mid-audit
