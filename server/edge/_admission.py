@@ -41,7 +41,9 @@ one of its calls, not with every worker, and the event loop that accepts
 calls is not starved of the lock.
 
 Thread rules: :class:`Admission` is used only on the event loop's thread (its
-counters have no lock); :class:`FairExecutor` ``submit`` from any thread.
+counters have no lock), except that the sweeper reads ``inflight`` (one int:
+a stale value only delays one pause of the audit,
+``server.lifecycle._pacing``); :class:`FairExecutor` ``submit`` from any thread.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from server.lifecycle._deletions import Deletions
-from server.lifecycle._pacing import Pacer, never_busy
+from server.lifecycle._pacing import Pacer, Stopped, never_busy
 from server.lifecycle._recovery import Recovery, recover
 from server.store import EVENT_RETENTION, AuditCounts
 
@@ -51,20 +51,14 @@ class Lifecycle(Deletions):
         calls) once it serves, and the periodic audit yields to them
         (:class:`~server.lifecycle._pacing.Pacer`)."""
 
-    def audit(
-        self, owner: str, *, integrity: bool = True, pace: Callable[[], object] | None = None
-    ) -> AuditCounts:
+    def audit(self, owner: str, *, integrity: bool = True) -> AuditCounts:
         """The owner's AuditReport: the store's counts plus the loaded index's drift.
 
         ``integrity``: open every live record (see
-        :meth:`server.store.Store.audit`). ``pace``: called between records
-        (the periodic audit's :class:`Pacer`); None for an audit asked for.
+        :meth:`server.store.Store.audit`).
         """
-        if pace is None:
-            counts = self.store.audit(owner, integrity=integrity)
-        else:
-            counts = self.store.audit(owner, integrity=integrity, pace=pace)
-        counts.index_drift = self.retriever.index_drift(owner, pace)
+        counts = self.store.audit(owner, integrity=integrity)
+        counts.index_drift = self.retriever.index_drift(owner)
         return counts
 
     def drop_owner(self, owner: str) -> None:
@@ -102,31 +96,42 @@ class Lifecycle(Deletions):
         """
         return len(self.retriever.save_snapshots(settle, deadline))
 
-    def periodic_audit(self) -> None:
+    def periodic_audit(self, stopped: Callable[[], bool] = never_busy) -> bool:
         """Audit every owner into the gauges, prune old events, drop owners that moved away.
 
         The gauges: orphans, stale summaries, keyless records and stray index
         snapshots. The owners
-        that moved away are dropped from memory.
+        that moved away are dropped from memory. Only what the gauges show is
+        counted: not the index drift nor the keys without a record (an audit
+        asked for, :meth:`audit`, counts those).
 
         It yields to calls: while :attr:`busy`, a :class:`Pacer` keeps it to
-        ``server.lifecycle._pacing.AUDIT_DUTY_UNDER_LOAD`` of the time.
+        ``server.lifecycle._pacing.AUDIT_DUTY_UNDER_LOAD`` of the time. Once
+        ``stopped`` (the sweeper's stop) it is abandoned, the gauges left as
+        they were.
+
+        Returns:
+            False if it was abandoned, else True.
         """
         for row in self.store.moved_owners():
             if row.state == "moved":
                 self.drop_owner(row.owner)
         orphans = stale = keyless = 0
-        pace = Pacer(lambda: self.busy())  # read at each slice: a stop clears it
-        for owner in self.store.owners():
-            counts = self.audit(owner, integrity=False, pace=pace)
-            orphans += counts.orphans
-            stale += counts.stale_summaries
-            keyless += counts.records_without_key
+        pace = Pacer(lambda: self.busy(), stopped=stopped)  # read at each slice
+        try:
+            for owner in self.store.owners():
+                counts = self.store.audit(owner, integrity=False, keys=False, pace=pace)
+                orphans += counts.orphans
+                stale += counts.stale_summaries
+                keyless += counts.records_without_key
+        except Stopped:
+            return False
         self.metrics.orphan_derivatives.set(orphans)
         self.metrics.stale_summaries.set(stale)
         self.metrics.records_without_key.set(keyless)
         self.metrics.index_snapshot_strays.set(self.store.snapshot_strays())
         self.store.prune_events(time.time() - EVENT_RETENTION)
+        return True
 
     def refresh_gauges(self) -> None:
         """Set the gauges the sweeper refreshes: pending, deletions, index, keystore, store."""

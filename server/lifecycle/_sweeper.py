@@ -91,7 +91,7 @@ class Sweeper:
                 if time.monotonic() >= self._next_audit:
                     started = time.monotonic()
                     try:
-                        self._lifecycle.periodic_audit()
+                        self._lifecycle.periodic_audit(self._stop.is_set)  # abandoned at stop
                     finally:
                         took = time.monotonic() - started
                         self._next_audit = started + max(self._audit_interval, took / AUDIT_DUTY)

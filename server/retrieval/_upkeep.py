@@ -14,7 +14,7 @@ owner's lock (:class:`server.retrieval._build.IndexBuilds`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -191,13 +191,8 @@ class IndexUpkeep(IndexBuilds):
             for thread, lost in seqs.items():
                 self._recontext(owner, bundle, thread, lost, gone)
 
-    def index_drift(self, owner: str, pace: Callable[[], object] | None = None) -> int:
-        """The audit's ``index_drift`` for ``owner`` (see :func:`index_drift`).
-
-        ``pace`` is called after each stored row read (the periodic audit's
-        pacer, ``server.lifecycle._pacing``); the owner's lock is not held
-        meanwhile.
-        """
+    def index_drift(self, owner: str) -> int:
+        """The audit's ``index_drift`` for ``owner`` (see :func:`index_drift`)."""
         with self._lock(owner):
             bundle = self.cache.get(owner_key(owner))
             if bundle is None:
@@ -205,8 +200,5 @@ class IndexUpkeep(IndexBuilds):
             if bundle.due <= time.time():
                 self._expire(owner, bundle)  # as every use of the bundle does first
         facts = RowFacts(time.time())
-        if pace is None:
-            self.store.scan_rows(owner, facts)
-        else:
-            self.store.scan_rows(owner, facts, pace)
+        self.store.scan_rows(owner, facts)
         return facts.index_drift(bundle)

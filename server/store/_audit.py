@@ -108,15 +108,28 @@ class AuditPart(SnapshotsPart):
             return [key.decode() for key in sk.scan_keys(txn, self.t.owners, b"")]
 
     def audit(
-        self, owner: str, *, integrity: bool = True, pace: Callable[[], object] = no_pace
+        self,
+        owner: str,
+        *,
+        integrity: bool = True,
+        keys: bool = True,
+        pace: Callable[[], object] = no_pace,
     ) -> AuditCounts:
         """Audit one owner's records and keys (``index_drift`` left at 0).
+
+        A record whose key is missing is read again in a new transaction and
+        counted only if it is still live then: a forget marks its records
+        deleted before it destroys their keys, so one that lands while the
+        audit runs is not counted as a key loss.
 
         Args:
             owner: the owner audited.
             integrity: open every live record's ciphertext (content and vector)
                 to count the unreadable ones; without it, count those bulk
                 reads found unreadable since start (the cheap periodic audit).
+            keys: count ``keys_without_record`` (a listing of the owner's
+                keystore rings); the periodic audit, which has no gauge for
+                it, skips it (0).
             pace: called after each record read and each checked (the
                 periodic audit's :class:`server.lifecycle._pacing.Pacer`,
                 which sleeps while calls are in flight; the read transaction
@@ -124,6 +137,8 @@ class AuditPart(SnapshotsPart):
         """
         counts = AuditCounts()
         now = time.time()
+        keyless_turns: list[int] = []
+        keyless_memories: list[int] = []
         with self.env.begin() as txn:
             turns = self._owner_turn_metas(txn, owner, pace)
             memories = self._owner_memory_metas(txn, owner)
@@ -133,26 +148,50 @@ class AuditPart(SnapshotsPart):
                 if not turn.deleted and not self.keystore.has_record_key(
                     RingRef(owner, turn.ring_thread), turn.key_id
                 ):
-                    counts.records_without_key += 1
+                    keyless_turns.append(turn.rid)
                 pace()
             for mem in self._memories_read(txn, memories, now):
                 pace()
                 if mem.deleted or effective_state(mem, now) is None:
                     continue
                 if not self.keystore.has_record_key(memory_ring(mem), mem.key_id):
-                    counts.records_without_key += 1
+                    keyless_memories.append(mem.rid)
                 if any(self._gone(txn, name, now) for name, _ in mem.sources):
                     counts.orphans += 1
                 if mem.kind == "SUMMARY" and self._stale(txn, mem, threads):
                     counts.stale_summaries += 1
             if integrity:
                 counts.unreadable_records = self._unreadable(txn, turns, memories, now)
-            guards = guard_keys_in(txn, self.t, owner)  # a standing echo guard's key is used
+            guards = guard_keys_in(txn, self.t, owner) if keys else set()
+        counts.records_without_key = self._still_keyless(owner, keyless_turns, keyless_memories)
         if not integrity:
             counts.unreadable_records = self.unreadable_count(owner)
-        used = self._used_keys(owner, threads.values(), turns, memories) | guards
-        counts.keys_without_record = len(self._unused(owner, used))
+        if keys:  # a standing echo guard's key is used
+            used = self._used_keys(owner, threads.values(), turns, memories) | guards
+            counts.keys_without_record = len(self._unused(owner, used))
         return counts
+
+    def _still_keyless(self, owner: str, turn_rids: list[int], memory_rids: list[int]) -> int:
+        """How many of these records, found without their key, are live and keyless now.
+
+        Read in a transaction begun after the keys were looked up: a record a
+        forget deleted meanwhile reads deleted (or is gone) and is not counted.
+        """
+        if not turn_rids and not memory_rids:
+            return 0
+        now = time.time()
+        count = 0
+        with self.env.begin() as txn:
+            for rid in turn_rids:
+                turn = self._turn(txn, rid)
+                if turn is not None and not turn.deleted:
+                    ring = RingRef(owner, turn.ring_thread)
+                    count += not self.keystore.has_record_key(ring, turn.key_id)
+            found = [m for m in (self._memory(txn, rid) for rid in memory_rids) if m is not None]
+            for mem in self._memories_read(txn, found, now):
+                if not mem.deleted and effective_state(mem, now) is not None:
+                    count += not self.keystore.has_record_key(memory_ring(mem), mem.key_id)
+        return count
 
     def _unreadable(
         self, txn: lmdb.Transaction, turns: list[TurnMeta], memories: list[MemMeta], now: float

@@ -83,7 +83,7 @@ import lmdb
 
 from server.errors import NotFound, RecordDeleted
 from server.store import _schema as sk
-from server.store._base import StoreBase, no_pace
+from server.store._base import StoreBase
 from server.store._records import MemMeta, TurnMeta
 from server.store._writer import WriteOp
 from shredder import (
@@ -484,36 +484,26 @@ class SnapshotsPart(StoreBase):
         with self.env.begin() as txn:
             return self._row_digests(txn, owner)
 
-    def _scan_rows(
-        self,
-        txn: lmdb.Transaction,
-        owner: str,
-        sink: RowSink,
-        pace: Callable[[], object] = no_pace,
-    ) -> None:
+    def _scan_rows(self, txn: lmdb.Transaction, owner: str, sink: RowSink) -> None:
         prefix = sk.owner_prefix(owner)
         for key in sk.scan_keys(txn, self.t.owner_records, prefix):
             turn = self._turn(txn, sk.rid_of(key[len(prefix) :]))
             if turn is not None:
                 sink.turn(cast(TurnMeta, self._as_read(txn, turn, sink.now)))
-            pace()
         for _, rid_key in sk.scan(txn, self.t.memory_ids, prefix):
             memory = self._memory(txn, sk.rid_of(rid_key))
             if memory is not None:
                 sink.memory(cast(MemMeta, self._as_read(txn, memory, sink.now)))
-            pace()
 
-    def scan_rows(self, owner: str, sink: RowSink, pace: Callable[[], object] = no_pace) -> None:
+    def scan_rows(self, owner: str, sink: RowSink) -> None:
         """Hand every stored turn, then memory, of ``owner`` to ``sink``, one at a time.
 
         Each as reads see it at ``sink.now`` (deleted rows included), from one
         read transaction; none is kept here, so an audit of a 100k-turn owner
-        holds what its sink keeps, not 100k records' metadata. ``pace`` is
-        called after each row (the periodic audit's pacer: the transaction
-        stays open while it sleeps).
+        holds what its sink keeps, not 100k records' metadata.
         """
         with self.env.begin() as txn:
-            self._scan_rows(txn, owner, sink, pace)
+            self._scan_rows(txn, owner, sink)
 
     def snapshot_rows(self, owner: str, sink: RowSink) -> dict[int, int]:
         """:meth:`scan_rows` and the digest of every stored row, from one read transaction.

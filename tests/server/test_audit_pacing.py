@@ -8,19 +8,23 @@ CPU per search against 1.82 ms after it, ``bench/bench_processes.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import pytest
+from _helpers import wait_for
 from conftest import Lethe
 
 from server._metrics import Metrics
-from server.lifecycle import Lifecycle
+from server.lifecycle import Lifecycle, Sweeper
 from server.lifecycle import _lifecycle as lifecycle_module
 from server.lifecycle._pacing import MAX_SLEEP_SECONDS, SLICE_SECONDS, Pacer, never_busy
 from server.retrieval import Retriever
-from server.store import Store, TurnDraft
+from server.store import ForgetTargets, Store, TurnDraft
 
 OWNER = "pace"
 
@@ -121,21 +125,103 @@ def made(monkeypatch: pytest.MonkeyPatch) -> list[Pacer]:
     return pacers
 
 
-def test_the_periodic_audit_sleeps_while_calls_are_in_flight_and_counts_the_same(
+def test_the_store_audit_paces_each_record_read_and_each_checked(lifecycle: Lifecycle) -> None:
+    calls: list[int] = []
+    counts = lifecycle.store.audit(OWNER, integrity=False, pace=lambda: calls.append(1))
+    assert counts.checked == 3000
+    assert len(calls) == 2 * 3000  # each turn read, then each turn's key looked up
+
+
+def test_the_periodic_audit_sleeps_while_calls_are_in_flight(
     lifecycle: Lifecycle, made: list[Pacer]
 ) -> None:
-    unpaced = lifecycle.audit(OWNER, integrity=False)
-    lifecycle.periodic_audit()  # idle: busy is never_busy
+    assert lifecycle.periodic_audit() is True  # idle: busy is never_busy
     assert len(made) == 1
     assert made[0].slept == 0.0
     lifecycle.busy = lambda: True
-    lifecycle.periodic_audit()
+    assert lifecycle.periodic_audit() is True
     assert len(made) == 2
-    assert made[1].slept > 0.0  # 3,000 turns read twice take several slices
-    paced = lifecycle.audit(OWNER, integrity=False, pace=made[1])
-    assert paced == unpaced
-    assert unpaced.checked == 3000
-    assert unpaced.index_drift == 0
+    assert made[1].slept > 0.0  # 3,000 turns read and checked take several slices
+
+
+def test_the_periodic_audit_counts_neither_drift_nor_keys_no_gauge_shows(
+    lifecycle: Lifecycle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index drift and the keys without a record were counted, then dropped (40 % of it)."""
+
+    def refuse(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError("the periodic audit has no gauge for this")
+
+    monkeypatch.setattr(lifecycle.retriever, "index_drift", refuse)
+    monkeypatch.setattr(lifecycle.store, "_unused", refuse)
+    assert lifecycle.periodic_audit() is True
+    monkeypatch.undo()
+    assert lifecycle.audit(OWNER, integrity=False).checked == 3000  # asked for: counts all
+
+
+def test_a_forget_that_lands_during_the_audit_is_not_counted_as_a_key_loss(
+    lifecycle: Lifecycle,
+) -> None:
+    """A record the audit's snapshot showed live may have lost its key by its check.
+
+    A forget marks its records deleted, then destroys their keys.
+    """
+    lifecycle.store.create_thread(OWNER, "t2", "")
+    drafts = [_draft(i, np.random.default_rng(1)) for i in range(500)]
+    lifecycle.store.append_turns(OWNER, "t2", drafts, "")
+    calls: list[int] = []
+
+    def forget_mid_way() -> None:
+        calls.append(1)
+        if len(calls) == 3600:  # every turn read; 100 keys checked
+            done = threading.Thread(
+                target=lifecycle.forget, args=(OWNER, ForgetTargets(threads=("t2",)))
+            )
+            done.start()
+            done.join()
+
+    counts = lifecycle.store.audit(OWNER, integrity=False, pace=forget_mid_way)
+    assert len(calls) > 3600
+    assert counts.records_without_key == 0
+    assert lifecycle.store.audit(OWNER, integrity=False).checked == 3000  # t2 is gone
+
+
+def test_a_stopped_periodic_audit_is_abandoned_and_leaves_the_gauges(
+    lifecycle: Lifecycle,
+) -> None:
+    lifecycle.metrics.records_without_key.set(7)
+    assert lifecycle.periodic_audit(stopped=lambda: True) is False
+    assert lifecycle.metrics.records_without_key._value.get() == 7
+
+
+def test_the_sweeper_hands_its_stop_to_the_audit(
+    lifecycle: Lifecycle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handed: list[Callable[[], bool]] = []
+
+    def audit(stopped: Callable[[], bool]) -> bool:
+        handed.append(stopped)
+        return True
+
+    monkeypatch.setattr(lifecycle, "periodic_audit", audit)
+    sweeper = Sweeper(lifecycle, 0.01)
+    sweeper.start()
+    wait_for(lambda: bool(handed), "the sweeper's first audit")
+    assert handed[0]() is False
+    sweeper.stop()
+    assert handed[0]() is True
+
+
+def _on_loop(lethe: Lethe, step: Callable[[], object]) -> None:
+    """Run ``step`` on the server's event loop (Admission's only thread) and wait for it."""
+    assert lethe.server is not None
+    loop = lethe.server._loop
+    assert loop is not None
+
+    async def run() -> None:
+        step()
+
+    asyncio.run_coroutine_threadsafe(run(), loop).result(timeout=10)
 
 
 def test_a_serving_server_tells_its_audit_when_calls_are_in_flight(lethe: Lethe) -> None:
@@ -145,11 +231,11 @@ def test_a_serving_server_tells_its_audit_when_calls_are_in_flight(lethe: Lethe)
     assert lifecycle.busy() is False  # no call in flight
     edge = lethe.server.edge
     assert edge is not None
-    edge.admission.enter_call("someone")
+    _on_loop(lethe, lambda: edge.admission.enter_call("someone"))
     try:
         assert lifecycle.busy() is True
     finally:
-        edge.admission.exit_call("someone")
+        _on_loop(lethe, lambda: edge.admission.exit_call("someone"))
     assert lifecycle.busy() is False
 
 

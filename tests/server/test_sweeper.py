@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -44,11 +44,12 @@ def _audits_in(
     starts: list[float] = []
     periodic_audit = lifecycle.periodic_audit
 
-    def audit() -> None:
+    def audit(stopped: Callable[[], bool]) -> bool:
         starts.append(time.monotonic())
         if real:
-            periodic_audit()
+            periodic_audit(stopped)
         time.sleep(audit_seconds)
+        return True
 
     monkeypatch.setattr(lifecycle, "periodic_audit", audit)
     sweeper = Sweeper(lifecycle, 0.01, audit_interval=interval)
