@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
-from server.lifecycle._deletions import Deletions
-from server.lifecycle._pacing import Pacer, Stopped, never_busy
+from server._metrics import Metrics
+from server.lifecycle._deletions import DEFAULT_ECHO_GUARD_WINDOW, Deletions
+from server.lifecycle._pacing import Pacer, Stopped, never_busy, never_stopped
 from server.lifecycle._recovery import Recovery, recover
-from server.store import EVENT_RETENTION, AuditCounts
+from server.retrieval import Retriever
+from server.store import EVENT_RETENTION, AuditCounts, Store
 
 STOP_SNAPSHOT_SECONDS = 10.0
 """Seconds a clean stop may spend starting index snapshots (``deploy/``'s systemd
@@ -40,16 +41,23 @@ class Lifecycle(Deletions):
             file can be rotated, so an in-memory KEK makes it 0.
     """
 
-    def recover(self) -> Recovery:
-        """Bring the store to a consistent state at start-up (see :func:`recover`)."""
-        return recover(self)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        store: Store,
+        retriever: Retriever,
+        metrics: Metrics,
+        rotation_interval: float = 3600.0,
+        echo_guard_window: float = DEFAULT_ECHO_GUARD_WINDOW,
+    ) -> None:
+        super().__init__(store, retriever, metrics, rotation_interval, echo_guard_window)
         self.busy: Callable[[], bool] = never_busy
         """Whether calls are in flight; the server sets it (its edge's admitted
         calls) once it serves, and the periodic audit yields to them
         (:class:`~server.lifecycle._pacing.Pacer`)."""
+
+    def recover(self) -> Recovery:
+        """Bring the store to a consistent state at start-up (see :func:`recover`)."""
+        return recover(self)
 
     def audit(self, owner: str, *, integrity: bool = True) -> AuditCounts:
         """The owner's AuditReport: the store's counts plus the loaded index's drift.
@@ -96,7 +104,7 @@ class Lifecycle(Deletions):
         """
         return len(self.retriever.save_snapshots(settle, deadline))
 
-    def periodic_audit(self, stopped: Callable[[], bool] = never_busy) -> bool:
+    def periodic_audit(self, stopped: Callable[[], bool] = never_stopped) -> bool:
         """Audit every owner into the gauges, prune old events, drop owners that moved away.
 
         The gauges: orphans, stale summaries, keyless records and stray index
