@@ -187,6 +187,7 @@ def test_lifecycle_face_is_pinned() -> None:
             "Lifecycle",
             "Recovery",
             "Sweeper",
+            "never_busy",
         ]
     )
 
