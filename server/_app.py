@@ -82,7 +82,7 @@ from server.edge import (
     Router,
 )
 from server.errors import LetheError
-from server.lifecycle import Lifecycle, Sweeper, never_busy
+from server.lifecycle import Lifecycle, Sweeper
 from server.retrieval import Retriever, check_embedder
 from server.services import (
     EventsService,
@@ -388,11 +388,14 @@ class LetheServer:
         if self.store.shared and self.hub is not None:
             self.retriever.follow(on_change=self.hub.notify_threadsafe)
         if self.config.sweep_interval > 0 and self.store.primary:
+            assert self.edge is not None
+            admission = self.edge.admission
             self._sweeper = Sweeper(
                 self.lifecycle,
                 self.config.sweep_interval,
                 self.config.audit_interval,
                 self.config.expiry_warning,
+                busy=lambda: admission.inflight > 0,  # its audit yields to calls
             )
             self._sweeper.start()
         if self.config.metrics_listen:
@@ -417,8 +420,6 @@ class LetheServer:
             ),
         )
         self.hub, self.edge = hub, edge
-        admission = edge.admission
-        self.lifecycle.busy = lambda: admission.inflight > 0  # the audit yields to calls
         limits = self._limits
         provider = self.config.tracer_provider or tracer_provider(self.config.tracing)
         interceptors: list[Any] = []  # the metrics wrap each handler (MeasuredServer)
@@ -630,9 +631,6 @@ class LetheServer:
             # store stays open until every one of them has returned.
             self.executor.shutdown(wait=True)
             self.executor = None
-        # No call is left: an audit under way stops yielding and finishes at
-        # full speed (cancelled calls never gave their admission back).
-        self.lifecycle.busy = never_busy
         if self._sweeper is not None:
             self._sweeper.stop()
             self._sweeper = None

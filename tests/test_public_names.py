@@ -187,7 +187,6 @@ def test_lifecycle_face_is_pinned() -> None:
             "Lifecycle",
             "Recovery",
             "Sweeper",
-            "never_busy",
         ]
     )
 

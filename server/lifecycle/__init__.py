@@ -27,7 +27,6 @@ from server.lifecycle._deletions import (
     Deletions,
 )
 from server.lifecycle._lifecycle import Lifecycle
-from server.lifecycle._pacing import never_busy
 from server.lifecycle._recovery import Recovery
 from server.lifecycle._sweeper import AUDIT_DUTY, SNAPSHOT_DUTY, SNAPSHOT_SETTLE, Sweeper
 
@@ -42,5 +41,4 @@ __all__ = [
     "Lifecycle",
     "Recovery",
     "Sweeper",
-    "never_busy",
 ]

@@ -15,12 +15,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from server._metrics import Metrics
-from server.lifecycle._deletions import DEFAULT_ECHO_GUARD_WINDOW, Deletions
+from server.lifecycle._deletions import Deletions
 from server.lifecycle._pacing import Pacer, Stopped, never_busy, never_stopped
 from server.lifecycle._recovery import Recovery, recover
-from server.retrieval import Retriever
-from server.store import EVENT_RETENTION, AuditCounts, Store
+from server.store import EVENT_RETENTION, AuditCounts
 
 STOP_SNAPSHOT_SECONDS = 10.0
 """Seconds a clean stop may spend starting index snapshots (``deploy/``'s systemd
@@ -40,20 +38,6 @@ class Lifecycle(Deletions):
         rotation_interval: seconds between rotations (0: never); only a KEK
             file can be rotated, so an in-memory KEK makes it 0.
     """
-
-    def __init__(
-        self,
-        store: Store,
-        retriever: Retriever,
-        metrics: Metrics,
-        rotation_interval: float = 3600.0,
-        echo_guard_window: float = DEFAULT_ECHO_GUARD_WINDOW,
-    ) -> None:
-        super().__init__(store, retriever, metrics, rotation_interval, echo_guard_window)
-        self.busy: Callable[[], bool] = never_busy
-        """Whether calls are in flight; the server sets it (its edge's admitted
-        calls) once it serves, and the periodic audit yields to them
-        (:class:`~server.lifecycle._pacing.Pacer`)."""
 
     def recover(self) -> Recovery:
         """Bring the store to a consistent state at start-up (see :func:`recover`)."""
@@ -104,7 +88,11 @@ class Lifecycle(Deletions):
         """
         return len(self.retriever.save_snapshots(settle, deadline))
 
-    def periodic_audit(self, stopped: Callable[[], bool] = never_stopped) -> bool:
+    def periodic_audit(
+        self,
+        stopped: Callable[[], bool] = never_stopped,
+        busy: Callable[[], bool] = never_busy,
+    ) -> bool:
         """Audit every owner into the gauges, prune old events, drop owners that moved away.
 
         The gauges: orphans, stale summaries, keyless records and stray index
@@ -113,7 +101,8 @@ class Lifecycle(Deletions):
         counted: not the index drift nor the keys without a record (an audit
         asked for, :meth:`audit`, counts those).
 
-        It yields to calls: while :attr:`busy`, a :class:`Pacer` keeps it to
+        It yields to calls: while ``busy`` (calls in flight; the sweeper's), a
+        :class:`Pacer` keeps it to
         ``server.lifecycle._pacing.AUDIT_DUTY_UNDER_LOAD`` of the time. Once
         ``stopped`` (the sweeper's stop) it is abandoned, the gauges left as
         they were.
@@ -125,7 +114,7 @@ class Lifecycle(Deletions):
             if row.state == "moved":
                 self.drop_owner(row.owner)
         orphans = stale = keyless = 0
-        pace = Pacer(lambda: self.busy(), stopped=stopped)  # read at each slice
+        pace = Pacer(busy, stopped=stopped)
         try:
             for owner in self.store.owners():
                 counts = self.store.audit(owner, integrity=False, keys=False, pace=pace)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from server.lifecycle._lifecycle import Lifecycle
+from server.lifecycle._pacing import never_busy
 
 _log = logging.getLogger(__name__)
 
@@ -55,8 +57,10 @@ class Sweeper:
         interval: float,
         audit_interval: float = 60.0,
         expiry_warning: float = 3600.0,
+        busy: Callable[[], bool] = never_busy,
     ) -> None:
         self._lifecycle = lifecycle
+        self._busy = busy  # calls in flight: the periodic audit yields to them
         self._interval = interval
         self._expiry_warning = expiry_warning
         self._audit_interval = audit_interval
@@ -91,7 +95,8 @@ class Sweeper:
                 if time.monotonic() >= self._next_audit:
                     started = time.monotonic()
                     try:
-                        self._lifecycle.periodic_audit(self._stop.is_set)  # abandoned at stop
+                        # yields to calls; abandoned at stop
+                        self._lifecycle.periodic_audit(self._stop.is_set, self._busy)
                     finally:
                         took = time.monotonic() - started
                         self._next_audit = started + max(self._audit_interval, took / AUDIT_DUTY)

@@ -138,8 +138,7 @@ def test_the_periodic_audit_sleeps_while_calls_are_in_flight(
     assert lifecycle.periodic_audit() is True  # idle: busy is never_busy
     assert len(made) == 1
     assert made[0].slept == 0.0
-    lifecycle.busy = lambda: True
-    assert lifecycle.periodic_audit() is True
+    assert lifecycle.periodic_audit(busy=lambda: True) is True
     assert len(made) == 2
     assert made[1].slept > 0.0  # 3,000 turns read and checked take several slices
 
@@ -194,22 +193,27 @@ def test_a_stopped_periodic_audit_is_abandoned_and_leaves_the_gauges(
     assert lifecycle.metrics.records_without_key._value.get() == 7
 
 
-def test_the_sweeper_hands_its_stop_to_the_audit(
+def test_the_sweeper_hands_its_stop_and_its_busy_to_the_audit(
     lifecycle: Lifecycle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    handed: list[Callable[[], bool]] = []
+    handed: list[tuple[Callable[[], bool], Callable[[], bool]]] = []
 
-    def audit(stopped: Callable[[], bool]) -> bool:
-        handed.append(stopped)
+    def audit(stopped: Callable[[], bool], busy: Callable[[], bool]) -> bool:
+        handed.append((stopped, busy))
+        return True
+
+    def calls_in_flight() -> bool:
         return True
 
     monkeypatch.setattr(lifecycle, "periodic_audit", audit)
-    sweeper = Sweeper(lifecycle, 0.01)
+    sweeper = Sweeper(lifecycle, 0.01, busy=calls_in_flight)
     sweeper.start()
     wait_for(lambda: bool(handed), "the sweeper's first audit")
-    assert handed[0]() is False
+    stopped, busy = handed[0]
+    assert busy is calls_in_flight
+    assert stopped() is False
     sweeper.stop()
-    assert handed[0]() is True
+    assert stopped() is True
 
 
 def _on_loop(lethe: Lethe, step: Callable[[], object]) -> None:
@@ -224,42 +228,39 @@ def _on_loop(lethe: Lethe, step: Callable[[], object]) -> None:
     asyncio.run_coroutine_threadsafe(run(), loop).result(timeout=10)
 
 
-def test_a_serving_server_tells_its_audit_when_calls_are_in_flight(lethe: Lethe) -> None:
+def test_a_serving_server_tells_its_audit_when_calls_are_in_flight(
+    lethe_at: Callable[..., Lethe], tmp_path: Path
+) -> None:
+    lethe = lethe_at(tmp_path / "d", sweep_interval=60.0)  # a sweeper that waits
     assert lethe.server is not None
-    lifecycle = lethe.server.lifecycle
-    assert lifecycle.busy is not never_busy
-    assert lifecycle.busy() is False  # no call in flight
+    sweeper = lethe.server._sweeper
+    assert sweeper is not None
+    busy = sweeper._busy
+    assert busy is not never_busy
+    assert busy() is False  # no call in flight
     edge = lethe.server.edge
     assert edge is not None
     _on_loop(lethe, lambda: edge.admission.enter_call("someone"))
     try:
-        assert lifecycle.busy() is True
+        assert busy() is True
     finally:
         _on_loop(lethe, lambda: edge.admission.exit_call("someone"))
-    assert lifecycle.busy() is False
+    assert busy() is False
 
 
-def test_an_audit_stops_yielding_once_its_busy_is_cleared(
+def test_an_audit_stopped_mid_way_is_abandoned_at_its_next_slice(
     lifecycle: Lifecycle, made: list[Pacer]
 ) -> None:
-    """A stop clears ``busy``: the audit under way finishes at full speed.
+    """A stop never waits out a paced audit.
 
-    Cancelled calls never give their admission back, so ``busy`` would stay
-    true; the pacer reads it at each slice.
+    Calls cancelled by the drain never give their admission back, so busy may
+    stay true; the stop is looked at before each sleep.
     """
+    stops: list[int] = []
 
-    def busy_once() -> bool:
-        lifecycle.busy = never_busy  # as LetheServer.stop does, mid-audit
-        return True
+    def stop_after_one_sleep() -> bool:
+        stops.append(1)
+        return len(stops) > 1
 
-    lifecycle.busy = busy_once
-    lifecycle.periodic_audit()
-    assert 0.0 < made[0].slept <= MAX_SLEEP_SECONDS  # one slice's sleep, then none
-
-
-def test_a_stopped_server_clears_its_audits_busy(lethe: Lethe) -> None:
-    assert lethe.server is not None
-    lifecycle = lethe.server.lifecycle
-    assert lifecycle.busy is not never_busy
-    lethe.stop()
-    assert lifecycle.busy is never_busy
+    assert lifecycle.periodic_audit(stop_after_one_sleep, busy=lambda: True) is False
+    assert 0.0 < made[0].slept <= MAX_SLEEP_SECONDS  # one slice's sleep, then abandoned

@@ -44,10 +44,10 @@ def _audits_in(
     starts: list[float] = []
     periodic_audit = lifecycle.periodic_audit
 
-    def audit(stopped: Callable[[], bool]) -> bool:
+    def audit(stopped: Callable[[], bool], busy: Callable[[], bool]) -> bool:
         starts.append(time.monotonic())
         if real:
-            periodic_audit(stopped)
+            periodic_audit(stopped, busy)
         time.sleep(audit_seconds)
         return True
 
